@@ -1,0 +1,59 @@
+# topolb — build, test and benchmark entry points.
+# `make demo` and `make test` are the two commands in the README; each installs
+# what it needs (Debian packages via tools/install-deps.sh, Go modules via the
+# module proxy, the cached kube-apiserver/etcd build under .cache/).
+
+SHELL      := /bin/bash
+GO         ?= go
+ARCH       := $(shell uname -m)
+BIN        := $(CURDIR)/bin
+CACHE      := $(CURDIR)/.cache
+KUBE_BINS  := $(CACHE)/kube-bins
+KUBE_VERSION ?= v1.37.2
+GOTEST_FLAGS ?= -count=1
+
+export TOPOLB_KUBE_BINS := $(KUBE_BINS)
+
+.PHONY: all deps build generate check-generate test test-unit test-root demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean
+
+all: build
+
+deps:
+	bash tools/install-deps.sh
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Regenerate the BPF objects and their Go bindings with pinned flags.
+generate:
+	$(GO) generate ./maps/...
+
+# CI: the committed generated output must match what `make generate` produces.
+check-generate: generate
+	@git diff --exit-code --stat -- maps/ || { echo "generated BPF output is stale: run 'make generate' and commit"; exit 1; }
+
+vet:
+	$(GO) vet ./...
+
+kube-bins:
+	bash tools/kube-bins.sh $(KUBE_BINS) $(KUBE_VERSION)
+
+test-unit:
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+test: deps kube-bins check-generate vet build
+	$(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
+
+demo: deps build
+	$(BIN)/topolb-demo
+
+bench: bench-datapath bench-agent
+
+bench-datapath:
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./maps/ -args -bench-datapath
+
+bench-agent: kube-bins
+	$(GO) test -run '^$$' -bench BenchmarkAgentChurn -benchtime 1x ./agent/
+
+clean:
+	rm -rf $(BIN)

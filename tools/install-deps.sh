@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages topolb's build, tests and demo need.
+# Idempotent: does nothing when everything is already present.
+set -euo pipefail
+need=()
+for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool; do
+  cmd=${pair%%:*} pkg=${pair#*:}
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing packages ${need[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# bpffs is needed for pinning.
+if [ "$(id -u)" = 0 ] && ! mountpoint -q /sys/fs/bpf; then
+  mount -t bpf bpf /sys/fs/bpf
+fi
