@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/topolb/topolb/topology"
+)
+
+func newExplainCommand() *cobra.Command {
+	var (
+		src     source
+		node    string
+		service string
+		output  string
+	)
+	cmd := &cobra.Command{
+		Use:   "explain --node NAME [--service NS/NAME] [--from-file F]",
+		Short: "Explain which backends a node sends each service port's traffic to, and why",
+		Long: `explain decides, for one node, every proxied service port exactly as the topolb
+agent on that node does: the policy (Hints, Disabled, TopologyKeys,
+ZoneThreshold), the topology mode, the reason, and the internal and external
+backends.
+
+Cluster state comes from --from-file (YAML documents and/or kind: List, JSON
+too) or from the cluster in --kubeconfig, $KUBECONFIG or the in-cluster
+configuration. Objects that cannot be used are reported as warnings on
+stderr; the rest is still decided.`,
+		Example: `  topolbctl explain --from-file cluster.yaml --node node-a1
+  topolbctl explain --node node-a1 --service default/web -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if node == "" {
+				return usageError(fmt.Errorf("--node is required"))
+			}
+			if output != "table" && output != "json" && output != "yaml" {
+				return usageError(fmt.Errorf("-o %q: want table, json or yaml", output))
+			}
+			var filter *types.NamespacedName
+			if service != "" {
+				ns, name, ok := strings.Cut(service, "/")
+				if !ok || ns == "" || name == "" {
+					return usageError(fmt.Errorf("--service %q: want NAMESPACE/NAME", service))
+				}
+				filter = &types.NamespacedName{Namespace: ns, Name: name}
+			}
+			objs, err := src.load(cmd.Context())
+			if err != nil {
+				return err
+			}
+			state := objs.State(nil)
+			var ds []topology.PortDecision
+			var warnings []string
+			if filter != nil {
+				if _, ok := state.Services[*filter]; !ok {
+					warnings = append(warnings, fmt.Sprintf("service %s not found", filter))
+				}
+				var w []string
+				ds, w = state.DecideService(node, *filter, topology.DefaultOptions())
+				warnings = append(warnings, w...)
+			} else {
+				ds, warnings = state.DecideNode(node, topology.DefaultOptions())
+			}
+			warn(warnings)
+			n, _ := state.Node(node)
+			return printReport(cmd.OutOrStdout(), topology.NewReport(n, ds), output)
+		},
+	}
+	src.addFlags(cmd)
+	cmd.Flags().StringVar(&node, "node", "", "the node to decide for (required)")
+	cmd.Flags().StringVar(&service, "service", "", "only this service, as NAMESPACE/NAME")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	return cmd
+}
+
+func printReport(w io.Writer, r topology.Report, output string) error {
+	switch output {
+	case "json":
+		b, err := json.MarshalIndent(r, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	zone := r.Zone
+	if zone == "" {
+		zone = "(none)"
+	}
+	fmt.Fprintf(w, "node %s, zone %s\n\n", r.Node, zone)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tPORT\tPOLICY\tMODE\tBACKENDS BY ZONE\tREASON")
+	for _, s := range r.Services {
+		port := s.Port
+		if port == "" {
+			port = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, zoneCounts(s.BackendZones, len(s.Backends)), s.Reason)
+	}
+	return tw.Flush()
+}
+
+// zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)".
+func zoneCounts(byZone map[string]int, total int) string {
+	if total == 0 {
+		return "0 (dropped)"
+	}
+	zones := make([]string, 0, len(byZone))
+	for z := range byZone {
+		zones = append(zones, z)
+	}
+	sort.Strings(zones)
+	parts := make([]string, 0, len(zones))
+	for _, z := range zones {
+		name := z
+		if name == "" {
+			name = "(no zone)"
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", name, byZone[z]))
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/topolb/topolb/kube"
+)
+
+// source is where a command reads cluster state from: a manifest file or a
+// live cluster.
+type source struct {
+	fromFile   string
+	kubeconfig string
+}
+
+func (s *source) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&s.fromFile, "from-file", "", "read Nodes, Services and EndpointSlices from this YAML/JSON manifest file instead of a cluster")
+	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to read (default: $KUBECONFIG, in-cluster, ~/.kube/config)")
+}
+
+// load reads the objects and prints warnings to stderr. A malformed manifest
+// is a usage error (exit 2).
+func (s *source) load(ctx context.Context) (*kube.Objects, error) {
+	if s.fromFile != "" {
+		objs, warnings, err := kube.LoadManifests(s.fromFile)
+		if err != nil {
+			return nil, usageError(err)
+		}
+		warn(warnings)
+		return objs, nil
+	}
+	cfg, err := kube.RESTConfig(s.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create client: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return kube.ListObjects(ctx, cs)
+}
+
+func warn(warnings []string) {
+	for _, w := range warnings {
+		fmt.Fprintln(os.Stderr, "warning:", w)
+	}
+}

@@ -1,0 +1,240 @@
+package topology
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Errors ServicePorts returns for Services topolb does not proxy. Callers
+// branch on them with errors.Is: ErrNotProxied is normal (headless and
+// ExternalName Services), ErrNoIPv4 deserves a warning.
+var (
+	ErrNotProxied = errors.New("service is not proxied")
+	ErrNoIPv4     = errors.New("service has no IPv4 cluster IP")
+)
+
+// ServicePorts builds the model of every port of svc. Ports that are invalid
+// are left out and reported in the returned error (joined, one per port),
+// while the valid ports are still returned; a Service that is not proxied at
+// all returns an error wrapping ErrNotProxied or ErrNoIPv4 and no ports.
+func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
+	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	switch {
+	case svc.Spec.Type == v1.ServiceTypeExternalName:
+		return nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
+	case svc.Spec.ClusterIP == v1.ClusterIPNone:
+		return nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
+	}
+	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
+	if !ok {
+		return nil, fmt.Errorf("%s: clusterIP %q: %w", nn, svc.Spec.ClusterIP, ErrNoIPv4)
+	}
+	var externalIPs, lbIPs []netip.Addr
+	for _, s := range svc.Spec.ExternalIPs {
+		if ip, ok := parseIPv4(s); ok {
+			externalIPs = append(externalIPs, ip)
+		}
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+			continue
+		}
+		if ip, ok := parseIPv4(ing.IP); ok {
+			lbIPs = append(lbIPs, ip)
+		}
+	}
+	hasNodePort := false
+	for _, sp := range svc.Spec.Ports {
+		if sp.NodePort != 0 {
+			hasNodePort = true
+		}
+	}
+	external := hasNodePort || len(svc.Spec.ExternalIPs) > 0 || len(lbIPs) > 0
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	externalLocal := external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+
+	var ann map[string]string
+	for k, v := range svc.Annotations {
+		if strings.HasPrefix(k, "topolb.io/") {
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann[k] = v
+		}
+	}
+
+	var ports []ServicePort
+	var errs []error
+	for _, sp := range svc.Spec.Ports {
+		proto := sp.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		switch {
+		case sp.Port < 1 || sp.Port > 65535:
+			errs = append(errs, fmt.Errorf("%s: port %q: number %d out of range", nn, sp.Name, sp.Port))
+			continue
+		case sp.NodePort < 0 || sp.NodePort > 65535:
+			errs = append(errs, fmt.Errorf("%s: port %q: nodePort %d out of range", nn, sp.Name, sp.NodePort))
+			continue
+		case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
+			errs = append(errs, fmt.Errorf("%s: port %q: unknown protocol %q", nn, sp.Name, proto))
+			continue
+		}
+		ports = append(ports, ServicePort{
+			Service:              nn,
+			Name:                 sp.Name,
+			Protocol:             proto,
+			Port:                 uint16(sp.Port),
+			NodePort:             uint16(sp.NodePort),
+			ClusterIP:            clusterIP,
+			ExternalIPs:          externalIPs,
+			LoadBalancerIPs:      lbIPs,
+			ExternallyAccessible: external,
+			InternalPolicyLocal:  internalLocal,
+			ExternalPolicyLocal:  externalLocal,
+			Annotations:          ann,
+		})
+	}
+	return ports, errors.Join(errs...)
+}
+
+// NodeFromObject builds the model of a node. keep selects the labels to
+// retain; nil keeps them all.
+func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
+	labels := make(map[string]string, len(n.Labels))
+	for k, v := range n.Labels {
+		if keep == nil || keep(k) {
+			labels[k] = v
+		}
+	}
+	return Node{Name: n.Name, Labels: labels}
+}
+
+// EndpointsForPort returns the endpoints of one service port from the
+// Service's EndpointSlices, as seen from node nodeName, and a warning for
+// everything it had to skip.
+//
+// Only IPv4 slices count; the slice port must match the service port by name
+// and protocol and have a number. Each endpoint contributes its first address
+// only. The same ip:port in several slices counts once: a ready copy is
+// preferred, then one on nodeName. The result is sorted by address.
+func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nodeName string) ([]Endpoint, []string) {
+	var warnings []string
+	sorted := slices.Clone(epSlices)
+	slices.SortFunc(sorted, func(a, b *discovery.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	byAddr := map[netip.AddrPort]Endpoint{}
+	for _, s := range sorted {
+		if s.AddressType != discovery.AddressTypeIPv4 {
+			warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: addressType %s is not served (IPv4 only)", s.Namespace, s.Name, s.AddressType))
+			continue
+		}
+		num, ok := slicePort(s, port)
+		if !ok {
+			continue
+		}
+		for i, e := range s.Endpoints {
+			if len(e.Addresses) == 0 {
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint %d has no address", s.Namespace, s.Name, i))
+				continue
+			}
+			ip, ok := parseIPv4(e.Addresses[0])
+			if !ok {
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %q is not IPv4", s.Namespace, s.Name, e.Addresses[0]))
+				continue
+			}
+			ep := endpointFrom(e, netip.AddrPortFrom(ip, num))
+			if prev, dup := byAddr[ep.Addr]; dup && !preferOver(ep, prev, nodeName) {
+				continue
+			}
+			byAddr[ep.Addr] = ep
+		}
+	}
+	out := make([]Endpoint, 0, len(byAddr))
+	for _, ep := range byAddr {
+		out = append(out, ep)
+	}
+	slices.SortFunc(out, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
+	return out, warnings
+}
+
+// preferOver reports whether a duplicate endpoint should replace the copy
+// already kept: a ready copy wins, then a copy on this node.
+func preferOver(ep, prev Endpoint, nodeName string) bool {
+	if ep.Ready != prev.Ready {
+		return ep.Ready
+	}
+	return ep.NodeName == nodeName && prev.NodeName != nodeName
+}
+
+// slicePort returns the number of the slice port matching the service port
+// by name and protocol, with the API's defaults (nil name is "", nil
+// protocol is TCP). A matching port without a number does not count.
+func slicePort(s *discovery.EndpointSlice, port ServicePort) (uint16, bool) {
+	for _, p := range s.Ports {
+		name, proto := "", v1.ProtocolTCP
+		if p.Name != nil {
+			name = *p.Name
+		}
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		if name != port.Name || proto != port.Protocol {
+			continue
+		}
+		if p.Port == nil || *p.Port < 1 || *p.Port > 65535 {
+			return 0, false
+		}
+		return uint16(*p.Port), true
+	}
+	return 0, false
+}
+
+func endpointFrom(e discovery.Endpoint, addr netip.AddrPort) Endpoint {
+	ep := Endpoint{
+		Addr:        addr,
+		Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+		Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
+		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+	}
+	if e.NodeName != nil {
+		ep.NodeName = *e.NodeName
+	}
+	if e.Zone != nil {
+		ep.Zone = *e.Zone
+	}
+	if e.Hints != nil {
+		for _, z := range e.Hints.ForZones {
+			ep.ZoneHints = append(ep.ZoneHints, z.Name)
+		}
+		for _, n := range e.Hints.ForNodes {
+			ep.NodeHints = append(ep.NodeHints, n.Name)
+		}
+	}
+	return ep
+}
+
+func parseIPv4(s string) (netip.Addr, bool) {
+	ip, err := netip.ParseAddr(strings.TrimSpace(s))
+	if err != nil || !ip.Is4() {
+		return netip.Addr{}, false
+	}
+	return ip, true
+}
+
+func firstIPv4(ss []string) (netip.Addr, bool) {
+	for _, s := range ss {
+		if ip, ok := parseIPv4(s); ok {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,395 @@
+package topology
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Input is everything one decision reads.
+type Input struct {
+	// Node is the node the decision is for.
+	Node Node
+	// Nodes holds every known node by name; TopologyKeys reads the labels
+	// of endpoints' nodes from it. Nil is treated as empty.
+	Nodes map[string]Node
+	// Port is the service port.
+	Port ServicePort
+	// Endpoints are the port's endpoints, deduplicated by address.
+	Endpoints []Endpoint
+}
+
+// Decide returns, for one node and one service port, the policy and mode that
+// apply, the reason, and the internal and external backends.
+//
+// The cluster set is chosen by the first policy whose annotation is valid:
+//   - topolb.io/topology-aware "false": Disabled, every usable endpoint.
+//   - topolb.io/topology-keys: TopologyKeys, the endpoints matching the first
+//     key with a match (none when nothing matches: traffic is dropped).
+//   - topolb.io/zone-threshold: ZoneThreshold, the local zone's usable
+//     endpoints if there are at least N of them, else every usable one.
+//   - otherwise Hints, exactly as kube-proxy applies topology hints: one mode
+//     per service and node, never a per-endpoint filter.
+//
+// Usable endpoints are the ready ones, or the serving-terminating ones when
+// none is ready. The local set (endpoints on this node, ready else
+// serving-terminating) is never filtered by topology. Internal traffic uses
+// the local set under internalTrafficPolicy Local, external traffic under
+// externalTrafficPolicy Local; otherwise both use the cluster set.
+func Decide(in Input, opts Options) Decision {
+	p := in.Port
+	var cluster []Endpoint
+	policy, mode, reason := PolicyHints, ModeNone, ""
+
+	if p.UsesClusterEndpoints() {
+		policy, mode, reason, cluster = chooseCluster(in, opts)
+	} else {
+		policy, _, _ = choosePolicy(p.Annotations)
+		reason = "internalTrafficPolicy is Local and the port is not externally accessible: topology does not apply"
+	}
+
+	var local []Endpoint
+	if p.UsesLocalEndpoints() {
+		local = localEndpoints(in.Endpoints, in.Node.Name)
+	}
+
+	d := Decision{Policy: policy, Mode: mode, Reason: reason}
+	if p.InternalPolicyLocal {
+		d.Backends = nonNil(local)
+		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses the %d local endpoints (internalTrafficPolicy Local)", len(local)))
+	} else {
+		d.Backends = nonNil(cluster)
+	}
+	if p.ExternallyAccessible {
+		if p.ExternalPolicyLocal {
+			d.ExternalBackends = nonNil(local)
+			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses the %d local endpoints (externalTrafficPolicy Local)", len(local)))
+		} else {
+			d.ExternalBackends = nonNil(cluster)
+		}
+	}
+	return d
+}
+
+// policyChoice is a parsed, valid annotation and the notes about invalid
+// annotations that were skipped on the way to it.
+type policyChoice struct {
+	zoneThreshold int
+	keys          []string
+}
+
+// choosePolicy returns the policy the Service's annotations select, its
+// parameters, and a note for every invalid annotation that was ignored.
+func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
+	var notes []string
+	if v, ok := ann[AnnotationTopologyAware]; ok {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "false":
+			return PolicyDisabled, policyChoice{}, notes
+		case "true":
+		default:
+			notes = append(notes, fmt.Sprintf("ignoring invalid %s %q (want true or false)", AnnotationTopologyAware, v))
+		}
+	}
+	if v, ok := ann[AnnotationTopologyKeys]; ok {
+		keys, err := ParseTopologyKeys(v)
+		if err == nil {
+			return PolicyTopologyKeys, policyChoice{keys: keys}, notes
+		}
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationTopologyKeys, v, err))
+	}
+	if v, ok := ann[AnnotationZoneThreshold]; ok {
+		n, err := ParseZoneThreshold(v)
+		if err == nil {
+			return PolicyZoneThreshold, policyChoice{zoneThreshold: n}, notes
+		}
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationZoneThreshold, v, err))
+	}
+	return PolicyHints, policyChoice{}, notes
+}
+
+// ParseTopologyKeys parses a topology-keys annotation: 1 to 16
+// comma-separated keys, none empty or repeated, "*" only as the last key.
+func ParseTopologyKeys(v string) ([]string, error) {
+	parts := strings.Split(v, ",")
+	if len(parts) > MaxTopologyKeys {
+		return nil, fmt.Errorf("%d keys, at most %d allowed", len(parts), MaxTopologyKeys)
+	}
+	seen := make(map[string]bool, len(parts))
+	keys := make([]string, 0, len(parts))
+	for i, k := range parts {
+		k = strings.TrimSpace(k)
+		switch {
+		case k == "":
+			return nil, fmt.Errorf("key %d is empty", i+1)
+		case seen[k]:
+			return nil, fmt.Errorf("key %q repeated", k)
+		case k == "*" && i != len(parts)-1:
+			return nil, fmt.Errorf(`"*" must be the last key`)
+		}
+		seen[k] = true
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// ParseZoneThreshold parses a zone-threshold annotation: an integer ≥ 1.
+func ParseZoneThreshold(v string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("not an integer")
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("must be at least 1")
+	}
+	return n, nil
+}
+
+// chooseCluster returns the policy, mode, reason and cluster set for a port
+// that uses cluster endpoints.
+func chooseCluster(in Input, opts Options) (Policy, Mode, string, []Endpoint) {
+	policy, choice, notes := choosePolicy(in.Port.Annotations)
+	var mode Mode
+	var reason string
+	var cluster []Endpoint
+	switch policy {
+	case PolicyDisabled:
+		var what string
+		cluster, what = usable(in.Endpoints)
+		mode, reason = ModeNone, fmt.Sprintf("topology disabled by %s; using %s", AnnotationTopologyAware, what)
+	case PolicyTopologyKeys:
+		mode, reason, cluster = topologyKeys(in, choice.keys)
+	case PolicyZoneThreshold:
+		mode, reason, cluster = zoneThreshold(in, choice.zoneThreshold)
+	default:
+		mode, reason, cluster = hints(in, opts)
+	}
+	if len(notes) > 0 {
+		reason = strings.Join(notes, "; ") + "; " + reason
+	}
+	return policy, mode, reason, cluster
+}
+
+// hints applies topology hints the way kube-proxy does: the mode is chosen
+// over the ready endpoints as a whole, and only then applied.
+func hints(in Input, opts Options) (Mode, string, []Endpoint) {
+	mode, reason := hintsMode(in.Endpoints, in.Node.Name, in.Node.Zone(), opts)
+	var cluster []Endpoint
+	for _, ep := range in.Endpoints {
+		if ep.Ready && availableForMode(ep, mode, in.Node.Name, in.Node.Zone()) {
+			cluster = append(cluster, ep)
+		}
+	}
+	if len(cluster) == 0 {
+		cluster = filter(in.Endpoints, Endpoint.servingTerminating)
+		if len(cluster) > 0 {
+			return ModeNone, fmt.Sprintf("no ready endpoints; using %d serving-terminating endpoints without topology", len(cluster)), cluster
+		}
+		return ModeNone, "no ready or serving-terminating endpoints", nil
+	}
+	return mode, reason, cluster
+}
+
+// hintsMode chooses PreferSameNode, PreferSameZone or None for the ready
+// endpoints as a whole, and says why.
+func hintsMode(eps []Endpoint, node, zone string, opts Options) (Mode, string) {
+	var ready, forNode, forZone int
+	var missingNode, missingZone *Endpoint
+	for i := range eps {
+		ep := &eps[i]
+		if !ep.Ready {
+			continue
+		}
+		ready++
+		if len(ep.NodeHints) == 0 {
+			if missingNode == nil {
+				missingNode = ep
+			}
+		} else if slices.Contains(ep.NodeHints, node) {
+			forNode++
+		}
+		if len(ep.ZoneHints) == 0 {
+			if missingZone == nil {
+				missingZone = ep
+			}
+		} else if slices.Contains(ep.ZoneHints, zone) {
+			forZone++
+		}
+	}
+	if ready == 0 {
+		return ModeNone, "no ready endpoints"
+	}
+	var nodeNote string
+	if opts.PreferSameTrafficDistribution {
+		switch {
+		case missingNode == nil && forNode > 0:
+			return ModePreferSameNode, fmt.Sprintf("all %d ready endpoints carry node hints; %d %s hinted for node %s", ready, forNode, isAre(forNode), node)
+		case missingNode == nil:
+			nodeNote = fmt.Sprintf("no endpoint is hinted for node %s", node)
+		case countNodeHinted(eps) > 0:
+			nodeNote = fmt.Sprintf("node hints ignored: endpoint %s has none", describe(*missingNode))
+		}
+	}
+	var reason string
+	mode := ModeNone
+	switch {
+	case missingZone != nil:
+		reason = fmt.Sprintf("endpoint %s has no zone hint; hints apply only when every ready endpoint has one, so all %d ready endpoints are used", describe(*missingZone), ready)
+	case forZone > 0:
+		mode = ModePreferSameZone
+		reason = fmt.Sprintf("all %d ready endpoints carry zone hints; %d %s hinted for %s", ready, forZone, isAre(forZone), zone)
+	case zone == "":
+		reason = fmt.Sprintf("node %s has no %s label; all %d ready endpoints are used", node, LabelZone, ready)
+	default:
+		reason = fmt.Sprintf("all %d ready endpoints carry zone hints but none is hinted for %s; all are used", ready, zone)
+	}
+	if nodeNote != "" {
+		reason = nodeNote + "; " + reason
+	}
+	return mode, reason
+}
+
+// countNodeHinted counts ready endpoints that carry a node hint.
+func countNodeHinted(eps []Endpoint) int {
+	n := 0
+	for _, ep := range eps {
+		if ep.Ready && len(ep.NodeHints) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// availableForMode reports whether an endpoint serves a node under mode.
+func availableForMode(ep Endpoint, mode Mode, node, zone string) bool {
+	switch mode {
+	case ModePreferSameNode:
+		return slices.Contains(ep.NodeHints, node)
+	case ModePreferSameZone:
+		return slices.Contains(ep.ZoneHints, zone)
+	default:
+		return true
+	}
+}
+
+// topologyKeys applies the legacy topologyKeys preference list to the usable
+// endpoints: the first key whose value on this node matches at least one
+// endpoint's node wins; "*" matches every endpoint; no match drops traffic.
+func topologyKeys(in Input, keys []string) (Mode, string, []Endpoint) {
+	cands, what := usable(in.Endpoints)
+	anyLast := keys[len(keys)-1] == "*"
+	if len(in.Node.Labels) == 0 {
+		if anyLast {
+			return ModeAny, fmt.Sprintf("node %s has no labels; %q matches all: using %s", in.Node.Name, "*", what), cands
+		}
+		return ModeNone, fmt.Sprintf("node %s has no labels and the keys do not end in %q: traffic is dropped", in.Node.Name, "*"), nil
+	}
+	var tried []string
+	for _, key := range keys {
+		if key == "*" {
+			return ModeAny, joinReason(triedNote(tried), fmt.Sprintf("%q matches all: using %s", "*", what)), cands
+		}
+		want, ok := in.Node.Labels[key]
+		if !ok {
+			tried = append(tried, fmt.Sprintf("node lacks %s", key))
+			continue
+		}
+		var match []Endpoint
+		for _, ep := range cands {
+			if n, ok := in.Nodes[ep.NodeName]; ok {
+				if v, ok := n.Labels[key]; ok && v == want {
+					match = append(match, ep)
+				}
+			}
+		}
+		if len(match) > 0 {
+			return Mode(key), joinReason(triedNote(tried), fmt.Sprintf("%d of %s match %s=%s", len(match), what, key, want)), match
+		}
+		tried = append(tried, fmt.Sprintf("no endpoint with %s=%s", key, want))
+	}
+	return ModeNone, joinReason(triedNote(tried), "no topology key matched: traffic is dropped"), nil
+}
+
+func triedNote(tried []string) string {
+	if len(tried) == 0 {
+		return ""
+	}
+	return "skipped: " + strings.Join(tried, ", ")
+}
+
+// zoneThreshold keeps traffic in this node's zone when the zone has at least
+// n usable endpoints, and uses every usable endpoint otherwise.
+func zoneThreshold(in Input, n int) (Mode, string, []Endpoint) {
+	cands, what := usable(in.Endpoints)
+	zone := in.Node.Zone()
+	if zone == "" {
+		return ModeNone, fmt.Sprintf("node %s has no %s label, so the zone threshold %d is never met; using %s", in.Node.Name, LabelZone, n, what), cands
+	}
+	inZone := filter(cands, func(ep Endpoint) bool { return ep.Zone == zone })
+	if len(inZone) >= n {
+		return ModePreferSameZone, fmt.Sprintf("%s has %d usable endpoints, threshold %d met", zone, len(inZone), n), inZone
+	}
+	return ModeNone, fmt.Sprintf("%s has %d usable endpoints, below threshold %d; using %s", zone, len(inZone), n, what), cands
+}
+
+// usable returns the ready endpoints, or the serving-terminating ones when
+// none is ready, and a phrase describing which.
+func usable(eps []Endpoint) ([]Endpoint, string) {
+	if r := filter(eps, func(ep Endpoint) bool { return ep.Ready }); len(r) > 0 {
+		return r, fmt.Sprintf("%d ready endpoints", len(r))
+	}
+	if st := filter(eps, Endpoint.servingTerminating); len(st) > 0 {
+		return st, fmt.Sprintf("%d serving-terminating endpoints (none ready)", len(st))
+	}
+	return nil, "no endpoints (none ready or serving-terminating)"
+}
+
+// localEndpoints returns the ready endpoints on node, or its
+// serving-terminating ones when none is ready.
+func localEndpoints(eps []Endpoint, node string) []Endpoint {
+	onNode := filter(eps, func(ep Endpoint) bool { return ep.NodeName == node && node != "" })
+	r, _ := usable(onNode)
+	return r
+}
+
+func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
+	var out []Endpoint
+	for _, ep := range eps {
+		if keep(ep) {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+func nonNil(eps []Endpoint) []Endpoint {
+	if eps == nil {
+		return []Endpoint{}
+	}
+	return eps
+}
+
+func describe(ep Endpoint) string {
+	if ep.NodeName != "" {
+		return fmt.Sprintf("%s (node %s)", ep.Addr, ep.NodeName)
+	}
+	return ep.Addr.String()
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
+}
+
+func joinReason(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}

@@ -1,0 +1,184 @@
+// Package topology decides, for one node and one service port, which backends
+// that node may send traffic to, under which policy and mode, and why.
+//
+// Everything in this package is pure: the decision is a function of its
+// inputs (this node, all nodes' labels, one service port, its endpoints and
+// options), with no I/O and no globals. The model types are built from
+// Kubernetes objects by the functions in build.go, which the agent and
+// `topolbctl explain` share, so the two can never disagree.
+package topology
+
+import (
+	"net/netip"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Well-known labels and the annotations topolb reads from a Service.
+const (
+	LabelZone     = v1.LabelTopologyZone   // topology.kubernetes.io/zone
+	LabelRegion   = v1.LabelTopologyRegion // topology.kubernetes.io/region
+	LabelHostname = v1.LabelHostname       // kubernetes.io/hostname
+
+	// AnnotationTopologyAware set to "false" disables topology for a Service.
+	AnnotationTopologyAware = "topolb.io/topology-aware"
+	// AnnotationTopologyKeys holds the legacy topologyKeys preference list,
+	// comma-separated, for example "kubernetes.io/hostname,topology.kubernetes.io/zone,*".
+	AnnotationTopologyKeys = "topolb.io/topology-keys"
+	// AnnotationZoneThreshold is the minimum number of usable endpoints the
+	// local zone must have before traffic is kept in it.
+	AnnotationZoneThreshold = "topolb.io/zone-threshold"
+
+	// MaxTopologyKeys is the largest number of keys topology-keys accepts.
+	MaxTopologyKeys = 16
+)
+
+// Policy names the rule that chose a service port's backends.
+type Policy string
+
+// The policies, in the order their annotations take precedence (Hints is the
+// default when no annotation applies).
+const (
+	PolicyDisabled      Policy = "Disabled"
+	PolicyTopologyKeys  Policy = "TopologyKeys"
+	PolicyZoneThreshold Policy = "ZoneThreshold"
+	PolicyHints         Policy = "Hints"
+)
+
+// Mode is the topology mode a policy selected for one node. Under the
+// TopologyKeys policy the mode is the matched key, "*" or None.
+type Mode string
+
+// The modes shared by all policies.
+const (
+	ModePreferSameNode Mode = "PreferSameNode"
+	ModePreferSameZone Mode = "PreferSameZone"
+	ModeNone           Mode = "None"
+	ModeAny            Mode = "*"
+)
+
+// Node is a node's name and the labels topology decisions read.
+type Node struct {
+	Name   string
+	Labels map[string]string
+}
+
+// Zone returns the node's topology.kubernetes.io/zone label, or "".
+func (n Node) Zone() string { return n.Labels[LabelZone] }
+
+// Endpoint is one backend address of a service port, as read from an
+// EndpointSlice, with the EndpointSlice API's defaults applied.
+type Endpoint struct {
+	// Addr is the endpoint's IPv4 address and the slice's (target) port.
+	Addr netip.AddrPort
+	// NodeName is the endpoint's nodeName, "" when unset.
+	NodeName string
+	// Zone is the endpoint's zone field, "" when unset.
+	Zone string
+	// Ready, Serving and Terminating are the endpoint's conditions with the
+	// API's defaults: nil ready and nil serving mean true, nil terminating
+	// means false.
+	Ready, Serving, Terminating bool
+	// ZoneHints are the zones named in hints.forZones. Nil means the
+	// endpoint carries no zone hint (no hints, or an empty forZones).
+	ZoneHints []string
+	// NodeHints are the nodes named in hints.forNodes. Nil means the
+	// endpoint carries no node hint.
+	NodeHints []string
+}
+
+// servingTerminating reports whether the endpoint may be used as a fallback
+// when a set has no ready endpoints.
+func (e Endpoint) servingTerminating() bool { return !e.Ready && e.Serving && e.Terminating }
+
+// ServicePort is one port of a Service, with everything a decision reads.
+type ServicePort struct {
+	// Service is the Service's namespace and name.
+	Service types.NamespacedName
+	// Name is the port's name, "" if unnamed.
+	Name string
+	// Protocol is TCP, UDP or SCTP.
+	Protocol v1.Protocol
+	// Port is the service port.
+	Port uint16
+	// NodePort is the port's nodePort, 0 if none.
+	NodePort uint16
+	// ClusterIP is the Service's IPv4 cluster IP.
+	ClusterIP netip.Addr
+	// ExternalIPs are the Service's IPv4 externalIPs.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are the IPv4 load-balancer ingress IPs whose ipMode is
+	// not Proxy.
+	LoadBalancerIPs []netip.Addr
+	// ExternallyAccessible is true when any port of the Service has a
+	// nodePort, the Service has externalIPs, or it has a load-balancer
+	// ingress IP whose ipMode is not Proxy.
+	ExternallyAccessible bool
+	// InternalPolicyLocal is true when internalTrafficPolicy is Local.
+	InternalPolicyLocal bool
+	// ExternalPolicyLocal is true when the Service is externally accessible
+	// and externalTrafficPolicy is Local.
+	ExternalPolicyLocal bool
+	// Annotations holds the Service's topolb.io/ annotations only.
+	Annotations map[string]string
+}
+
+// UsesClusterEndpoints reports whether any traffic to the port is routed to
+// the cluster-wide endpoint set: internal traffic with a Cluster policy, or
+// any external traffic (even with externalTrafficPolicy Local, as kube-proxy
+// does for short-circuited traffic).
+func (p ServicePort) UsesClusterEndpoints() bool {
+	return !p.InternalPolicyLocal || p.ExternallyAccessible
+}
+
+// UsesLocalEndpoints reports whether any traffic to the port is routed only
+// to endpoints on this node.
+func (p ServicePort) UsesLocalEndpoints() bool {
+	return p.InternalPolicyLocal || p.ExternalPolicyLocal
+}
+
+// Frontends returns the addresses the port is reached at from inside the
+// cluster and from outside: the cluster IP, the externalIPs and the
+// load-balancer IPs, each with the service port. NodePorts are not included.
+func (p ServicePort) Frontends() []netip.AddrPort {
+	out := []netip.AddrPort{netip.AddrPortFrom(p.ClusterIP, p.Port)}
+	for _, ip := range p.ExternalIPs {
+		out = append(out, netip.AddrPortFrom(ip, p.Port))
+	}
+	for _, ip := range p.LoadBalancerIPs {
+		out = append(out, netip.AddrPortFrom(ip, p.Port))
+	}
+	return out
+}
+
+// Decision is the outcome for one node and one service port.
+type Decision struct {
+	// Policy is the rule that chose the cluster set.
+	Policy Policy
+	// Mode is the topology mode the policy selected for this node.
+	Mode Mode
+	// Reason explains the mode in words, for people.
+	Reason string
+	// Backends are the endpoints internal traffic (to the cluster IP) may go
+	// to: the local set under internalTrafficPolicy Local, else the cluster
+	// set. Never nil; empty means traffic is dropped.
+	Backends []Endpoint
+	// ExternalBackends are the endpoints external traffic may go to: the
+	// local set under externalTrafficPolicy Local, else the cluster set. Nil
+	// when the port is not externally accessible.
+	ExternalBackends []Endpoint
+}
+
+// Options are the switches a decision honors. They are arguments, never
+// globals, so a test or a simulation can flip them per call.
+type Options struct {
+	// PreferSameTrafficDistribution enables node hints (hints.forNodes), as
+	// kube-proxy's feature gate of that name does.
+	PreferSameTrafficDistribution bool
+}
+
+// DefaultOptions returns the options kube-proxy v1.37 runs with.
+func DefaultOptions() Options {
+	return Options{PreferSameTrafficDistribution: true}
+}

@@ -1,0 +1,140 @@
+package topology
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// State is a snapshot of the cluster objects decisions are made from. Both
+// `topolbctl explain` and the agent decide through it.
+type State struct {
+	// Nodes holds every node by name.
+	Nodes map[string]Node
+	// Services holds every Service by namespace and name.
+	Services map[types.NamespacedName]*v1.Service
+	// Slices holds the EndpointSlices of each Service, by the Service's
+	// namespace and the slice's kubernetes.io/service-name label.
+	Slices map[types.NamespacedName][]*discovery.EndpointSlice
+}
+
+// NewState indexes cluster objects. keepLabel selects the node labels to
+// retain (nil keeps all). Slices without a service-name label are ignored.
+func NewState(nodes []*v1.Node, services []*v1.Service, epSlices []*discovery.EndpointSlice, keepLabel func(string) bool) *State {
+	s := &State{
+		Nodes:    make(map[string]Node, len(nodes)),
+		Services: make(map[types.NamespacedName]*v1.Service, len(services)),
+		Slices:   make(map[types.NamespacedName][]*discovery.EndpointSlice),
+	}
+	for _, n := range nodes {
+		s.Nodes[n.Name] = NodeFromObject(n, keepLabel)
+	}
+	for _, svc := range services {
+		s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+	}
+	for _, es := range epSlices {
+		if nn, ok := SliceService(es); ok {
+			s.Slices[nn] = append(s.Slices[nn], es)
+		}
+	}
+	return s
+}
+
+// SliceService returns the Service an EndpointSlice belongs to, from its
+// kubernetes.io/service-name label.
+func SliceService(es *discovery.EndpointSlice) (types.NamespacedName, bool) {
+	name := es.Labels[discovery.LabelServiceName]
+	if name == "" {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: es.Namespace, Name: name}, true
+}
+
+// PortDecision is the decision for one service port, with the model it was
+// made from.
+type PortDecision struct {
+	Port      ServicePort
+	Endpoints []Endpoint
+	Decision  Decision
+}
+
+// Node returns the named node, or a node with that name and no labels and a
+// warning when the node is unknown.
+func (s *State) Node(name string) (Node, []string) {
+	if n, ok := s.Nodes[name]; ok {
+		return n, nil
+	}
+	return Node{Name: name}, []string{fmt.Sprintf("node %s not found: deciding as if it had no labels", name)}
+}
+
+// DecideNode decides every proxied port of every Service for nodeName. The
+// result is sorted by service, port name and protocol. Warnings name what was
+// skipped; they never stop the other decisions.
+func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []string) {
+	names := make([]types.NamespacedName, 0, len(s.Services))
+	for nn := range s.Services {
+		names = append(names, nn)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
+	node, warnings := s.Node(nodeName)
+	var out []PortDecision
+	for _, nn := range names {
+		ds, w := s.decideService(node, nn, opts)
+		out = append(out, ds...)
+		warnings = append(warnings, w...)
+	}
+	return out, dedupe(warnings)
+}
+
+// DecideService decides every proxied port of one Service for nodeName.
+func (s *State) DecideService(nodeName string, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
+	node, warnings := s.Node(nodeName)
+	ds, w := s.decideService(node, nn, opts)
+	return ds, dedupe(append(warnings, w...))
+}
+
+func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
+	svc, ok := s.Services[nn]
+	if !ok {
+		return nil, nil
+	}
+	var warnings []string
+	ports, err := ServicePorts(svc)
+	if err != nil && !errors.Is(err, ErrNotProxied) {
+		warnings = append(warnings, err.Error())
+	}
+	slices.SortFunc(ports, func(a, b ServicePort) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	})
+	out := make([]PortDecision, 0, len(ports))
+	for _, p := range ports {
+		eps, w := EndpointsForPort(p, s.Slices[nn], node.Name)
+		warnings = append(warnings, w...)
+		for _, ep := range eps {
+			if _, known := s.Nodes[ep.NodeName]; ep.NodeName != "" && !known {
+				warnings = append(warnings, fmt.Sprintf("%s: endpoint %s is on node %s, which is not known", nn, ep.Addr, ep.NodeName))
+			}
+		}
+		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps}, opts)
+		out = append(out, PortDecision{Port: p, Endpoints: eps, Decision: d})
+	}
+	return out, warnings
+}
+
+func dedupe(ss []string) []string {
+	seen := make(map[string]bool, len(ss))
+	out := ss[:0]
+	for _, s := range ss {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
