@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
+/* Parse-and-pass programs for both hooks: the benchmark's baseline. They do
+ * the same header work as the real programs and nothing else, so the
+ * benchmark ratio measures what load balancing adds. */
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+#include "parse.h"
+
+/* fold keeps the compiler from discarding the parsed fields. */
+static __always_inline int fold(const struct packet *pkt)
+{
+	volatile __u32 sink = pkt->saddr ^ pkt->daddr ^ pkt->sport ^ pkt->dport ^ pkt->proto;
+
+	return sink == 1;
+}
+
+SEC("tcx/ingress")
+int tc_baseline(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct packet pkt = {};
+
+	if (parse_packet(data, data_end, skb->len, &pkt) == PARSE_OK && fold(&pkt))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+SEC("xdp")
+int xdp_baseline(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct packet pkt = {};
+
+	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_OK && fold(&pkt))
+		return XDP_DROP;
+	return XDP_PASS;
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";

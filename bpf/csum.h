@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Incremental Internet checksum updates (RFC 1624, eqn. 3) for the XDP
+ * hook, which has no skb and therefore no csum helpers. Only valid for
+ * packets whose checksum fields hold a full checksum — true for frames from
+ * the wire, and the reason tc (not XDP) handles CHECKSUM_PARTIAL pod traffic.
+ *
+ * One's-complement sums do not depend on byte order as long as every word
+ * is taken as it sits in memory, so values are used raw, unswapped. */
+#ifndef TOPOLB_CSUM_H
+#define TOPOLB_CSUM_H
+
+#include <linux/types.h>
+
+static __always_inline __u16 csum_fold32(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+/* csum_replace4 returns check updated for a 32-bit field going from -> to. */
+static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~(from & 0xffff);
+	sum += (__u16)~(from >> 16);
+	sum += to & 0xffff;
+	sum += to >> 16;
+	return (__u16)~csum_fold32(sum);
+}
+
+/* csum_replace2 returns check updated for a 16-bit field going from -> to. */
+static __always_inline __u16 csum_replace2(__u16 check, __u16 from, __u16 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~from;
+	sum += to;
+	return (__u16)~csum_fold32(sum);
+}
+
+#endif

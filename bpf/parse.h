@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Header parsing shared by both hooks. Works on [data, data_end) only; the
+ * tc entry makes sure the headers are in the linear area first. */
+#ifndef TOPOLB_PARSE_H
+#define TOPOLB_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+
+#include "consts.h"
+
+/* Longest Ethernet + IPv4 (with options) + TCP header prefix we read. */
+#define MAX_PARSE_LEN (ETH_HLEN_ + 60 + sizeof(struct tcphdr))
+
+enum parse_result {
+	PARSE_OK = 0,       /* TCP or UDP, unfragmented, headers complete */
+	PARSE_SKIP = 1,     /* not ours: non-IPv4, other protocols */
+	PARSE_FRAGMENT = 2, /* IPv4 fragment: cannot be NATed statelessly */
+	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
+};
+
+/* What the core needs to know about a packet. All addresses and ports in
+ * network byte order, as on the wire. */
+struct packet {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad;
+	__u16 l4_off;  /* offset of the L4 header from the start of the frame */
+	__u32 l3_len;  /* IPv4 total length, for byte counters */
+};
+
+/* parse_packet fills pkt from the frame. frame_len is the full frame length
+ * (which can exceed data_end - data for non-linear skbs). */
+static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_len,
+					struct packet *pkt)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN_;
+	__u32 ihl_len, tot_len, l3_avail;
+
+	if ((void *)(eth + 1) > data_end)
+		return PARSE_SKIP; /* runt frame: not IPv4 as far as we can tell */
+	if (eth->h_proto != bpf_htons(ETH_P_IPV4))
+		return PARSE_SKIP;
+	if ((void *)(ip + 1) > data_end)
+		return PARSE_ERROR;
+	if (ip->version != 4 || ip->ihl < 5)
+		return PARSE_ERROR;
+	ihl_len = ip->ihl * 4;
+	if ((void *)ip + ihl_len > data_end)
+		return PARSE_ERROR;
+
+	l3_avail = frame_len - ETH_HLEN_;
+	tot_len = bpf_ntohs(ip->tot_len);
+	/* tot_len 0 is BIG TCP's marker for a >64KiB GSO packet. */
+	if (tot_len == 0 && l3_avail > 0xffff)
+		tot_len = l3_avail;
+	if (tot_len < ihl_len || tot_len > l3_avail)
+		return PARSE_ERROR;
+
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return PARSE_FRAGMENT;
+
+	pkt->saddr = ip->saddr;
+	pkt->daddr = ip->daddr;
+	pkt->proto = ip->protocol;
+	pkt->pad = 0;
+	pkt->l4_off = ETH_HLEN_ + ihl_len;
+	pkt->l3_len = tot_len;
+
+	if (ip->protocol == IP_PROTO_TCP) {
+		struct tcphdr *tcp = (void *)ip + ihl_len;
+
+		if ((void *)(tcp + 1) > data_end || tot_len < ihl_len + sizeof(*tcp))
+			return PARSE_ERROR;
+		if (tcp->doff < 5)
+			return PARSE_ERROR;
+		pkt->sport = tcp->source;
+		pkt->dport = tcp->dest;
+		return PARSE_OK;
+	}
+	if (ip->protocol == IP_PROTO_UDP) {
+		struct udphdr *udp = (void *)ip + ihl_len;
+
+		if ((void *)(udp + 1) > data_end || tot_len < ihl_len + sizeof(*udp))
+			return PARSE_ERROR;
+		pkt->sport = udp->source;
+		pkt->dport = udp->dest;
+		return PARSE_OK;
+	}
+	return PARSE_SKIP;
+}
+
+#endif

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
+/* tcx ingress on the host side of pod veths: pod -> service DNAT, and
+ * reverse NAT of replies from local backends. Pods send CHECKSUM_PARTIAL
+ * packets, so checksums are updated with the skb csum helpers, which know
+ * the difference (BPF_F_PSEUDO_HDR). */
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+#define LB_DNAT_DEFAULT 1
+#include "lb.h"
+
+#define IP_CSUM_OFF (ETH_HLEN_ + 10)
+#define IP_SADDR_OFF (ETH_HLEN_ + 12)
+#define IP_DADDR_OFF (ETH_HLEN_ + 16)
+
+/* tc_rewrite applies nat to the skb. Returns 0 on success. */
+static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet *pkt,
+				      const struct nat *nat)
+{
+	__u32 l4_csum_off, mangled0 = 0;
+	__u32 addr_off = nat->dst ? IP_DADDR_OFF : IP_SADDR_OFF;
+	__u32 port_off = pkt->l4_off + (nat->dst ? 2 : 0);
+
+	if (pkt->proto == IP_PROTO_TCP) {
+		l4_csum_off = pkt->l4_off + 16;
+	} else {
+		l4_csum_off = pkt->l4_off + 6;
+		/* UDP checksum 0 means "none" and stays 0. */
+		mangled0 = BPF_F_MARK_MANGLED_0;
+	}
+
+	if (bpf_l4_csum_replace(skb, l4_csum_off, nat->old_addr, nat->new_addr,
+				BPF_F_PSEUDO_HDR | mangled0 | sizeof(nat->new_addr)))
+		return -1;
+	if (nat->old_port != nat->new_port &&
+	    bpf_l4_csum_replace(skb, l4_csum_off, nat->old_port, nat->new_port,
+				mangled0 | sizeof(nat->new_port)))
+		return -1;
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, nat->old_addr, nat->new_addr,
+				sizeof(nat->new_addr)))
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &nat->new_addr, sizeof(nat->new_addr), 0))
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &nat->new_port, sizeof(nat->new_port), 0))
+		return -1;
+	return 0;
+}
+
+SEC("tcx/ingress")
+int tc_lb(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct nat nat = {};
+	void *data, *data_end;
+	int verdict;
+
+	/* Headers of pod traffic are normally linear already. */
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + MAX_PARSE_LEN > data_end && skb->len > data_end - data) {
+		bpf_skb_pull_data(skb, skb->len < MAX_PARSE_LEN ? skb->len : MAX_PARSE_LEN);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+
+	verdict = lb_classify(data, data_end, skb->len, &pkt, &nat);
+	switch (verdict) {
+	case LB_REWRITE:
+		if (tc_rewrite(skb, &pkt, &nat)) {
+			stat_inc(STAT_DROP_REWRITE);
+			return TC_ACT_SHOT;
+		}
+		return TC_ACT_OK;
+	case LB_DROP:
+		return TC_ACT_SHOT;
+	default:
+		return TC_ACT_OK;
+	}
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";
