@@ -245,4 +245,3 @@ func (d *Datapath) Unpin() error {
 	}
 	return errors.Join(errs...)
 }
-
