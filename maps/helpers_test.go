@@ -1,0 +1,131 @@
+package maps
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Verdicts as the hooks return them.
+const (
+	tcOK     = 0 // TC_ACT_OK
+	tcShot   = 2 // TC_ACT_SHOT
+	xdpDrop  = 1 // XDP_DROP
+	xdpPass  = 2 // XDP_PASS
+	hashSeed = 0x746c6221
+)
+
+// requirePrivileges skips tests that need root and BPF.
+func requirePrivileges(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs and mount bpffs")
+	}
+}
+
+// bpffs mounts a private bpf filesystem for one test, so pins never land
+// in /sys/fs/bpf, and unmounts it in t.Cleanup.
+func bpffs(t testing.TB) string {
+	t.Helper()
+	requirePrivileges(t)
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Skipf("cannot mount bpffs (kernel without CONFIG_BPF_SYSCALL?): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// newDatapath loads a datapath pinned in a private bpffs; small maps keep
+// tests fast. Unpinned and closed in t.Cleanup.
+func newDatapath(t testing.TB, opts Options) *Datapath {
+	t.Helper()
+	if opts.PinPath == "" {
+		opts.PinPath = filepath.Join(bpffs(t), "topolb")
+	}
+	if opts.MaxFrontends == 0 {
+		opts.MaxFrontends = 1024
+	}
+	if opts.MaxBackends == 0 {
+		opts.MaxBackends = 4096
+	}
+	if opts.MaxConntrack == 0 {
+		opts.MaxConntrack = 4096
+	}
+	d, err := Load(opts)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Unpin(); err != nil {
+			t.Errorf("Unpin: %v", err)
+		}
+		d.Close()
+	})
+	return d
+}
+
+// run feeds one frame through prog with BPF_PROG_TEST_RUN.
+func run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(in)+256)
+	ret, err := prog.Run(&ebpf.RunOptions{Data: in, DataOut: out})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	return ret, out[:len(in)]
+}
+
+func fe(addr string, proto Protocol) Frontend {
+	return Frontend{Addr: netip.MustParseAddrPort(addr), Proto: proto}
+}
+
+func be(addr string) Backend {
+	return Backend{Addr: netip.MustParseAddrPort(addr)}
+}
+
+func mustSet(t testing.TB, d *Datapath, f Frontend, bs ...Backend) int {
+	t.Helper()
+	n, err := d.SetBackends(f, bs)
+	if err != nil {
+		t.Fatalf("SetBackends(%s): %v", f, err)
+	}
+	return n
+}
+
+// slotOf predicts the slot the datapath picks for a new flow: an
+// independent Go copy of flow_hash (kernel jhash_3words).
+func slotOf(src, dst netip.AddrPort, proto uint8, count int) int {
+	le := func(a netip.Addr) uint32 { b := a.As4(); return binary.LittleEndian.Uint32(b[:]) }
+	swap := func(p uint16) uint32 { return uint32(bits.ReverseBytes16(p)) }
+	a, b := le(src.Addr()), le(dst.Addr())
+	c := (swap(src.Port())<<16 | swap(dst.Port())) ^ uint32(proto)
+	seed := uint32(hashSeed)
+	init := uint32(0xdeadbeef) + 3<<2 + seed
+	a, b, c = a+init, b+init, c+init
+	c ^= b
+	c -= bits.RotateLeft32(b, 14)
+	a ^= c
+	a -= bits.RotateLeft32(c, 11)
+	b ^= a
+	b -= bits.RotateLeft32(a, 25)
+	c ^= b
+	c -= bits.RotateLeft32(b, 16)
+	a ^= c
+	a -= bits.RotateLeft32(c, 4)
+	b ^= a
+	b -= bits.RotateLeft32(a, 14)
+	c ^= b
+	c -= bits.RotateLeft32(b, 24)
+	return int(c % uint32(count))
+}

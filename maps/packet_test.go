@@ -1,0 +1,232 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// A small packet builder for datapath tests: readable rows, correct
+// checksums by construction, and knobs for every malformation the tables
+// exercise.
+
+const (
+	protoICMP = 1
+	protoTCP  = 6
+	protoUDP  = 17
+
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpPSH = 0x08
+	tcpACK = 0x10
+)
+
+type frame struct {
+	src, dst  netip.AddrPort
+	proto     uint8
+	tcpFlags  uint8
+	payload   []byte
+	ipOptions []byte // multiple of 4 bytes
+	fragOff   uint16 // in 8-byte units
+	moreFrags bool
+	noUDPSum  bool // UDP checksum 0 ("none")
+	etherType uint16
+	// Malformations, applied after checksums are computed.
+	ihl      uint8 // override IHL when non-zero
+	totLen   int   // override IPv4 total length when non-zero
+	truncate int   // cut the frame to this many bytes when non-zero
+	pad      int   // Ethernet padding after the IP packet
+	badL4Sum bool
+	tcpDoff  uint8 // override TCP data offset when non-zero
+}
+
+var (
+	macA = [6]byte{0x02, 0, 0, 0, 0, 0x0a}
+	macB = [6]byte{0x02, 0, 0, 0, 0, 0x0b}
+)
+
+func tcpFrame(src, dst string, flags uint8, payload string) frame {
+	return frame{src: netip.MustParseAddrPort(src), dst: netip.MustParseAddrPort(dst),
+		proto: protoTCP, tcpFlags: flags, payload: []byte(payload)}
+}
+
+func udpFrame(src, dst string, payload string) frame {
+	return frame{src: netip.MustParseAddrPort(src), dst: netip.MustParseAddrPort(dst),
+		proto: protoUDP, payload: []byte(payload)}
+}
+
+// bytes renders the frame.
+func (f frame) bytes() []byte {
+	et := f.etherType
+	if et == 0 {
+		et = 0x0800
+	}
+	b := make([]byte, 0, 128)
+	b = append(b, macB[:]...)
+	b = append(b, macA[:]...)
+	b = binary.BigEndian.AppendUint16(b, et)
+	if et != 0x0800 {
+		b = append(b, f.payload...)
+		return b
+	}
+
+	var l4 []byte
+	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
+	switch f.proto {
+	case protoTCP:
+		l4 = make([]byte, 20, 20+len(f.payload))
+		binary.BigEndian.PutUint16(l4[0:], f.src.Port())
+		binary.BigEndian.PutUint16(l4[2:], f.dst.Port())
+		binary.BigEndian.PutUint32(l4[4:], 1000)
+		binary.BigEndian.PutUint32(l4[8:], 2000)
+		l4[12] = 5 << 4
+		l4[13] = f.tcpFlags
+		binary.BigEndian.PutUint16(l4[14:], 65535)
+		l4 = append(l4, f.payload...)
+	case protoUDP:
+		l4 = make([]byte, 8, 8+len(f.payload))
+		binary.BigEndian.PutUint16(l4[0:], f.src.Port())
+		binary.BigEndian.PutUint16(l4[2:], f.dst.Port())
+		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(f.payload)))
+		l4 = append(l4, f.payload...)
+	case protoICMP:
+		l4 = []byte{8, 0, 0, 0, 0, 1, 0, 1}
+		l4 = append(l4, f.payload...)
+		binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
+	default:
+		l4 = append([]byte(nil), f.payload...)
+	}
+	// L4 checksums cover the whole datagram; a fragment carries a slice
+	// of it, which is all the datapath needs to see.
+	switch f.proto {
+	case protoTCP:
+		binary.BigEndian.PutUint16(l4[16:], csum(pseudo(src4, dst4, protoTCP, len(l4)), l4))
+	case protoUDP:
+		if !f.noUDPSum {
+			s := csum(pseudo(src4, dst4, protoUDP, len(l4)), l4)
+			if s == 0 {
+				s = 0xffff
+			}
+			binary.BigEndian.PutUint16(l4[6:], s)
+		}
+	}
+	if f.badL4Sum && len(l4) >= 18 {
+		l4[16] ^= 0x55
+	}
+	if f.tcpDoff != 0 && f.proto == protoTCP {
+		l4[12] = f.tcpDoff << 4
+	}
+
+	ip := make([]byte, 20+len(f.ipOptions))
+	ip[0] = 0x40 | uint8(len(ip)/4)
+	binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+len(l4)))
+	binary.BigEndian.PutUint16(ip[4:], 0x1234)
+	fo := f.fragOff & 0x1fff
+	if f.moreFrags {
+		fo |= 0x2000
+	}
+	binary.BigEndian.PutUint16(ip[6:], fo)
+	ip[8] = 64
+	ip[9] = f.proto
+	copy(ip[12:], src4[:])
+	copy(ip[16:], dst4[:])
+	copy(ip[20:], f.ipOptions)
+	if f.ihl != 0 {
+		ip[0] = 0x40 | f.ihl
+	}
+	if f.totLen != 0 {
+		binary.BigEndian.PutUint16(ip[2:], uint16(f.totLen))
+	}
+	binary.BigEndian.PutUint16(ip[10:], csum(0, ip))
+
+	b = append(b, ip...)
+	b = append(b, l4...)
+	b = append(b, make([]byte, f.pad)...)
+	if f.truncate != 0 {
+		b = b[:f.truncate]
+	}
+	return b
+}
+
+// pseudo is the one's-complement sum of the IPv4 pseudo-header.
+func pseudo(src, dst [4]byte, proto uint8, l4len int) uint32 {
+	var s uint32
+	s += uint32(binary.BigEndian.Uint16(src[0:])) + uint32(binary.BigEndian.Uint16(src[2:]))
+	s += uint32(binary.BigEndian.Uint16(dst[0:])) + uint32(binary.BigEndian.Uint16(dst[2:]))
+	s += uint32(proto) + uint32(l4len)
+	return s
+}
+
+// csum returns the Internet checksum of b with an initial sum.
+func csum(sum uint32, b []byte) uint16 {
+	for len(b) >= 2 {
+		sum += uint32(binary.BigEndian.Uint16(b))
+		b = b[2:]
+	}
+	if len(b) == 1 {
+		sum += uint32(b[0]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+// parsed is an independent reading of a frame, for expectations.
+type parsed struct {
+	src, dst netip.AddrPort
+	proto    uint8
+}
+
+// verifyChecksums checks the IPv4 header checksum and, for complete
+// unfragmented TCP/UDP packets, the L4 checksum. It knows nothing of the
+// datapath.
+func verifyChecksums(b []byte) (parsed, error) {
+	var p parsed
+	if len(b) < 34 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
+		return p, errors.New("not an IPv4 frame")
+	}
+	ip := b[14:]
+	ihl := int(ip[0]&0xf) * 4
+	totLen := int(binary.BigEndian.Uint16(ip[2:]))
+	if ihl < 20 || totLen < ihl || totLen > len(ip) {
+		return p, errors.New("malformed IPv4 header")
+	}
+	if csum(0, ip[:ihl]) != 0 {
+		return p, fmt.Errorf("bad IPv4 header checksum %#04x", binary.BigEndian.Uint16(ip[10:]))
+	}
+	src4, dst4 := [4]byte(ip[12:16]), [4]byte(ip[16:20])
+	p.proto = ip[9]
+	l4 := ip[ihl:totLen]
+	if binary.BigEndian.Uint16(ip[6:])&0x3fff != 0 || (p.proto != protoTCP && p.proto != protoUDP) {
+		p.src = netip.AddrPortFrom(netip.AddrFrom4(src4), 0)
+		p.dst = netip.AddrPortFrom(netip.AddrFrom4(dst4), 0)
+		return p, nil
+	}
+	if len(l4) < 8 {
+		return p, errors.New("truncated L4 header")
+	}
+	p.src = netip.AddrPortFrom(netip.AddrFrom4(src4), binary.BigEndian.Uint16(l4[0:]))
+	p.dst = netip.AddrPortFrom(netip.AddrFrom4(dst4), binary.BigEndian.Uint16(l4[2:]))
+	if p.proto == protoUDP && binary.BigEndian.Uint16(l4[6:]) == 0 {
+		return p, nil // no checksum
+	}
+	if s := csum(pseudo(src4, dst4, p.proto, len(l4)), l4); s != 0 {
+		return p, fmt.Errorf("bad %d checksum (residue %#04x)", p.proto, s)
+	}
+	return p, nil
+}
+
+// withAddrs returns f with source and destination replaced, as the
+// datapath should have rewritten it.
+func (f frame) withAddrs(src, dst string) frame {
+	if src != "" {
+		f.src = netip.MustParseAddrPort(src)
+	}
+	if dst != "" {
+		f.dst = netip.MustParseAddrPort(dst)
+	}
+	return f
+}
