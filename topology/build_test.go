@@ -1,0 +1,244 @@
+package topology
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func svc(mut func(*v1.Service)) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	}
+	if mut != nil {
+		mut(s)
+	}
+	return s
+}
+
+func TestServicePorts(t *testing.T) {
+	local := v1.ServiceInternalTrafficPolicyLocal
+	proxy, vip := v1.LoadBalancerIPModeProxy, v1.LoadBalancerIPModeVIP
+	cases := []struct {
+		name string
+		svc  *v1.Service
+		// err is the sentinel the error must wrap; nil means no error.
+		err                                    error
+		external, internalLocal, externalLocal bool
+		lbIPs                                  []string
+		ports                                  int
+	}{
+		{name: "plain ClusterIP", svc: svc(nil), ports: 1},
+		{name: "ExternalName is not proxied", svc: svc(func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName }), err: ErrNotProxied},
+		{name: "headless is not proxied", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), err: ErrNotProxied},
+		{name: "IPv6-only has no IPv4 cluster IP", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"} }), err: ErrNoIPv4},
+		{name: "dual-stack IPv6 primary uses the IPv4 secondary", svc: svc(func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
+		}), ports: 1},
+		{name: "no cluster IP", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNoIPv4},
+		{name: "eTP Local ignored when not externally accessible",
+			svc:   svc(func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }),
+			ports: 1},
+		{name: "NodePort with eTP Local",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type, s.Spec.ExternalTrafficPolicy = v1.ServiceTypeNodePort, v1.ServiceExternalTrafficPolicyLocal
+				s.Spec.Ports[0].NodePort = 30080
+			}),
+			external: true, externalLocal: true, ports: 1},
+		{name: "any port's nodePort makes every port externally accessible",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "admin", Port: 81, NodePort: 30081})
+			}),
+			external: true, ports: 2},
+		{name: "ClusterIP with externalIPs and eTP Local",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.ExternalIPs, s.Spec.ExternalTrafficPolicy = []string{"192.0.2.1"}, v1.ServiceExternalTrafficPolicyLocal
+			}),
+			external: true, externalLocal: true, ports: 1},
+		{name: "LB ingress with ipMode Proxy is not external",
+			svc: svc(func(s *v1.Service) {
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.2", IPMode: &proxy}}
+			}),
+			ports: 1},
+		{name: "LB ingress with ipMode VIP or unset is external",
+			svc: svc(func(s *v1.Service) {
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.2", IPMode: &vip}, {IP: "192.0.2.3"}, {Hostname: "lb.example"}}
+			}),
+			external: true, lbIPs: []string{"192.0.2.2", "192.0.2.3"}, ports: 1},
+		{name: "iTP Local", svc: svc(func(s *v1.Service) { s.Spec.InternalTrafficPolicy = &local }), internalLocal: true, ports: 1},
+		{name: "invalid port is dropped, others kept",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "bad", Port: 0})
+			}),
+			err: errAny, ports: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ports, err := ServicePorts(tc.svc)
+			switch {
+			case tc.err == nil && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.err == errAny && err == nil, tc.err != nil && tc.err != errAny && !errors.Is(err, tc.err):
+				t.Fatalf("error = %v, want %v", err, tc.err)
+			}
+			if len(ports) != tc.ports {
+				t.Fatalf("%d ports, want %d", len(ports), tc.ports)
+			}
+			for _, p := range ports {
+				if p.ExternallyAccessible != tc.external || p.InternalPolicyLocal != tc.internalLocal || p.ExternalPolicyLocal != tc.externalLocal {
+					t.Errorf("external=%v iLocal=%v eLocal=%v, want %v %v %v", p.ExternallyAccessible, p.InternalPolicyLocal, p.ExternalPolicyLocal, tc.external, tc.internalLocal, tc.externalLocal)
+				}
+				if p.ClusterIP != netip.MustParseAddr("10.96.0.10") {
+					t.Errorf("cluster IP %s", p.ClusterIP)
+				}
+				var lb []string
+				for _, ip := range p.LoadBalancerIPs {
+					lb = append(lb, ip.String())
+				}
+				if !slices.Equal(lb, tc.lbIPs) {
+					t.Errorf("LB IPs %v, want %v", lb, tc.lbIPs)
+				}
+			}
+		})
+	}
+}
+
+var errAny = errors.New("any error")
+
+func slice(name string, addrType discovery.AddressType, ports []discovery.EndpointPort, eps ...discovery.Endpoint) *discovery.EndpointSlice {
+	return &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: map[string]string{discovery.LabelServiceName: "web"}},
+		AddressType: addrType, Ports: ports, Endpoints: eps,
+	}
+}
+
+func TestEndpointsForPort(t *testing.T) {
+	tcp, udp := v1.ProtocolTCP, v1.ProtocolUDP
+	httpPort := []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: &tcp}}
+	port := ServicePort{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}
+	cases := []struct {
+		name   string
+		port   ServicePort
+		slices []*discovery.EndpointSlice
+		// want are "addr ready local" strings; empty and nil both mean none.
+		want     []string
+		warnings int
+	}{
+		{name: "conditions default: nil ready and serving are true",
+			slices: []*discovery.EndpointSlice{slice("s1", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n1")})},
+			want:   []string{"10.0.0.1:8080 ready local"}},
+		{name: "port must match name and protocol",
+			slices: []*discovery.EndpointSlice{
+				slice("s1", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: &udp}}, discovery.Endpoint{Addresses: []string{"10.0.0.1"}}),
+				slice("s2", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("other"), Port: ptr.To[int32](8080), Protocol: &tcp}}, discovery.Endpoint{Addresses: []string{"10.0.0.2"}}),
+			}},
+		{name: "nil protocol is TCP, nil port number skips the slice",
+			slices: []*discovery.EndpointSlice{
+				slice("s1", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}, discovery.Endpoint{Addresses: []string{"10.0.0.1"}}),
+				slice("s2", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("http"), Protocol: &tcp}}, discovery.Endpoint{Addresses: []string{"10.0.0.2"}}),
+			},
+			want: []string{"10.0.0.1:8080 ready remote"}},
+		{name: "unnamed service port matches nil slice port name",
+			port:   ServicePort{Name: "", Protocol: v1.ProtocolTCP, Port: 80},
+			slices: []*discovery.EndpointSlice{slice("s1", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Port: ptr.To[int32](9090)}}, discovery.Endpoint{Addresses: []string{"10.0.0.1"}})},
+			want:   []string{"10.0.0.1:9090 ready remote"}},
+		{name: "IPv6 and FQDN slices are skipped with warnings",
+			slices: []*discovery.EndpointSlice{
+				slice("s1", discovery.AddressTypeIPv6, httpPort, discovery.Endpoint{Addresses: []string{"fd00::1"}}),
+				slice("s2", discovery.AddressTypeFQDN, httpPort, discovery.Endpoint{Addresses: []string{"a.example"}}),
+			},
+			warnings: 2},
+		{name: "only the first address counts; bad or missing addresses warn",
+			slices: []*discovery.EndpointSlice{slice("s1", discovery.AddressTypeIPv4, httpPort,
+				discovery.Endpoint{Addresses: []string{"10.0.0.1", "10.0.0.9"}},
+				discovery.Endpoint{Addresses: []string{"bogus"}},
+				discovery.Endpoint{Addresses: nil},
+				discovery.Endpoint{Addresses: []string{"fd00::1"}},
+			)},
+			want: []string{"10.0.0.1:8080 ready remote"}, warnings: 3},
+		{name: "duplicates across slices: ready copy wins over unready",
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, Conditions: discovery.EndpointConditions{Ready: ptr.To(false)}, NodeName: ptr.To("n1")}),
+				slice("b", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n2")}),
+			},
+			want: []string{"10.0.0.1:8080 ready remote"}},
+		{name: "duplicates across slices: local copy wins when readiness ties",
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n2")}),
+				slice("b", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n1")}),
+			},
+			want: []string{"10.0.0.1:8080 ready local"}},
+		{name: "duplicates: unready local loses to ready remote",
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n2")}),
+				slice("b", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}, NodeName: ptr.To("n1"), Conditions: discovery.EndpointConditions{Ready: ptr.To(false)}}),
+			},
+			want: []string{"10.0.0.1:8080 ready remote"}},
+		{name: "same IP on two ports counts twice",
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}}),
+				slice("b", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8081), Protocol: &tcp}}, discovery.Endpoint{Addresses: []string{"10.0.0.1"}}),
+			},
+			want: []string{"10.0.0.1:8080 ready remote", "10.0.0.1:8081 ready remote"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := port
+			if tc.port.Protocol != "" {
+				p = tc.port
+			}
+			eps, warnings := EndpointsForPort(p, tc.slices, "n1")
+			var got []string
+			for _, e := range eps {
+				r, l := "unready", "remote"
+				if e.Ready {
+					r = "ready"
+				}
+				if e.NodeName == "n1" {
+					l = "local"
+				}
+				got = append(got, e.Addr.String()+" "+r+" "+l)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("endpoints = %q, want %q", got, tc.want)
+			}
+			if len(warnings) != tc.warnings {
+				t.Errorf("warnings = %q, want %d", warnings, tc.warnings)
+			}
+		})
+	}
+}
+
+func TestEndpointHintsAndConditions(t *testing.T) {
+	tcp := v1.ProtocolTCP
+	s := slice("s", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: &tcp}},
+		discovery.Endpoint{Addresses: []string{"10.0.0.1"}, Zone: ptr.To("zone-a"), NodeName: ptr.To("n1"),
+			Conditions: discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)},
+			Hints:      &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "zone-a"}, {Name: "zone-b"}}, ForNodes: []discovery.ForNode{{Name: "n1"}}}},
+		discovery.Endpoint{Addresses: []string{"10.0.0.2"}, Hints: &discovery.EndpointHints{}},
+	)
+	eps, _ := EndpointsForPort(ServicePort{Name: "http", Protocol: v1.ProtocolTCP}, []*discovery.EndpointSlice{s}, "n1")
+	if len(eps) != 2 {
+		t.Fatalf("got %d endpoints", len(eps))
+	}
+	e := eps[0]
+	if e.Ready || !e.Serving || !e.Terminating || e.Zone != "zone-a" || e.NodeName != "n1" {
+		t.Errorf("conditions/zone/node wrong: %+v", e)
+	}
+	if !slices.Equal(e.ZoneHints, []string{"zone-a", "zone-b"}) || !slices.Equal(e.NodeHints, []string{"n1"}) {
+		t.Errorf("hints wrong: %+v", e)
+	}
+	if eps[1].ZoneHints != nil || eps[1].NodeHints != nil {
+		t.Errorf("empty hints must be nil: %+v", eps[1])
+	}
+}
