@@ -231,11 +231,11 @@ func (d *Datapath) Unpin() error {
 			errs = append(errs, err)
 		}
 	}
+	// By path, so Unpin also works after Close.
 	for _, name := range sharedMaps {
-		if m := d.tcColl.Maps[name]; m != nil {
-			if err := m.Unpin(); err != nil {
-				errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
-			}
+		path := filepath.Join(d.opts.PinPath, name)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
 		}
 	}
 	for _, dir := range []string{d.linksDir(), d.opts.PinPath} {
