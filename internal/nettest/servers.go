@@ -1,0 +1,106 @@
+package nettest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+func netParseCIDR(s string) (net.IP, *net.IPNet, error) { return net.ParseCIDR(s) }
+
+// Listen opens a listener inside the namespace.
+func (ns *NS) Listen(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := ns.Do(func() (err error) {
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
+}
+
+// ListenPacket opens a packet socket inside the namespace.
+func (ns *NS) ListenPacket(network, addr string) (net.PacketConn, error) {
+	var c net.PacketConn
+	err := ns.Do(func() (err error) {
+		c, err = net.ListenPacket(network, addr)
+		return err
+	})
+	return c, err
+}
+
+// DialContext connects from inside the namespace.
+func (ns *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// HTTPClient returns a client whose connections start inside the
+// namespace, one connection per request (so each request is a new flow).
+func (ns *NS) HTTPClient(timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext:       ns.DialContext,
+			DisableKeepAlives: true,
+		},
+	}
+}
+
+// ServeHTTPName serves HTTP on addr inside the namespace, answering every
+// request with name. Stopped in t.Cleanup.
+func (ns *NS) ServeHTTPName(t testing.TB, addr, name string) {
+	t.Helper()
+	l, err := ns.Listen("tcp4", addr)
+	if err != nil {
+		t.Fatalf("%s: listen tcp %s: %v", ns.Name, addr, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, name)
+	})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("%s: serve http: %v", ns.Name, err)
+		}
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+}
+
+// ServeUDPName answers every datagram arriving on addr inside the
+// namespace with name. Stopped in t.Cleanup.
+func (ns *NS) ServeUDPName(t testing.TB, addr, name string) {
+	t.Helper()
+	c, err := ns.ListenPacket("udp4", addr)
+	if err != nil {
+		t.Fatalf("%s: listen udp %s: %v", ns.Name, addr, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			_, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return // closed
+			}
+			c.WriteTo([]byte(name), from)
+		}
+	}()
+	t.Cleanup(func() {
+		c.Close()
+		<-done
+	})
+}
