@@ -1,0 +1,207 @@
+package kube
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// change is the previous and current state of one object since the last
+// drain. A nil previous means the object was added, a nil current that it
+// was deleted.
+type change[T any] struct {
+	previous, current T
+}
+
+// Tracker collects Service, EndpointSlice and Node changes between syncs, in
+// the style of kube-proxy's change trackers: per object it keeps the state
+// at the last sync (previous) and the latest state (current), drops changes
+// that cancel out or touch nothing topolb reads, and signals that a sync is
+// needed. Safe for concurrent use.
+type Tracker struct {
+	mu       sync.Mutex
+	services map[types.NamespacedName]*change[*v1.Service]
+	slices   map[types.NamespacedName]*change[*discovery.EndpointSlice]
+	nodes    map[string]*change[*v1.Node]
+	resync   bool
+	since    time.Time
+	notify   chan struct{}
+	now      func() time.Time
+}
+
+// NewTracker returns an empty tracker.
+func NewTracker() *Tracker {
+	return &Tracker{
+		services: map[types.NamespacedName]*change[*v1.Service]{},
+		slices:   map[types.NamespacedName]*change[*discovery.EndpointSlice]{},
+		nodes:    map[string]*change[*v1.Node]{},
+		notify:   make(chan struct{}, 1),
+		now:      time.Now,
+	}
+}
+
+// Batch is the set of changes drained from a Tracker. Each map holds the
+// current object per key, nil when it was deleted.
+type Batch struct {
+	Services map[types.NamespacedName]*v1.Service
+	Slices   map[types.NamespacedName]*discovery.EndpointSlice
+	Nodes    map[string]*v1.Node
+	// Resync asks for every service to be decided again.
+	Resync bool
+	// Since is when the oldest change in the batch was observed.
+	Since time.Time
+}
+
+// Empty reports whether the batch holds nothing to do.
+func (b Batch) Empty() bool {
+	return !b.Resync && len(b.Services) == 0 && len(b.Slices) == 0 && len(b.Nodes) == 0
+}
+
+// Notify returns a channel that receives a value when a sync is needed.
+func (t *Tracker) Notify() <-chan struct{} { return t.notify }
+
+// ServiceChanged records a Service add (prev nil), update or delete (cur nil).
+func (t *Tracker) ServiceChanged(prev, cur *v1.Service) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	record(t, t.services, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, serviceEqual)
+}
+
+// SliceChanged records an EndpointSlice add, update or delete.
+func (t *Tracker) SliceChanged(prev, cur *discovery.EndpointSlice) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	record(t, t.slices, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, sliceEqual)
+}
+
+// NodeChanged records a Node add, update or delete.
+func (t *Tracker) NodeChanged(prev, cur *v1.Node) {
+	obj := cur
+	if obj == nil {
+		obj = prev
+	}
+	if obj == nil {
+		return
+	}
+	record(t, t.nodes, obj.Name, prev, cur, nodeEqual)
+}
+
+// Resync asks for a full resync at the next drain.
+func (t *Tracker) Resync() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resync = true
+	t.signalLocked()
+}
+
+func record[K comparable, T comparable](t *Tracker, m map[K]*change[T], key K, prev, cur T, equal func(a, b T) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, ok := m[key]
+	if !ok {
+		c = &change[T]{previous: prev}
+		m[key] = c
+	}
+	c.current = cur
+	if equal(c.previous, c.current) {
+		delete(m, key)
+		return
+	}
+	t.signalLocked()
+}
+
+func (t *Tracker) signalLocked() {
+	if t.since.IsZero() {
+		t.since = t.now()
+	}
+	select {
+	case t.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Drain returns the pending changes and starts a new batch.
+func (t *Tracker) Drain() Batch {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := Batch{
+		Services: make(map[types.NamespacedName]*v1.Service, len(t.services)),
+		Slices:   make(map[types.NamespacedName]*discovery.EndpointSlice, len(t.slices)),
+		Nodes:    make(map[string]*v1.Node, len(t.nodes)),
+		Resync:   t.resync,
+		Since:    t.since,
+	}
+	for k, c := range t.services {
+		b.Services[k] = c.current
+	}
+	for k, c := range t.slices {
+		b.Slices[k] = c.current
+	}
+	for k, c := range t.nodes {
+		b.Nodes[k] = c.current
+	}
+	clear(t.services)
+	clear(t.slices)
+	clear(t.nodes)
+	t.resync = false
+	t.since = time.Time{}
+	return b
+}
+
+// serviceEqual compares what topolb reads of a Service: its spec, its
+// load-balancer status and its topolb.io/ annotations.
+func serviceEqual(a, b *v1.Service) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
+		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer) &&
+		equality.Semantic.DeepEqual(topolbAnnotations(a.Annotations), topolbAnnotations(b.Annotations))
+}
+
+func topolbAnnotations(ann map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range ann {
+		if strings.HasPrefix(k, "topolb.io/") {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// sliceEqual compares what topolb reads of an EndpointSlice.
+func sliceEqual(a, b *discovery.EndpointSlice) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.AddressType == b.AddressType &&
+		a.Labels[discovery.LabelServiceName] == b.Labels[discovery.LabelServiceName] &&
+		equality.Semantic.DeepEqual(a.Ports, b.Ports) &&
+		equality.Semantic.DeepEqual(a.Endpoints, b.Endpoints)
+}
+
+// nodeEqual compares a Node's labels, all topolb reads of it.
+func nodeEqual(a, b *v1.Node) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return equality.Semantic.DeepEqual(a.Labels, b.Labels)
+}
