@@ -52,7 +52,7 @@ stderr; the rest is still decided.`,
 				}
 				filter = &types.NamespacedName{Namespace: ns, Name: name}
 			}
-			objs, err := src.load(cmd.Context())
+			objs, err := src.load(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -69,7 +69,7 @@ stderr; the rest is still decided.`,
 			} else {
 				ds, warnings = state.DecideNode(node, topology.DefaultOptions())
 			}
-			warn(warnings)
+			warn(cmd.ErrOrStderr(), warnings)
 			n, _ := state.Node(node)
 			return printReport(cmd.OutOrStdout(), topology.NewReport(n, ds), output)
 		},

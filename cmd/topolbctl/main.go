@@ -6,6 +6,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -24,15 +25,30 @@ func (e *exitError) Unwrap() error { return e.err }
 func usageError(err error) error { return &exitError{code: 2, err: err} }
 
 func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes topolbctl with args, writing output to stdout and warnings
+// and errors to stderr, and returns the process exit code: 0 on success, 2
+// for bad input (usage errors, malformed manifests), 1 otherwise. Tests call
+// it in-process.
+func run(args []string, stdout, stderr io.Writer) int {
 	root := newRootCommand()
+	if args == nil {
+		args = []string{} // cobra reads os.Args when args is nil
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
+		fmt.Fprintln(stderr, "error:", err)
 		var ee *exitError
 		if errors.As(err, &ee) {
-			os.Exit(ee.code)
+			return ee.code
 		}
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 func newRootCommand() *cobra.Command {
@@ -42,6 +58,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(newExplainCommand())
 	for _, add := range extraCommands {
 		root.AddCommand(add())

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,13 +26,13 @@ func (s *source) addFlags(cmd *cobra.Command) {
 
 // load reads the objects and prints warnings to stderr. A malformed manifest
 // is a usage error (exit 2).
-func (s *source) load(ctx context.Context) (*kube.Objects, error) {
+func (s *source) load(ctx context.Context, stderr io.Writer) (*kube.Objects, error) {
 	if s.fromFile != "" {
 		objs, warnings, err := kube.LoadManifests(s.fromFile)
 		if err != nil {
 			return nil, usageError(err)
 		}
-		warn(warnings)
+		warn(stderr, warnings)
 		return objs, nil
 	}
 	cfg, err := kube.RESTConfig(s.kubeconfig)
@@ -48,8 +48,9 @@ func (s *source) load(ctx context.Context) (*kube.Objects, error) {
 	return kube.ListObjects(ctx, cs)
 }
 
-func warn(warnings []string) {
+// warn prints each warning on its own line.
+func warn(stderr io.Writer, warnings []string) {
 	for _, w := range warnings {
-		fmt.Fprintln(os.Stderr, "warning:", w)
+		fmt.Fprintln(stderr, "warning:", w)
 	}
 }
