@@ -1,0 +1,317 @@
+package kube
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// manifestSummary lists the decoded objects as "Node name", "Service ns/name" and
+// "EndpointSlice ns/name", in decoding order.
+func manifestSummary(o *Objects) []string {
+	out := []string{}
+	for _, n := range o.Nodes {
+		out = append(out, "Node "+n.Name)
+	}
+	for _, s := range o.Services {
+		out = append(out, "Service "+s.Namespace+"/"+s.Name)
+	}
+	for _, s := range o.Slices {
+		out = append(out, "EndpointSlice "+s.Namespace+"/"+s.Name)
+	}
+	return out
+}
+
+func TestDecodeManifests(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		// want is manifestSummary() of the result; nil when an error is expected.
+		want []string
+		// wantWarnings are the warnings exactly; nil means none.
+		wantWarnings []string
+		// wantErr is the error message exactly ("" for no error); it must
+		// name the file and the line.
+		wantErr string
+	}{
+		{
+			name: "multi-doc with leading and trailing separators",
+			in: `---
+apiVersion: v1
+kind: Node
+metadata: {name: a1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [10.0.0.1]}]
+---
+`,
+			want: []string{"Node a1", "Service shop/web", "EndpointSlice shop/web-1"},
+		},
+		{
+			name: "kind List and typed lists",
+			in: `apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a1}}
+- {apiVersion: v1, kind: Service, metadata: {name: web}}
+---
+apiVersion: v1
+kind: NodeList
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: b1}}
+`,
+			want: []string{"Node a1", "Node b1", "Service default/web"},
+		},
+		{
+			name: "empty List",
+			in:   "apiVersion: v1\nkind: List\nitems: []\n",
+			want: []string{},
+		},
+		{
+			name: "JSON object",
+			in: `{
+  "apiVersion": "v1",
+  "kind": "Service",
+  "metadata": {"name": "web", "namespace": "shop"},
+  "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}
+}
+`,
+			want: []string{"Service shop/web"},
+		},
+		{
+			name: "JSON List on one line",
+			in:   `{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a1"}}]}`,
+			want: []string{"Node a1"},
+		},
+		{
+			name: "comments-only and empty documents are skipped",
+			in: `# just a comment
+---
+---
+   # indented comment
+
+---
+apiVersion: v1
+kind: Node
+metadata: {name: a1}
+--- # a comment on the separator
+# and one more
+`,
+			want: []string{"Node a1"},
+		},
+		{
+			name: "a null document is skipped",
+			in:   "~\n---\napiVersion: v1\nkind: Node\nmetadata: {name: a1}\n",
+			want: []string{"Node a1"},
+		},
+		{
+			name: "unknown kinds warn with the document's line",
+			in: `apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: a1}
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Secret, metadata: {name: token}}
+`,
+			want: []string{"Node a1"},
+			wantWarnings: []string{
+				"f.yaml:1: skipping v1 ConfigMap settings (kind not used by topolb)",
+				"f.yaml:5: skipping apps/v1 Deployment web (kind not used by topolb)",
+				"f.yaml:13: skipping v1 Secret token (kind not used by topolb)",
+			},
+		},
+		{
+			name: "known kinds of other API versions warn",
+			in: `apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old}
+`,
+			want:         []string{},
+			wantWarnings: []string{"f.yaml:1: skipping discovery.k8s.io/v1beta1 EndpointSlice old (kind not used by topolb)"},
+		},
+		{
+			name: "namespace defaulting",
+			in: `apiVersion: v1
+kind: Service
+metadata: {name: web}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: ""}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: v1
+kind: Node
+metadata: {name: a1}
+`,
+			want: []string{"Node a1", "Service default/web", "Service default/api", "EndpointSlice default/web-1"},
+		},
+		{
+			name: "malformed YAML names the offending line",
+			in: `apiVersion: v1
+kind: Node
+metadata: {name: a1}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: b1
+   labels: {a: b}
+`,
+			wantErr: "f.yaml:9: mapping values are not allowed in this context",
+		},
+		{
+			name:    "a tab in indentation",
+			in:      "# header\n\napiVersion: v1\nkind: Node\nmetadata:\n\tname: a1\n",
+			wantErr: "f.yaml:6: found character that cannot start any token",
+		},
+		{
+			name:    "an unclosed flow mapping after comments",
+			in:      "# one\n# two\n---\napiVersion: v1\nkind: Node\nmetadata: {name: a1\n",
+			wantErr: "f.yaml:6: did not find expected ',' or '}'",
+		},
+		{
+			name:    "malformed JSON",
+			in:      "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"Node\"\n  \"metadata\": {}\n}\n",
+			wantErr: "f.yaml:3: did not find expected ',' or '}'",
+		},
+		{
+			name: "wrong field type names the document",
+			in: `apiVersion: v1
+kind: Node
+metadata: {name: a1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  ports: [{port: "eighty"}]
+`,
+			wantErr: "f.yaml:5: service default/web: json: cannot unmarshal string into Go struct field ServicePort.spec.ports.port of type int32",
+		},
+		{
+			name:    "wrong field type in a List item",
+			in:      "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: a1, labels: [x]}}\n",
+			wantErr: "f.yaml:1: List item 0: node a1: json: cannot unmarshal array into Go struct field ObjectMeta.metadata.labels of type map[string]string",
+		},
+		{
+			name:    "a document without apiVersion and kind",
+			in:      "apiVersion: v1\nkind: Node\nmetadata: {name: a1}\n---\nname: stray\n",
+			wantErr: "f.yaml:5: document has no apiVersion and kind",
+		},
+		{
+			name:    "a document that is not an object",
+			in:      "- a\n- b\n",
+			wantErr: "f.yaml:1: not a Kubernetes object: json: cannot unmarshal array into Go value of type kube.typeMeta",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs, warnings, err := DecodeManifests("f.yaml", []byte(tt.in))
+			if tt.wantErr != "" {
+				if err == nil || err.Error() != tt.wantErr {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				if objs != nil || warnings != nil {
+					t.Errorf("got objects %v and warnings %q with the error, want neither", objs, warnings)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if got := manifestSummary(objs); !slices.Equal(got, tt.want) {
+				t.Errorf("objects %q, want %q", got, tt.want)
+			}
+			if !slices.Equal(warnings, tt.wantWarnings) {
+				t.Errorf("warnings %q, want %q", warnings, tt.wantWarnings)
+			}
+		})
+	}
+}
+
+func TestDecodeManifestsKeepsFields(t *testing.T) {
+	in := `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  annotations: {topolb.io/zone-threshold: "2"}
+spec:
+  clusterIP: 10.96.0.1
+  trafficDistribution: PreferClose
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30080, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: UDP}]
+endpoints:
+- addresses: [10.0.0.1]
+  nodeName: a1
+  zone: zone-a
+  conditions: {ready: false, serving: true, terminating: true}
+  hints: {forZones: [{name: zone-a}], forNodes: [{name: a1}]}
+`
+	objs, _, err := DecodeManifests("f.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := objs.Services[0]
+	if svc.Annotations["topolb.io/zone-threshold"] != "2" || *svc.Spec.TrafficDistribution != "PreferClose" ||
+		string(*svc.Spec.InternalTrafficPolicy) != "Local" || svc.Spec.Ports[0].NodePort != 30080 || svc.Spec.Ports[0].Protocol != "UDP" {
+		t.Errorf("service fields lost: %+v", svc)
+	}
+	e := objs.Slices[0].Endpoints[0]
+	if *e.NodeName != "a1" || *e.Zone != "zone-a" || *e.Conditions.Ready || !*e.Conditions.Serving || !*e.Conditions.Terminating ||
+		e.Hints.ForZones[0].Name != "zone-a" || e.Hints.ForNodes[0].Name != "a1" {
+		t.Errorf("endpoint fields lost: %+v", e)
+	}
+	if *objs.Slices[0].Ports[0].Port != 8080 {
+		t.Errorf("slice port lost: %+v", objs.Slices[0].Ports)
+	}
+}
+
+func TestLoadManifests(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.yaml")
+	if err := os.WriteFile(path, []byte("apiVersion: v1\nkind: Node\nmetadata: {name: a1}\n---\nkind: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := LoadManifests(path)
+	if err == nil || !strings.HasPrefix(err.Error(), path+":5: ") {
+		t.Errorf("error %v, want one starting with %s:5:", err, path)
+	}
+	_, _, err = LoadManifests(filepath.Join(dir, "missing.yaml"))
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("error %v, want one wrapping fs.ErrNotExist", err)
+	}
+}
