@@ -1,0 +1,464 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/topolb/topolb/topology"
+)
+
+// Addresses the agents listen on inside their node's namespace; every node
+// has its own loopback, so all agents use the same ones.
+const (
+	AgentMetricsAddress = "127.0.0.1:9965"
+	AgentHealthAddress  = "127.0.0.1:9966"
+)
+
+// AgentOptions configure the agents the testbed runs.
+type AgentOptions struct {
+	// Binary is the topolb-agent executable.
+	Binary string
+	// Verbosity is passed as -v.
+	Verbosity int
+	// Args are appended to the command line.
+	Args []string
+}
+
+// Agent is a topolb-agent process running in a node's namespace, started
+// with `nsenter --net=<node ns> topolb-agent --from-file <manifest>` (or
+// --kubeconfig in apiserver mode). Its log is appended to LogPath across
+// restarts.
+type Agent struct {
+	Node    *Node
+	LogPath string
+
+	tb   *Testbed
+	opts AgentOptions
+	http *http.Client
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+	err  error         // cmd's exit status, once done
+}
+
+// StartAgents starts an agent on every node and waits until all are ready.
+func (tb *Testbed) StartAgents(ctx context.Context, o AgentOptions) ([]*Agent, error) {
+	var agents []*Agent
+	for _, n := range tb.Nodes {
+		a, err := tb.StartAgent(ctx, n.Name, o)
+		if err != nil {
+			return nil, err
+		}
+		agents = append(agents, a)
+	}
+	for _, a := range agents {
+		if err := a.WaitReady(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return agents, nil
+}
+
+// StartAgent starts an agent on the named node and returns without waiting
+// for it to be ready. The testbed stops it on Close.
+func (tb *Testbed) StartAgent(ctx context.Context, node string, o AgentOptions) (*Agent, error) {
+	n := tb.Node(node)
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", node)
+	}
+	if o.Binary == "" {
+		return nil, errors.New("no agent binary given")
+	}
+	bin, err := filepath.Abs(o.Binary)
+	if err != nil {
+		return nil, err
+	}
+	o.Binary = bin
+	a := &Agent{
+		Node:    n,
+		LogPath: filepath.Join(tb.Dir, "logs", "agent-"+n.Name+".log"),
+		tb:      tb,
+		opts:    o,
+		http: &http.Client{
+			Timeout:   5 * time.Second,
+			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},
+		},
+	}
+	tb.mu.Lock()
+	switch {
+	case tb.closed:
+		err = errors.New("testbed closed")
+	case tb.direct != nil:
+		err = errors.New("the in-process datapath is attached: close it before starting agents")
+	case slices.ContainsFunc(tb.agents, func(o *Agent) bool { return o.Node == n }):
+		err = fmt.Errorf("node %s already has an agent", node)
+	default:
+		tb.agents = append(tb.agents, a)
+	}
+	tb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.Start(ctx); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Args returns the agent's command line after the binary.
+func (a *Agent) Args() []string {
+	args := []string{
+		"--node-name", a.Node.Name,
+		"--pod-interfaces", "auto",
+		"--uplinks", "auto",
+		"--bpffs", a.tb.BPFFS(a.Node.Name),
+		"--metrics-address", AgentMetricsAddress,
+		"--health-address", AgentHealthAddress,
+		"-v", strconv.Itoa(a.opts.Verbosity),
+	}
+	if kc := a.tb.kubeconfigFor(a.Node.Name); kc != "" {
+		args = append(args, "--kubeconfig", kc)
+	} else {
+		args = append(args, "--from-file", a.tb.ManifestPath())
+	}
+	return append(args, a.opts.Args...)
+}
+
+// Start starts the agent process; it must not be running.
+func (a *Agent) Start(ctx context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done != nil {
+		select {
+		case <-a.done:
+		default:
+			return fmt.Errorf("agent on %s is already running", a.Node.Name)
+		}
+	}
+	logf, err := os.OpenFile(a.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("agent log: %w", err)
+	}
+	fmt.Fprintf(logf, "==== %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), a.opts.Binary, strings.Join(a.Args(), " "))
+	// nsenter --net keeps the mount namespace, so the bpffs stays visible
+	// (`ip netns exec` remounts /sys).
+	cmd := exec.Command("nsenter", append([]string{"--net=" + a.Node.NS.Path, a.opts.Binary}, a.Args()...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Pdeathsig: syscall.SIGKILL, // never outlive the testbed's process
+		Setpgid:   true,            // Ctrl-C reaches us, and we stop agents in order
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start agent on %s: %w", a.Node.Name, err)
+	}
+	a.tb.recordAgentPID(cmd.Process.Pid)
+	done := make(chan struct{})
+	a.cmd, a.done, a.err = cmd, done, nil
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		a.mu.Lock()
+		a.err = err
+		a.mu.Unlock()
+		close(done)
+	}()
+	a.tb.log.Debug("agent started", "node", a.Node.Name, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// Running reports whether the process is alive.
+func (a *Agent) Running() bool {
+	a.mu.Lock()
+	done := a.done
+	a.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// PID returns the process id of the current (or last) process.
+func (a *Agent) PID() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cmd == nil || a.cmd.Process == nil {
+		return 0
+	}
+	return a.cmd.Process.Pid
+}
+
+// signal sends sig and waits up to wait for the process to exit.
+func (a *Agent) signal(sig syscall.Signal, wait time.Duration) (exited bool, err error) {
+	a.mu.Lock()
+	cmd, done := a.cmd, a.done
+	a.mu.Unlock()
+	if cmd == nil {
+		return true, nil
+	}
+	select {
+	case <-done:
+		return true, nil
+	default:
+	}
+	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return false, fmt.Errorf("signal agent on %s: %w", a.Node.Name, err)
+	}
+	select {
+	case <-done:
+		return true, nil
+	case <-time.After(wait):
+		return false, nil
+	}
+}
+
+// Stop stops the agent gracefully (SIGTERM: the datapath stays pinned and
+// keeps forwarding), killing it if it has not exited within 10 s. It
+// returns an error if the agent had to be killed.
+func (a *Agent) Stop() error {
+	exited, err := a.signal(syscall.SIGTERM, 10*time.Second)
+	if err != nil || exited {
+		return err
+	}
+	if _, err := a.signal(syscall.SIGKILL, 5*time.Second); err != nil {
+		return err
+	}
+	return fmt.Errorf("agent on %s ignored SIGTERM for 10 s and was killed", a.Node.Name)
+}
+
+// Kill kills the agent with SIGKILL, as a crash would, and waits for it.
+func (a *Agent) Kill() error {
+	exited, err := a.signal(syscall.SIGKILL, 5*time.Second)
+	if err == nil && !exited {
+		err = fmt.Errorf("agent on %s did not die within 5 s of SIGKILL", a.Node.Name)
+	}
+	return err
+}
+
+// ExitError returns how the last process ended, nil while it runs.
+func (a *Agent) ExitError() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+// get GETs a path of the agent's health endpoint from inside the node.
+func (a *Agent) get(ctx context.Context, path string) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentHealthAddress+path, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	return body, resp.StatusCode, err
+}
+
+// WaitReady waits until GET /readyz answers 200: the agent has written its
+// first full sync to the maps. It fails at once if the process exits.
+func (a *Agent) WaitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	a.mu.Lock()
+	done := a.done
+	a.mu.Unlock()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		_, code, err := a.get(ctx, "/readyz")
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("status %d", code)
+		}
+		last = err
+		select {
+		case <-done:
+			return fmt.Errorf("agent on %s exited before it was ready (%v); last log lines:\n%s", a.Node.Name, a.ExitError(), a.LogTail(20))
+		case <-ctx.Done():
+			return fmt.Errorf("agent on %s not ready: %w (last: %v); last log lines:\n%s", a.Node.Name, ctx.Err(), last, a.LogTail(20))
+		case <-tick.C:
+		}
+	}
+}
+
+// AgentState is the agent's GET /debug/state: its current decisions, in
+// the JSON of `topolbctl explain -o json`, plus what it programmed.
+type AgentState struct {
+	topology.Report
+	// Raw is the whole document, including fields this type does not
+	// know.
+	Raw json.RawMessage `json:"-"`
+}
+
+// State reads the agent's current decisions.
+func (a *Agent) State(ctx context.Context) (*AgentState, error) {
+	body, code, err := a.get(ctx, "/debug/state")
+	if err != nil {
+		return nil, fmt.Errorf("agent on %s: debug state: %w", a.Node.Name, err)
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("agent on %s: debug state: status %d: %.200s", a.Node.Name, code, body)
+	}
+	st := &AgentState{Raw: body}
+	if err := json.Unmarshal(body, &st.Report); err != nil {
+		return nil, fmt.Errorf("agent on %s: decode debug state: %w", a.Node.Name, err)
+	}
+	return st, nil
+}
+
+// Mismatch compares the agent's decisions with what DecideNode decides for
+// its node on the testbed's current objects, and describes the first
+// difference ("" when they agree).
+func (a *Agent) Mismatch(st *AgentState) string {
+	objs, _ := a.tb.Current()
+	want, _ := a.tb.Decide(objs, a.Node.Name)
+	got := map[string][]string{}
+	for _, s := range st.Services {
+		got[s.Service+"/"+s.Port+"/"+s.Protocol] = s.Backends
+	}
+	for _, d := range want {
+		key := d.Service + "/" + d.Port + "/" + string(d.Protocol)
+		g, ok := got[key]
+		if !ok {
+			return fmt.Sprintf("%s: agent has no decision", key)
+		}
+		if !slices.Equal(sorted(g), d.Addrs) {
+			return fmt.Sprintf("%s: agent permits %v, DecideNode %v", key, g, d.Addrs)
+		}
+		delete(got, key)
+	}
+	for key := range got {
+		return fmt.Sprintf("%s: agent decides a port that does not exist", key)
+	}
+	return ""
+}
+
+func sorted(ss []string) []string {
+	out := slices.Clone(ss)
+	slices.Sort(out)
+	return out
+}
+
+// WaitAgents waits until every running agent's decisions equal DecideNode's
+// for its node on the objects last applied.
+func (tb *Testbed) WaitAgents(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tb.mu.Lock()
+	agents := slices.Clone(tb.agents)
+	tb.mu.Unlock()
+	for _, a := range agents {
+		if !a.Running() {
+			continue
+		}
+		var last string
+		for {
+			st, err := a.State(ctx)
+			if err != nil {
+				last = err.Error()
+			} else if last = a.Mismatch(st); last == "" {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("agent on %s did not converge: %s", a.Node.Name, last)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// Agents returns the agents the testbed started.
+func (tb *Testbed) Agents() []*Agent {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return slices.Clone(tb.agents)
+}
+
+// Agent returns the agent of the named node, or nil.
+func (tb *Testbed) Agent(node string) *Agent {
+	for _, a := range tb.Agents() {
+		if a.Node.Name == node {
+			return a
+		}
+	}
+	return nil
+}
+
+// LogTail returns the last n lines of the agent's log.
+func (a *Agent) LogTail(n int) string {
+	f, err := os.Open(a.LogPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+const agentPIDs = "agents.pids"
+
+// recordAgentPID notes an agent's pid, so RemoveStale can kill agents a
+// crashed run left behind.
+func (tb *Testbed) recordAgentPID(pid int) {
+	f, err := os.OpenFile(filepath.Join(tb.Dir, agentPIDs), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintln(f, pid)
+	f.Close()
+}
+
+// killStrayAgents kills the recorded agents of a dead testbed whose command
+// line still names its state directory (so a recycled pid is left alone).
+func killStrayAgents(dir string) {
+	data, err := os.ReadFile(filepath.Join(dir, agentPIDs))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Fields(string(data)) {
+		pid, err := strconv.Atoi(line)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir+"/") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}

@@ -1,0 +1,241 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// Conn is a long-lived flow from a pod to a service: a TCP connection that
+// carries HTTP/1.1 keep-alive requests, or a connected UDP socket. Every
+// Ask on it uses the same 5-tuple, so it shows whether the datapath keeps
+// a flow on its backend.
+type Conn struct {
+	proto  v1.Protocol
+	target netip.AddrPort
+	c      net.Conn
+	br     *bufio.Reader
+}
+
+// Open opens a flow from the pod to target.
+func (p *Pod) Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error) {
+	network := "tcp4"
+	if proto == v1.ProtocolUDP {
+		network = "udp4"
+	} else if proto != v1.ProtocolTCP {
+		return nil, fmt.Errorf("protocol %q: want TCP or UDP", proto)
+	}
+	c, err := p.NS.DialContext(ctx, network, target.String())
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{proto: proto, target: target, c: c, br: bufio.NewReader(c)}, nil
+}
+
+// LocalAddr is the flow's client address.
+func (c *Conn) LocalAddr() netip.AddrPort {
+	ap, _ := netip.ParseAddrPort(c.c.LocalAddr().String())
+	return ap
+}
+
+// Close closes the flow.
+func (c *Conn) Close() error { return c.c.Close() }
+
+// Ask sends one request on the flow and returns the answer. For UDP the
+// socket is connected, so only answers from the service address (correctly
+// reverse-NATed ones) are received.
+func (c *Conn) Ask(ctx context.Context) (Answer, error) {
+	var a Answer
+	if dl, ok := ctx.Deadline(); ok {
+		c.c.SetDeadline(dl)
+	} else {
+		c.c.SetDeadline(time.Time{})
+	}
+	if c.proto == v1.ProtocolUDP {
+		if _, err := c.c.Write([]byte("who are you?")); err != nil {
+			return a, err
+		}
+		buf := make([]byte, 2048)
+		n, err := c.c.Read(buf)
+		if err != nil {
+			return a, err
+		}
+		if err := json.Unmarshal(buf[:n], &a); err != nil {
+			return a, fmt.Errorf("bad answer %q: %w", buf[:n], err)
+		}
+		return a, nil
+	}
+	if _, err := fmt.Fprintf(c.c, "GET / HTTP/1.1\r\nHost: %s\r\nUser-Agent: topolb-testbed\r\n\r\n", c.target); err != nil {
+		return a, err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return a, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if err != nil {
+		return a, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return a, fmt.Errorf("HTTP %s", resp.Status)
+	}
+	if err := json.Unmarshal(body, &a); err != nil {
+		return a, fmt.Errorf("bad answer %q: %w", body, err)
+	}
+	return a, nil
+}
+
+// Request sends one request from the pod to target on a new flow (a new
+// TCP connection, or a new UDP socket) and returns the answer.
+func (p *Pod) Request(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (Answer, error) {
+	c, err := p.Open(ctx, proto, target)
+	if err != nil {
+		return Answer{}, err
+	}
+	defer c.Close()
+	return c.Ask(ctx)
+}
+
+// Record is the outcome of one request.
+type Record struct {
+	Start  time.Time
+	Took   time.Duration
+	Answer Answer
+	Err    error
+}
+
+// Load describes a series of requests, each on a new flow.
+type Load struct {
+	Proto  v1.Protocol
+	Target netip.AddrPort
+	// Count is the number of requests; 0 sends until the context ends.
+	Count int
+	// Parallel is the number of requests in flight. Default 16.
+	Parallel int
+	// Timeout bounds each request. Default 2s.
+	Timeout time.Duration
+}
+
+// Send runs the load from the pod and returns one record per request, in
+// the order they started. Requests that were cut short by ctx ending are
+// not recorded.
+func (p *Pod) Send(ctx context.Context, l Load) []Record {
+	if l.Parallel <= 0 {
+		l.Parallel = 16
+	}
+	if l.Timeout <= 0 {
+		l.Timeout = 2 * time.Second
+	}
+	var (
+		mu   sync.Mutex
+		recs []Record
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for w := 0; w < l.Parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if (l.Count > 0 && i > int64(l.Count)) || ctx.Err() != nil {
+					return
+				}
+				start := time.Now()
+				rctx, cancel := context.WithTimeout(ctx, l.Timeout)
+				a, err := p.Request(rctx, l.Proto, l.Target)
+				cancel()
+				if err != nil && ctx.Err() != nil {
+					return // cut short by the caller, not a failure
+				}
+				mu.Lock()
+				recs = append(recs, Record{Start: start, Took: time.Since(start), Answer: a, Err: err})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Start.Before(recs[j].Start) })
+	return recs
+}
+
+// Tally sums up records.
+type Tally struct {
+	// Landed counts answers per backend pod.
+	Landed map[string]int
+	// Answers holds one answer per backend pod (its node and zone).
+	Answers map[string]Answer
+	// Failed counts requests without an answer.
+	Failed int
+	// Errors are the distinct failure messages, at most five.
+	Errors []string
+	// WrongSource counts answers in which the backend saw a source address
+	// other than the client pod's.
+	WrongSource int
+}
+
+// Summarize tallies records of requests sent by client.
+func Summarize(client *Pod, recs []Record) Tally {
+	t := Tally{Landed: map[string]int{}, Answers: map[string]Answer{}}
+	for _, r := range recs {
+		if r.Err != nil {
+			t.Failed++
+			msg := errorClass(r.Err)
+			if len(t.Errors) < 5 && !slices.Contains(t.Errors, msg) {
+				t.Errors = append(t.Errors, msg)
+			}
+			continue
+		}
+		t.Landed[r.Answer.Pod]++
+		t.Answers[r.Answer.Pod] = r.Answer
+		if ap, err := netip.ParseAddrPort(r.Answer.Client); client != nil && (err != nil || ap.Addr() != client.Addr) {
+			t.WrongSource++
+		}
+	}
+	return t
+}
+
+// Backends returns the pods that answered, sorted.
+func (t Tally) Backends() []string {
+	out := make([]string, 0, len(t.Landed))
+	for p := range t.Landed {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// errorClass shortens an error for counting: timeouts and refusals are
+// named, ephemeral ports are dropped.
+func errorClass(err error) string {
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	return msg
+}

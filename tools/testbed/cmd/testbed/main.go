@@ -1,0 +1,182 @@
+// Command testbed stands up a topolb testbed from a YAML spec and keeps it
+// until Ctrl-C, prints the manifest a spec generates, and removes what
+// crashed runs left behind.
+//
+//	testbed up [-f spec.yaml] [--scenario NAME] [--datapath none|direct|agent --agent-binary BIN]
+//	testbed manifest [-f spec.yaml] [--scenario NAME]
+//	testbed clean
+//
+// Without -f the spec is tools/testbed/examples/demo.yaml.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "testbed",
+		Short:         "A multi-zone cluster network out of network namespaces, for topolb",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(upCommand(), manifestCommand(), cleanCommand())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func loadSpec(path string) (*testbed.Spec, error) {
+	if path == "" {
+		return testbed.DemoSpec()
+	}
+	return testbed.LoadSpec(path)
+}
+
+func upCommand() *cobra.Command {
+	var (
+		file, scenario, datapath, agentBin string
+		verbose                            bool
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create the testbed and keep it until Ctrl-C",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			spec, err := loadSpec(file)
+			if err != nil {
+				return err
+			}
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
+			if err != nil {
+				return err
+			}
+			defer func() {
+				if cerr := tb.Close(); cerr != nil {
+					fmt.Fprintln(os.Stderr, "teardown:", cerr)
+				}
+			}()
+			if scenario != "" {
+				if _, _, err := tb.ApplyScenario(ctx, scenario); err != nil {
+					return err
+				}
+			}
+			switch datapath {
+			case "none":
+			case "direct":
+				if _, err := tb.AttachDirect(); err != nil {
+					return err
+				}
+			case "agent":
+				if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: agentBin}); err != nil {
+					return err
+				}
+			default:
+				return fmt.Errorf("--datapath %q: want none, direct or agent", datapath)
+			}
+			printSummary(tb)
+			fmt.Println("\nCtrl-C tears everything down.")
+			<-ctx.Done()
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "testbed spec (default: the demo spec)")
+	cmd.Flags().StringVar(&scenario, "scenario", "", "apply this scenario's Services instead of the spec's")
+	cmd.Flags().StringVar(&datapath, "datapath", "none", "who programs the nodes: none, direct (in this process) or agent")
+	cmd.Flags().StringVar(&agentBin, "agent-binary", "bin/topolb-agent", "topolb-agent binary for --datapath agent")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log details")
+	return cmd
+}
+
+func printSummary(tb *testbed.Testbed) {
+	fmt.Printf("testbed %s: manifest %s\n\n", tb.ID, tb.ManifestPath())
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tZONE\tWIRE\tPOD CIDR\tNAMESPACE")
+	for _, n := range tb.Nodes {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Zone, n.WireAddr, n.PodCIDR, n.NS.Name)
+	}
+	w.Flush()
+	fmt.Println()
+	fmt.Fprintln(w, "POD\tROLE\tNODE\tADDRESS\tHOST VETH\tNAMESPACE")
+	for _, p := range tb.Pods {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Role, p.Node.Name, p.Addr, p.HostVeth, p.NS.Name)
+	}
+	w.Flush()
+	if c := tb.Clients(); len(c) > 0 {
+		fmt.Printf("\ntry: nsenter --net=%s curl -s http://10.96.0.10/\n", c[0].NS.Path)
+	}
+}
+
+func manifestCommand() *cobra.Command {
+	var file, scenario string
+	cmd := &cobra.Command{
+		Use:   "manifest",
+		Short: "Print the Nodes, Services and EndpointSlices a spec (or one of its scenarios) describes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			spec, err := loadSpec(file)
+			if err != nil {
+				return err
+			}
+			l, err := testbed.NewLayout(spec)
+			if err != nil {
+				return err
+			}
+			svcs := spec.Services
+			if scenario != "" {
+				sc, err := spec.Scenario(scenario)
+				if err != nil {
+					return err
+				}
+				svcs = sc.Services
+			}
+			objs, err := l.Objects(svcs)
+			if err != nil {
+				return err
+			}
+			data, err := testbed.EncodeManifest(objs)
+			if err != nil {
+				return err
+			}
+			_, err = os.Stdout.Write(data)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "testbed spec (default: the demo spec)")
+	cmd.Flags().StringVar(&scenario, "scenario", "", "the scenario whose Services to print")
+	return cmd
+}
+
+func cleanCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "clean",
+		Short: "Remove namespaces, pins and agents left by testbeds whose process is gone",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			err := testbed.RemoveStale("")
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+}

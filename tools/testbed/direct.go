@@ -1,0 +1,155 @@
+package testbed
+
+import (
+	"errors"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/kube"
+	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
+)
+
+// Direct programs every node's datapath from inside this process through
+// maps/, straight from topology.State.DecideNode: tc on every pod veth, XDP
+// on the uplink, and for each node the backends its decision permits. It
+// stands in for the agent, to tell datapath and decision problems from
+// agent problems, and to drive traffic before an agent exists.
+type Direct struct {
+	tb    *Testbed
+	nodes map[string]*maps.Datapath
+}
+
+// Map sizes of the in-process datapath: small, so loading is quick.
+const (
+	directMaxFrontends = 1024
+	directMaxBackends  = 8192
+	directMaxConntrack = 65536
+)
+
+// AttachDirect loads a datapath for every node, pinned under BPFFS(node),
+// attaches it and programs the current objects. Apply keeps it programmed
+// from then on; Close (or the testbed's Close) unpins it. A node cannot run
+// an agent and the in-process datapath at once.
+func (tb *Testbed) AttachDirect() (_ *Direct, err error) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.direct != nil {
+		return nil, errors.New("in-process datapath already attached")
+	}
+	if len(tb.agents) > 0 {
+		return nil, errors.New("agents are running: stop them before attaching the in-process datapath")
+	}
+	d := &Direct{tb: tb, nodes: map[string]*maps.Datapath{}}
+	defer func() {
+		if err != nil {
+			d.unload()
+		}
+	}()
+	for _, n := range tb.Nodes {
+		dp, err := maps.Load(maps.Options{
+			PinPath:      tb.BPFFS(n.Name),
+			NetNS:        n.NS.Path,
+			MaxFrontends: directMaxFrontends,
+			MaxBackends:  directMaxBackends,
+			MaxConntrack: directMaxConntrack,
+			Logger:       tb.log.With("node", n.Name),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("node %s: load datapath: %w", n.Name, err)
+		}
+		d.nodes[n.Name] = dp
+		for _, p := range n.Pods {
+			if err := dp.AttachTC(p.HostVeth); err != nil {
+				return nil, fmt.Errorf("node %s: %w", n.Name, err)
+			}
+		}
+		if err := dp.AttachXDP(UplinkName); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	if tb.objs != nil {
+		if err := d.Program(tb.objs); err != nil {
+			return nil, err
+		}
+	}
+	tb.direct = d
+	return d, nil
+}
+
+// Datapath returns the named node's datapath.
+func (d *Direct) Datapath(node string) *maps.Datapath { return d.nodes[node] }
+
+// Program writes, on every node, the backends DecideNode permits for every
+// frontend in objs, and deletes frontends that are gone.
+func (d *Direct) Program(objs *kube.Objects) error {
+	state := objs.State(nil)
+	var errs []error
+	for _, n := range d.tb.Nodes {
+		dp := d.nodes[n.Name]
+		want := desiredFrontends(state, n)
+		for fe, bes := range want {
+			if _, err := dp.SetBackends(fe, bes); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+			}
+		}
+		for fe := range dp.Frontends() {
+			if _, ok := want[fe]; !ok {
+				if _, err := dp.DeleteFrontend(fe); err != nil {
+					errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// desiredFrontends turns a node's decisions into datapath frontends and
+// their internal backends.
+func desiredFrontends(state *topology.State, n *Node) map[maps.Frontend][]maps.Backend {
+	ds, _ := state.DecideNode(n.Name, topology.DefaultOptions())
+	want := map[maps.Frontend][]maps.Backend{}
+	for _, d := range ds {
+		var proto maps.Protocol
+		switch d.Port.Protocol {
+		case v1.ProtocolTCP:
+			proto = maps.TCP
+		case v1.ProtocolUDP:
+			proto = maps.UDP
+		default:
+			continue
+		}
+		bes := make([]maps.Backend, 0, len(d.Decision.Backends))
+		for _, ep := range d.Decision.Backends {
+			bes = append(bes, maps.Backend{Addr: ep.Addr, NodeLocal: ep.NodeName == n.Name, ZoneLocal: ep.Zone != "" && ep.Zone == n.Zone})
+		}
+		for _, fe := range d.Port.Frontends() {
+			want[maps.Frontend{Addr: fe, Proto: proto}] = bes
+		}
+	}
+	return want
+}
+
+// Close unpins and closes every node's datapath: the programs are
+// detached and the maps freed.
+func (d *Direct) Close() error {
+	d.tb.mu.Lock()
+	if d.tb.direct == d {
+		d.tb.direct = nil
+	}
+	d.tb.mu.Unlock()
+	return d.unload()
+}
+
+func (d *Direct) unload() error {
+	var errs []error
+	for name, dp := range d.nodes {
+		if err := dp.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", name, err))
+		}
+		dp.Close()
+	}
+	d.nodes = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,340 @@
+package testbed
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/topolb/topolb/kube"
+	"github.com/topolb/topolb/topology"
+)
+
+// Interface names inside the testbed.
+const (
+	// UplinkName is a node's wire interface, its only uplink: the device
+	// of its default route.
+	UplinkName = "eth0"
+	// PodIfName is a pod's interface.
+	PodIfName = "eth0"
+	// BridgeName is the switch in the fabric namespace.
+	BridgeName = "br0"
+)
+
+// ManagedBy is the endpointslice.kubernetes.io/managed-by value of the
+// EndpointSlices the testbed writes.
+const ManagedBy = "testbed.topolb.io"
+
+// Layout is a spec's addressing plan: which node and pod gets which
+// addresses and interface names. It is a pure function of the spec, so
+// manifests can be generated without creating anything.
+type Layout struct {
+	Spec *Spec
+	// Nodes are in spec order.
+	Nodes []*Node
+	// Pods are in spec order.
+	Pods []*Pod
+	// FabricAddr is the switch's address on the wire: every node's default
+	// gateway.
+	FabricAddr netip.Prefix
+
+	nodes map[string]*Node
+	pods  map[string]*Pod
+	byIP  map[netip.Addr]*Pod
+}
+
+// Node is one node of the testbed.
+type Node struct {
+	Name string
+	Zone string
+	// Index is the node's 1-based position in the spec.
+	Index int
+	CPU   string
+	// Labels are every label of the Node object.
+	Labels map[string]string
+	// PodCIDR is the node's /24; Gateway (its .1) is the address of every
+	// host-side pod veth, and pods route through it.
+	PodCIDR netip.Prefix
+	Gateway netip.Addr
+	// WireAddr is the node's address on the wire (UplinkName).
+	WireAddr netip.Prefix
+	Pods     []*Pod
+
+	// NS is the node's network namespace; nil until the testbed is up.
+	NS *NS
+}
+
+// Pod is one pod of the testbed.
+type Pod struct {
+	Name string
+	Node *Node
+	Role Role
+	// Addr is the pod's address (a /32 on PodIfName).
+	Addr netip.Addr
+	// HostVeth is the name of the pod's veth in the node namespace; its
+	// alias is the pod's name.
+	HostVeth string
+
+	// NS is the pod's network namespace; nil until the testbed is up.
+	NS *NS
+}
+
+// Zone returns the pod's node's zone.
+func (p *Pod) Zone() string { return p.Node.Zone }
+
+// NewLayout plans the addresses of a validated spec.
+func NewLayout(s *Spec) (*Layout, error) {
+	podCIDR, err := netip.ParsePrefix(s.PodCIDR)
+	if err != nil || !podCIDR.Addr().Is4() || podCIDR.Bits() > 16 {
+		return nil, fmt.Errorf("podCIDR %q: want an IPv4 prefix of /16 or shorter", s.PodCIDR)
+	}
+	wire, err := netip.ParsePrefix(s.WireCIDR)
+	if err != nil || !wire.Addr().Is4() || wire.Bits() != 24 {
+		return nil, fmt.Errorf("wireCIDR %q: want an IPv4 /24", s.WireCIDR)
+	}
+	podCIDR, wire = podCIDR.Masked(), wire.Masked()
+	l := &Layout{
+		Spec:       s,
+		FabricAddr: netip.PrefixFrom(nth(wire.Addr(), 1), 24),
+		nodes:      map[string]*Node{},
+		pods:       map[string]*Pod{},
+		byIP:       map[netip.Addr]*Pod{},
+	}
+	idx := 0
+	for _, z := range s.Zones {
+		for _, ns := range z.Nodes {
+			idx++
+			if idx > 250 {
+				return nil, fmt.Errorf("more than 250 nodes")
+			}
+			base := podCIDR.Addr().As4()
+			base[2] = byte(idx)
+			cidr := netip.PrefixFrom(netip.AddrFrom4(base), 24)
+			n := &Node{
+				Name:     ns.Name,
+				Zone:     z.Name,
+				Index:    idx,
+				CPU:      ns.CPU,
+				Labels:   map[string]string{topology.LabelZone: z.Name, topology.LabelHostname: ns.Name},
+				PodCIDR:  cidr,
+				Gateway:  nth(cidr.Addr(), 1),
+				WireAddr: netip.PrefixFrom(nth(wire.Addr(), 1+idx), 24),
+			}
+			for k, v := range ns.Labels {
+				n.Labels[k] = v
+			}
+			if len(ns.Pods) > 250 {
+				return nil, fmt.Errorf("node %s: more than 250 pods", ns.Name)
+			}
+			for pi, ps := range ns.Pods {
+				p := &Pod{
+					Name:     ps.Name,
+					Node:     n,
+					Role:     ps.Role,
+					Addr:     nth(cidr.Addr(), 2+pi),
+					HostVeth: fmt.Sprintf("veth%d", pi),
+				}
+				n.Pods = append(n.Pods, p)
+				l.Pods = append(l.Pods, p)
+				l.pods[p.Name] = p
+				l.byIP[p.Addr] = p
+			}
+			l.Nodes = append(l.Nodes, n)
+			l.nodes[n.Name] = n
+		}
+	}
+	return l, nil
+}
+
+// nth returns base + n.
+func nth(base netip.Addr, n int) netip.Addr {
+	b := base.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(n)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// Node returns the named node, or nil.
+func (l *Layout) Node(name string) *Node { return l.nodes[name] }
+
+// Pod returns the named pod, or nil.
+func (l *Layout) Pod(name string) *Pod { return l.pods[name] }
+
+// PodByAddr returns the pod with address a, or nil.
+func (l *Layout) PodByAddr(a netip.Addr) *Pod { return l.byIP[a] }
+
+// Clients returns the client pods, in spec order.
+func (l *Layout) Clients() []*Pod {
+	var out []*Pod
+	for _, p := range l.Pods {
+		if p.Role == RoleClient {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Objects returns the Nodes of the layout and the Services and
+// EndpointSlices of svcs, as a cluster would hold them.
+func (l *Layout) Objects(svcs []ServiceSpec) (*kube.Objects, error) {
+	objs := &kube.Objects{}
+	for _, n := range l.Nodes {
+		objs.Nodes = append(objs.Nodes, l.nodeObject(n))
+	}
+	for _, svc := range svcs {
+		s, es, err := l.serviceObjects(svc)
+		if err != nil {
+			return nil, err
+		}
+		objs.Services = append(objs.Services, s)
+		objs.Slices = append(objs.Slices, es)
+	}
+	return objs, nil
+}
+
+func (l *Layout) nodeObject(n *Node) *v1.Node {
+	labels := make(map[string]string, len(n.Labels))
+	for k, v := range n.Labels {
+		labels[k] = v
+	}
+	cpu := resource.MustParse(n.CPU)
+	return &v1.Node{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels},
+		Spec:       v1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+		Status: v1.NodeStatus{
+			Allocatable: v1.ResourceList{v1.ResourceCPU: cpu},
+			Capacity:    v1.ResourceList{v1.ResourceCPU: cpu},
+			Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
+			Addresses:   []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.WireAddr.Addr().String()}},
+		},
+	}
+}
+
+func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.EndpointSlice, error) {
+	s := &v1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        svc.Name,
+			Namespace:   svc.Namespace,
+			Annotations: copyMap(svc.Annotations),
+		},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  svc.ClusterIP,
+			ClusterIPs: []string{svc.ClusterIP},
+		},
+	}
+	if svc.TrafficDistribution != "" {
+		td := svc.TrafficDistribution
+		s.Spec.TrafficDistribution = &td
+	}
+	if svc.InternalTrafficPolicy != "" {
+		p := v1.ServiceInternalTrafficPolicy(svc.InternalTrafficPolicy)
+		s.Spec.InternalTrafficPolicy = &p
+	}
+	es := &discovery.EndpointSlice{
+		TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      svc.Name + "-testbed",
+			Namespace: svc.Namespace,
+			Labels: map[string]string{
+				discovery.LabelServiceName: svc.Name,
+				discovery.LabelManagedBy:   ManagedBy,
+			},
+		},
+		AddressType: discovery.AddressTypeIPv4,
+		Endpoints:   []discovery.Endpoint{},
+	}
+	for _, p := range svc.Ports {
+		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{
+			Name:       p.Name,
+			Protocol:   p.Protocol,
+			Port:       p.Port,
+			TargetPort: intstr.FromInt32(p.TargetPort),
+		})
+		name, proto, port := p.Name, p.Protocol, p.TargetPort
+		es.Ports = append(es.Ports, discovery.EndpointPort{Name: &name, Protocol: &proto, Port: &port})
+	}
+	for _, e := range svc.Endpoints {
+		pod := l.pods[e.Pod]
+		if pod == nil || pod.Role != RoleBackend {
+			return nil, nil, fmt.Errorf("service %s: endpoint %q is not a backend pod", svc.Key(), e.Pod)
+		}
+		node, zone := pod.Node.Name, pod.Node.Zone
+		ep := discovery.Endpoint{
+			Addresses:  []string{pod.Addr.String()},
+			Conditions: conditions(e.Condition),
+			NodeName:   &node,
+			Zone:       &zone,
+			TargetRef:  &v1.ObjectReference{Kind: "Pod", Namespace: svc.Namespace, Name: pod.Name},
+		}
+		hints := e.Hints
+		if hints == "" {
+			hints = svc.Hints
+		}
+		switch {
+		case e.ForZones != nil || e.ForNodes != nil:
+			ep.Hints = &discovery.EndpointHints{}
+			for _, z := range e.ForZones {
+				ep.Hints.ForZones = append(ep.Hints.ForZones, discovery.ForZone{Name: z})
+			}
+			for _, n := range e.ForNodes {
+				ep.Hints.ForNodes = append(ep.Hints.ForNodes, discovery.ForNode{Name: n})
+			}
+		case hints == HintsZone:
+			ep.Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: zone}}}
+		case hints == HintsNode:
+			ep.Hints = &discovery.EndpointHints{
+				ForZones: []discovery.ForZone{{Name: zone}},
+				ForNodes: []discovery.ForNode{{Name: node}},
+			}
+		}
+		es.Endpoints = append(es.Endpoints, ep)
+	}
+	return s, es, nil
+}
+
+func conditions(c Condition) discovery.EndpointConditions {
+	b := func(v bool) *bool { return &v }
+	switch c {
+	case Terminating:
+		return discovery.EndpointConditions{Ready: b(false), Serving: b(true), Terminating: b(true)}
+	case NotReady:
+		return discovery.EndpointConditions{Ready: b(false), Serving: b(false), Terminating: b(false)}
+	}
+	return discovery.EndpointConditions{Ready: b(true), Serving: b(true), Terminating: b(false)}
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// PodNames maps endpoint addresses ("ip:port") to pod names, sorted;
+// addresses of no pod are kept as they are.
+func (l *Layout) PodNames(addrs []string) []string {
+	out := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		name := a
+		if ap, err := netip.ParseAddrPort(a); err == nil {
+			if p := l.byIP[ap.Addr()]; p != nil {
+				name = p.Name
+			}
+		}
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,95 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Landing is where one client's requests to one service port landed, next
+// to what the decision for the client's node permits.
+type Landing struct {
+	Client   *Pod
+	Decision Decision
+	Tally    Tally
+}
+
+// MeasureOptions tune Measure.
+type MeasureOptions struct {
+	// Requests per port. Default 300.
+	Requests int
+	// Parallel requests in flight. Default 32.
+	Parallel int
+	// Timeout per request. Default 1s.
+	Timeout time.Duration
+}
+
+// Measure sends requests, each on a new flow, from client to every port of
+// service (a "name" or "namespace/name"), and returns one Landing per port
+// with the decision DecideNode makes for the client's node on the objects
+// last applied.
+func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o MeasureOptions) ([]Landing, error) {
+	if o.Requests <= 0 {
+		o.Requests = 300
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = 32
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Second
+	}
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, client.Node.Name)
+	var out []Landing
+	for _, d := range ds {
+		if d.Service != qualify(service) {
+			continue
+		}
+		recs := client.Send(ctx, Load{Proto: d.Protocol, Target: d.Frontend, Count: o.Requests, Parallel: o.Parallel, Timeout: o.Timeout})
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, Landing{Client: client, Decision: d, Tally: Summarize(client, recs)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("service %s has no ports", service)
+	}
+	// TCP first, then by port.
+	slices.SortStableFunc(out, func(a, b Landing) int {
+		return strings.Compare(string(a.Decision.Protocol), string(b.Decision.Protocol))
+	})
+	return out, nil
+}
+
+// Problems lists how the landing departs from its decision: a backend it
+// does not permit answered, a permitted backend never answered, requests
+// failed although backends are permitted, requests succeeded although
+// traffic should be dropped, or a backend saw another source address than
+// the client's. Empty means the landing is exactly the decision.
+func (l Landing) Problems() []string {
+	var out []string
+	got := l.Tally.Backends()
+	want := l.Decision.Backends
+	for _, b := range got {
+		if !slices.Contains(want, b) {
+			out = append(out, fmt.Sprintf("%d requests landed on %s, which the decision does not permit", l.Tally.Landed[b], b))
+		}
+	}
+	for _, b := range want {
+		if l.Tally.Landed[b] == 0 {
+			out = append(out, fmt.Sprintf("permitted backend %s got no request", b))
+		}
+	}
+	if len(want) > 0 && l.Tally.Failed > 0 {
+		out = append(out, fmt.Sprintf("%d requests failed (%s)", l.Tally.Failed, strings.Join(l.Tally.Errors, "; ")))
+	}
+	if len(want) == 0 && len(got) > 0 {
+		out = append(out, "traffic should be dropped but was answered")
+	}
+	if l.Tally.WrongSource > 0 {
+		out = append(out, fmt.Sprintf("%d answers saw a source other than the client's address", l.Tally.WrongSource))
+	}
+	return out
+}

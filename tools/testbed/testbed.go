@@ -1,0 +1,438 @@
+// Package testbed stands up the network of a small multi-zone Kubernetes
+// cluster out of network namespaces on one Linux machine, from a
+// declarative YAML spec, for topolb's demo and end-to-end tests.
+//
+// The network:
+//
+//	pod ns (eth0 10.244.N.K/32) ── vethK ┐
+//	pod ns ─────────────────────── vethJ ┤ node ns ── eth0 (10.250.0.(1+N)/24)
+//	                                     ┘                │ wire
+//	                         fabric ns: br0 (10.250.0.1) ─┴─ n1, n2, ...
+//
+// Every node is a namespace acting as its host network. Its pods are
+// namespaces with a veth to it, routed the way the CNI ptp plugin does it:
+// the pod has a /32 and a default route via the node's gateway address,
+// which sits on every host-side veth, and the node has a /32 route per pod.
+// Nodes are plugged into a switch (a bridge in the fabric namespace) and
+// route every other node's pod CIDR to that node's wire address; their
+// default route points at the switch's address, so the wire is the device
+// of the default route (`--uplinks auto`) and nothing is routed anywhere
+// else. Pods keep their default offloads and send CHECKSUM_PARTIAL like
+// real pods; every node-side and wire sender has transmit checksum offload
+// off, so a wrong checksum written by the datapath is caught by the
+// receiver (see ChecksumErrors).
+//
+// Namespaces are named Prefix+"<pid>-<n>-<spec name>-..." and the state
+// directory (manifest, private bpffs mount, agent logs) is
+// StateRoot/<pid>-<n>; RemoveStale removes those of processes that are gone.
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/kube"
+)
+
+// Prefix starts the name of every namespace the testbed creates.
+const Prefix = "tlbb-"
+
+// DefaultStateRoot holds one directory per running testbed.
+const DefaultStateRoot = "/run/topolb-testbed"
+
+// Options tune New.
+type Options struct {
+	// StateRoot is where the testbed's directory is created. Default
+	// DefaultStateRoot.
+	StateRoot string
+	// Logger receives progress at Info and details at Debug. Nil discards.
+	Logger *slog.Logger
+}
+
+// Testbed is a running testbed. Close tears it down completely.
+type Testbed struct {
+	*Layout
+	// ID is "<pid>-<n>", unique among running testbeds.
+	ID string
+	// Dir is the state directory: manifest.yaml, bpf/ (a private bpffs
+	// mount, one subdirectory per node) and logs/.
+	Dir string
+	// Fabric is the switch's namespace.
+	Fabric *NS
+
+	log     *slog.Logger
+	servers []*backendServers
+
+	mu      sync.Mutex
+	objs    *kube.Objects
+	svcs    []ServiceSpec
+	agents  []*Agent
+	direct  *Direct
+	kube    *kubeSync
+	closed  bool
+	bpfRoot string
+}
+
+var seq atomic.Uint32
+
+// New creates the testbed described by spec: namespaces, veths, addresses,
+// routes and backend servers, and writes the manifest of spec.Services. On
+// error everything created so far is removed. Leftovers of crashed runs are
+// removed first.
+func New(ctx context.Context, spec *Spec, opts Options) (_ *Testbed, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the testbed needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF)")
+	}
+	layout, err := NewLayout(spec)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StateRoot == "" {
+		opts.StateRoot = DefaultStateRoot
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := RemoveStale(opts.StateRoot); err != nil {
+		log.Warn("removing leftovers of earlier runs", "err", err)
+	}
+	id := fmt.Sprintf("%d-%d", os.Getpid(), seq.Add(1))
+	tb := &Testbed{Layout: layout, ID: id, Dir: filepath.Join(opts.StateRoot, id), log: log}
+	defer func() {
+		if err != nil {
+			if cerr := tb.Close(); cerr != nil {
+				log.Error("tearing down after a failed start", "err", cerr)
+			}
+		}
+	}()
+	if err := tb.mountBPFFS(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(tb.Dir, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := tb.build(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := tb.Apply(ctx, spec.Services); err != nil {
+		return nil, err
+	}
+	log.Info("testbed up", "id", id, "nodes", len(tb.Nodes), "pods", len(tb.Pods), "dir", tb.Dir)
+	return tb, nil
+}
+
+// nsName names a namespace of this testbed.
+func (tb *Testbed) nsName(kind, name string) string {
+	return fmt.Sprintf("%s%s-%s-%s%s", Prefix, tb.ID, tb.Spec.Name, kind, name)
+}
+
+// BPFFS returns the pin directory for a node's datapath, inside the
+// testbed's private bpffs mount.
+func (tb *Testbed) BPFFS(node string) string { return filepath.Join(tb.bpfRoot, node) }
+
+// mountBPFFS creates the state directory and mounts a private bpf
+// filesystem in it, so pins never land in /sys/fs/bpf and a crashed run's
+// pins are removed with one unmount.
+func (tb *Testbed) mountBPFFS() error {
+	dir := filepath.Join(tb.Dir, "bpf")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", dir, err)
+	}
+	tb.bpfRoot = dir
+	return nil
+}
+
+func (tb *Testbed) build(ctx context.Context) error {
+	fabric, err := newNS(tb.nsName("", "fabric"))
+	if err != nil {
+		return err
+	}
+	tb.Fabric = fabric
+	nl := fabric.Netlink()
+	if err := nl.LinkAdd(newBridge(BridgeName)); err != nil {
+		return fmt.Errorf("fabric: add bridge: %w", err)
+	}
+	if err := fabric.LinkUp(BridgeName); err != nil {
+		return err
+	}
+	if err := fabric.addAddr(BridgeName, tb.FabricAddr.String()); err != nil {
+		return err
+	}
+	br, err := nl.LinkByName(BridgeName)
+	if err != nil {
+		return err
+	}
+
+	for _, n := range tb.Nodes {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if n.NS, err = newNS(tb.nsName("n-", n.Name)); err != nil {
+			return err
+		}
+		// Before any interface exists, so every interface inherits it:
+		// reverse-NATed replies carry a service address as source.
+		for _, kv := range [][2]string{
+			{"net.ipv4.ip_forward", "1"},
+			{"net.ipv4.conf.all.rp_filter", "0"},
+			{"net.ipv4.conf.default.rp_filter", "0"},
+		} {
+			if err := n.NS.Sysctl(kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+		port := "n" + strconv.Itoa(n.Index)
+		if err := veth(n.NS, UplinkName, fabric, port); err != nil {
+			return err
+		}
+		p, err := nl.LinkByName(port)
+		if err != nil {
+			return err
+		}
+		if err := nl.LinkSetMaster(p, br); err != nil {
+			return fmt.Errorf("fabric: attach %s to %s: %w", port, BridgeName, err)
+		}
+		if err := n.NS.addAddr(UplinkName, n.WireAddr.String()); err != nil {
+			return err
+		}
+		if err := n.NS.addRoute("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
+			return err
+		}
+		// Like a real NIC, the wire's senders put finished checksums on
+		// the wire.
+		if err := n.NS.SetTxChecksum(UplinkName, false); err != nil {
+			return err
+		}
+		if err := fabric.SetTxChecksum(port, false); err != nil {
+			return err
+		}
+	}
+	for _, n := range tb.Nodes {
+		for _, o := range tb.Nodes {
+			if o != n {
+				if err := n.NS.addRoute(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
+					return err
+				}
+			}
+		}
+		for _, p := range n.Pods {
+			if err := tb.buildPod(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (tb *Testbed) buildPod(p *Pod) (err error) {
+	n := p.Node
+	if p.NS, err = newNS(tb.nsName("p-", p.Name)); err != nil {
+		return err
+	}
+	if err := veth(n.NS, p.HostVeth, p.NS, PodIfName); err != nil {
+		return err
+	}
+	host, err := n.NS.Netlink().LinkByName(p.HostVeth)
+	if err != nil {
+		return err
+	}
+	if err := n.NS.Netlink().LinkSetAlias(host, p.Name); err != nil {
+		return fmt.Errorf("%s: alias %s: %w", n.NS.Name, p.HostVeth, err)
+	}
+	gw := n.Gateway.String()
+	steps := []func() error{
+		func() error { return n.NS.addAddr(p.HostVeth, gw+"/32") },
+		func() error { return n.NS.addRoute(p.Addr.String()+"/32", p.HostVeth, "") },
+		func() error { return p.NS.addAddr(PodIfName, p.Addr.String()+"/32") },
+		func() error { return p.NS.addRoute(gw+"/32", PodIfName, "") },
+		func() error { return p.NS.addRoute("default", PodIfName, gw) },
+		// The node side computes checksums in software; the pod side
+		// keeps its offloads and sends CHECKSUM_PARTIAL.
+		func() error { return n.NS.SetTxChecksum(p.HostVeth, false) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if p.Role == RoleBackend {
+		tcp, udp := tb.Spec.BackendPorts()
+		s, err := serveBackend(p, tcp, udp)
+		if err != nil {
+			return err
+		}
+		tb.servers = append(tb.servers, s)
+	}
+	return nil
+}
+
+// namespaces returns every namespace of the testbed that exists: pods,
+// nodes, fabric.
+func (tb *Testbed) namespaces() []*NS {
+	var out []*NS
+	for _, p := range tb.Pods {
+		if p.NS != nil {
+			out = append(out, p.NS)
+		}
+	}
+	for _, n := range tb.Nodes {
+		if n.NS != nil {
+			out = append(out, n.NS)
+		}
+	}
+	if tb.Fabric != nil {
+		out = append(out, tb.Fabric)
+	}
+	return out
+}
+
+// Close tears the testbed down: agents (SIGKILL if SIGTERM does not stop
+// them), the in-process datapath, backend servers, pins, the bpffs mount,
+// every namespace and the state directory. It is safe to call more than
+// once and keeps going after errors, which it returns joined.
+func (tb *Testbed) Close() error {
+	tb.mu.Lock()
+	if tb.closed {
+		tb.mu.Unlock()
+		return nil
+	}
+	tb.closed = true
+	agents, direct, ks := tb.agents, tb.direct, tb.kube
+	tb.mu.Unlock()
+
+	var errs []error
+	for _, a := range agents {
+		if err := a.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if direct != nil {
+		errs = append(errs, direct.Close())
+	}
+	if ks != nil {
+		ks.close()
+	}
+	for _, s := range tb.servers {
+		s.close()
+	}
+	if tb.bpfRoot != "" {
+		if err := removePins(tb.bpfRoot); err != nil {
+			errs = append(errs, err)
+		}
+		if err := unix.Unmount(tb.bpfRoot, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount bpffs: %w", err))
+		}
+	}
+	for _, ns := range tb.namespaces() {
+		if err := ns.Delete(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if tb.Dir != "" {
+		if err := os.RemoveAll(tb.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove state dir: %w", err))
+		}
+	}
+	tb.log.Info("testbed down", "id", tb.ID)
+	return errors.Join(errs...)
+}
+
+// removePins removes every pin under a bpffs mount (the kernel's own
+// *.debug iterator files at its root stay until the unmount).
+func removePins(root string) error {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("remove pins: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".debug") {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+			errs = append(errs, fmt.Errorf("remove pins: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveStale removes what testbeds of processes that no longer exist left
+// behind: their agents (still running only if they lost their parent's
+// death signal), pins and bpffs mounts, state directories and namespaces.
+// Testbeds of running processes are left alone.
+func RemoveStale(stateRoot string) error {
+	if stateRoot == "" {
+		stateRoot = DefaultStateRoot
+	}
+	var errs []error
+	entries, err := os.ReadDir(stateRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		pid, ok := ownerPID(e.Name())
+		if !ok || processAlive(pid) {
+			continue
+		}
+		dir := filepath.Join(stateRoot, e.Name())
+		killStrayAgents(dir)
+		bpf := filepath.Join(dir, "bpf")
+		removePins(bpf) // best effort: the unmount drops the rest
+		if err := unix.Unmount(bpf, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount stale bpffs %s: %w", bpf, err))
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove stale state %s: %w", dir, err))
+		}
+	}
+	nss, err := os.ReadDir(NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range nss {
+		rest, ok := strings.CutPrefix(e.Name(), Prefix)
+		if !ok {
+			continue
+		}
+		pid, ok := ownerPID(rest)
+		if !ok || processAlive(pid) {
+			continue
+		}
+		if err := deleteNamedNS(filepath.Join(NetnsDir, e.Name())); err != nil {
+			errs = append(errs, fmt.Errorf("remove stale netns: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ownerPID parses the pid from "<pid>-...".
+func ownerPID(s string) (int, bool) {
+	pidStr, _, _ := strings.Cut(s, "-")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return 0, false
+	}
+	return pid, true
+}
+
+func processAlive(pid int) bool {
+	err := unix.Kill(pid, 0)
+	return err == nil || errors.Is(err, unix.EPERM)
+}
