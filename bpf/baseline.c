@@ -28,7 +28,7 @@ int tc_baseline(struct __sk_buff *skb)
 
 	if (parse_packet(data, data_end, skb->len, &pkt) == PARSE_OK && fold(&pkt))
 		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC; /* as tc_lb passes: TCX_NEXT */
 }
 
 SEC("xdp")

@@ -13,6 +13,11 @@
 #define LB_DNAT_DEFAULT 1
 #include "lb.h"
 
+/* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
+ * so tcx programs attached after this one (a CNI's, for example) still see
+ * it; with none left the packet passes. */
+#define TC_PASS TC_ACT_UNSPEC
+
 #define IP_CSUM_OFF (ETH_HLEN_ + 10)
 #define IP_SADDR_OFF (ETH_HLEN_ + 12)
 #define IP_DADDR_OFF (ETH_HLEN_ + 16)
@@ -74,11 +79,11 @@ int tc_lb(struct __sk_buff *skb)
 			stat_inc(STAT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		return TC_ACT_OK;
+		return TC_PASS;
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:
-		return TC_ACT_OK;
+		return TC_PASS;
 	}
 }
 

@@ -207,17 +207,20 @@ func (d *Datapath) inNetNS(fn func() error) error {
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("current netns: %w", err)
 			return
 		}
 		defer orig.Close()
 		target, err := netns.GetFromPath(d.opts.NetNS)
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("open netns %s: %w", d.opts.NetNS, err)
 			return
 		}
 		defer target.Close()
 		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("enter netns %s: %w", d.opts.NetNS, err)
 			return
 		}

@@ -204,7 +204,8 @@ func checkPinnedLayout(pinPath string) error {
 // Close releases the programs and map file descriptors. Pinned maps and
 // links stay: the datapath keeps forwarding without the process.
 func (d *Datapath) Close() error {
-	var errs []error
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.xdpColl != nil {
 		d.xdpColl.Close()
 		d.xdpColl = nil
@@ -213,7 +214,7 @@ func (d *Datapath) Close() error {
 		d.tcColl.Close()
 		d.tcColl = nil
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Unpin removes every pin under PinPath: links (which detaches the

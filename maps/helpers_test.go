@@ -14,7 +14,7 @@ import (
 
 // Verdicts as the hooks return them.
 const (
-	tcOK     = 0 // TC_ACT_OK
+	tcOK     = 0xffffffff // TC_ACT_UNSPEC (TCX_NEXT): pass on to later tcx programs
 	tcShot   = 2 // TC_ACT_SHOT
 	xdpDrop  = 1 // XDP_DROP
 	xdpPass  = 2 // XDP_PASS

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -44,7 +45,7 @@ func (t *txn) put(m *ebpf.Map, what string, key, value any) error {
 		}
 		return fmt.Errorf("write %s: %w", what, err)
 	}
-	t.d.log.Log(nil, levelTrace, "map write", "map", what, "key", key, "value", value)
+	t.d.log.Log(context.Background(), levelTrace, "map write", "map", what, "key", key, "value", value)
 	return nil
 }
 
@@ -54,7 +55,7 @@ func (t *txn) del(m *ebpf.Map, what string, key any) error {
 	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete %s: %w", what, err)
 	}
-	t.d.log.Log(nil, levelTrace, "map delete", "map", what, "key", key)
+	t.d.log.Log(context.Background(), levelTrace, "map delete", "map", what, "key", key)
 	return nil
 }
 
