@@ -15,9 +15,9 @@ import (
 // Verdicts as the hooks return them.
 const (
 	tcOK     = 0xffffffff // TC_ACT_UNSPEC (TCX_NEXT): pass on to later tcx programs
-	tcShot   = 2 // TC_ACT_SHOT
-	xdpDrop  = 1 // XDP_DROP
-	xdpPass  = 2 // XDP_PASS
+	tcShot   = 2          // TC_ACT_SHOT
+	xdpDrop  = 1          // XDP_DROP
+	xdpPass  = 2          // XDP_PASS
 	hashSeed = 0x746c6221
 )
 
