@@ -57,7 +57,8 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 			hasNodePort = true
 		}
 	}
-	external := hasNodePort || len(svc.Spec.ExternalIPs) > 0 || len(lbIPs) > 0
+	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
+	external := hasNodePort || len(externalIPs) > 0 || len(lbIPs) > 0
 	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
 	externalLocal := external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
 

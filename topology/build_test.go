@@ -65,6 +65,11 @@ func TestServicePorts(t *testing.T) {
 				s.Spec.ExternalIPs, s.Spec.ExternalTrafficPolicy = []string{"192.0.2.1"}, v1.ServiceExternalTrafficPolicyLocal
 			}),
 			external: true, externalLocal: true, ports: 1},
+		{name: "IPv6 externalIPs do not make an IPv4 port external (as kube-proxy's IPv4 proxier)",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.ExternalIPs, s.Spec.ExternalTrafficPolicy = []string{"2001:db8::1"}, v1.ServiceExternalTrafficPolicyLocal
+			}),
+			ports: 1},
 		{name: "LB ingress with ipMode Proxy is not external",
 			svc: svc(func(s *v1.Service) {
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.2", IPMode: &proxy}}

@@ -45,8 +45,9 @@ func Decide(in Input, opts Options) Decision {
 	if p.UsesClusterEndpoints() {
 		policy, mode, reason, cluster = chooseCluster(in, opts)
 	} else {
-		policy, _, _ = choosePolicy(p.Annotations)
-		reason = "internalTrafficPolicy is Local and the port is not externally accessible: topology does not apply"
+		var notes []string
+		policy, _, notes = choosePolicy(p.Annotations)
+		reason = joinReason(strings.Join(notes, "; "), "internalTrafficPolicy is Local and the port is not externally accessible: topology does not apply")
 	}
 
 	var local []Endpoint
@@ -57,14 +58,14 @@ func Decide(in Input, opts Options) Decision {
 	d := Decision{Policy: policy, Mode: mode, Reason: reason}
 	if p.InternalPolicyLocal {
 		d.Backends = nonNil(local)
-		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses the %d local endpoints (internalTrafficPolicy Local)", len(local)))
+		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local), "local")))
 	} else {
 		d.Backends = nonNil(cluster)
 	}
 	if p.ExternallyAccessible {
 		if p.ExternalPolicyLocal {
 			d.ExternalBackends = nonNil(local)
-			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses the %d local endpoints (externalTrafficPolicy Local)", len(local)))
+			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local), "local")))
 		} else {
 			d.ExternalBackends = nonNil(cluster)
 		}
@@ -184,7 +185,7 @@ func hints(in Input, opts Options) (Mode, string, []Endpoint) {
 	if len(cluster) == 0 {
 		cluster = filter(in.Endpoints, Endpoint.servingTerminating)
 		if len(cluster) > 0 {
-			return ModeNone, fmt.Sprintf("no ready endpoints; using %d serving-terminating endpoints without topology", len(cluster)), cluster
+			return ModeNone, fmt.Sprintf("no ready endpoints; using %s without topology", endpoints(len(cluster), "serving-terminating")), cluster
 		}
 		return ModeNone, "no ready or serving-terminating endpoints", nil
 	}
@@ -224,7 +225,7 @@ func hintsMode(eps []Endpoint, node, zone string, opts Options) (Mode, string) {
 	if opts.PreferSameTrafficDistribution {
 		switch {
 		case missingNode == nil && forNode > 0:
-			return ModePreferSameNode, fmt.Sprintf("all %d ready endpoints carry node hints; %d %s hinted for node %s", ready, forNode, isAre(forNode), node)
+			return ModePreferSameNode, fmt.Sprintf("%s carry node hints; %d %s hinted for node %s", allReadyN(ready), forNode, isAre(forNode), node)
 		case missingNode == nil:
 			nodeNote = fmt.Sprintf("no endpoint is hinted for node %s", node)
 		case countNodeHinted(eps) > 0:
@@ -234,20 +235,57 @@ func hintsMode(eps []Endpoint, node, zone string, opts Options) (Mode, string) {
 	var reason string
 	mode := ModeNone
 	switch {
+	case missingZone != nil && countZoneHinted(eps) == 0:
+		reason = fmt.Sprintf("no ready endpoint carries a zone hint; %s used", allReady(ready))
 	case missingZone != nil:
-		reason = fmt.Sprintf("endpoint %s has no zone hint; hints apply only when every ready endpoint has one, so all %d ready endpoints are used", describe(*missingZone), ready)
+		reason = fmt.Sprintf("endpoint %s has no zone hint; hints apply only when every ready endpoint has one, so %s used", describe(*missingZone), allReady(ready))
 	case forZone > 0:
 		mode = ModePreferSameZone
-		reason = fmt.Sprintf("all %d ready endpoints carry zone hints; %d %s hinted for %s", ready, forZone, isAre(forZone), zone)
+		reason = fmt.Sprintf("%s carry zone hints; %d %s hinted for %s", allReadyN(ready), forZone, isAre(forZone), zone)
 	case zone == "":
-		reason = fmt.Sprintf("node %s has no %s label; all %d ready endpoints are used", node, LabelZone, ready)
+		reason = fmt.Sprintf("node %s has no %s label; %s used", node, LabelZone, allReady(ready))
 	default:
-		reason = fmt.Sprintf("all %d ready endpoints carry zone hints but none is hinted for %s; all are used", ready, zone)
+		reason = fmt.Sprintf("%s carry zone hints but none is hinted for %s; all are used", allReadyN(ready), zone)
 	}
 	if nodeNote != "" {
 		reason = nodeNote + "; " + reason
 	}
 	return mode, reason
+}
+
+// countZoneHinted counts ready endpoints that carry a zone hint.
+func countZoneHinted(eps []Endpoint) int {
+	n := 0
+	for _, ep := range eps {
+		if ep.Ready && len(ep.ZoneHints) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// allReadyN renders "all 3 ready endpoints" or "the 1 ready endpoint".
+func allReadyN(n int) string {
+	if n == 1 {
+		return "the 1 ready endpoint"
+	}
+	return fmt.Sprintf("all %d ready endpoints", n)
+}
+
+// allReady renders "all 3 ready endpoints are" or "the 1 ready endpoint is".
+func allReady(n int) string {
+	if n == 1 {
+		return "the 1 ready endpoint is"
+	}
+	return fmt.Sprintf("all %d ready endpoints are", n)
+}
+
+// endpoints renders "1 endpoint" or "3 endpoints".
+func endpoints(n int, adj string) string {
+	if n == 1 {
+		return "1 " + adj + " endpoint"
+	}
+	return fmt.Sprintf("%d %s endpoints", n, adj)
 }
 
 // countNodeHinted counts ready endpoints that carry a node hint.
@@ -328,19 +366,19 @@ func zoneThreshold(in Input, n int) (Mode, string, []Endpoint) {
 	}
 	inZone := filter(cands, func(ep Endpoint) bool { return ep.Zone == zone })
 	if len(inZone) >= n {
-		return ModePreferSameZone, fmt.Sprintf("%s has %d usable endpoints, threshold %d met", zone, len(inZone), n), inZone
+		return ModePreferSameZone, fmt.Sprintf("%s has %s, threshold %d met", zone, endpoints(len(inZone), "usable"), n), inZone
 	}
-	return ModeNone, fmt.Sprintf("%s has %d usable endpoints, below threshold %d; using %s", zone, len(inZone), n, what), cands
+	return ModeNone, fmt.Sprintf("%s has %s, below threshold %d; using %s", zone, endpoints(len(inZone), "usable"), n, what), cands
 }
 
 // usable returns the ready endpoints, or the serving-terminating ones when
 // none is ready, and a phrase describing which.
 func usable(eps []Endpoint) ([]Endpoint, string) {
 	if r := filter(eps, func(ep Endpoint) bool { return ep.Ready }); len(r) > 0 {
-		return r, fmt.Sprintf("%d ready endpoints", len(r))
+		return r, endpoints(len(r), "ready")
 	}
 	if st := filter(eps, Endpoint.servingTerminating); len(st) > 0 {
-		return st, fmt.Sprintf("%d serving-terminating endpoints (none ready)", len(st))
+		return st, endpoints(len(st), "serving-terminating") + " (none ready)"
 	}
 	return nil, "no endpoints (none ready or serving-terminating)"
 }

@@ -72,7 +72,7 @@ func TestDecide(t *testing.T) {
 		// Hints: kube-proxy's classic cases.
 		{name: "no hints: all ready endpoints", node: "a1", port: clusterPort(nil),
 			eps:  []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
-			want: want{PolicyHints, ModeNone, []int{1, 2}, nil, "has no zone hint"}},
+			want: want{PolicyHints, ModeNone, []int{1, 2}, nil, "no ready endpoint carries a zone hint"}},
 		{name: "complete zone hints: same zone only", node: "a1", port: clusterPort(nil),
 			eps:  []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "a2", "zone-a", zones("zone-a")), ep(3, "b1", "zone-b", zones("zone-b"))},
 			want: want{PolicyHints, ModePreferSameZone, []int{1, 2}, nil, "all 3 ready endpoints carry zone hints; 2 are hinted for zone-a"}},
@@ -131,6 +131,14 @@ func TestDecide(t *testing.T) {
 			port: func() ServicePort { p := clusterPort(nil); p.InternalPolicyLocal = true; return p }(),
 			eps:  []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
 			want: want{PolicyHints, ModeNone, []int{}, nil, "0 local endpoints"}},
+		{name: "iTP Local still reports invalid annotations", node: "a1",
+			port: func() ServicePort {
+				p := clusterPort(map[string]string{AnnotationZoneThreshold: "0"})
+				p.InternalPolicyLocal = true
+				return p
+			}(),
+			eps:  []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			want: want{PolicyHints, ModeNone, []int{1}, nil, `ignoring invalid topolb.io/zone-threshold "0"`}},
 		{name: "iTP Local falls back to local serving-terminating", node: "a1",
 			port: func() ServicePort { p := clusterPort(nil); p.InternalPolicyLocal = true; return p }(),
 			eps:  []Endpoint{ep(1, "a1", "zone-a", terminating(true)), ep(2, "a1", "zone-a", terminating(false)), ep(3, "b1", "zone-b")},

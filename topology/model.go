@@ -112,8 +112,8 @@ type ServicePort struct {
 	// not Proxy.
 	LoadBalancerIPs []netip.Addr
 	// ExternallyAccessible is true when any port of the Service has a
-	// nodePort, the Service has externalIPs, or it has a load-balancer
-	// ingress IP whose ipMode is not Proxy.
+	// nodePort, the Service has IPv4 externalIPs, or it has an IPv4
+	// load-balancer ingress IP whose ipMode is not Proxy.
 	ExternallyAccessible bool
 	// InternalPolicyLocal is true when internalTrafficPolicy is Local.
 	InternalPolicyLocal bool
