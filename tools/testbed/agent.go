@@ -1,12 +1,14 @@
 package testbed
 
 import (
+	"cmp"
 	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,9 +36,20 @@ type AgentOptions struct {
 	Binary string
 	// Verbosity is passed as -v.
 	Verbosity int
+	// Map sizes (--max-frontends, --max-backends, --max-conntrack). Zero
+	// selects the testbed's small defaults, which load in a fraction of
+	// the time the agent's production defaults take.
+	MaxFrontends, MaxBackends, MaxConntrack uint32
 	// Args are appended to the command line.
 	Args []string
 }
+
+// Map sizes agents get in the testbed unless AgentOptions say otherwise.
+const (
+	TestbedMaxFrontends = 4096
+	TestbedMaxBackends  = 16384
+	TestbedMaxConntrack = 65536
+)
 
 // Agent is a topolb-agent process running in a node's namespace, started
 // with `nsenter --net=<node ns> topolb-agent --from-file <manifest>` (or
@@ -89,6 +102,9 @@ func (tb *Testbed) StartAgent(ctx context.Context, node string, o AgentOptions) 
 		return nil, err
 	}
 	o.Binary = bin
+	o.MaxFrontends = cmp.Or(o.MaxFrontends, TestbedMaxFrontends)
+	o.MaxBackends = cmp.Or(o.MaxBackends, TestbedMaxBackends)
+	o.MaxConntrack = cmp.Or(o.MaxConntrack, TestbedMaxConntrack)
 	a := &Agent{
 		Node:    n,
 		LogPath: filepath.Join(tb.Dir, "logs", "agent-"+n.Name+".log"),
@@ -129,6 +145,9 @@ func (a *Agent) Args() []string {
 		"--bpffs", a.tb.BPFFS(a.Node.Name),
 		"--metrics-address", AgentMetricsAddress,
 		"--health-address", AgentHealthAddress,
+		"--max-frontends", strconv.FormatUint(uint64(a.opts.MaxFrontends), 10),
+		"--max-backends", strconv.FormatUint(uint64(a.opts.MaxBackends), 10),
+		"--max-conntrack", strconv.FormatUint(uint64(a.opts.MaxConntrack), 10),
 		"-v", strconv.Itoa(a.opts.Verbosity),
 	}
 	if kc := a.tb.kubeconfigFor(a.Node.Name); kc != "" {
@@ -311,6 +330,11 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 // the JSON of `topolbctl explain -o json`, plus what it programmed.
 type AgentState struct {
 	topology.Report
+	// Synced is true once the first full sync has been written.
+	Synced bool `json:"synced"`
+	// Programmed maps "ip:port/PROTO" frontends to the backends the
+	// datapath maps hold for them, sorted.
+	Programmed map[string][]string `json:"programmed"`
 	// Raw is the whole document, including fields this type does not
 	// know.
 	Raw json.RawMessage `json:"-"`
@@ -326,22 +350,27 @@ func (a *Agent) State(ctx context.Context) (*AgentState, error) {
 		return nil, fmt.Errorf("agent on %s: debug state: status %d: %.200s", a.Node.Name, code, body)
 	}
 	st := &AgentState{Raw: body}
-	if err := json.Unmarshal(body, &st.Report); err != nil {
+	if err := json.Unmarshal(body, st); err != nil {
 		return nil, fmt.Errorf("agent on %s: decode debug state: %w", a.Node.Name, err)
 	}
 	return st, nil
 }
 
-// Mismatch compares the agent's decisions with what DecideNode decides for
-// its node on the testbed's current objects, and describes the first
-// difference ("" when they agree).
+// Mismatch compares the agent's decisions, and the backends its maps hold
+// for each cluster IP, with what DecideNode decides for its node on the
+// testbed's current objects, and describes the first difference ("" when
+// they agree).
 func (a *Agent) Mismatch(st *AgentState) string {
+	if !st.Synced {
+		return "agent has not synced yet"
+	}
 	objs, _ := a.tb.Current()
 	want, _ := a.tb.Decide(objs, a.Node.Name)
 	got := map[string][]string{}
 	for _, s := range st.Services {
 		got[s.Service+"/"+s.Port+"/"+s.Protocol] = s.Backends
 	}
+	programmed := maps.Clone(st.Programmed)
 	for _, d := range want {
 		key := d.Service + "/" + d.Port + "/" + string(d.Protocol)
 		g, ok := got[key]
@@ -349,12 +378,22 @@ func (a *Agent) Mismatch(st *AgentState) string {
 			return fmt.Sprintf("%s: agent has no decision", key)
 		}
 		if !slices.Equal(sorted(g), d.Addrs) {
-			return fmt.Sprintf("%s: agent permits %v, DecideNode %v", key, g, d.Addrs)
+			return fmt.Sprintf("%s: agent decides %v, DecideNode %v", key, g, d.Addrs)
 		}
 		delete(got, key)
+		fe := d.Frontend.String() + "/" + string(d.Protocol)
+		if p, ok := programmed[fe]; !ok {
+			return fmt.Sprintf("%s: frontend %s not programmed", key, fe)
+		} else if !slices.Equal(sorted(p), d.Addrs) {
+			return fmt.Sprintf("%s: maps hold %v for %s, DecideNode %v", key, p, fe, d.Addrs)
+		}
+		delete(programmed, fe)
 	}
 	for key := range got {
 		return fmt.Sprintf("%s: agent decides a port that does not exist", key)
+	}
+	for fe := range programmed {
+		return fmt.Sprintf("frontend %s is programmed but no service has it", fe)
 	}
 	return ""
 }

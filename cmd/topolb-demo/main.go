@@ -1,0 +1,275 @@
+// Command topolb-demo shows where topolb sends a client's requests. It
+// stands up a 3-zone, 6-node testbed out of network namespaces
+// (tools/testbed/examples/demo.yaml), runs topolb-agent on every node, and
+// for each scenario of the spec sends requests over HTTP and UDP from the
+// client on node-a1, then prints where they landed and the mode `explain`
+// reports. It needs root and tears everything down on exit and on Ctrl-C.
+//
+//	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300]
+//
+// KUBE=1 (or --kube) serves the cluster from a real kube-apiserver
+// (`make kube-bins`) instead of a manifest file.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/topolb/topolb/internal/kubetest"
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+type config struct {
+	specFile  string
+	datapath  string
+	agentBin  string
+	requests  int
+	kube      bool
+	verbosity int
+	keepGoing bool
+}
+
+func main() {
+	var c config
+	pflag.StringVar(&c.specFile, "spec", "", "testbed spec with scenarios (default: the built-in demo, tools/testbed/examples/demo.yaml)")
+	pflag.StringVar(&c.datapath, "datapath", "", "who programs the nodes: agent (topolb-agent on every node) or direct (this process, through maps/); default agent when the binary exists")
+	pflag.StringVar(&c.agentBin, "agent-binary", "", "topolb-agent binary (default: next to this binary, else bin/topolb-agent)")
+	pflag.IntVar(&c.requests, "requests", 300, "requests per scenario and protocol")
+	pflag.BoolVar(&c.kube, "kube", os.Getenv("KUBE") == "1", "serve the cluster from a real kube-apiserver (also KUBE=1)")
+	pflag.IntVarP(&c.verbosity, "verbosity", "v", 0, "agent log verbosity")
+	pflag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Stdout, c)
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "interrupted; everything was torn down")
+		os.Exit(130)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out io.Writer, c config) (err error) {
+	start := time.Now()
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: it creates network namespaces and loads BPF programs (try: sudo make demo)")
+	}
+	spec, err := loadSpec(c.specFile)
+	if err != nil {
+		return err
+	}
+	if err := chooseDatapath(&c, out); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := tb.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", cerr))
+		}
+	}()
+	fmt.Fprintf(out, "testbed %s: %d zones, %d nodes, %d pods (namespaces %s%s-*)\n", tb.ID, len(spec.Zones), len(tb.Nodes), len(tb.Pods), testbed.Prefix, tb.ID)
+
+	if c.kube {
+		fmt.Fprintln(out, "starting etcd and kube-apiserver ...")
+		cluster, err := kubetest.Run(ctx)
+		if err != nil {
+			return fmt.Errorf("real apiserver (KUBE=1): %w", err)
+		}
+		defer cluster.Close()
+		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "cluster objects live in kube-apiserver at %s; agents watch it through a relay in each node\n", cluster.URL)
+	}
+
+	switch c.datapath {
+	case "agent":
+		t0 := time.Now()
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: c.agentBin, Verbosity: c.verbosity}); err != nil {
+			return err
+		}
+		mode := "--from-file " + tb.ManifestPath()
+		if c.kube {
+			mode = "--kubeconfig (apiserver)"
+		}
+		fmt.Fprintf(out, "topolb-agent ready on all %d nodes in %.1fs (%s)\n", len(tb.Nodes), time.Since(t0).Seconds(), mode)
+	case "direct":
+		if _, err := tb.AttachDirect(); err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "datapath programmed from this process (no agent)")
+	}
+
+	failed := 0
+	for i, sc := range spec.Scenarios {
+		ok, err := runScenario(ctx, out, tb, c, i+1, len(spec.Scenarios), sc.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			failed++
+		}
+	}
+	fmt.Fprintf(out, "\n%d of %d scenarios landed exactly where explain said, in %.1fs.\n", len(spec.Scenarios)-failed, len(spec.Scenarios), time.Since(start).Seconds())
+	if failed > 0 {
+		for _, a := range tb.Agents() {
+			fmt.Fprintf(out, "\n--- last lines of %s\n%s\n", a.LogPath, a.LogTail(15))
+		}
+		return fmt.Errorf("%d scenarios did not match", failed)
+	}
+	return nil
+}
+
+func loadSpec(path string) (*testbed.Spec, error) {
+	if path == "" {
+		return testbed.DemoSpec()
+	}
+	return testbed.LoadSpec(path)
+}
+
+// chooseDatapath settles --datapath and --agent-binary: the agent when its
+// binary is there, else the in-process datapath, said out loud.
+func chooseDatapath(c *config, out io.Writer) error {
+	if c.agentBin == "" {
+		c.agentBin = "bin/topolb-agent"
+		if exe, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(exe), "topolb-agent"); fileExists(p) {
+				c.agentBin = p
+			}
+		}
+	}
+	switch c.datapath {
+	case "":
+		c.datapath = "agent"
+		if !fileExists(c.agentBin) {
+			fmt.Fprintf(out, "note: no agent binary at %s; programming the datapath from this process instead\n", c.agentBin)
+			c.datapath = "direct"
+		}
+	case "agent":
+		if !fileExists(c.agentBin) {
+			return fmt.Errorf("no agent binary at %s (make build)", c.agentBin)
+		}
+	case "direct":
+	default:
+		return fmt.Errorf("--datapath %q: want agent or direct", c.datapath)
+	}
+	if c.kube && c.datapath != "agent" {
+		return errors.New("KUBE=1 needs the agent: only it watches the apiserver")
+	}
+	return nil
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir()
+}
+
+// runScenario applies one scenario, waits for the agents to agree with
+// explain, sends the requests of every expectation and prints the tables.
+// It reports whether every landing matched both explain and the spec.
+func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string) (bool, error) {
+	sc, _, err := tb.ApplyScenario(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	fmt.Fprintf(out, "\n[%d/%d] %s\n      %s\n", i, n, sc.Name, sc.Title)
+	if c.datapath == "agent" {
+		if err := tb.WaitAgents(ctx, 15*time.Second); err != nil {
+			fmt.Fprintf(out, "      ✗ %v\n", err)
+			return false, nil
+		}
+	}
+	ok := true
+	for _, e := range sc.Expect {
+		client := tb.Pod(e.Client)
+		landings, err := tb.Measure(ctx, client, e.Service, testbed.MeasureOptions{Requests: c.requests, Parallel: 100})
+		if err != nil {
+			return false, err
+		}
+		d := landings[0].Decision
+		fmt.Fprintf(out, "      explain --node %s --service %s: policy %s, mode %s\n      reason: %s\n\n", client.Node.Name, d.Service, d.Policy, d.Mode, d.Reason)
+		printTable(out, tb, landings)
+		want := slices.Clone(e.Backends)
+		slices.Sort(want)
+		for _, l := range landings {
+			problems := l.Problems()
+			if !slices.Equal(l.Decision.Backends, want) {
+				problems = append(problems, fmt.Sprintf("explain permits %v but the spec expects %v", l.Decision.Backends, want))
+			}
+			label := fmt.Sprintf("%s/%d", l.Decision.Protocol, l.Decision.Frontend.Port())
+			switch {
+			case len(problems) > 0:
+				ok = false
+				fmt.Fprintf(out, "      ✗ %s: %s\n", label, strings.Join(problems, "; "))
+			case len(want) == 0:
+				fmt.Fprintf(out, "      ✓ %s: all %d requests dropped (%s), as explain says: no backend is permitted\n", label, l.Tally.Failed, strings.Join(l.Tally.Errors, ", "))
+			default:
+				fmt.Fprintf(out, "      ✓ %s: every request landed on a permitted backend, and every permitted backend got some: %s\n", label, strings.Join(want, " "))
+			}
+		}
+	}
+	return ok, nil
+}
+
+// printTable prints one row per backend that answered: its node, zone and
+// counts per port, and a row of failures.
+func printTable(out io.Writer, tb *testbed.Testbed, landings []testbed.Landing) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	header := "      BACKEND\tNODE\tZONE"
+	for _, l := range landings {
+		header += fmt.Sprintf("\t%s/%d", l.Decision.Protocol, l.Decision.Frontend.Port())
+	}
+	fmt.Fprintln(w, header)
+	var pods []string
+	for _, l := range landings {
+		for _, p := range l.Tally.Backends() {
+			if !slices.Contains(pods, p) {
+				pods = append(pods, p)
+			}
+		}
+	}
+	slices.Sort(pods)
+	for _, name := range pods {
+		node, zone := "?", "?"
+		if p := tb.Pod(name); p != nil {
+			node, zone = p.Node.Name, p.Zone()
+		}
+		row := fmt.Sprintf("      %s\t%s\t%s", name, node, zone)
+		for _, l := range landings {
+			row += fmt.Sprintf("\t%d", l.Tally.Landed[name])
+		}
+		fmt.Fprintln(w, row)
+	}
+	anyFailed := false
+	row := "      (failed)\t\t"
+	for _, l := range landings {
+		row += fmt.Sprintf("\t%d", l.Tally.Failed)
+		anyFailed = anyFailed || l.Tally.Failed > 0
+	}
+	if anyFailed {
+		fmt.Fprintln(w, row)
+	}
+	w.Flush()
+	fmt.Fprintln(out)
+}
