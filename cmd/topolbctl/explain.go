@@ -17,10 +17,11 @@ import (
 
 func newExplainCommand() *cobra.Command {
 	var (
-		src     source
-		node    string
-		service string
-		output  string
+		src       source
+		node      string
+		service   string
+		output    string
+		agentAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "explain --node NAME [--service NS/NAME] [--from-file F]",
@@ -35,14 +36,18 @@ too) or from the cluster in --kubeconfig, $KUBECONFIG or the in-cluster
 configuration. Objects that cannot be used are reported as warnings on
 stderr; the rest is still decided.`,
 		Example: `  topolbctl explain --from-file cluster.yaml --node node-a1
-  topolbctl explain --node node-a1 --service default/web -o json`,
+  topolbctl explain --node node-a1 --service default/web -o json
+  topolbctl explain --agent 127.0.0.1:9966   # the live decisions and map contents of the agent on this node`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if node == "" {
-				return usageError(fmt.Errorf("--node is required"))
-			}
 			if output != "table" && output != "json" && output != "yaml" {
 				return usageError(fmt.Errorf("-o %q: want table, json or yaml", output))
+			}
+			if agentAddr != "" {
+				return explainAgent(cmd, agentAddr, service, output)
+			}
+			if node == "" {
+				return usageError(fmt.Errorf("--node is required (or --agent)"))
 			}
 			var filter *types.NamespacedName
 			if service != "" {
@@ -75,7 +80,8 @@ stderr; the rest is still decided.`,
 		},
 	}
 	src.addFlags(cmd)
-	cmd.Flags().StringVar(&node, "node", "", "the node to decide for (required)")
+	cmd.Flags().StringVar(&node, "node", "", "the node to decide for (required unless --agent)")
+	cmd.Flags().StringVar(&agentAddr, "agent", "", "read the live decisions and programmed maps from the agent's health address (host:port) instead of deciding here")
 	cmd.Flags().StringVar(&service, "service", "", "only this service, as NAMESPACE/NAME")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	return cmd
@@ -119,6 +125,9 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 func zoneCounts(byZone map[string]int, total int) string {
 	if total == 0 {
 		return "0 (dropped)"
+	}
+	if len(byZone) == 0 {
+		return fmt.Sprint(total)
 	}
 	zones := make([]string, 0, len(byZone))
 	for z := range byZone {
