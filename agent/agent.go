@@ -85,6 +85,8 @@ type Agent struct {
 	// is logged once.
 	rejected map[types.NamespacedName]string
 	synced   bool
+	// totalWrites counts map writes since New.
+	totalWrites int
 }
 
 // New returns an agent that programs dp for cfg.NodeName. Nothing is written
@@ -202,6 +204,7 @@ func (a *Agent) Apply(b kube.Batch) SyncResult {
 		a.synced = true
 		a.log.Info("first sync written", "services", len(a.state.Services), "frontends", len(a.owner), "writes", res.Writes)
 	}
+	a.totalWrites += res.Writes
 	if m := a.cfg.Metrics; m != nil {
 		m.observeSync(a, start, b.Since, res)
 	}
@@ -360,6 +363,11 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, error) {
 	if len(ds) == 0 {
 		delete(a.decisions, nn)
 	} else {
+		// Keep the decisions, not the endpoint lists they were made from:
+		// the slices hold those already.
+		for i := range ds {
+			ds[i].Endpoints = nil
+		}
 		a.decisions[nn] = ds
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -47,14 +47,17 @@ func (a *Agent) State() DebugState {
 	return st
 }
 
-// BackendZones maps each decided backend IP to its endpoint zone.
+// BackendZones maps each programmed backend IP to its endpoint zone.
 func (a *Agent) BackendZones() map[string]string {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := map[string]string{}
 	for _, ds := range a.decisions {
 		for _, d := range ds {
-			for _, ep := range d.Endpoints {
+			for _, ep := range d.Decision.Backends {
+				out[ep.Addr.Addr().String()] = ep.Zone
+			}
+			for _, ep := range d.Decision.ExternalBackends {
 				out[ep.Addr.Addr().String()] = ep.Zone
 			}
 		}

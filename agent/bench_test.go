@@ -1,0 +1,209 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/topolb/topolb/kube"
+	dpmaps "github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
+)
+
+var (
+	churnServices  = flag.Int("churn-services", 10_000, "services loaded by BenchmarkAgentChurn")
+	churnEndpoints = flag.Int("churn-endpoints", 10, "endpoints per service in BenchmarkAgentChurn")
+	churnChanges   = flag.Int("churn-changes", 2_000, "single-endpoint changes streamed by BenchmarkAgentChurn")
+)
+
+// signalDP wraps the real datapath and reports each frontend written.
+type signalDP struct {
+	*dpmaps.Datapath
+	written chan dpmaps.Frontend
+}
+
+func (s *signalDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int, error) {
+	n, err := s.Datapath.SetBackends(fe, bes)
+	select {
+	case s.written <- fe:
+	default:
+	}
+	return n, err
+}
+
+// BenchmarkAgentChurn loads 10,000 services with 100,000 endpoints into a
+// real datapath through the agent's run loop, then streams single-endpoint
+// changes (an endpoint hinted for this node's zone turning unready or ready
+// again) and measures, per change, the time from the change reaching the
+// tracker to its map write being done, the map writes it cost, and the
+// process RSS. Informer delivery from a real apiserver is not included.
+// Baseline: one raw BPF map update measured in the same run.
+func BenchmarkAgentChurn(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root to load BPF programs")
+	}
+	dir := b.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		b.Skipf("mount bpffs: %v", err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	nSvc, perSvc := *churnServices, *churnEndpoints
+	dp, err := dpmaps.Load(dpmaps.Options{PinPath: filepath.Join(dir, "topolb"), MaxFrontends: uint32(nSvc + 16), MaxBackends: uint32(nSvc*perSvc + 1024)})
+	if err != nil {
+		b.Fatalf("load datapath: %v", err)
+	}
+	defer func() {
+		dp.Unpin()
+		dp.Close()
+	}()
+	sdp := &signalDP{Datapath: dp, written: make(chan dpmaps.Frontend, 1)}
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions()}, sdp)
+	tr := kube.NewTracker()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Run(ctx, tr, 2*time.Millisecond, time.Hour)
+	}()
+
+	zones := []string{"zone-a", "zone-b", "zone-c"}
+	for i, z := range zones {
+		tr.NodeChanged(nil, node(fmt.Sprintf("%c1", 'a'+i), z))
+	}
+	slicesBySvc := make([]*discovery.EndpointSlice, nSvc)
+	start := time.Now()
+	for s := range nSvc {
+		name := fmt.Sprintf("svc-%d", s)
+		svc := service(name, fmt.Sprintf("10.96.%d.%d", s/250, s%250+1), nil)
+		svc.Spec.Ports = svc.Spec.Ports[:1]
+		tr.ServiceChanged(nil, svc)
+		var eps []endpoint
+		for e := range perSvc {
+			z := e % len(zones)
+			eps = append(eps, endpoint{fmt.Sprintf("10.%d.%d.%d", 64+e, s/256, s%256), fmt.Sprintf("%c1", 'a'+z), zones[z], zones[z], true})
+		}
+		es := epSlice(name, name+"-1", eps...)
+		es.Ports = es.Ports[:1]
+		slicesBySvc[s] = es
+		tr.SliceChanged(nil, es)
+	}
+	tr.Resync()
+	for !a.Synced() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	loadTime := time.Since(start)
+	fe, _, be, _ := dp.Capacity()
+	b.Logf("loaded %d services, %d endpoints in %s: %d frontends, %d backends programmed", nSvc, nSvc*perSvc, loadTime.Round(time.Millisecond), fe, be)
+
+	// Stream changes: endpoint 0 of each service is hinted for zone-a, so
+	// each change adds or removes one programmed backend.
+	var lat []time.Duration
+	writesBefore := writesOf(a)
+	drain(sdp.written)
+	b.ResetTimer()
+	for c := range *churnChanges {
+		s := (c * 7919) % nSvc
+		prev := slicesBySvc[s]
+		cur := prev.DeepCopy()
+		ready := !*prev.Endpoints[0].Conditions.Ready
+		cur.Endpoints[0].Conditions.Ready = &ready
+		slicesBySvc[s] = cur
+		t0 := time.Now()
+		tr.SliceChanged(prev, cur)
+		<-sdp.written
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	time.Sleep(20 * time.Millisecond) // let the last sync's bookkeeping finish
+	writes := float64(writesOf(a)-writesBefore) / float64(*churnChanges)
+	cancel()
+	<-done
+
+	// Return freed heap to the OS, as a long-running agent's scavenger
+	// does, so RSS counts what the agent holds, not garbage of the load.
+	debug.FreeOSMemory()
+	rss := rssMB()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	b.Logf("heap in use %.1f MiB", float64(ms0.HeapInuse)/(1<<20))
+	// The agent (and the generator's copies of the slices, shared with it)
+	// must still be live when RSS is read.
+	runtime.KeepAlive(a)
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+	baseline := rawUpdateCost(b, dp)
+	fmt.Printf("BENCH agent services=%d endpoints=%d p50_ms=%.3f p99_ms=%.3f writes_per_change=%.2f rss_mb=%.1f\n",
+		nSvc, nSvc*perSvc, ms(p50), ms(p99), writes, rss)
+	fmt.Printf("BENCH agent-baseline raw_map_update_ms=%.4f p50_ratio=%.1f load_s=%.2f\n", ms(baseline), float64(p50)/float64(baseline), loadTime.Seconds())
+	b.ReportMetric(ms(p99), "p99_ms")
+	b.ReportMetric(writes, "writes/change")
+	b.ReportMetric(rss, "rss_MB")
+}
+
+// writesOf returns the map writes the agent has made so far.
+func writesOf(a *Agent) int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.totalWrites
+}
+
+// rawUpdateCost is the median of 1,000 direct updates of one frontend with
+// one backend, alternating between two backends: the cheapest write the
+// agent could make.
+func rawUpdateCost(b *testing.B, dp *dpmaps.Datapath) time.Duration {
+	f := dpmaps.Frontend{Addr: mustAddrPort("10.99.0.1:80"), Proto: dpmaps.TCP}
+	bes := [][]dpmaps.Backend{{{Addr: mustAddrPort("10.98.0.1:80")}}, {{Addr: mustAddrPort("10.98.0.2:80")}}}
+	var d []time.Duration
+	for i := range 1000 {
+		t0 := time.Now()
+		if _, err := dp.SetBackends(f, bes[i%2]); err != nil {
+			b.Fatalf("baseline write: %v", err)
+		}
+		d = append(d, time.Since(t0))
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func drain(ch chan dpmaps.Frontend) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+// rssMB returns the process's resident set size in MiB.
+func rssMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			return float64(kb) / 1024
+		}
+	}
+	return -1
+}
