@@ -1,8 +1,8 @@
 package testbed
 
 import (
-	"cmp"
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"

@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// TestAgentRestartUnderLoad sends new TCP and UDP flows from the client
+// without pause while every agent is killed with SIGKILL and started again,
+// and then while the client node's agent is stopped with SIGTERM and
+// started again; a change made while no agent runs is picked up after the
+// restart. The pinned datapath must keep serving throughout: zero failed
+// requests, every answer from a backend the decision permits, both
+// permitted backends used, and the restarted agents agreeing with
+// DecideNode (decisions and map contents) on the changed objects.
+func TestAgentRestartUnderLoad(t *testing.T) {
+	requireRoot(t)
+	requireAgent(t) // skip before building a testbed
+	spec := demoSpec(t)
+	tb := newTestbed(t, spec)
+	withAgents.start(t, tb)
+	apply(t, tb, scenarioServices(t, spec, "zone-hints"))
+	client := tb.Pod("client")
+	target := targets(t, tb, client)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		recs = map[v1.Protocol][]testbed.Record{}
+	)
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 4, Timeout: 2 * time.Second})
+			mu.Lock()
+			recs[proto] = r
+			mu.Unlock()
+		}()
+	}
+	stopLoad := func() {
+		cancel()
+		wg.Wait()
+	}
+
+	time.Sleep(500 * time.Millisecond)
+	for _, a := range tb.Agents() {
+		if err := a.Kill(); err != nil {
+			stopLoad()
+			t.Fatal(err)
+		}
+	}
+	t.Log("all agents killed (SIGKILL)")
+	// A change while no agent runs, which the restarted agents must pick
+	// up; the client's permitted set stays web-a1, web-a2.
+	base := scenarioServices(t, spec, "zone-hints")[0]
+	if _, err := tb.Apply(t.Context(), []testbed.ServiceSpec{without(base, "web-c2")}); err != nil {
+		stopLoad()
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // no agent at all: the pinned datapath serves alone
+	for _, a := range tb.Agents() {
+		if err := a.Start(t.Context()); err != nil {
+			stopLoad()
+			t.Fatal(err)
+		}
+	}
+	for _, a := range tb.Agents() {
+		if err := a.WaitReady(t.Context()); err != nil {
+			stopLoad()
+			t.Fatal(err)
+		}
+	}
+	t.Log("all agents restarted and ready")
+	time.Sleep(500 * time.Millisecond)
+
+	a := tb.Agent(client.Node.Name)
+	if err := a.Stop(); err != nil {
+		stopLoad()
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := a.Start(t.Context()); err != nil {
+		stopLoad()
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(t.Context()); err != nil {
+		stopLoad()
+		t.Fatal(err)
+	}
+	t.Logf("agent on %s stopped (SIGTERM) and restarted", client.Node.Name)
+	time.Sleep(500 * time.Millisecond)
+	stopLoad()
+
+	if err := tb.WaitAgents(t.Context(), 10*time.Second); err != nil {
+		t.Error(err)
+	}
+	permitted := []string{"web-a1", "web-a2"}
+	for proto, rs := range recs {
+		tally := testbed.Summarize(client, rs)
+		t.Logf("%s: %d requests: landed %v, failed %d", proto, len(rs), tally.Landed, tally.Failed)
+		if tally.Failed > 0 {
+			t.Errorf("%s: %d of %d requests failed: %v", proto, tally.Failed, len(rs), tally.Errors)
+		}
+		if got := tally.Backends(); !slices.Equal(got, permitted) {
+			t.Errorf("%s: landed on %v, want exactly %v", proto, got, permitted)
+		}
+		if tally.WrongSource > 0 {
+			t.Errorf("%s: %d answers saw another source than the client", proto, tally.WrongSource)
+		}
+		if len(rs) < 100 {
+			t.Errorf("%s: only %d requests in 3 s: the load did not run", proto, len(rs))
+		}
+	}
+	noChecksumErrors(t, tb)
+}
+
+// TestAgentsOnEveryNode runs an agent on every node and a client on every
+// node (tools/testbed/examples/every-node.yaml: five Services, one per
+// policy), and asserts that each client lands on exactly the backends that
+// DecideNode permits for its own node, for every Service over TCP and UDP,
+// and that each agent reports and programs exactly that decision. The
+// decisions differ from node to node, so a node using another node's
+// decision (or a reply reverse-NATed on the wrong node) shows.
+func TestAgentsOnEveryNode(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			spec, err := testbed.EveryNodeSpec()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tb := newTestbed(t, spec)
+			dp.start(t, tb)
+			apply(t, tb, spec.Services)
+
+			objs, _ := tb.Current()
+			distinct := map[string]map[string]bool{} // service → distinct backend sets
+			for _, client := range tb.Clients() {
+				ds, _ := tb.Decide(objs, client.Node.Name)
+				for _, svc := range spec.Services {
+					landings, err := tb.Measure(t.Context(), client, svc.Name, testbed.MeasureOptions{Requests: 120, Parallel: 32})
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkLandings(t, landings, nil)
+					d := testbed.FindDecision(ds, svc.Name, v1.ProtocolTCP)
+					if distinct[svc.Name] == nil {
+						distinct[svc.Name] = map[string]bool{}
+					}
+					distinct[svc.Name][strings.Join(d.Backends, ",")] = true
+				}
+			}
+			// The spec is only a test of per-node decisions if they differ.
+			for _, name := range []string{"zone-hints", "node-hints", "keys", "threshold"} {
+				if len(distinct[name]) < 3 {
+					t.Errorf("service %s: only %d distinct backend sets over all nodes; the spec no longer tells nodes apart", name, len(distinct[name]))
+				}
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}
+
+// scenarioServices returns the Services of a demo scenario.
+func scenarioServices(t *testing.T, spec *testbed.Spec, scenario string) []testbed.ServiceSpec {
+	t.Helper()
+	sc, err := spec.Scenario(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc.Services
+}

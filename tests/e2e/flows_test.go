@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// flow is a long-lived flow from the client and the backend it first
+// reached.
+type flow struct {
+	conn    *testbed.Conn
+	proto   v1.Protocol
+	backend string
+}
+
+func openFlows(t *testing.T, client *testbed.Pod, target map[v1.Protocol]netip.AddrPort, perProto int) []*flow {
+	t.Helper()
+	var flows []*flow
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		for i := 0; i < perProto; i++ {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			c, err := client.Open(ctx, proto, target[proto])
+			if err != nil {
+				cancel()
+				t.Fatalf("open %s flow: %v", proto, err)
+			}
+			a, err := c.Ask(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s flow %s: first request: %v", proto, c.LocalAddr(), err)
+			}
+			t.Cleanup(func() { c.Close() })
+			flows = append(flows, &flow{conn: c, proto: proto, backend: a.Pod})
+		}
+	}
+	return flows
+}
+
+// targets returns the frontends of the web Service's ports.
+func targets(t *testing.T, tb *testbed.Testbed, client *testbed.Pod) map[v1.Protocol]netip.AddrPort {
+	t.Helper()
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, client.Node.Name)
+	out := map[v1.Protocol]netip.AddrPort{}
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		d := testbed.FindDecision(ds, "web", proto)
+		if d == nil {
+			t.Fatalf("no %s port on web", proto)
+		}
+		out[proto] = d.Frontend
+	}
+	return out
+}
+
+// TestFlowsKeepTheirBackend opens TCP connections and connected UDP
+// sockets to the web Service, then changes its backend set three times:
+// adding a backend to the client's zone, changing backends in other zones,
+// removing one of the zone's backends. After each change, every flow whose
+// backend is still permitted must still reach that same backend, and new
+// flows must land exactly on the new permitted set.
+func TestFlowsKeepTheirBackend(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			spec := demoSpec(t)
+			tb := newTestbed(t, spec)
+			dp.start(t, tb)
+			base := service(t, spec, "zone-hints", "web") // zone-a: web-a1, web-a2
+			apply(t, tb, []testbed.ServiceSpec{base})
+			client := tb.Pod("client")
+			flows := openFlows(t, client, targets(t, tb, client), 12)
+
+			afterAdd := with(base, testbed.EndpointSpec{Pod: "web-a3"})
+			otherZones := without(afterAdd, "web-b2")
+			otherZones.Endpoints[slices.IndexFunc(otherZones.Endpoints, func(e testbed.EndpointSpec) bool { return e.Pod == "web-c1" })].Condition = testbed.Terminating
+			afterRemove := without(otherZones, "web-a2")
+			for _, step := range []struct {
+				name      string
+				svc       testbed.ServiceSpec
+				permitted []string
+			}{
+				{"add web-a3 to zone-a", afterAdd, []string{"web-a1", "web-a2", "web-a3"}},
+				{"remove web-b2, web-c1 terminating", otherZones, []string{"web-a1", "web-a2", "web-a3"}},
+				{"remove web-a2", afterRemove, []string{"web-a1", "web-a3"}},
+			} {
+				apply(t, tb, []testbed.ServiceSpec{step.svc})
+				kept, moved := 0, 0
+				for _, f := range flows {
+					if !slices.Contains(step.permitted, f.backend) {
+						continue
+					}
+					ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+					a, err := f.conn.Ask(ctx)
+					cancel()
+					switch {
+					case err != nil:
+						t.Errorf("%s: %s flow %s on %s failed: %v", step.name, f.proto, f.conn.LocalAddr(), f.backend, err)
+					case a.Pod != f.backend:
+						moved++
+						t.Errorf("%s: %s flow %s moved from %s to %s although %s is still permitted", step.name, f.proto, f.conn.LocalAddr(), f.backend, a.Pod, f.backend)
+					default:
+						kept++
+					}
+				}
+				t.Logf("%s: %d flows kept their backend, %d moved", step.name, kept, moved)
+				landings, err := tb.Measure(t.Context(), client, "web", testbed.MeasureOptions{Requests: 150})
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkLandings(t, landings, step.permitted)
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}
+
+// TestRemovedBackendDrainsWithinASecond sends new flows (TCP and UDP)
+// continuously from the client while web-a2 is removed from the web
+// Service, and asserts that no flow started more than 1 s after the change
+// reached web-a2, that web-a1 keeps answering, and that nothing fails after
+// that second.
+func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			spec := demoSpec(t)
+			tb := newTestbed(t, spec)
+			dp.start(t, tb)
+			base := service(t, spec, "zone-hints", "web")
+			apply(t, tb, []testbed.ServiceSpec{base})
+			client := tb.Pod("client")
+			target := targets(t, tb, client)
+
+			ctx, cancel := context.WithCancel(t.Context())
+			var wg sync.WaitGroup
+			recs := map[v1.Protocol][]testbed.Record{}
+			var mu sync.Mutex
+			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 4, Timeout: 2 * time.Second})
+					mu.Lock()
+					recs[proto] = r
+					mu.Unlock()
+				}()
+			}
+			time.Sleep(time.Second)
+			changed := time.Now()
+			if _, err := tb.Apply(t.Context(), []testbed.ServiceSpec{without(base, "web-a2")}); err != nil {
+				cancel()
+				wg.Wait()
+				t.Fatal(err)
+			}
+			time.Sleep(2500 * time.Millisecond)
+			cancel()
+			wg.Wait()
+
+			deadline := changed.Add(time.Second)
+			for proto, rs := range recs {
+				var last time.Time
+				before, after, failedLate, failedEarly := 0, 0, 0, 0
+				for _, r := range rs {
+					switch {
+					case r.Err != nil && r.Start.After(deadline):
+						failedLate++
+						t.Errorf("%s: request started %v after the change failed: %v", proto, r.Start.Sub(changed).Round(time.Millisecond), r.Err)
+					case r.Err != nil:
+						failedEarly++
+					case r.Answer.Pod == "web-a2":
+						last = r.Start
+						if r.Start.After(deadline) {
+							t.Errorf("%s: request started %v after web-a2 was removed still landed on it", proto, r.Start.Sub(changed).Round(time.Millisecond))
+						}
+					case r.Answer.Pod != "web-a1":
+						t.Errorf("%s: request landed on %s, outside zone-a's permitted set", proto, r.Answer.Pod)
+					case r.Start.Before(changed):
+						before++
+					default:
+						after++
+					}
+				}
+				if after == 0 {
+					t.Errorf("%s: no request reached web-a1 after the change", proto)
+				}
+				drain := "before the change"
+				if last.After(changed) {
+					drain = fmt.Sprintf("%v after the change", last.Sub(changed).Round(time.Millisecond))
+				}
+				t.Logf("%s: %d requests; last one to web-a2 started %s; %d failed within the first second (flows moved off the removed backend)", proto, len(rs), drain, failedEarly)
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}

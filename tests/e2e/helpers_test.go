@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// datapath is who programs the nodes in a test: topolb-agent on every node,
+// or the testbed's in-process datapath (maps/ driven straight from
+// DecideNode), which isolates the datapath from the agent.
+type datapath struct {
+	name  string
+	start func(t *testing.T, tb *testbed.Testbed)
+}
+
+var (
+	withAgents = datapath{"agent", func(t *testing.T, tb *testbed.Testbed) {
+		bin := requireAgent(t)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	withDirect = datapath{"direct", func(t *testing.T, tb *testbed.Testbed) {
+		if _, err := tb.AttachDirect(); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	datapaths = []datapath{withAgents, withDirect}
+)
+
+// apply makes svcs the cluster's Services and waits until every agent's
+// decisions equal DecideNode's for its node (at once without agents: the
+// in-process datapath is programmed synchronously).
+func apply(t *testing.T, tb *testbed.Testbed, svcs []testbed.ServiceSpec) {
+	t.Helper()
+	if _, err := tb.Apply(t.Context(), svcs); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.WaitAgents(t.Context(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkLandings fails the test for every way the landings depart from the
+// decisions they were measured against, and from want when want is not
+// nil.
+func checkLandings(t *testing.T, landings []testbed.Landing, want []string) {
+	t.Helper()
+	for _, l := range landings {
+		label := string(l.Decision.Protocol) + " " + l.Decision.Service + " from " + l.Client.Name
+		if want != nil {
+			w := slices.Clone(want)
+			slices.Sort(w)
+			if !slices.Equal(l.Decision.Backends, w) {
+				t.Errorf("%s: DecideNode permits %v, the spec expects %v", label, l.Decision.Backends, w)
+			}
+		}
+		for _, p := range l.Problems() {
+			t.Errorf("%s: %s", label, p)
+		}
+		t.Logf("%s: mode %s, landed %v, failed %d", label, l.Decision.Mode, l.Tally.Landed, l.Tally.Failed)
+	}
+}
+
+// noChecksumErrors fails the test if any namespace counted a TCP or UDP
+// checksum error: the wire's senders compute checksums in software, so a
+// wrong checksum written by the datapath is counted by the receiver.
+func noChecksumErrors(t *testing.T, tb *testbed.Testbed) {
+	t.Helper()
+	errs, err := tb.ChecksumErrors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ns, c := range errs {
+		t.Errorf("%s: checksum errors %+v", ns, c)
+	}
+}
+
+// service returns a copy of the named Service of a spec's scenario, with
+// its endpoint list cloned so a test can change it.
+func service(t *testing.T, spec *testbed.Spec, scenario, name string) testbed.ServiceSpec {
+	t.Helper()
+	sc, err := spec.Scenario(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sc.Services {
+		if s.Name == name {
+			s.Endpoints = slices.Clone(s.Endpoints)
+			return s
+		}
+	}
+	t.Fatalf("scenario %s has no service %s", scenario, name)
+	return testbed.ServiceSpec{}
+}
+
+// without returns svc without the named endpoints.
+func without(svc testbed.ServiceSpec, pods ...string) testbed.ServiceSpec {
+	svc.Endpoints = slices.DeleteFunc(slices.Clone(svc.Endpoints), func(e testbed.EndpointSpec) bool {
+		return slices.Contains(pods, e.Pod)
+	})
+	return svc
+}
+
+// with returns svc with eps added.
+func with(svc testbed.ServiceSpec, eps ...testbed.EndpointSpec) testbed.ServiceSpec {
+	svc.Endpoints = append(slices.Clone(svc.Endpoints), eps...)
+	return svc
+}
+
+func demoSpec(t *testing.T) *testbed.Spec {
+	t.Helper()
+	spec, err := testbed.DemoSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}

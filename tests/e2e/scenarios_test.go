@@ -1,0 +1,45 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// TestScenarios runs every scenario of the demo (tools/testbed/examples/
+// demo.yaml) and asserts, over HTTP (TCP) and UDP, that the client lands on
+// exactly the backend set the spec names, which must also be the set
+// DecideNode permits for the client's node (and, with agents, the set the
+// agent reports): every permitted backend answers, no other one does, no
+// request fails unless the traffic is dropped by design, in which case all
+// fail. Backends see the client's own address (no SNAT), and no namespace
+// counts a checksum error.
+func TestScenarios(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			spec := demoSpec(t)
+			tb := newTestbed(t, spec)
+			dp.start(t, tb)
+			for _, sc := range spec.Scenarios {
+				t.Run(sc.Name, func(t *testing.T) {
+					apply(t, tb, sc.Services)
+					for _, e := range sc.Expect {
+						o := testbed.MeasureOptions{Requests: 200, Parallel: 32}
+						if len(e.Backends) == 0 {
+							// Every request times out: fewer and shorter.
+							o = testbed.MeasureOptions{Requests: 50, Parallel: 50, Timeout: 500 * time.Millisecond}
+						}
+						landings, err := tb.Measure(t.Context(), tb.Pod(e.Client), e.Service, o)
+						if err != nil {
+							t.Fatal(err)
+						}
+						checkLandings(t, landings, e.Backends)
+					}
+				})
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}

@@ -1,0 +1,210 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+const tinySpec = `
+name: tiny
+zones:
+- name: z1
+  nodes:
+  - name: n1
+    pods: [{name: c, role: client}, {name: b1}]
+- name: z2
+  nodes:
+  - name: n2
+    pods: [{name: b2}]
+services:
+- name: s
+  ports: [{name: http, port: 80}, {name: dns, protocol: UDP, port: 53}]
+  endpoints: [{pod: b1}, {pod: b2}]
+`
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and loads BPF programs")
+	}
+}
+
+func tiny(t *testing.T) *Spec {
+	t.Helper()
+	s, err := ParseSpec([]byte(tinySpec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// ours lists the namespaces of a testbed ID and whether its state
+// directory and bpffs mount exist.
+func ours(t *testing.T, id string) (nss []string, dir, mounted bool) {
+	t.Helper()
+	entries, _ := os.ReadDir(NetnsDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), Prefix+id+"-") {
+			nss = append(nss, e.Name())
+		}
+	}
+	_, err := os.Stat(filepath.Join(DefaultStateRoot, id))
+	dir = err == nil
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted = strings.Contains(string(mi), filepath.Join(DefaultStateRoot, id)+"/")
+	return nss, dir, mounted
+}
+
+// TestUpTrafficDown brings a two-node testbed up, checks the wiring
+// (direct pod-to-pod traffic across the wire, offloads as documented),
+// runs traffic through the in-process datapath, and checks Close leaves
+// nothing behind.
+func TestUpTrafficDown(t *testing.T) {
+	requireRoot(t)
+	ctx := t.Context()
+	tb, err := New(ctx, tiny(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			tb.Close()
+		}
+	})
+	if nss, dir, mounted := ours(t, tb.ID); len(nss) != 6 || !dir || !mounted {
+		t.Fatalf("after New: namespaces %v, state dir %v, bpffs mounted %v", nss, dir, mounted)
+	}
+
+	for _, c := range []struct {
+		ns     *NS
+		ifname string
+		on     bool
+	}{
+		{tb.Pod("c").NS, PodIfName, true},
+		{tb.Node("n1").NS, tb.Pod("c").HostVeth, false},
+		{tb.Node("n1").NS, UplinkName, false},
+		{tb.Fabric, "n1", false},
+	} {
+		on, err := c.ns.TxChecksum(c.ifname)
+		if err != nil || on != c.on {
+			t.Errorf("%s %s: tx checksum offload %v (%v), want %v", c.ns.Name, c.ifname, on, err, c.on)
+		}
+	}
+
+	// Pod to pod across the wire, without any datapath.
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	b2 := tb.Pod("b2")
+	a, err := tb.Pod("c").Request(rctx, v1.ProtocolTCP, netipAddrPort(b2.Addr.String(), DefaultHTTPPort))
+	if err != nil || a.Pod != "b2" || a.Node != "n2" || a.Zone != "z2" || !strings.HasPrefix(a.Client, tb.Pod("c").Addr.String()+":") {
+		t.Fatalf("direct request to b2: %+v, %v", a, err)
+	}
+
+	if _, err := tb.AttachDirect(); err != nil {
+		t.Fatal(err)
+	}
+	landings, err := tb.Measure(ctx, tb.Pod("c"), "s", MeasureOptions{Requests: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range landings {
+		if p := l.Problems(); len(p) > 0 {
+			t.Errorf("%s: %v", l.Decision.Protocol, p)
+		}
+	}
+	if errs, err := tb.ChecksumErrors(); err != nil || len(errs) > 0 {
+		t.Errorf("checksum errors %v, %v", errs, err)
+	}
+
+	id := tb.ID
+	closed = true
+	if err := tb.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if nss, dir, mounted := ours(t, id); len(nss) != 0 || dir || mounted {
+		t.Errorf("after Close: namespaces %v, state dir %v, bpffs mounted %v", nss, dir, mounted)
+	}
+}
+
+// TestCrashedRunIsCleaned kills a process that holds a testbed (with a
+// pinned datapath) with SIGKILL, so nothing of its teardown runs, and
+// checks that RemoveStale removes its namespaces, pins, bpffs mount and
+// state directory.
+func TestCrashedRunIsCleaned(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("TESTBED_CRASH_CHILD") != "" {
+		t.Skip("runs only as the parent")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "TESTBED_CRASH_CHILD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var id string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "TESTBED-ID "); ok {
+			id = rest
+			break
+		}
+	}
+	if id == "" {
+		t.Fatal("child did not report a testbed")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if nss, dir, mounted := ours(t, id); len(nss) == 0 || !dir || !mounted {
+		t.Fatalf("the killed child left nothing to clean (namespaces %v, dir %v, mount %v): the test tests nothing", nss, dir, mounted)
+	}
+	if err := RemoveStale(""); err != nil {
+		t.Fatalf("RemoveStale: %v", err)
+	}
+	if nss, dir, mounted := ours(t, id); len(nss) != 0 || dir || mounted {
+		t.Errorf("after RemoveStale: namespaces %v, state dir %v, bpffs mounted %v", nss, dir, mounted)
+	}
+}
+
+// TestCrashChild is the child of TestCrashedRunIsCleaned: it creates a
+// testbed, pins a datapath, reports the ID and waits to be killed.
+func TestCrashChild(t *testing.T) {
+	if os.Getenv("TESTBED_CRASH_CHILD") == "" {
+		t.Skip("helper process of TestCrashedRunIsCleaned")
+	}
+	tb, err := New(t.Context(), tiny(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.AttachDirect(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("TESTBED-ID %s\n", tb.ID)
+	time.Sleep(time.Minute)
+	tb.Close()
+}
+
+func netipAddrPort(ip string, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
+}
