@@ -1,15 +1,18 @@
 # topolb — build, test and benchmark entry points.
 # `make demo` and `make test` are the two commands in the README; each installs
 # what it needs (Debian packages via tools/install-deps.sh, Go modules via the
-# module proxy, the cached kube-apiserver/etcd build under .cache/).
+# module proxy, the kube-apiserver/etcd build cached under ~/.cache/topolb/).
 
 SHELL      := /bin/bash
 GO         ?= go
 ARCH       := $(shell uname -m)
 BIN        := $(CURDIR)/bin
-CACHE      := $(CURDIR)/.cache
-KUBE_BINS  := $(CACHE)/kube-bins
 KUBE_VERSION ?= v1.37.2
+# The kube-apiserver/etcd/kube-proxy/kubectl build is cached per user, outside
+# the clone, so a second run on the same machine (CI's fresh clone included)
+# reuses it; internal/kubetest looks in the same place by default.
+XDG_CACHE_HOME ?= $(HOME)/.cache
+KUBE_BINS  := $(XDG_CACHE_HOME)/topolb/kube-bins-$(KUBE_VERSION)
 GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)

@@ -8,7 +8,7 @@
 #
 # Cached and idempotent: when OUT/.stamp says the binaries were built for
 # VERSION with this recipe, it exits at once. Otherwise it writes a throwaway
-# module next to OUT (OUT-src/, under .cache/ when run from the Makefile) that
+# module next to OUT (OUT-src/, under ~/.cache/topolb/ when run from the Makefile) that
 # requires k8s.io/kubernetes VERSION and pins every staging module that
 # kubernetes' go.mod requires at v0.0.0 to the matching v0.MINOR.PATCH tag,
 # builds there (about 5 minutes and 3 GiB cold on 2 cores), and moves the
@@ -18,7 +18,7 @@ set -euo pipefail
 # Bump when the build recipe changes, so existing caches are rebuilt.
 RECIPE=1
 
-usage() { echo "usage: $0 OUT VERSION   (e.g. $0 .cache/kube-bins v1.37.2)" >&2; exit 2; }
+usage() { echo "usage: $0 OUT VERSION   (e.g. $0 ~/.cache/topolb/kube-bins-v1.37.2 v1.37.2)" >&2; exit 2; }
 [[ $# -eq 2 ]] || usage
 OUT=${1%/}
 VERSION=$2

@@ -13,8 +13,11 @@ import (
 const (
 	// EnvBinDir names the directory holding the binaries built by
 	// tools/kube-bins.sh (the Makefile exports it). A relative path is taken
-	// from the repository root. Unset, it defaults to <repo>/.cache/kube-bins.
+	// from the repository root. Unset, it defaults to DefaultBinDir().
 	EnvBinDir = "TOPOLB_KUBE_BINS"
+
+	// KubeVersion is the Kubernetes release the binaries are built from.
+	KubeVersion = "v1.37.2"
 
 	// EnvRequired, when set to a non-empty value, turns a missing binary from
 	// a skipped test into a failed one, for runs that must not pass vacuously.
@@ -31,12 +34,27 @@ var ErrNoBinaries = errors.New("kube binaries not found")
 // handed out by Cluster.Bin.
 var requiredBins = []string{"etcd", "kube-apiserver"}
 
+// DefaultBinDir is where `make kube-bins` puts the binaries: a per-user
+// cache outside the repository ($XDG_CACHE_HOME or ~/.cache, then
+// topolb/kube-bins-<version>), so every clone on a machine, CI's included,
+// reuses one build.
+func DefaultBinDir() (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("locate kube binaries: %w", err)
+	}
+	return filepath.Join(cache, "topolb", "kube-bins-"+KubeVersion), nil
+}
+
 // BinDir returns the directory that holds etcd, kube-apiserver, kube-proxy
-// and kubectl: $TOPOLB_KUBE_BINS, or <repo>/.cache/kube-bins. It does not
-// check that the binaries are there.
+// and kubectl: $TOPOLB_KUBE_BINS, or DefaultBinDir(). It does not check that
+// the binaries are there.
 func BinDir() (string, error) {
 	dir := os.Getenv(EnvBinDir)
-	if dir != "" && filepath.IsAbs(dir) {
+	if dir == "" {
+		return DefaultBinDir()
+	}
+	if filepath.IsAbs(dir) {
 		return dir, nil
 	}
 	root, err := repoRoot()
@@ -46,7 +64,7 @@ func BinDir() (string, error) {
 	if dir != "" {
 		return filepath.Join(root, dir), nil
 	}
-	return filepath.Join(root, ".cache", "kube-bins"), nil
+	return DefaultBinDir()
 }
 
 // checkBins reports ErrNoBinaries if a binary Run needs is missing from dir.
