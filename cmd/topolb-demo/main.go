@@ -83,24 +83,30 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 	if err != nil {
 		return err
 	}
+	var cluster *kubetest.Cluster
 	defer func() {
+		// Agents first, so the apiserver has no watches to drain.
 		if cerr := tb.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("teardown: %w", cerr))
+		}
+		if cluster != nil {
+			if cerr := cluster.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("teardown: %w", cerr))
+			}
 		}
 	}()
 	fmt.Fprintf(out, "testbed %s: %d zones, %d nodes, %d pods (namespaces %s%s-*)\n", tb.ID, len(spec.Zones), len(tb.Nodes), len(tb.Pods), testbed.Prefix, tb.ID)
 
 	if c.kube {
 		fmt.Fprintln(out, "starting etcd and kube-apiserver ...")
-		cluster, err := kubetest.Run(ctx)
-		if err != nil {
+		t0 := time.Now()
+		if cluster, err = kubetest.Run(ctx); err != nil {
 			return fmt.Errorf("real apiserver (KUBE=1): %w", err)
 		}
-		defer cluster.Close()
 		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "cluster objects live in kube-apiserver at %s; agents watch it through a relay in each node\n", cluster.URL)
+		fmt.Fprintf(out, "kube-apiserver ready at %s in %.1fs; the cluster objects live there, agents watch it through a relay in each node\n", cluster.URL, time.Since(t0).Seconds())
 	}
 
 	switch c.datapath {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
 )
 
@@ -22,6 +23,28 @@ var (
 		bin := requireAgent(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	// withAgentsAndAPIServer serves the cluster from a real kube-apiserver
+	// (internal/kubetest; skipped without `make kube-bins`) that the agents
+	// watch through a relay in each node.
+	withAgentsAndAPIServer = datapath{"agent-apiserver", func(t *testing.T, tb *testbed.Testbed) {
+		bin := requireAgent(t)
+		cluster := kubetest.Start(t)
+		// Cleanups run last-in first-out: stop the agents before the
+		// apiserver, so it has no watches to drain. Close is idempotent.
+		t.Cleanup(func() {
+			if err := tb.Close(); err != nil {
+				t.Errorf("teardown: %v", err)
+			}
+		})
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2}); err != nil {
 			t.Fatal(err)
 		}

@@ -14,10 +14,11 @@ import (
 // agent reports): every permitted backend answers, no other one does, no
 // request fails unless the traffic is dropped by design, in which case all
 // fail. Backends see the client's own address (no SNAT), and no namespace
-// counts a checksum error.
+// counts a checksum error. With agents it also runs against a real
+// kube-apiserver, the agents watching it instead of a manifest file.
 func TestScenarios(t *testing.T) {
 	requireRoot(t)
-	for _, dp := range datapaths {
+	for _, dp := range append(datapaths, withAgentsAndAPIServer) {
 		t.Run(dp.name, func(t *testing.T) {
 			spec := demoSpec(t)
 			tb := newTestbed(t, spec)

@@ -85,8 +85,15 @@ func (tb *Testbed) ConnectAPIServer(ctx context.Context, cfg *rest.Config) (err 
 	if tb.kube != nil {
 		return errors.New("an apiserver is already connected")
 	}
-	if tb.objs != nil {
-		if err := ks.sync(ctx, tb.objs); err != nil {
+	if tb.svcs != nil {
+		objs, err := tb.Objects(tb.svcs)
+		if err != nil {
+			return err
+		}
+		if err := ks.sync(ctx, objs); err != nil {
+			return err
+		}
+		if tb.objs, err = kube.ListObjects(ctx, ks.client); err != nil {
 			return err
 		}
 	}

@@ -123,7 +123,8 @@ func (tb *Testbed) ManifestPath() string { return filepath.Join(tb.Dir, "manifes
 // Apply makes svcs the cluster's Services and EndpointSlices: it rewrites
 // the manifest, updates the apiserver when one is connected and programs
 // the in-process datapath when one is attached. Agents pick the change up
-// on their own; WaitAgents waits until they have. It returns the objects.
+// on their own; WaitAgents waits until they have. It returns the objects
+// the cluster now holds (with an apiserver, as listed from it).
 func (tb *Testbed) Apply(ctx context.Context, svcs []ServiceSpec) (*kube.Objects, error) {
 	objs, err := tb.Objects(svcs)
 	if err != nil {
@@ -136,6 +137,11 @@ func (tb *Testbed) Apply(ctx context.Context, svcs []ServiceSpec) (*kube.Objects
 	}
 	if tb.kube != nil {
 		if err := tb.kube.sync(ctx, objs); err != nil {
+			return nil, err
+		}
+		// Decide on what the agents see: the apiserver adds objects of
+		// its own, such as the default/kubernetes Service.
+		if objs, err = kube.ListObjects(ctx, tb.kube.client); err != nil {
 			return nil, err
 		}
 	}

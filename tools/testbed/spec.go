@@ -78,7 +78,7 @@ const (
 	// HintsNone writes no hints.
 	HintsNone Hints = "none"
 	// HintsZone hints every endpoint for its own zone (trafficDistribution
-	// PreferClose, or the topology-aware hints annotation).
+	// PreferSameZone, or the topology-aware hints annotation).
 	HintsZone Hints = "zone"
 	// HintsNode hints every endpoint for its own node and zone
 	// (trafficDistribution PreferSameNode).
