@@ -209,7 +209,7 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 	ok := true
 	for _, e := range sc.Expect {
 		client := tb.Pod(e.Client)
-		landings, err := tb.Measure(ctx, client, e.Service, testbed.MeasureOptions{Requests: c.requests, Parallel: 100})
+		landings, err := tb.Measure(ctx, client, e.Service, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second})
 		if err != nil {
 			return false, err
 		}

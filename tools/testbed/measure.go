@@ -22,7 +22,7 @@ type MeasureOptions struct {
 	Requests int
 	// Parallel requests in flight. Default 32.
 	Parallel int
-	// Timeout per request. Default 1s.
+	// Timeout per request. Default 2s.
 	Timeout time.Duration
 }
 
@@ -38,7 +38,7 @@ func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o M
 		o.Parallel = 32
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = time.Second
+		o.Timeout = 2 * time.Second
 	}
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, client.Node.Name)
