@@ -81,6 +81,9 @@ type Agent struct {
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
+	// waiting holds, per frontend, the services that want it while another
+	// service owns it.
+	waiting map[maps.Frontend]map[types.NamespacedName]bool
 	// rejected remembers the rejection reason logged per service, so each
 	// is logged once.
 	rejected map[types.NamespacedName]string
@@ -105,6 +108,7 @@ func New(cfg Config, dp Datapath) *Agent {
 		owner:     map[maps.Frontend]types.NamespacedName{},
 		decisions: map[types.NamespacedName][]topology.PortDecision{},
 		failed:    map[types.NamespacedName]bool{},
+		waiting:   map[maps.Frontend]map[types.NamespacedName]bool{},
 		rejected:  map[types.NamespacedName]string{},
 	}
 }
@@ -206,7 +210,7 @@ func (a *Agent) Apply(b kube.Batch) SyncResult {
 	}
 	a.totalWrites += res.Writes
 	if m := a.cfg.Metrics; m != nil {
-		m.observeSync(a, start, b.Since, res)
+		m.observeSync(start, b.Since, res)
 	}
 	return res
 }
@@ -302,6 +306,8 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, error) {
 		var warnings []string
 		ds, warnings = a.state.DecideService(a.cfg.NodeName, nn, a.cfg.Options)
 		a.noteRejections(nn, warnings)
+	} else {
+		delete(a.rejected, nn)
 	}
 	a.reportModes(nn, svc, ds)
 
@@ -319,7 +325,13 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, error) {
 			}
 			f := maps.Frontend{Addr: fe, Proto: proto}
 			if other, taken := a.owner[f]; taken && other != nn {
-				a.log.Warn("frontend already used by another service; skipped", "service", nn, "frontend", f, "owner", other)
+				if !a.waiting[f][nn] {
+					a.log.Warn("frontend already used by another service; skipped until it is released", "service", nn, "frontend", f, "owner", other)
+				}
+				if a.waiting[f] == nil {
+					a.waiting[f] = map[types.NamespacedName]bool{}
+				}
+				a.waiting[f][nn] = true
 				continue
 			}
 			desired[f] = backends(eps, node)
@@ -354,20 +366,28 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, error) {
 		}
 		delete(owned, f)
 		delete(a.owner, f)
+		// Services that wanted the frontend get it at the next retry.
+		for w := range a.waiting[f] {
+			a.failed[w] = true
+		}
+		delete(a.waiting, f)
 	}
 	if len(owned) == 0 {
 		delete(a.owned, nn)
 	} else {
 		a.owned[nn] = owned
 	}
+	// Keep the decisions, not the endpoint lists they were made from: the
+	// slices hold those already.
+	for i := range ds {
+		ds[i].Endpoints = nil
+	}
+	if a.cfg.Metrics != nil {
+		a.cfg.Metrics.serviceDecided(nn, a.decisions[nn], ds)
+	}
 	if len(ds) == 0 {
 		delete(a.decisions, nn)
 	} else {
-		// Keep the decisions, not the endpoint lists they were made from:
-		// the slices hold those already.
-		for i := range ds {
-			ds[i].Endpoints = nil
-		}
 		a.decisions[nn] = ds
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -13,6 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/topolb/topolb/kube"
 	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -283,6 +286,58 @@ func TestAgentFrontendConflict(t *testing.T) {
 	// "second" cannot take it over.
 	if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.1:8080"}) {
 		t.Errorf("conflicting frontend: %v", got)
+	}
+	// Once "first" releases the frontend, "second" takes it at the next
+	// sync (the retry tick).
+	tr.ServiceChanged(service("first", "10.96.0.5", nil), nil)
+	a.Apply(tr.Drain())
+	a.Apply(kube.Batch{})
+	if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.2:8080"}) {
+		t.Errorf("released frontend not taken over: %v", got)
+	}
+}
+
+func TestAgentMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Metrics: m}, newFakeDP())
+	tr := kube.NewTracker()
+	tr.NodeChanged(nil, node("a1", "zone-a"))
+	tr.ServiceChanged(nil, service("web", "10.96.0.1", nil))
+	hinted := epSlice("web", "web-1",
+		endpoint{"10.0.1.1", "a1", "zone-a", "zone-a", true},
+		endpoint{"10.0.1.2", "a2", "zone-a", "zone-a", true},
+		endpoint{"10.0.2.1", "b1", "zone-b", "zone-b", true})
+	tr.SliceChanged(nil, hinted)
+	tr.Resync()
+	a.Apply(tr.Drain())
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone")); got != 2 {
+		t.Errorf("Hints/PreferSameZone ports = %v, want 2 (http and dns)", got)
+	}
+	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "zone-a")); got != 4 {
+		t.Errorf("zone-a backends = %v, want 4 (2 per port)", got)
+	}
+	unhinted := epSlice("web", "web-1",
+		endpoint{"10.0.1.1", "a1", "zone-a", "", true},
+		endpoint{"10.0.2.1", "b1", "zone-b", "", true})
+	tr.SliceChanged(hinted, unhinted)
+	a.Apply(tr.Drain())
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone")); got != 0 {
+		t.Errorf("Hints/PreferSameZone ports = %v after hints went away, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None")); got != 2 {
+		t.Errorf("Hints/None ports = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "zone-b")); got != 2 {
+		t.Errorf("zone-b backends = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.ModeChanges); got != 2 {
+		t.Errorf("mode changes = %v, want 2", got)
+	}
+	tr.ServiceChanged(service("web", "10.96.0.1", nil), nil)
+	a.Apply(tr.Drain())
+	if n := testutil.CollectAndCount(m.Backends); n != 0 {
+		t.Errorf("%d backend series left after the service was deleted", n)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	discovery "k8s.io/api/discovery/v1"
 
@@ -70,7 +71,7 @@ func BenchmarkAgentChurn(b *testing.B) {
 		dp.Close()
 	}()
 	sdp := &signalDP{Datapath: dp, written: make(chan dpmaps.Frontend, 1)}
-	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions()}, sdp)
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Metrics: NewMetrics(prometheus.NewRegistry())}, sdp)
 	tr := kube.NewTracker()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

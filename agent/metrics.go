@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
 )
 
 // Metrics are the agent's Prometheus metrics.
@@ -65,28 +67,43 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// observeSync records one sync. It runs with the agent's lock held.
-func (m *Metrics) observeSync(a *Agent, start, since time.Time, res SyncResult) {
+// observeSync records one sync's duration, latency and writes.
+func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {
 	now := time.Now()
 	m.SyncDuration.Observe(now.Sub(start).Seconds())
 	if !since.IsZero() {
 		m.EventToMap.Observe(now.Sub(since).Seconds())
 	}
 	m.MapWrites.Add(float64(res.Writes))
-	m.Services.Reset()
-	m.Backends.Reset()
-	for nn, ds := range a.decisions {
-		zones := map[string]int{}
-		for _, d := range ds {
-			m.Services.WithLabelValues(string(d.Decision.Policy), string(d.Decision.Mode)).Inc()
-			for _, ep := range d.Decision.Backends {
-				zones[ep.Zone]++
-			}
-		}
-		for z, n := range zones {
-			m.Backends.WithLabelValues(nn.String(), z).Set(float64(n))
+}
+
+// serviceDecided moves one service's contribution to the gauges from its
+// previous decisions to its new ones, so a sync costs metric updates for
+// the services it decided only.
+func (m *Metrics) serviceDecided(nn types.NamespacedName, prev, cur []topology.PortDecision) {
+	for _, d := range prev {
+		m.Services.WithLabelValues(string(d.Decision.Policy), string(d.Decision.Mode)).Dec()
+	}
+	for z := range backendZones(prev) {
+		m.Backends.DeleteLabelValues(nn.String(), z)
+	}
+	for _, d := range cur {
+		m.Services.WithLabelValues(string(d.Decision.Policy), string(d.Decision.Mode)).Inc()
+	}
+	for z, n := range backendZones(cur) {
+		m.Backends.WithLabelValues(nn.String(), z).Set(float64(n))
+	}
+}
+
+// backendZones counts the internal backends of a service's ports by zone.
+func backendZones(ds []topology.PortDecision) map[string]int {
+	zones := map[string]int{}
+	for _, d := range ds {
+		for _, ep := range d.Decision.Backends {
+			zones[ep.Zone]++
 		}
 	}
+	return zones
 }
 
 func (m *Metrics) programErrors(err error) {
