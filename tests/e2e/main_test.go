@@ -151,6 +151,9 @@ func newTestbed(t *testing.T, spec *testbed.Spec) *testbed.Testbed {
 			for _, a := range tb.Agents() {
 				t.Logf("last lines of %s:\n%s", a.LogPath, a.LogTail(30))
 			}
+			for _, k := range tb.KubeProxies() {
+				t.Logf("last lines of %s:\n%s", k.LogPath, k.LogTail(30))
+			}
 		}
 		if err := tb.Close(); err != nil {
 			t.Errorf("teardown: %v", err)

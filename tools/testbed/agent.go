@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -10,14 +9,9 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/topolb/topolb/topology"
@@ -56,17 +50,9 @@ const (
 // --kubeconfig in apiserver mode). Its log is appended to LogPath across
 // restarts.
 type Agent struct {
-	Node    *Node
-	LogPath string
-
-	tb   *Testbed
+	*nodeProcess
 	opts AgentOptions
 	http *http.Client
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
-	err  error         // cmd's exit status, once done
 }
 
 // StartAgents starts an agent on every node and waits until all are ready.
@@ -106,15 +92,14 @@ func (tb *Testbed) StartAgent(ctx context.Context, node string, o AgentOptions) 
 	o.MaxBackends = cmp.Or(o.MaxBackends, TestbedMaxBackends)
 	o.MaxConntrack = cmp.Or(o.MaxConntrack, TestbedMaxConntrack)
 	a := &Agent{
-		Node:    n,
-		LogPath: filepath.Join(tb.Dir, "logs", "agent-"+n.Name+".log"),
-		tb:      tb,
-		opts:    o,
+		nodeProcess: newNodeProcess(tb, n, "agent", o.Binary),
+		opts:        o,
 		http: &http.Client{
 			Timeout:   5 * time.Second,
 			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},
 		},
 	}
+	a.args = a.Args
 	tb.mu.Lock()
 	switch {
 	case tb.closed:
@@ -158,129 +143,6 @@ func (a *Agent) Args() []string {
 	return append(args, a.opts.Args...)
 }
 
-// Start starts the agent process; it must not be running.
-func (a *Agent) Start(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.done != nil {
-		select {
-		case <-a.done:
-		default:
-			return fmt.Errorf("agent on %s is already running", a.Node.Name)
-		}
-	}
-	logf, err := os.OpenFile(a.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("agent log: %w", err)
-	}
-	fmt.Fprintf(logf, "==== %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), a.opts.Binary, strings.Join(a.Args(), " "))
-	// nsenter --net keeps the mount namespace, so the bpffs stays visible
-	// (`ip netns exec` remounts /sys).
-	cmd := exec.Command("nsenter", append([]string{"--net=" + a.Node.NS.Path, a.opts.Binary}, a.Args()...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Pdeathsig: syscall.SIGKILL, // never outlive the testbed's process
-		Setpgid:   true,            // Ctrl-C reaches us, and we stop agents in order
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start agent on %s: %w", a.Node.Name, err)
-	}
-	a.tb.recordAgentPID(cmd.Process.Pid)
-	done := make(chan struct{})
-	a.cmd, a.done, a.err = cmd, done, nil
-	go func() {
-		err := cmd.Wait()
-		logf.Close()
-		a.mu.Lock()
-		a.err = err
-		a.mu.Unlock()
-		close(done)
-	}()
-	a.tb.log.Debug("agent started", "node", a.Node.Name, "pid", cmd.Process.Pid)
-	return nil
-}
-
-// Running reports whether the process is alive.
-func (a *Agent) Running() bool {
-	a.mu.Lock()
-	done := a.done
-	a.mu.Unlock()
-	if done == nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
-
-// PID returns the process id of the current (or last) process.
-func (a *Agent) PID() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil || a.cmd.Process == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
-
-// signal sends sig and waits up to wait for the process to exit.
-func (a *Agent) signal(sig syscall.Signal, wait time.Duration) (exited bool, err error) {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.mu.Unlock()
-	if cmd == nil {
-		return true, nil
-	}
-	select {
-	case <-done:
-		return true, nil
-	default:
-	}
-	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return false, fmt.Errorf("signal agent on %s: %w", a.Node.Name, err)
-	}
-	select {
-	case <-done:
-		return true, nil
-	case <-time.After(wait):
-		return false, nil
-	}
-}
-
-// Stop stops the agent gracefully (SIGTERM: the datapath stays pinned and
-// keeps forwarding), killing it if it has not exited within 10 s. It
-// returns an error if the agent had to be killed.
-func (a *Agent) Stop() error {
-	exited, err := a.signal(syscall.SIGTERM, 10*time.Second)
-	if err != nil || exited {
-		return err
-	}
-	if _, err := a.signal(syscall.SIGKILL, 5*time.Second); err != nil {
-		return err
-	}
-	return fmt.Errorf("agent on %s ignored SIGTERM for 10 s and was killed", a.Node.Name)
-}
-
-// Kill kills the agent with SIGKILL, as a crash would, and waits for it.
-func (a *Agent) Kill() error {
-	exited, err := a.signal(syscall.SIGKILL, 5*time.Second)
-	if err == nil && !exited {
-		err = fmt.Errorf("agent on %s did not die within 5 s of SIGKILL", a.Node.Name)
-	}
-	return err
-}
-
-// ExitError returns how the last process ended, nil while it runs.
-func (a *Agent) ExitError() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.err
-}
-
 // get GETs a path of the agent's health endpoint from inside the node.
 func (a *Agent) get(ctx context.Context, path string) ([]byte, int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentHealthAddress+path, nil)
@@ -301,9 +163,7 @@ func (a *Agent) get(ctx context.Context, path string) ([]byte, int, error) {
 func (a *Agent) WaitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	a.mu.Lock()
-	done := a.done
-	a.mu.Unlock()
+	done := a.doneChan()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var last error
@@ -449,55 +309,4 @@ func (tb *Testbed) Agent(node string) *Agent {
 		}
 	}
 	return nil
-}
-
-// LogTail returns the last n lines of the agent's log.
-func (a *Agent) LogTail(n int) string {
-	f, err := os.Open(a.LogPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-const agentPIDs = "agents.pids"
-
-// recordAgentPID notes an agent's pid, so RemoveStale can kill agents a
-// crashed run left behind.
-func (tb *Testbed) recordAgentPID(pid int) {
-	f, err := os.OpenFile(filepath.Join(tb.Dir, agentPIDs), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return
-	}
-	fmt.Fprintln(f, pid)
-	f.Close()
-}
-
-// killStrayAgents kills the recorded agents of a dead testbed whose command
-// line still names its state directory (so a recycled pid is left alone).
-func killStrayAgents(dir string) {
-	data, err := os.ReadFile(filepath.Join(dir, agentPIDs))
-	if err != nil {
-		return
-	}
-	for _, line := range strings.Fields(string(data)) {
-		pid, err := strconv.Atoi(line)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), dir+"/") {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 }

@@ -34,13 +34,25 @@ type Conn struct {
 
 // Open opens a flow from the pod to target.
 func (p *Pod) Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error) {
+	return open(ctx, proto, target, p.NS.DialContext)
+}
+
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// dialHere dials from the namespace of the calling thread.
+func dialHere(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+func open(ctx context.Context, proto v1.Protocol, target netip.AddrPort, dial dialFunc) (*Conn, error) {
 	network := "tcp4"
 	if proto == v1.ProtocolUDP {
 		network = "udp4"
 	} else if proto != v1.ProtocolTCP {
 		return nil, fmt.Errorf("protocol %q: want TCP or UDP", proto)
 	}
-	c, err := p.NS.DialContext(ctx, network, target.String())
+	c, err := dial(ctx, network, target.String())
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +116,11 @@ func (c *Conn) Ask(ctx context.Context) (Answer, error) {
 // Request sends one request from the pod to target on a new flow (a new
 // TCP connection, or a new UDP socket) and returns the answer.
 func (p *Pod) Request(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (Answer, error) {
-	c, err := p.Open(ctx, proto, target)
+	return request(ctx, proto, target, p.NS.DialContext)
+}
+
+func request(ctx context.Context, proto v1.Protocol, target netip.AddrPort, dial dialFunc) (Answer, error) {
+	c, err := open(ctx, proto, target, dial)
 	if err != nil {
 		return Answer{}, err
 	}
@@ -148,26 +164,31 @@ func (p *Pod) Send(ctx context.Context, l Load) []Record {
 		next atomic.Int64
 		wg   sync.WaitGroup
 	)
+	// Each worker stays on an OS thread inside the pod's namespace for the
+	// whole load, so a request costs no namespace switch.
 	for w := 0; w < l.Parallel; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if (l.Count > 0 && i > int64(l.Count)) || ctx.Err() != nil {
-					return
+			p.NS.Do(func() error {
+				for {
+					i := next.Add(1)
+					if (l.Count > 0 && i > int64(l.Count)) || ctx.Err() != nil {
+						return nil
+					}
+					start := time.Now()
+					rctx, cancel := context.WithTimeout(ctx, l.Timeout)
+					a, err := request(rctx, l.Proto, l.Target, dialHere)
+					cancel()
+					if err != nil && ctx.Err() != nil {
+						return nil // cut short by the caller, not a failure
+					}
+					took := time.Since(start)
+					mu.Lock()
+					recs = append(recs, Record{Start: start, Took: took, Answer: a, Err: err})
+					mu.Unlock()
 				}
-				start := time.Now()
-				rctx, cancel := context.WithTimeout(ctx, l.Timeout)
-				a, err := p.Request(rctx, l.Proto, l.Target)
-				cancel()
-				if err != nil && ctx.Err() != nil {
-					return // cut short by the caller, not a failure
-				}
-				mu.Lock()
-				recs = append(recs, Record{Start: start, Took: time.Since(start), Answer: a, Err: err})
-				mu.Unlock()
-			}
+			})
 		}()
 	}
 	wg.Wait()

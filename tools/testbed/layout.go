@@ -182,6 +182,10 @@ func (l *Layout) Clients() []*Pod {
 // Objects returns the Nodes of the layout and the Services and
 // EndpointSlices of svcs, as a cluster would hold them.
 func (l *Layout) Objects(svcs []ServiceSpec) (*kube.Objects, error) {
+	svcs, err := l.Spec.CompleteServices(svcs)
+	if err != nil {
+		return nil, err
+	}
 	objs := &kube.Objects{}
 	for _, n := range l.Nodes {
 		objs.Nodes = append(objs.Nodes, l.nodeObject(n))

@@ -2,12 +2,14 @@ package testbed
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -33,6 +35,12 @@ type Spec struct {
 	// Scenarios are named states of the Services that a demo or a test
 	// switches between, each with the landings it expects.
 	Scenarios []Scenario `json:"scenarios,omitempty"`
+
+	// mu guards ips: Services built in code get their defaults and
+	// cluster IPs from the same allocator as the spec's.
+	mu    sync.Mutex
+	ips   *clusterIPs
+	roles map[string]Role
 }
 
 // ZoneSpec is one zone and its nodes.
@@ -268,6 +276,7 @@ func (s *Spec) complete() error {
 	}
 
 	ips := newClusterIPs()
+	s.ips, s.roles = ips, pods
 	if err := completeServices(s.Services, pods, ips, "services"); err != nil {
 		return err
 	}
@@ -299,6 +308,29 @@ func (s *Spec) complete() error {
 		}
 	}
 	return nil
+}
+
+// CompleteServices validates Services built in code (for Testbed.Apply)
+// and returns copies with the defaults a spec file gets: namespace,
+// protocol, target port, condition, and a cluster IP that stays the same
+// for the same name.
+func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
+	out := make([]ServiceSpec, len(svcs))
+	for i, svc := range svcs {
+		svc.Ports = slices.Clone(svc.Ports)
+		svc.Endpoints = slices.Clone(svc.Endpoints)
+		svc.Annotations = copyMap(svc.Annotations)
+		out[i] = svc
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ips == nil {
+		return nil, errors.New("spec not validated: use ParseSpec or LoadSpec")
+	}
+	if err := completeServices(out, s.roles, s.ips, "services"); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Key returns "namespace/name".

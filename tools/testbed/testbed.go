@@ -77,6 +77,7 @@ type Testbed struct {
 	objs    *kube.Objects
 	svcs    []ServiceSpec
 	agents  []*Agent
+	proxies []*KubeProxy
 	direct  *Direct
 	kube    *kubeSync
 	closed  bool
@@ -300,8 +301,8 @@ func (tb *Testbed) namespaces() []*NS {
 	return out
 }
 
-// Close tears the testbed down: agents (SIGKILL if SIGTERM does not stop
-// them), the in-process datapath, backend servers, pins, the bpffs mount,
+// Close tears the testbed down: agents and kube-proxies (SIGKILL if
+// SIGTERM does not stop them), the in-process datapath, backend servers, pins, the bpffs mount,
 // every namespace and the state directory. It is safe to call more than
 // once and keeps going after errors, which it returns joined.
 func (tb *Testbed) Close() error {
@@ -311,12 +312,17 @@ func (tb *Testbed) Close() error {
 		return nil
 	}
 	tb.closed = true
-	agents, direct, ks := tb.agents, tb.direct, tb.kube
+	agents, proxies, direct, ks := tb.agents, tb.proxies, tb.direct, tb.kube
 	tb.mu.Unlock()
 
 	var errs []error
 	for _, a := range agents {
 		if err := a.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, k := range proxies {
+		if err := k.Stop(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -392,7 +398,7 @@ func RemoveStale(stateRoot string) error {
 			continue
 		}
 		dir := filepath.Join(stateRoot, e.Name())
-		killStrayAgents(dir)
+		killStrayProcesses(dir)
 		bpf := filepath.Join(dir, "bpf")
 		removePins(bpf) // best effort: the unmount drops the rest
 		if err := unix.Unmount(bpf, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {

@@ -2,7 +2,7 @@
 // until Ctrl-C, prints the manifest a spec generates, and removes what
 // crashed runs left behind.
 //
-//	testbed up [-f spec.yaml] [--scenario NAME] [--datapath none|direct|agent --agent-binary BIN]
+//	testbed up [-f spec.yaml] [--scenario NAME] [--datapath none|direct|agent --agent-binary BIN] [--kube]
 //	testbed manifest [-f spec.yaml] [--scenario NAME]
 //	testbed clean
 //
@@ -16,11 +16,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
 )
 
@@ -48,7 +50,7 @@ func loadSpec(path string) (*testbed.Spec, error) {
 func upCommand() *cobra.Command {
 	var (
 		file, scenario, datapath, agentBin string
-		verbose                            bool
+		verbose, useKube                   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -80,6 +82,19 @@ func upCommand() *cobra.Command {
 					return err
 				}
 			}
+			if useKube {
+				cluster, err := kubetest.Run(ctx)
+				if err != nil {
+					return err
+				}
+				defer cluster.Close()
+				// Agents before the apiserver: it would drain their watches.
+				defer tb.Close()
+				if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+					return err
+				}
+				fmt.Printf("kube-apiserver at %s; kubeconfig %s (from inside a node: %s)\n", cluster.URL, cluster.KubeconfigPath, filepath.Join(tb.Dir, "kubeconfig-<node>"))
+			}
 			switch datapath {
 			case "none":
 			case "direct":
@@ -104,6 +119,7 @@ func upCommand() *cobra.Command {
 	cmd.Flags().StringVar(&datapath, "datapath", "none", "who programs the nodes: none, direct (in this process) or agent")
 	cmd.Flags().StringVar(&agentBin, "agent-binary", "bin/topolb-agent", "topolb-agent binary for --datapath agent")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log details")
+	cmd.Flags().BoolVar(&useKube, "kube", false, "also serve the objects from a real kube-apiserver (make kube-bins); agents then watch it")
 	return cmd
 }
 

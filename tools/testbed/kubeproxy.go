@@ -1,0 +1,260 @@
+package testbed
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// KubeProxyMode is kube-proxy's --proxy-mode. IPVS is not offered: it
+// needs kernel modules this machine does not have.
+type KubeProxyMode string
+
+const (
+	KubeProxyNFTables KubeProxyMode = "nftables"
+	KubeProxyIPTables KubeProxyMode = "iptables"
+)
+
+// kube-proxy's addresses inside its node's namespace.
+const (
+	KubeProxyHealthAddress  = "127.0.0.1:10256"
+	KubeProxyMetricsAddress = "127.0.0.1:10249"
+)
+
+// KubeProxy is a kube-proxy process in a node's namespace, watching the
+// connected apiserver, in place of topolb. Its rules stay when it exits;
+// they go with the namespace.
+type KubeProxy struct {
+	*nodeProcess
+	Mode KubeProxyMode
+	http *http.Client
+}
+
+// StartKubeProxy starts kube-proxy on the named node and waits until it
+// has written its rules once. It needs an apiserver (ConnectAPIServer); the
+// testbed stops it on Close.
+func (tb *Testbed) StartKubeProxy(ctx context.Context, node, binary string, mode KubeProxyMode) (*KubeProxy, error) {
+	n := tb.Node(node)
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", node)
+	}
+	kubeconfig := tb.kubeconfigFor(node)
+	if kubeconfig == "" {
+		return nil, errors.New("kube-proxy needs an apiserver: ConnectAPIServer first")
+	}
+	bin, err := filepath.Abs(binary)
+	if err != nil {
+		return nil, err
+	}
+	k := &KubeProxy{
+		nodeProcess: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
+		Mode:        mode,
+		http: &http.Client{
+			Timeout:   5 * time.Second,
+			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},
+		},
+	}
+	k.args = func() []string {
+		return []string{
+			"--kubeconfig", kubeconfig,
+			"--hostname-override", n.Name,
+			"--proxy-mode", string(mode),
+			"--cluster-cidr", tb.Spec.PodCIDR,
+			// 0 leaves the (global) conntrack sysctls alone.
+			"--conntrack-max-per-core", "0",
+			"--nodeport-addresses", "primary",
+			"--healthz-bind-address", KubeProxyHealthAddress,
+			"--metrics-bind-address", KubeProxyMetricsAddress,
+			"-v", "1",
+		}
+	}
+	tb.mu.Lock()
+	switch {
+	case tb.closed:
+		err = errors.New("testbed closed")
+	default:
+		tb.proxies = append(tb.proxies, k)
+	}
+	tb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.Start(ctx); err != nil {
+		return nil, err
+	}
+	return k, k.WaitReady(ctx)
+}
+
+// WaitReady waits until kube-proxy has written its rules once: its
+// kubeproxy_sync_proxy_rules_last_timestamp_seconds metric is set. (Its
+// /healthz answers 200 before the first sync.)
+func (k *KubeProxy) WaitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	done := k.doneChan()
+	var last error
+	for {
+		synced, err := k.synced(ctx)
+		if synced {
+			return nil
+		}
+		last = err
+		select {
+		case <-done:
+			return fmt.Errorf("kube-proxy on %s exited before it was ready (%v); last log lines:\n%s", k.Node.Name, k.ExitError(), k.LogTail(20))
+		case <-ctx.Done():
+			return fmt.Errorf("kube-proxy on %s not ready: %w (last: %v); last log lines:\n%s", k.Node.Name, ctx.Err(), last, k.LogTail(20))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+var syncedMetric = regexp.MustCompile(`(?m)^kubeproxy_sync_proxy_rules_last_timestamp_seconds(?:\{ip_family="IPv4"\})? ([0-9.e+]+)$`)
+
+// synced reports whether kube-proxy's metrics show a completed sync.
+func (k *KubeProxy) synced(ctx context.Context) (bool, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+KubeProxyMetricsAddress+"/metrics", nil)
+	resp, err := k.http.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return false, err
+	}
+	m := syncedMetric.FindSubmatch(body)
+	if m == nil {
+		return false, errors.New("no sync yet")
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	return err == nil && v > 0, err
+}
+
+// PortKey names one service port: "namespace/name/port/PROTO", with the
+// port's name ("" for an unnamed port).
+func PortKey(service, port string, proto v1.Protocol) string {
+	return qualify(service) + "/" + port + "/" + string(proto)
+}
+
+// Endpoints reads the endpoints kube-proxy programmed for each service
+// port's cluster IP from its ruleset (`nft list table ip kube-proxy` or
+// `iptables-save -t nat`), by PortKey; the "ip:port" lists are sorted. A
+// port without endpoints is absent. ports resolves iptables comments,
+// which carry no protocol: it lists the service ports that exist.
+func (k *KubeProxy) Endpoints(ctx context.Context, ports []Decision) (map[string][]string, error) {
+	var args []string
+	switch k.Mode {
+	case KubeProxyNFTables:
+		args = []string{"nft", "list", "table", "ip", "kube-proxy"}
+	case KubeProxyIPTables:
+		args = []string{"iptables-save", "-t", "nat"}
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + k.Node.NS.Path}, args...)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: %w: %s", strings.Join(args, " "), k.Node.Name, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if k.Mode == KubeProxyNFTables {
+		return parseNFTables(out), nil
+	}
+	return parseIPTables(out, ports), nil
+}
+
+var (
+	nftServiceChain = regexp.MustCompile(`^\s*chain service-[A-Z0-9]+-([^/\s]+)/([^/\s]+)/(tcp|udp|sctp)/(\S*) \{`)
+	nftEndpoint     = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. (\d+)`)
+	nftEndpointRef  = regexp.MustCompile(`endpoint-[A-Z0-9]+-[^\s]*__(\d+\.\d+\.\d+\.\d+)/(\d+)`)
+	nftEndpointOne  = regexp.MustCompile(`dnat (?:ip )?to (\d+\.\d+\.\d+\.\d+):(\d+)`)
+	iptSvcEndpoint  = regexp.MustCompile(`^-A KUBE-SVC-\S+ .*--comment "?([^" ]+) -> (\d+\.\d+\.\d+\.\d+:\d+)"?`)
+)
+
+// parseNFTables reads the endpoints of each service chain: kube-proxy
+// v1.37 writes them inline (`numgen random mod 2 map { 0 : 10.244.1.3 .
+// 8080, ... }`, or `dnat to 10.244.1.3:8080` for a single one); older
+// versions jump to endpoint chains named after them.
+func parseNFTables(ruleset []byte) map[string][]string {
+	out := map[string][]string{}
+	var cur string
+	sc := bufio.NewScanner(bytes.NewReader(ruleset))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := nftServiceChain.FindStringSubmatch(line); m != nil {
+			cur = m[1] + "/" + m[2] + "/" + m[4] + "/" + strings.ToUpper(m[3])
+			continue
+		}
+		if strings.TrimSpace(line) == "}" {
+			cur = ""
+			continue
+		}
+		if cur == "" {
+			continue
+		}
+		for _, re := range []*regexp.Regexp{nftEndpoint, nftEndpointRef, nftEndpointOne} {
+			for _, m := range re.FindAllStringSubmatch(line, -1) {
+				out[cur] = append(out[cur], m[1]+":"+m[2])
+			}
+		}
+	}
+	for k, v := range out {
+		slices.Sort(v)
+		out[k] = slices.Compact(v)
+	}
+	return out
+}
+
+// parseIPTables reads the "ns/name:port -> ip:port" comments of the
+// KUBE-SVC chains (the cluster-wide chains; KUBE-SVL, for local traffic
+// policy, is not read).
+func parseIPTables(save []byte, ports []Decision) map[string][]string {
+	byComment := map[string]string{}
+	for _, d := range ports {
+		c := d.Service
+		if d.Port != "" {
+			c += ":" + d.Port
+		}
+		byComment[c] = PortKey(d.Service, d.Port, d.Protocol)
+	}
+	out := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(save))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		m := iptSvcEndpoint.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		key, ok := byComment[m[1]]
+		if !ok {
+			key = m[1] + "/?"
+		}
+		out[key] = append(out[key], m[2])
+	}
+	for k, v := range out {
+		slices.Sort(v)
+		out[k] = slices.Compact(v)
+	}
+	return out
+}
+
+// KubeProxies returns the kube-proxies the testbed started.
+func (tb *Testbed) KubeProxies() []*KubeProxy {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	return slices.Clone(tb.proxies)
+}

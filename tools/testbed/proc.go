@@ -1,0 +1,225 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// nodeProcess is a program running in a node's network namespace (an
+// agent, kube-proxy), started with `nsenter --net=<node ns>`, which keeps
+// the mount namespace so the bpffs stays visible (`ip netns exec` remounts
+// /sys). Its output is appended to LogPath across restarts.
+type nodeProcess struct {
+	Node    *Node
+	LogPath string
+
+	tb     *Testbed
+	what   string // "agent", "kube-proxy": for messages and the log name
+	binary string
+	args   func() []string // the command line after the binary
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+	err  error         // cmd's exit status, once done
+}
+
+func newNodeProcess(tb *Testbed, n *Node, what, binary string) *nodeProcess {
+	return &nodeProcess{
+		Node:    n,
+		LogPath: filepath.Join(tb.Dir, "logs", what+"-"+n.Name+".log"),
+		tb:      tb,
+		what:    what,
+		binary:  binary,
+	}
+}
+
+// Start starts the process; it must not be running.
+func (p *nodeProcess) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		select {
+		case <-p.done:
+		default:
+			return fmt.Errorf("%s on %s is already running", p.what, p.Node.Name)
+		}
+	}
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("%s log: %w", p.what, err)
+	}
+	args := p.args()
+	fmt.Fprintf(logf, "==== %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), p.binary, strings.Join(args, " "))
+	cmd := exec.Command("nsenter", append([]string{"--net=" + p.Node.NS.Path, p.binary}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Pdeathsig: syscall.SIGKILL, // never outlive the testbed's process
+		Setpgid:   true,            // Ctrl-C reaches us, and we stop them in order
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s on %s: %w", p.what, p.Node.Name, err)
+	}
+	p.tb.recordPID(cmd.Process.Pid)
+	done := make(chan struct{})
+	p.cmd, p.done, p.err = cmd, done, nil
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	p.tb.log.Debug("started", "what", p.what, "node", p.Node.Name, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// doneChan returns the channel closed when the current process exits, nil
+// before the first Start.
+func (p *nodeProcess) doneChan() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+// Running reports whether the process is alive.
+func (p *nodeProcess) Running() bool {
+	done := p.doneChan()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// PID returns the process id of the current (or last) process.
+func (p *nodeProcess) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// signal sends sig and waits up to wait for the process to exit.
+func (p *nodeProcess) signal(sig syscall.Signal, wait time.Duration) (exited bool, err error) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return true, nil
+	}
+	select {
+	case <-done:
+		return true, nil
+	default:
+	}
+	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return false, fmt.Errorf("signal %s on %s: %w", p.what, p.Node.Name, err)
+	}
+	select {
+	case <-done:
+		return true, nil
+	case <-time.After(wait):
+		return false, nil
+	}
+}
+
+// Stop stops the process gracefully (SIGTERM; an agent keeps its datapath
+// pinned and forwarding), killing it if it has not exited within 10 s. It
+// returns an error if it had to be killed.
+func (p *nodeProcess) Stop() error {
+	exited, err := p.signal(syscall.SIGTERM, 10*time.Second)
+	if err != nil || exited {
+		return err
+	}
+	if _, err := p.signal(syscall.SIGKILL, 5*time.Second); err != nil {
+		return err
+	}
+	return fmt.Errorf("%s on %s ignored SIGTERM for 10 s and was killed", p.what, p.Node.Name)
+}
+
+// Kill kills the process with SIGKILL, as a crash would, and waits for it.
+func (p *nodeProcess) Kill() error {
+	exited, err := p.signal(syscall.SIGKILL, 5*time.Second)
+	if err == nil && !exited {
+		err = fmt.Errorf("%s on %s did not die within 5 s of SIGKILL", p.what, p.Node.Name)
+	}
+	return err
+}
+
+// ExitError returns how the last process ended, nil while it runs.
+func (p *nodeProcess) ExitError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// LogTail returns the last n lines of the log.
+func (p *nodeProcess) LogTail(n int) string {
+	f, err := os.Open(p.LogPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+const processPIDs = "processes.pids"
+
+// recordPID notes the pid of a process started in a node, so RemoveStale
+// can kill those a crashed run left behind.
+func (tb *Testbed) recordPID(pid int) {
+	f, err := os.OpenFile(filepath.Join(tb.Dir, processPIDs), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintln(f, pid)
+	f.Close()
+}
+
+// killStrayProcesses kills the recorded processes of a dead testbed whose
+// command line still names its state directory (so a recycled pid is left
+// alone).
+func killStrayProcesses(dir string) {
+	data, err := os.ReadFile(filepath.Join(dir, processPIDs))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Fields(string(data)) {
+		pid, err := strconv.Atoi(line)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir+"/") {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
