@@ -107,7 +107,7 @@ func noChecksumErrors(t *testing.T, tb *testbed.Testbed) {
 
 // service returns a copy of the named Service of a spec's scenario, with
 // its endpoint list cloned so a test can change it.
-func service(t *testing.T, spec *testbed.Spec, scenario, name string) testbed.ServiceSpec {
+func service(t testing.TB, spec *testbed.Spec, scenario, name string) testbed.ServiceSpec {
 	t.Helper()
 	sc, err := spec.Scenario(scenario)
 	if err != nil {
@@ -137,7 +137,7 @@ func with(svc testbed.ServiceSpec, eps ...testbed.EndpointSpec) testbed.ServiceS
 	return svc
 }
 
-func demoSpec(t *testing.T) *testbed.Spec {
+func demoSpec(t testing.TB) *testbed.Spec {
 	t.Helper()
 	spec, err := testbed.DemoSpec()
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 )
 
 // kubeProxyBinary returns kube-proxy from `make kube-bins`, or skips.
-func kubeProxyBinary(t *testing.T) string {
+func kubeProxyBinary(t testing.TB) string {
 	t.Helper()
 	dir, err := kubetest.BinDir()
 	if err != nil {

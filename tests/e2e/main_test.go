@@ -110,7 +110,7 @@ func leftovers() string {
 }
 
 // requireRoot skips tests that cannot create namespaces or load BPF.
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and loads BPF programs")
@@ -119,7 +119,7 @@ func requireRoot(t *testing.T) {
 
 // requireAgent skips when the agent is not written yet and fails when it
 // does not build.
-func requireAgent(t *testing.T) string {
+func requireAgent(t testing.TB) string {
 	t.Helper()
 	switch {
 	case agent.broken != "":
@@ -132,7 +132,7 @@ func requireAgent(t *testing.T) string {
 
 // newTestbed creates a testbed from spec and tears it down when the test
 // ends, printing the agents' last log lines first if it failed.
-func newTestbed(t *testing.T, spec *testbed.Spec) *testbed.Testbed {
+func newTestbed(t testing.TB, spec *testbed.Spec) *testbed.Testbed {
 	t.Helper()
 	requireRoot(t)
 	level := slog.LevelWarn
@@ -163,7 +163,7 @@ func newTestbed(t *testing.T, spec *testbed.Spec) *testbed.Testbed {
 }
 
 // testWriter sends log lines to t.Log; after the test it drops them.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	defer func() { recover() }() // logging after the test ended panics

@@ -101,6 +101,16 @@ func (tb *Testbed) ConnectAPIServer(ctx context.Context, cfg *rest.Config) (err 
 	return nil
 }
 
+// KubeClient returns a client of the connected apiserver, nil without one.
+func (tb *Testbed) KubeClient() kubernetes.Interface {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.kube == nil {
+		return nil
+	}
+	return tb.kube.client
+}
+
 // kubeconfigFor returns the node's kubeconfig in apiserver mode, "" in
 // standalone mode.
 func (tb *Testbed) kubeconfigFor(node string) string {

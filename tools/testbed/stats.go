@@ -22,7 +22,7 @@ type ChecksumErrors struct {
 func (ns *NS) ChecksumErrors() (ChecksumErrors, error) {
 	var c ChecksumErrors
 	err := ns.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/snmp")
+		f, err := openSNMP()
 		if err != nil {
 			return err
 		}
@@ -85,3 +85,6 @@ func (tb *Testbed) ChecksumErrors() (map[string]ChecksumErrors, error) {
 	}
 	return out, nil
 }
+
+// openSNMP opens /proc/net/snmp of the calling thread's namespace.
+func openSNMP() (*os.File, error) { return os.Open("/proc/thread-self/net/snmp") }

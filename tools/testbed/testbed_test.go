@@ -208,3 +208,40 @@ func TestCrashChild(t *testing.T) {
 func netipAddrPort(ip string, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(ip), port)
 }
+
+// TestFloodUDP injects frames with the live-frame flood through the
+// in-process datapath and checks they reach the backend, where nothing
+// listens on the port.
+func TestFloodUDP(t *testing.T) {
+	requireRoot(t)
+	tb, err := New(t.Context(), tiny(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tb.Close()
+	sink := ServiceSpec{Name: "sink", ClusterIP: "10.96.9.9", Ports: []PortSpec{{Protocol: v1.ProtocolUDP, Port: 9, TargetPort: 9}}, Endpoints: []EndpointSpec{{Pod: "b2"}}}
+	if _, err := tb.Apply(t.Context(), []ServiceSpec{sink}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.AttachDirect(); err != nil {
+		t.Fatal(err)
+	}
+	b2 := tb.Pod("b2")
+	before, err := b2.NS.UDPNoPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	res, err := tb.Pod("c").FloodUDP(netip.MustParseAddrPort("10.96.9.9:9"), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := b2.NS.UDPNoPorts()
+	t.Logf("%d frames in %v: %.0f pps; %d reached b2", res.Sent, res.Took, res.PPS, after-before)
+	if got := after - before; got < n*9/10 {
+		t.Errorf("only %d of %d datagrams reached the backend", got, n)
+	}
+	if errs, err := tb.ChecksumErrors(); err != nil || len(errs) > 0 {
+		t.Errorf("checksum errors %v, %v", errs, err)
+	}
+}
