@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 need=()
-for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool; do
+for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -1,0 +1,169 @@
+// Package deploy tests the deployment artefacts under deploy/ and tests/kind:
+// that the DaemonSet's capability list is exactly what the agent needs, that
+// the apiserver accepts every manifest, that the memory limit covers what
+// the agent uses, and that the kind script is valid shell.
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// repoRoot is the repository root, two levels above this package.
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the test's source file")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// deployDir is deploy/ in the repository.
+func deployDir(t testing.TB) string { return filepath.Join(repoRoot(t), "deploy") }
+
+// readStrict decodes one manifest file into obj, failing on unknown fields so
+// that a misspelt field in a manifest cannot pass silently.
+func readStrict(t testing.TB, name string, obj any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(deployDir(t), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		t.Fatalf("decode deploy/%s: %v", name, err)
+	}
+}
+
+// agentDaemonSet returns the DaemonSet from deploy/daemonset.yaml and its
+// agent container.
+func agentDaemonSet(t testing.TB) (*appsv1.DaemonSet, *v1.Container) {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	readStrict(t, "daemonset.yaml", &ds)
+	for i, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == "agent" {
+			return &ds, &ds.Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatal("deploy/daemonset.yaml: no container named agent")
+	return nil, nil
+}
+
+// agentConfig returns the data of deploy/configmap.yaml.
+func agentConfig(t testing.TB) map[string]string {
+	t.Helper()
+	var cm v1.ConfigMap
+	readStrict(t, "configmap.yaml", &cm)
+	return cm.Data
+}
+
+// configUint reads a numeric ConfigMap key.
+func configUint(t testing.TB, cfg map[string]string, key string) uint64 {
+	t.Helper()
+	n, err := strconv.ParseUint(cfg[key], 10, 32)
+	if err != nil {
+		t.Fatalf("deploy/configmap.yaml: %s: %v", key, err)
+	}
+	return n
+}
+
+// envValue returns the literal value of an environment variable of c.
+func envValue(c *v1.Container, name string) (string, bool) {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom == nil {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+var agentBuild struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// TestMain removes the agent binary built by agentBinary.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if agentBuild.dir != "" {
+		os.RemoveAll(agentBuild.dir)
+	}
+	os.Exit(code)
+}
+
+// agentBinary builds cmd/topolb-agent as the image does (static,
+// CGO_ENABLED=0) once per test binary.
+func agentBinary(t testing.TB) string {
+	t.Helper()
+	agentBuild.once.Do(func() {
+		agentBuild.dir, agentBuild.err = os.MkdirTemp("", "topolb-deploy-test-")
+		if agentBuild.err != nil {
+			return
+		}
+		agentBuild.path = filepath.Join(agentBuild.dir, "topolb-agent")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", agentBuild.path, "./cmd/topolb-agent")
+		cmd.Dir = repoRoot(t)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentBuild.err = fmt.Errorf("go build ./cmd/topolb-agent: %w\n%s", err, out)
+		}
+	})
+	if agentBuild.err != nil {
+		t.Fatal(agentBuild.err)
+	}
+	return agentBuild.path
+}
+
+
+// syncBuffer is a bytes.Buffer safe for a process writing while a test
+// reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
