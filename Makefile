@@ -17,7 +17,7 @@ GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 
-.PHONY: all deps build generate check-generate test test-unit test-root demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean
+.PHONY: all deps build generate check-generate test test-unit test-root demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
 
 all: build
 
@@ -66,6 +66,13 @@ bench-agent:
 # apiserver, at 10, 1,000 and 10,000 services; prints BENCH e2e lines.
 bench-e2e: kube-bins
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkE2E -benchtime 1x -timeout 60m ./tests/e2e/
+
+# The container image: a thin wrapper around `make build` (see Dockerfile).
+# Needs a Docker engine, which CI does not have; tests/kind/run.sh uses it.
+IMAGE ?= topolb:dev
+VERSION ?= dev
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf $(BIN)
