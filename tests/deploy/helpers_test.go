@@ -133,7 +133,6 @@ func agentBinary(t testing.TB) string {
 	return agentBuild.path
 }
 
-
 // syncBuffer is a bytes.Buffer safe for a process writing while a test
 // reads.
 type syncBuffer struct {
