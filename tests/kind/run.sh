@@ -75,9 +75,6 @@ create_cluster() {
 		return
 	fi
 	log "creating kind cluster $CLUSTER (3 nodes)"
-	# kube-proxy stays, as in most clusters; nf_conntrack_tcp_be_liberal
-	# keeps it from dropping, as INVALID, replies whose source topolb's XDP
-	# program has already translated back to the service address.
 	cat >"$WORK/kind.yaml" <<'YAML'
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
@@ -85,11 +82,6 @@ nodes:
 - role: control-plane
 - role: worker
 - role: worker
-kubeadmConfigPatches:
-- |
-  kind: KubeProxyConfiguration
-  conntrack:
-    tcpBeLiberal: true
 YAML
 	kind create cluster --name "$CLUSTER" --config "$WORK/kind.yaml" --kubeconfig "$KUBECONFIG" --wait 120s
 }
@@ -104,7 +96,10 @@ prepare_nodes() {
 		i=$((i + 1))
 		# The DaemonSet needs the node's bpf filesystem (systemd mounts it).
 		docker exec "$node" sh -c 'mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf'
-		# See create_cluster; set it here too for clusters made elsewhere.
+		# kube-proxy stays, as in most clusters. Started with this sysctl
+		# set, it does not install its rule that drops packets conntrack
+		# marks INVALID, as a TCP reply that topolb has already translated
+		# back to the service address is.
 		docker exec "$node" sysctl -qw net.netfilter.nf_conntrack_tcp_be_liberal=1
 	done
 	# Backends run in every zone, the control plane's included.
