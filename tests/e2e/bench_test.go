@@ -171,9 +171,9 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 	out := map[string]float64{}
 	var rps, p50, p99, pps, upd []float64
 	for r := 0; r < *benchRounds; r++ {
-		rate, l50, l99, failed := httpRate(ctx, client, landings[0].Decision.Frontend, 3*time.Second)
+		rate, l50, l99, failed, why := httpRate(ctx, client, landings[0].Decision.Frontend, 3*time.Second)
 		if failed > 0 {
-			b.Errorf("%s, %d services: %d requests failed", impl, services, failed)
+			b.Errorf("%s, %d services: %d requests failed: %v", impl, services, failed, why)
 		}
 		rps, p50, p99 = append(rps, rate), append(p50, l50), append(p99, l99)
 
@@ -212,7 +212,7 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 
 // httpRate sends HTTP requests on new connections from 8 workers for d and
 // returns the rate and the p50 and p99 latency in ms.
-func httpRate(ctx context.Context, client *testbed.Pod, target netip.AddrPort, d time.Duration) (rate, p50, p99 float64, failed int) {
+func httpRate(ctx context.Context, client *testbed.Pod, target netip.AddrPort, d time.Duration) (rate, p50, p99 float64, failed int, why []string) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
@@ -220,14 +220,13 @@ func httpRate(ctx context.Context, client *testbed.Pod, target netip.AddrPort, d
 	took := time.Since(start)
 	var lat []float64
 	for _, r := range recs {
-		if r.Err != nil {
-			failed++
-			continue
+		if r.Err == nil {
+			lat = append(lat, float64(r.Took.Microseconds())/1000)
 		}
-		lat = append(lat, float64(r.Took.Microseconds())/1000)
 	}
 	sort.Float64s(lat)
-	return float64(len(lat)) / took.Seconds(), percentile(lat, 0.50), percentile(lat, 0.99), failed
+	tally := testbed.Summarize(client, recs)
+	return float64(len(lat)) / took.Seconds(), percentile(lat, 0.50), percentile(lat, 0.99), tally.Failed, tally.Errors
 }
 
 // updateLatency points the flip Service's EndpointSlice at pod and returns

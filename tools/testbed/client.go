@@ -30,6 +30,8 @@ type Conn struct {
 	target netip.AddrPort
 	c      net.Conn
 	br     *bufio.Reader
+	// last asks the server to close after the next answer.
+	last bool
 }
 
 // Open opens a flow from the pod to target.
@@ -92,7 +94,11 @@ func (c *Conn) Ask(ctx context.Context) (Answer, error) {
 		}
 		return a, nil
 	}
-	if _, err := fmt.Fprintf(c.c, "GET / HTTP/1.1\r\nHost: %s\r\nUser-Agent: topolb-testbed\r\n\r\n", c.target); err != nil {
+	connection := "keep-alive"
+	if c.last {
+		connection = "close"
+	}
+	if _, err := fmt.Fprintf(c.c, "GET / HTTP/1.1\r\nHost: %s\r\nUser-Agent: topolb-testbed\r\nConnection: %s\r\n\r\n", c.target, connection); err != nil {
 		return a, err
 	}
 	resp, err := http.ReadResponse(c.br, nil)
@@ -119,13 +125,26 @@ func (p *Pod) Request(ctx context.Context, proto v1.Protocol, target netip.AddrP
 	return request(ctx, proto, target, p.NS.DialContext)
 }
 
+//
+// Over TCP the server closes first and the client waits for its FIN, as
+// HTTP/1.0 clients do: the TIME_WAIT state stays on the backend, so a
+// client making thousands of connections a second does not run out of
+// ephemeral ports.
 func request(ctx context.Context, proto v1.Protocol, target netip.AddrPort, dial dialFunc) (Answer, error) {
 	c, err := open(ctx, proto, target, dial)
 	if err != nil {
 		return Answer{}, err
 	}
 	defer c.Close()
-	return c.Ask(ctx)
+	c.last = true
+	a, err := c.Ask(ctx)
+	if err == nil && proto == v1.ProtocolTCP {
+		// The answer is complete; wait for the server's FIN.
+		if _, rerr := io.Copy(io.Discard, c.br); rerr != nil {
+			err = fmt.Errorf("after the answer: %w", rerr)
+		}
+	}
+	return a, err
 }
 
 // Record is the outcome of one request.
@@ -173,14 +192,14 @@ func (p *Pod) Send(ctx context.Context, l Load) []Record {
 			p.NS.Do(func() error {
 				for {
 					i := next.Add(1)
-					if (l.Count > 0 && i > int64(l.Count)) || ctx.Err() != nil {
+					if (l.Count > 0 && i > int64(l.Count)) || ended(ctx) {
 						return nil
 					}
 					start := time.Now()
 					rctx, cancel := context.WithTimeout(ctx, l.Timeout)
 					a, err := request(rctx, l.Proto, l.Target, dialHere)
 					cancel()
-					if err != nil && ctx.Err() != nil {
+					if err != nil && ended(ctx) {
 						return nil // cut short by the caller, not a failure
 					}
 					took := time.Since(start)
@@ -194,6 +213,17 @@ func (p *Pod) Send(ctx context.Context, l Load) []Record {
 	wg.Wait()
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Start.Before(recs[j].Start) })
 	return recs
+}
+
+// ended reports whether ctx is done or past its deadline. The deadline
+// check matters: a socket deadline taken from ctx can fire before ctx's own
+// timer does, and a request failing that way was cut short by the caller.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // Tally sums up records.
