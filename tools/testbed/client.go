@@ -125,11 +125,10 @@ func (p *Pod) Request(ctx context.Context, proto v1.Protocol, target netip.AddrP
 	return request(ctx, proto, target, p.NS.DialContext)
 }
 
-//
-// Over TCP the server closes first and the client waits for its FIN, as
-// HTTP/1.0 clients do: the TIME_WAIT state stays on the backend, so a
-// client making thousands of connections a second does not run out of
-// ephemeral ports.
+// request is Request with the given dialer. Over TCP the server closes
+// first and the client waits for its FIN, as HTTP/1.0 clients do: the
+// TIME_WAIT state stays on the backend, so a client making thousands of
+// connections a second does not run out of ephemeral ports.
 func request(ctx context.Context, proto v1.Protocol, target netip.AddrPort, dial dialFunc) (Answer, error) {
 	c, err := open(ctx, proto, target, dial)
 	if err != nil {
