@@ -73,6 +73,7 @@ const (
 // does not need belongs out of the manifest.
 func TestCapabilities(t *testing.T) {
 	nettest.RequireRoot(t)
+	requireDatapathKernel(t)
 	for _, tool := range []string{"capsh", "nsenter", "bpftool"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (make deps installs it): %v", tool, err)

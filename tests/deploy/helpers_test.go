@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -132,6 +133,24 @@ func agentBinary(t testing.TB) string {
 		t.Fatal(agentBuild.err)
 	}
 	return agentBuild.path
+}
+
+// requireDatapathKernel skips t on kernels older than 6.6, which lack the
+// tcx attach point the agent uses.
+func requireDatapathKernel(t testing.TB) {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", release, err)
+	}
+	if major < 6 || major == 6 && minor < 6 {
+		t.Skipf("kernel %s: the agent attaches with tcx, which needs Linux 6.6 or later", release)
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe for a process writing while a test

@@ -48,6 +48,7 @@ const memoryGoal = 150 << 20
 //	go test ./tests/deploy -run AgentMemory -v -args -memory-services=10000
 func TestAgentMemory(t *testing.T) {
 	nettest.RequireRoot(t)
+	requireDatapathKernel(t)
 	c := kubetest.Start(t)
 	_, ctr := agentDaemonSet(t)
 	listed := manifestCapabilities(t, ctr)
