@@ -122,6 +122,11 @@ func run(ctx context.Context, f flags) (err error) {
 		Logger: log.With("component", "datapath"),
 	})
 	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			// cilium/ebpf suggests raising MEMLOCK, which is not the
+			// cause on kernels that account BPF memory to cgroups.
+			return fmt.Errorf("load datapath (the agent needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
+		}
 		return fmt.Errorf("load datapath: %w", err)
 	}
 	// Close releases file descriptors only: pinned maps and links keep the
