@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/topology"
@@ -29,21 +28,8 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		st.Services = slices.DeleteFunc(st.Services, func(p topology.PortReport) bool { return p.Service != service })
 	}
 	w := cmd.OutOrStdout()
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(st, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(st)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+	if output != "table" {
+		return printStructured(w, st, output)
 	}
 	// Zone counts are not part of the JSON the agent sends: the table shows
 	// the number of backends only.

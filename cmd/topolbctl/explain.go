@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/yaml"
 
 	"github.com/topolb/topolb/topology"
 )
@@ -88,21 +86,8 @@ stderr; the rest is still decided.`,
 }
 
 func printReport(w io.Writer, r topology.Report, output string) error {
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(r, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(r)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+	if output != "table" {
+		return printStructured(w, r, output)
 	}
 	zone := r.Zone
 	if zone == "" {

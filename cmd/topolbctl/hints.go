@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/yaml"
 
 	"github.com/topolb/topolb/hintsim"
 )
@@ -90,21 +88,8 @@ Cluster state comes from --from-file or from the cluster, as for explain.`,
 }
 
 func printHints(w io.Writer, r hintsim.Report, output string) error {
-	switch output {
-	case "json":
-		b, err := json.MarshalIndent(r, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(r)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+	if output != "table" {
+		return printStructured(w, r, output)
 	}
 	printNodeInfo(w, r.Nodes)
 	if len(r.Services) == 0 {

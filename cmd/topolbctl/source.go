@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/topolb/topolb/kube"
 )
@@ -53,4 +55,21 @@ func warn(stderr io.Writer, warnings []string) {
 	for _, w := range warnings {
 		fmt.Fprintln(stderr, "warning:", w)
 	}
+}
+
+// printStructured writes v as indented JSON or as YAML.
+func printStructured(w io.Writer, v any, output string) error {
+	var b []byte
+	var err error
+	if output == "yaml" {
+		b, err = yaml.Marshal(v)
+	} else {
+		b, err = json.MarshalIndent(v, "", "  ")
+		b = append(b, '\n')
+	}
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
 }
