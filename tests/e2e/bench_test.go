@@ -153,8 +153,14 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 		if impl == implIPT {
 			mode = testbed.KubeProxyIPTables
 		}
-		if _, err := tb.StartKubeProxy(ctx, node, kp, mode); err != nil {
+		k, err := tb.StartKubeProxy(ctx, node, testbed.KubeProxyOptions{Binary: kp, Mode: mode})
+		if err != nil {
 			b.Fatal(err)
+		}
+		if needed, err := k.EnsureTopology(ctx); err != nil {
+			b.Fatal(err)
+		} else if needed {
+			b.Logf("%s, %d services: kube-proxy missed its zone at start (its startup race); relabelled the node", impl, services)
 		}
 	default:
 		b.Fatalf("unknown implementation %q", impl)

@@ -71,7 +71,9 @@ func hintServices(t *testing.T) []testbed.ServiceSpec {
 // against one real kube-apiserver, and asserts that for every node and
 // every service port the endpoints kube-proxy programs for the cluster IP
 // equal the backends topolb's maps hold, which equal what DecideNode
-// permits. Any difference is a bug in one of them.
+// permits. Any difference is a bug in one of them. One was found in
+// kube-proxy and is worked around, and logged, when it strikes: see
+// testbed.KubeProxy.EnsureTopology.
 func TestKubeProxyAgrees(t *testing.T) {
 	requireRoot(t)
 	bin := requireAgent(t)
@@ -104,13 +106,22 @@ func TestKubeProxyAgrees(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					proxies[i], errs[i] = tb.StartKubeProxy(ctx, n.Name, kp, mode)
+					proxies[i], errs[i] = tb.StartKubeProxy(ctx, n.Name, testbed.KubeProxyOptions{Binary: kp, Mode: mode})
 				}()
 			}
 			wg.Wait()
 			for _, err := range errs {
 				if err != nil {
 					t.Fatal(err)
+				}
+			}
+			for _, k := range proxies {
+				needed, err := k.EnsureTopology(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if needed {
+					t.Logf("kube-proxy bug: on %s it never learnt its zone (startup race in kube-proxy v1.37.2, see testbed.KubeProxy.EnsureTopology); relabelled the node to recover", k.Node.Name)
 				}
 			}
 			if err := tb.WaitAgents(ctx, 10*time.Second); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // KubeProxyMode is kube-proxy's --proxy-mode. IPVS is not offered: it
@@ -43,10 +45,21 @@ type KubeProxy struct {
 	http *http.Client
 }
 
+// KubeProxyOptions configure StartKubeProxy.
+type KubeProxyOptions struct {
+	// Binary is the kube-proxy executable.
+	Binary string
+	Mode   KubeProxyMode
+	// Verbosity is passed as -v; below 4 EnsureTopology cannot tell
+	// whether kube-proxy learnt its zone. Zero means 4.
+	Verbosity int
+}
+
 // StartKubeProxy starts kube-proxy on the named node and waits until it
 // has written its rules once. It needs an apiserver (ConnectAPIServer); the
-// testbed stops it on Close.
-func (tb *Testbed) StartKubeProxy(ctx context.Context, node, binary string, mode KubeProxyMode) (*KubeProxy, error) {
+// testbed stops it on Close. See EnsureTopology before relying on its
+// topology decisions.
+func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyOptions) (*KubeProxy, error) {
 	n := tb.Node(node)
 	if n == nil {
 		return nil, fmt.Errorf("no node %q", node)
@@ -55,10 +68,14 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node, binary string, mode
 	if kubeconfig == "" {
 		return nil, errors.New("kube-proxy needs an apiserver: ConnectAPIServer first")
 	}
-	bin, err := filepath.Abs(binary)
+	bin, err := filepath.Abs(o.Binary)
 	if err != nil {
 		return nil, err
 	}
+	if o.Verbosity == 0 {
+		o.Verbosity = 4
+	}
+	mode := o.Mode
 	k := &KubeProxy{
 		nodeProcess: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
 		Mode:        mode,
@@ -78,7 +95,7 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node, binary string, mode
 			"--nodeport-addresses", "primary",
 			"--healthz-bind-address", KubeProxyHealthAddress,
 			"--metrics-bind-address", KubeProxyMetricsAddress,
-			"-v", "1",
+			"-v", strconv.Itoa(o.Verbosity),
 		}
 	}
 	tb.mu.Lock()
@@ -142,6 +159,83 @@ func (k *KubeProxy) synced(ctx context.Context) (bool, error) {
 	}
 	v, err := strconv.ParseFloat(string(m[1]), 64)
 	return err == nil && v > 0, err
+}
+
+// topologyLogged is what kube-proxy logs (at -v 4) when its proxier learns
+// the node's topology labels.
+const topologyLogged = "Updated proxier node topology labels"
+
+// EnsureTopology works around a race in kube-proxy v1.37.2: its server
+// adds the node-topology handler to the already running node informer
+// and only then registers the proxier with it
+// (cmd/kube-proxy/app/server.go, NewNodeTopologyConfig then
+// RegisterEventHandler), so when the informer replays the node in between,
+// the proxier never hears of its zone, and later events with the same
+// labels are dropped as no change. Such a kube-proxy ignores zone hints
+// until the node's zone label changes. If the log does not show the labels
+// arriving, EnsureTopology changes the node's zone label in the apiserver
+// and back, and waits until kube-proxy logs them. It reports whether the
+// workaround was needed. Needs -v 4.
+func (k *KubeProxy) EnsureTopology(ctx context.Context) (bool, error) {
+	// The replay comes within milliseconds of the start; give it two
+	// seconds before calling it lost.
+	grace := time.Now().Add(2 * time.Second)
+	for !strings.Contains(k.logText(), topologyLogged) {
+		if time.Now().After(grace) {
+			return k.relabel(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return false, nil
+}
+
+// relabel changes the node's zone label and back, and waits until
+// kube-proxy logs its topology labels.
+func (k *KubeProxy) relabel(ctx context.Context) (bool, error) {
+	c := k.tb.KubeClient()
+	if c == nil {
+		return false, errors.New("no apiserver")
+	}
+	api := c.CoreV1().Nodes()
+	for _, zone := range []string{k.Node.Zone + "-relabel", k.Node.Zone} {
+		node, err := api.Get(ctx, k.Node.Name, metav1.GetOptions{})
+		if err != nil {
+			return true, fmt.Errorf("get node %s: %w", k.Node.Name, err)
+		}
+		node.Labels[v1.LabelTopologyZone] = zone
+		if _, err := api.Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			return true, fmt.Errorf("relabel node %s: %w", k.Node.Name, err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(k.logText(), topologyLogged) {
+		if time.Now().After(deadline) {
+			return true, fmt.Errorf("kube-proxy on %s did not log %q after its zone label changed", k.Node.Name, topologyLogged)
+		}
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return true, nil
+}
+
+// logText returns the log of the current process (since its last start).
+func (k *KubeProxy) logText() string {
+	data, err := os.ReadFile(k.LogPath)
+	if err != nil {
+		return ""
+	}
+	s := string(data)
+	if i := strings.LastIndex(s, "==== "); i >= 0 {
+		s = s[i:]
+	}
+	return s
 }
 
 // PortKey names one service port: "namespace/name/port/PROTO", with the
