@@ -3,9 +3,13 @@
 // (tools/testbed), load-balanced by topolb-agent on every node (or by the
 // testbed's in-process datapath, to tell datapath from agent problems),
 // with every landing compared to the decision topology.State.DecideNode
-// makes for the client's node — the code `topolbctl explain` runs.
+// makes for the client's node — the code `topolbctl explain` runs. It also
+// compares topolb with kube-proxy: their programmed endpoints
+// (TestKubeProxyAgrees) and their speed (BenchmarkE2E, `make bench-e2e`).
 //
-// The tests need root and skip without it. They build cmd/topolb-agent
-// once (or take $TOPOLB_AGENT_BINARY) and leave no namespace, pin or agent
-// behind, also when they fail.
+// The tests need root and skip without it; those that need a real
+// apiserver or kube-proxy skip without `make kube-bins` (and fail without
+// it under TOPOLB_KUBE_REQUIRED, as `make test` sets). They build
+// cmd/topolb-agent once (or take $TOPOLB_AGENT_BINARY) and leave no
+// namespace, pin or process behind, also when they fail.
 package e2e
