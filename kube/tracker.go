@@ -67,38 +67,31 @@ func (t *Tracker) Notify() <-chan struct{} { return t.notify }
 
 // ServiceChanged records a Service add (prev nil), update or delete (cur nil).
 func (t *Tracker) ServiceChanged(prev, cur *v1.Service) {
-	obj := cur
-	if obj == nil {
-		obj = prev
+	if obj := either(prev, cur); obj != nil {
+		record(t, t.services, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, serviceEqual)
 	}
-	if obj == nil {
-		return
-	}
-	record(t, t.services, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, serviceEqual)
 }
 
 // SliceChanged records an EndpointSlice add, update or delete.
 func (t *Tracker) SliceChanged(prev, cur *discovery.EndpointSlice) {
-	obj := cur
-	if obj == nil {
-		obj = prev
+	if obj := either(prev, cur); obj != nil {
+		record(t, t.slices, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, sliceEqual)
 	}
-	if obj == nil {
-		return
-	}
-	record(t, t.slices, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Name}, prev, cur, sliceEqual)
 }
 
 // NodeChanged records a Node add, update or delete.
 func (t *Tracker) NodeChanged(prev, cur *v1.Node) {
-	obj := cur
-	if obj == nil {
-		obj = prev
+	if obj := either(prev, cur); obj != nil {
+		record(t, t.nodes, obj.Name, prev, cur, nodeEqual)
 	}
-	if obj == nil {
-		return
+}
+
+// either returns the current object, or the previous one of a delete.
+func either[T any](prev, cur *T) *T {
+	if cur != nil {
+		return cur
 	}
-	record(t, t.nodes, obj.Name, prev, cur, nodeEqual)
+	return prev
 }
 
 // Resync asks for a full resync at the next drain.

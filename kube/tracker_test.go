@@ -1,0 +1,99 @@
+package kube
+
+import (
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func svcObj(rv, ip string, ann map[string]string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", ResourceVersion: rv, Annotations: ann},
+		Spec:       v1.ServiceSpec{ClusterIP: ip},
+	}
+}
+
+func TestTrackerDropsNoOps(t *testing.T) {
+	nn := types.NamespacedName{Namespace: "ns", Name: "web"}
+	cases := []struct {
+		name   string
+		events func(tr *Tracker)
+		// want is the batch's entry for ns/web: absent (no change), or
+		// the current object (nil for a delete).
+		present bool
+		wantIP  string
+		deleted bool
+	}{
+		{name: "add then delete cancels out", events: func(tr *Tracker) {
+			tr.ServiceChanged(nil, svcObj("1", "10.96.0.1", nil))
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), nil)
+		}},
+		{name: "update of fields topolb does not read is dropped", events: func(tr *Tracker) {
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", map[string]string{"other": "a"}), svcObj("2", "10.96.0.1", map[string]string{"other": "b"}))
+		}},
+		{name: "a topolb annotation is read", present: true, wantIP: "10.96.0.1", events: func(tr *Tracker) {
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.1", map[string]string{"topolb.io/zone-threshold": "2"}))
+		}},
+		{name: "change and change back cancel out", events: func(tr *Tracker) {
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.2", nil))
+			tr.ServiceChanged(svcObj("2", "10.96.0.2", nil), svcObj("3", "10.96.0.1", nil))
+		}},
+		{name: "add then update keeps the latest", present: true, wantIP: "10.96.0.3", events: func(tr *Tracker) {
+			tr.ServiceChanged(nil, svcObj("1", "10.96.0.1", nil))
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.3", nil))
+		}},
+		{name: "delete", present: true, deleted: true, events: func(tr *Tracker) {
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), nil)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker()
+			tc.events(tr)
+			b := tr.Drain()
+			cur, ok := b.Services[nn]
+			switch {
+			case ok != tc.present:
+				t.Fatalf("present = %v, want %v (batch %+v)", ok, tc.present, b)
+			case !ok:
+				if !b.Empty() {
+					t.Errorf("batch not empty: %+v", b)
+				}
+			case tc.deleted && cur != nil:
+				t.Errorf("want a delete, got %+v", cur)
+			case !tc.deleted && (cur == nil || cur.Spec.ClusterIP != tc.wantIP):
+				t.Errorf("current = %+v, want cluster IP %s", cur, tc.wantIP)
+			}
+			if again := tr.Drain(); !again.Empty() {
+				t.Errorf("second drain not empty: %+v", again)
+			}
+		})
+	}
+}
+
+func TestTrackerSignalsOncePerBatch(t *testing.T) {
+	tr := NewTracker()
+	tr.ServiceChanged(nil, svcObj("1", "10.96.0.1", nil))
+	tr.NodeChanged(nil, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	select {
+	case <-tr.Notify():
+	case <-time.After(time.Second):
+		t.Fatal("no notification")
+	}
+	select {
+	case <-tr.Notify():
+		t.Fatal("two notifications for one batch")
+	default:
+	}
+	b := tr.Drain()
+	if len(b.Services) != 1 || len(b.Nodes) != 1 || b.Since.IsZero() || b.Resync {
+		t.Errorf("batch %+v", b)
+	}
+	tr.Resync()
+	if b := tr.Drain(); !b.Resync || b.Empty() {
+		t.Errorf("resync not drained: %+v", b)
+	}
+}
