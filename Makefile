@@ -17,7 +17,7 @@ GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 
-.PHONY: all deps build generate check-generate test test-unit test-root demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
+.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
 
 all: build
 
@@ -40,9 +40,6 @@ vet:
 
 kube-bins:
 	bash tools/kube-bins.sh $(KUBE_BINS) $(KUBE_VERSION)
-
-test-unit:
-	$(GO) test $(GOTEST_FLAGS) ./...
 
 # TOPOLB_KUBE_REQUIRED makes tests that need the apiserver fail, not skip,
 # when its build is missing.
