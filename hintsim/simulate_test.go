@@ -2,6 +2,7 @@ package hintsim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -519,4 +520,73 @@ func TestSimulateSkipsNonIPv4AndFilters(t *testing.T) {
 	if len(warnings) != 0 {
 		t.Errorf("filtered warnings %q, want none (web-v6 belongs to another Service)", warnings)
 	}
+}
+
+// TestZoneWeightedEstimate checks the zone-weighted columns: the in-zone
+// share each zone's nodes keep and the loads, against the issue's example
+// and a cluster whose node information the controller cannot use.
+func TestZoneWeightedEstimate(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []*v1.Node
+		eps   []discovery.Endpoint
+		// wantShares are "zone=share" per zone, "-" for none; wantLoads
+		// the endpoints' zone-weighted loads in slice order.
+		wantShares, wantLoads string
+		// wantHintLoads are the endpoints' loads under the current hints.
+		wantHintLoads string
+		wantNote      string
+	}{
+		{
+			name:  "issue example: zone-a keeps 2/3, zone-b everything, every endpoint 1.0",
+			nodes: []*v1.Node{node("a1", "zone-a", "4"), node("b1", "zone-b", "4")},
+			eps:   []discovery.Endpoint{ep("10.0.0.1", "zone-a", "zone-a"), ep("10.0.0.2", "zone-b", "zone-b"), ep("10.0.0.3", "zone-b", "zone-b")},
+			// Hints: zone-a's half all on 10.0.0.1.
+			wantShares: "zone-a=0.6667 zone-b=1", wantLoads: "1 1 1", wantHintLoads: "1.5 0.75 0.75",
+		},
+		{
+			name: "insufficient node information: ZoneWeighted's own demand, by node count",
+			// b1 has no CPU: the controller gives up; ZoneWeighted counts nodes.
+			nodes: []*v1.Node{node("a1", "zone-a", "4"), node("a2", "zone-a", "4"), node("b1", "zone-b", "")},
+			eps:   []discovery.Endpoint{ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")},
+			// D_a = 2/3, S_a = 1/2: zone-a keeps 3/4, spills 1/4 to zone-b.
+			wantShares: "zone-a=0.75 zone-b=1", wantLoads: "1 1", wantHintLoads: "- -",
+			wantNote: "zone-weighted loads assume ZoneWeighted's own demand: nodes with a zone that are not Ready=False, weighed by node count (node b1 has no allocatable CPU)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := autoService("web")
+			objs := &kube.Objects{Nodes: tt.nodes, Services: []*v1.Service{svc}, Slices: []*discovery.EndpointSlice{slice("s-1", "web", tt.eps...)}}
+			rep, _ := Simulate(objs, nil, DefaultOptions())
+			s := rep.Services[0]
+			var shares, loads, hintLoads []string
+			for _, z := range s.Zones {
+				shares = append(shares, z.Zone+"="+optString(z.ZoneWeightedShare))
+			}
+			for _, e := range s.Endpoints {
+				loads = append(loads, optString(e.ZoneWeightedLoad))
+				hintLoads = append(hintLoads, optString(e.ExpectedLoad))
+			}
+			if got := strings.Join(shares, " "); got != tt.wantShares {
+				t.Errorf("in-zone shares %s, want %s", got, tt.wantShares)
+			}
+			if got := strings.Join(loads, " "); got != tt.wantLoads {
+				t.Errorf("zone-weighted loads %s, want %s", got, tt.wantLoads)
+			}
+			if got := strings.Join(hintLoads, " "); got != tt.wantHintLoads {
+				t.Errorf("current-hint loads %s, want %s", got, tt.wantHintLoads)
+			}
+			if tt.wantNote != "" && !slices.Contains(s.Notes, tt.wantNote) {
+				t.Errorf("notes %q lack %q", s.Notes, tt.wantNote)
+			}
+		})
+	}
+}
+
+func optString(f *float64) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprint(*f)
 }

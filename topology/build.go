@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -108,8 +110,9 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 	return ports, errors.Join(errs...)
 }
 
-// NodeFromObject builds the model of a node. keep selects the labels to
-// retain; nil keeps them all.
+// NodeFromObject builds the model of a node: its labels, allocatable CPU
+// and Ready condition. keep selects the labels to retain; nil keeps them
+// all.
 func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 	labels := make(map[string]string, len(n.Labels))
 	for k, v := range n.Labels {
@@ -117,7 +120,27 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 			labels[k] = v
 		}
 	}
-	return Node{Name: n.Name, Labels: labels}
+	out := Node{Name: n.Name, Labels: labels, AllocatableMilliCPU: milliCPU(n.Status.Allocatable.Cpu())}
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			out.Ready = c.Status
+			break
+		}
+	}
+	return out
+}
+
+// milliCPU returns q in millicores without overflowing: quantities beyond
+// MaxNodeCPUCores in either direction are clamped to ±math.MaxInt64, which
+// Node.hasCPU rejects.
+func milliCPU(q *resource.Quantity) int64 {
+	switch {
+	case q.CmpInt64(MaxNodeCPUCores) > 0:
+		return math.MaxInt64
+	case q.CmpInt64(-MaxNodeCPUCores) < 0:
+		return -math.MaxInt64
+	}
+	return q.MilliValue()
 }
 
 // EndpointsForPort returns the endpoints of one service port from the

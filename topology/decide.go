@@ -18,6 +18,10 @@ type Input struct {
 	Port ServicePort
 	// Endpoints are the port's endpoints, deduplicated by address.
 	Endpoints []Endpoint
+	// Demand is ZoneDemand(Nodes), which the ZoneWeighted policy reads;
+	// nil means Decide computes it. Callers deciding many ports on one
+	// snapshot of the nodes pass it to save the work.
+	Demand *Demand
 }
 
 // Decide returns, for one node and one service port, the policy and mode that
@@ -29,6 +33,10 @@ type Input struct {
 //     key with a match (none when nothing matches: traffic is dropped).
 //   - topolb.io/zone-threshold: ZoneThreshold, the local zone's usable
 //     endpoints if there are at least N of them, else every usable one.
+//   - topolb.io/zone-weighted "true": ZoneWeighted, the usable endpoints
+//     weighted so that each zone keeps the share of its traffic its
+//     endpoints can carry and spills the rest where there is room
+//     (zoneWeighted, weights.go).
 //   - otherwise Hints, exactly as kube-proxy applies topology hints: one mode
 //     per service and node, never a per-endpoint filter.
 //
@@ -36,10 +44,12 @@ type Input struct {
 // none is ready. The local set (endpoints on this node, ready else
 // serving-terminating) is never filtered by topology. Internal traffic uses
 // the local set under internalTrafficPolicy Local, external traffic under
-// externalTrafficPolicy Local; otherwise both use the cluster set.
+// externalTrafficPolicy Local; otherwise both use the cluster set. Every set
+// comes with the fraction of new flows each backend gets: equal shares,
+// except for the cluster set of the ZoneWeighted policy.
 func Decide(in Input, opts Options) Decision {
 	p := in.Port
-	var cluster []Endpoint
+	var cluster weighted
 	policy, mode, reason := PolicyHints, ModeNone, ""
 
 	if p.UsesClusterEndpoints() {
@@ -50,25 +60,25 @@ func Decide(in Input, opts Options) Decision {
 		reason = joinReason(strings.Join(notes, "; "), "internalTrafficPolicy is Local and the port is not externally accessible: topology does not apply")
 	}
 
-	var local []Endpoint
+	var local weighted
 	if p.UsesLocalEndpoints() {
-		local = localEndpoints(in.Endpoints, in.Node.Name)
+		local = equalShares(localEndpoints(in.Endpoints, in.Node.Name))
 	}
 
 	d := Decision{Policy: policy, Mode: mode, Reason: reason}
+	internal := cluster
 	if p.InternalPolicyLocal {
-		d.Backends = nonNil(local)
-		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local), "local")))
-	} else {
-		d.Backends = nonNil(cluster)
+		internal = local
+		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 	}
+	d.Backends, d.Weights = nonNil(internal.eps), nonNilWeights(internal.w)
 	if p.ExternallyAccessible {
+		external := cluster
 		if p.ExternalPolicyLocal {
-			d.ExternalBackends = nonNil(local)
-			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local), "local")))
-		} else {
-			d.ExternalBackends = nonNil(cluster)
+			external = local
+			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 		}
+		d.ExternalBackends, d.ExternalWeights = nonNil(external.eps), nonNilWeights(external.w)
 	}
 	return d
 }
@@ -106,6 +116,12 @@ func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
 			return PolicyZoneThreshold, policyChoice{zoneThreshold: n}, notes
 		}
 		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationZoneThreshold, v, err))
+	}
+	if v, ok := ann[AnnotationZoneWeighted]; ok {
+		if strings.ToLower(strings.TrimSpace(v)) == "true" {
+			return PolicyZoneWeighted, policyChoice{}, notes
+		}
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q (want true)", AnnotationZoneWeighted, v))
 	}
 	return PolicyHints, policyChoice{}, notes
 }
@@ -147,29 +163,30 @@ func ParseZoneThreshold(v string) (int, error) {
 	return n, nil
 }
 
-// chooseCluster returns the policy, mode, reason and cluster set for a port
-// that uses cluster endpoints.
-func chooseCluster(in Input, opts Options) (Policy, Mode, string, []Endpoint) {
+// chooseCluster returns the policy, mode, reason and weighted cluster set
+// for a port that uses cluster endpoints.
+func chooseCluster(in Input, opts Options) (Policy, Mode, string, weighted) {
 	policy, choice, notes := choosePolicy(in.Port.Annotations)
 	var mode Mode
 	var reason string
-	var cluster []Endpoint
+	var eps []Endpoint
 	switch policy {
 	case PolicyDisabled:
 		var what string
-		cluster, what = usable(in.Endpoints)
+		eps, what = usable(in.Endpoints)
 		mode, reason = ModeNone, fmt.Sprintf("topology disabled by %s; using %s", AnnotationTopologyAware, what)
 	case PolicyTopologyKeys:
-		mode, reason, cluster = topologyKeys(in, choice.keys)
+		mode, reason, eps = topologyKeys(in, choice.keys)
 	case PolicyZoneThreshold:
-		mode, reason, cluster = zoneThreshold(in, choice.zoneThreshold)
+		mode, reason, eps = zoneThreshold(in, choice.zoneThreshold)
+	case PolicyZoneWeighted:
+		var cluster weighted
+		mode, reason, cluster = zoneWeighted(in)
+		return policy, mode, joinReason(strings.Join(notes, "; "), reason), cluster
 	default:
-		mode, reason, cluster = hints(in, opts)
+		mode, reason, eps = hints(in, opts)
 	}
-	if len(notes) > 0 {
-		reason = strings.Join(notes, "; ") + "; " + reason
-	}
-	return policy, mode, reason, cluster
+	return policy, mode, joinReason(strings.Join(notes, "; "), reason), equalShares(eps)
 }
 
 // hints applies topology hints the way kube-proxy does: the mode is chosen
@@ -399,6 +416,13 @@ func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
 		}
 	}
 	return out
+}
+
+func nonNilWeights(w []float64) []float64 {
+	if w == nil {
+		return []float64{}
+	}
+	return w
 }
 
 func nonNil(eps []Endpoint) []Endpoint {

@@ -29,6 +29,10 @@ const (
 	// AnnotationZoneThreshold is the minimum number of usable endpoints the
 	// local zone must have before traffic is kept in it.
 	AnnotationZoneThreshold = "topolb.io/zone-threshold"
+	// AnnotationZoneWeighted set to "true" weights a Service's backends so
+	// that each zone keeps the share of its traffic its endpoints can carry
+	// (see zoneWeighted in weights.go).
+	AnnotationZoneWeighted = "topolb.io/zone-weighted"
 
 	// MaxTopologyKeys is the largest number of keys topology-keys accepts.
 	MaxTopologyKeys = 16
@@ -43,6 +47,7 @@ const (
 	PolicyDisabled      Policy = "Disabled"
 	PolicyTopologyKeys  Policy = "TopologyKeys"
 	PolicyZoneThreshold Policy = "ZoneThreshold"
+	PolicyZoneWeighted  Policy = "ZoneWeighted"
 	PolicyHints         Policy = "Hints"
 )
 
@@ -56,16 +61,36 @@ const (
 	ModePreferSameZone Mode = "PreferSameZone"
 	ModeNone           Mode = "None"
 	ModeAny            Mode = "*"
+	// ModeZoneWeighted: the ZoneWeighted policy gives this node's backends
+	// unequal weights, or spreads them over several zones but not over
+	// every usable endpoint.
+	ModeZoneWeighted Mode = "ZoneWeighted"
 )
 
-// Node is a node's name and the labels topology decisions read.
+// MaxNodeCPUCores bounds a Node's allocatable CPU: more is taken to be a
+// mistake, and the node counts as lacking allocatable CPU.
+const MaxNodeCPUCores = 100_000
+
+// Node is what topology decisions read of a node.
 type Node struct {
 	Name   string
 	Labels map[string]string
+	// AllocatableMilliCPU is status.allocatable.cpu in millicores, 0 when
+	// absent. Values outside 1..MaxNodeCPUCores*1000 (negative, or
+	// absurdly large, which are clamped to math.MaxInt64) count as lacking.
+	AllocatableMilliCPU int64
+	// Ready is the status of the node's Ready condition (True, False,
+	// Unknown), "" when it has none.
+	Ready v1.ConditionStatus
 }
 
 // Zone returns the node's topology.kubernetes.io/zone label, or "".
 func (n Node) Zone() string { return n.Labels[LabelZone] }
+
+// hasCPU reports whether the node's allocatable CPU is usable as a weight.
+func (n Node) hasCPU() bool {
+	return n.AllocatableMilliCPU > 0 && n.AllocatableMilliCPU <= MaxNodeCPUCores*1000
+}
 
 // Endpoint is one backend address of a service port, as read from an
 // EndpointSlice, with the EndpointSlice API's defaults applied.
@@ -164,10 +189,18 @@ type Decision struct {
 	// to: the local set under internalTrafficPolicy Local, else the cluster
 	// set. Never nil; empty means traffic is dropped.
 	Backends []Endpoint
+	// Weights[i] is the fraction of this node's new internal flows that go
+	// to Backends[i]. The weights are positive and sum to 1; never nil,
+	// empty when Backends is. Only the ZoneWeighted policy makes them
+	// unequal.
+	Weights []float64
 	// ExternalBackends are the endpoints external traffic may go to: the
 	// local set under externalTrafficPolicy Local, else the cluster set. Nil
 	// when the port is not externally accessible.
 	ExternalBackends []Endpoint
+	// ExternalWeights are the weights of ExternalBackends, as Weights are of
+	// Backends; nil exactly when ExternalBackends is.
+	ExternalWeights []float64
 }
 
 // Options are the switches a decision honors. They are arguments, never

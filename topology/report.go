@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"math"
 	"sort"
 )
 
@@ -26,12 +27,21 @@ type PortReport struct {
 	Reason    string   `json:"reason"`
 	// Backends are sorted "ip:port" strings; never null.
 	Backends []string `json:"backends"`
+	// Weights maps every entry of Backends to the fraction of this node's
+	// new internal flows it gets, rounded to 4 decimal places; never null.
+	Weights map[string]float64 `json:"weights"`
 	// ExternalBackends are sorted "ip:port" strings; null when the port is
 	// not externally accessible.
 	ExternalBackends []string `json:"externalBackends"`
+	// ExternalWeights are the weights of ExternalBackends, as Weights are of
+	// Backends; null exactly when ExternalBackends is.
+	ExternalWeights map[string]float64 `json:"externalWeights"`
 	// BackendZones counts the internal backends per endpoint zone ("" for
 	// endpoints without a zone). Not part of the JSON contract.
 	BackendZones map[string]int `json:"-"`
+	// ZoneShares sums the internal weights per endpoint zone, when they are
+	// not all equal; nil otherwise. Not part of the JSON contract.
+	ZoneShares map[string]float64 `json:"-"`
 }
 
 // NewReport turns decisions for node into a Report.
@@ -47,6 +57,7 @@ func NewReport(node Node, ds []PortDecision) Report {
 			Mode:         d.Decision.Mode,
 			Reason:       d.Decision.Reason,
 			Backends:     addrs(d.Decision.Backends),
+			Weights:      weightMap(d.Decision.Backends, d.Decision.Weights),
 			BackendZones: map[string]int{},
 		}
 		for _, fe := range p.Frontends() {
@@ -54,13 +65,41 @@ func NewReport(node Node, ds []PortDecision) Report {
 		}
 		if d.Decision.ExternalBackends != nil {
 			pr.ExternalBackends = addrs(d.Decision.ExternalBackends)
+			pr.ExternalWeights = weightMap(d.Decision.ExternalBackends, d.Decision.ExternalWeights)
 		}
 		for _, ep := range d.Decision.Backends {
 			pr.BackendZones[ep.Zone]++
 		}
+		if !equalWeights(d.Decision.Weights) {
+			pr.ZoneShares = map[string]float64{}
+			for i, ep := range d.Decision.Backends {
+				pr.ZoneShares[ep.Zone] += d.Decision.Weights[i]
+			}
+		}
 		r.Services = append(r.Services, pr)
 	}
 	return r
+}
+
+// weightMap keys weights by their endpoint's "ip:port", rounded to 4
+// decimal places; never nil.
+func weightMap(eps []Endpoint, ws []float64) map[string]float64 {
+	out := make(map[string]float64, len(eps))
+	for i, ep := range eps {
+		out[ep.Addr.String()] = math.Round(ws[i]*1e4) / 1e4
+	}
+	return out
+}
+
+// equalWeights reports whether all weights are the same, within float
+// rounding.
+func equalWeights(ws []float64) bool {
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > 1e-12 {
+			return false
+		}
+	}
+	return true
 }
 
 // addrs returns the endpoints' "ip:port" strings, sorted; never nil.

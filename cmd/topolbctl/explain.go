@@ -26,8 +26,8 @@ func newExplainCommand() *cobra.Command {
 		Short: "Explain which backends a node sends each service port's traffic to, and why",
 		Long: `explain decides, for one node, every proxied service port exactly as the topolb
 agent on that node does: the policy (Hints, Disabled, TopologyKeys,
-ZoneThreshold), the topology mode, the reason, and the internal and external
-backends.
+ZoneThreshold, ZoneWeighted), the topology mode, the reason, and the
+internal and external backends with each one's share of new flows.
 
 Cluster state comes from --from-file (YAML documents and/or kind: List, JSON
 too) or from the cluster in --kubeconfig, $KUBECONFIG or the in-cluster
@@ -101,13 +101,15 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if port == "" {
 			port = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, zoneCounts(s.BackendZones, len(s.Backends)), s.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends)), s.Reason)
 	}
 	return tw.Flush()
 }
 
-// zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)".
-func zoneCounts(byZone map[string]int, total int) string {
+// zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)"; with unequal
+// weights, each zone's share of new flows follows its count:
+// "zone-a=1:67% zone-b=2:33%".
+func zoneCounts(byZone map[string]int, shares map[string]float64, total int) string {
 	if total == 0 {
 		return "0 (dropped)"
 	}
@@ -125,7 +127,11 @@ func zoneCounts(byZone map[string]int, total int) string {
 		if name == "" {
 			name = "(no zone)"
 		}
-		parts = append(parts, fmt.Sprintf("%s=%d", name, byZone[z]))
+		part := fmt.Sprintf("%s=%d", name, byZone[z])
+		if shares != nil {
+			part += fmt.Sprintf(":%.0f%%", shares[z]*100)
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, " ")
 }

@@ -50,6 +50,9 @@ k8s.io/endpointslice) over the cluster state and reports:
   - the load each zone's endpoints would carry, relative to an even share,
     if every node followed the hints the slices carry now, flagging more
     than 20% overload;
+  - beside it, what topolb's zone-weighted routing (topolb.io/zone-weighted)
+    would do on the same cluster: the share of each zone's new flows kept
+    in the zone, and the highest load on the zone's endpoints;
   - a warning for every endpoint whose current hints differ from the
     controller's.
 
@@ -148,13 +151,19 @@ func printHintService(w io.Writer, s hintsim.Service) {
 	}
 	if len(s.Zones) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  ZONE\tCPU RATIO\tENDPOINTS\tHINTED NOW\tCONTROLLER WOULD HINT\tLOAD WITH CURRENT HINTS")
+		fmt.Fprintln(tw, "  ZONE\tCPU RATIO\tENDPOINTS\tHINTED NOW\tCONTROLLER WOULD HINT\tLOAD WITH CURRENT HINTS\tZONE-WEIGHTED: IN-ZONE\tLOAD")
 		for _, z := range s.Zones {
 			load := optFloat(z.ExpectedLoad, "%.2fx")
 			if z.Overloaded {
 				load += " OVERLOADED"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%s\n", z.Zone, optFloat(z.CPURatio, "%.4f"), z.Endpoints, z.CurrentHints, z.Allocation, load)
+			var inZone *float64
+			if z.ZoneWeightedShare != nil {
+				pct := *z.ZoneWeightedShare * 100
+				inZone = &pct
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", z.Zone, optFloat(z.CPURatio, "%.4f"), z.Endpoints, z.CurrentHints, z.Allocation, load,
+				optFloat(inZone, "%.0f%%"), optFloat(z.ZoneWeightedLoad, "%.2fx"))
 		}
 		tw.Flush()
 	}
