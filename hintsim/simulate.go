@@ -339,7 +339,7 @@ type estimate struct {
 // stands for all.
 func (s *sim) estimate(svc *v1.Service, nn types.NamespacedName) estimate {
 	var est estimate
-	ports, err := topology.ServicePorts(svc)
+	ports, _, err := topology.ServicePorts(svc)
 	if len(ports) == 0 {
 		if err == nil {
 			err = fmt.Errorf("no ports")

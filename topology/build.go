@@ -23,21 +23,27 @@ var (
 	ErrNoIPv4     = errors.New("service has no IPv4 cluster IP")
 )
 
-// ServicePorts builds the model of every port of svc. Ports that are invalid
-// are left out and reported in the returned error (joined, one per port),
-// while the valid ports are still returned; a Service that is not proxied at
-// all returns an error wrapping ErrNotProxied or ErrNoIPv4 and no ports.
-func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
+// ServicePorts builds the model of every port of svc and returns a warning
+// for everything it had to leave out or correct: invalid ports are left out
+// (the valid ones are still returned), an invalid session affinity timeout
+// is replaced by the default. A Service that is not proxied at all returns
+// an error wrapping ErrNotProxied or ErrNoIPv4, and no ports.
+func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	switch {
 	case svc.Spec.Type == v1.ServiceTypeExternalName:
-		return nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
+		return nil, nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
 	case svc.Spec.ClusterIP == v1.ClusterIPNone:
-		return nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
+		return nil, nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
 	}
 	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
 	if !ok {
-		return nil, fmt.Errorf("%s: clusterIP %q: %w", nn, svc.Spec.ClusterIP, ErrNoIPv4)
+		return nil, nil, fmt.Errorf("%s: clusterIP %q: %w", nn, svc.Spec.ClusterIP, ErrNoIPv4)
+	}
+	var warnings []string
+	affinity, w := sessionAffinity(svc)
+	if w != "" {
+		warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
 	}
 	var externalIPs, lbIPs []netip.Addr
 	for _, s := range svc.Spec.ExternalIPs {
@@ -75,7 +81,6 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 	}
 
 	var ports []ServicePort
-	var errs []error
 	for _, sp := range svc.Spec.Ports {
 		proto := sp.Protocol
 		if proto == "" {
@@ -83,13 +88,13 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 		}
 		switch {
 		case sp.Port < 1 || sp.Port > 65535:
-			errs = append(errs, fmt.Errorf("%s: port %q: number %d out of range", nn, sp.Name, sp.Port))
+			warnings = append(warnings, fmt.Sprintf("%s: port %q: number %d out of range", nn, sp.Name, sp.Port))
 			continue
 		case sp.NodePort < 0 || sp.NodePort > 65535:
-			errs = append(errs, fmt.Errorf("%s: port %q: nodePort %d out of range", nn, sp.Name, sp.NodePort))
+			warnings = append(warnings, fmt.Sprintf("%s: port %q: nodePort %d out of range", nn, sp.Name, sp.NodePort))
 			continue
 		case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
-			errs = append(errs, fmt.Errorf("%s: port %q: unknown protocol %q", nn, sp.Name, proto))
+			warnings = append(warnings, fmt.Sprintf("%s: port %q: unknown protocol %q", nn, sp.Name, proto))
 			continue
 		}
 		ports = append(ports, ServicePort{
@@ -104,10 +109,40 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 			ExternallyAccessible: external,
 			InternalPolicyLocal:  internalLocal,
 			ExternalPolicyLocal:  externalLocal,
+			Affinity:             affinity,
 			Annotations:          ann,
 		})
 	}
-	return ports, errors.Join(errs...)
+	return ports, warnings, nil
+}
+
+// MaxAffinitySeconds is the longest ClientIP affinity timeout the API
+// accepts (k8s.io/kubernetes pkg/apis/core MaxClientIPServiceAffinitySeconds,
+// which k8s.io/api does not export).
+const MaxAffinitySeconds = 86400
+
+// sessionAffinity reads the Service's session affinity, with the API's
+// default timeout and its validation (1..86400 seconds). What the API would
+// reject is not allowed to cost the Service its traffic: an unknown type is
+// None, an invalid timeout the default; the warning says which.
+func sessionAffinity(svc *v1.Service) (SessionAffinity, string) {
+	switch svc.Spec.SessionAffinity {
+	case "", v1.ServiceAffinityNone:
+		return SessionAffinity{}, ""
+	case v1.ServiceAffinityClientIP:
+	default:
+		return SessionAffinity{}, fmt.Sprintf("sessionAffinity %s is not None or ClientIP: no affinity", quoteBounded(string(svc.Spec.SessionAffinity)))
+	}
+	cfg := svc.Spec.SessionAffinityConfig
+	if cfg == nil || cfg.ClientIP == nil || cfg.ClientIP.TimeoutSeconds == nil {
+		return SessionAffinity{ClientIP: true, TimeoutSeconds: v1.DefaultClientIPServiceAffinitySeconds}, ""
+	}
+	t := *cfg.ClientIP.TimeoutSeconds
+	if t < 1 || t > MaxAffinitySeconds {
+		return SessionAffinity{ClientIP: true, TimeoutSeconds: v1.DefaultClientIPServiceAffinitySeconds},
+			fmt.Sprintf("sessionAffinityConfig.clientIP.timeoutSeconds %d is outside 1..%d: using the default %d", t, MaxAffinitySeconds, v1.DefaultClientIPServiceAffinitySeconds)
+	}
+	return SessionAffinity{ClientIP: true, TimeoutSeconds: t}, ""
 }
 
 // NodeFromObject builds the model of a node: its labels, allocatable CPU

@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,7 +72,9 @@ func Decide(in Input, opts Options) Decision {
 		internal = local
 		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 	}
+	serving := filter(in.Endpoints, Endpoint.serving)
 	d.Backends, d.Weights = nonNil(internal.eps), nonNilWeights(internal.w)
+	d.Draining = nonNil(without(serving, internal.eps))
 	if p.ExternallyAccessible {
 		external := cluster
 		if p.ExternalPolicyLocal {
@@ -79,8 +82,18 @@ func Decide(in Input, opts Options) Decision {
 			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 		}
 		d.ExternalBackends, d.ExternalWeights = nonNil(external.eps), nonNilWeights(external.w)
+		d.ExternalDraining = nonNil(without(serving, external.eps))
 	}
 	return d
+}
+
+// without returns the endpoints of all that are not in active, in order.
+func without(all, active []Endpoint) []Endpoint {
+	in := make(map[netip.AddrPort]bool, len(active))
+	for _, ep := range active {
+		in[ep.Addr] = true
+	}
+	return filter(all, func(ep Endpoint) bool { return !in[ep.Addr] })
 }
 
 // policyChoice is a parsed, valid annotation and the notes about invalid

@@ -357,3 +357,64 @@ func TestParseTopologyKeys(t *testing.T) {
 		t.Errorf("17 keys accepted")
 	}
 }
+
+func TestDraining(t *testing.T) {
+	etpLocal := func(p ServicePort) ServicePort {
+		p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, true
+		return p
+	}
+	itpLocal := func(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
+	cases := []struct {
+		name string
+		node string
+		port ServicePort
+		eps  []Endpoint
+		// draining are the last octets of Draining; externalDraining of
+		// ExternalDraining, nil meaning it must be nil.
+		draining, externalDraining []int
+	}{
+		{name: "serving-terminating while ready ones exist", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "a1", "zone-a", terminating(true)), ep(3, "b1", "zone-b", terminating(false)), ep(4, "b1", "zone-b", unready)},
+			draining: []int{2}},
+		{name: "all terminating: the serving-terminating ones are active, nothing drains", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a", terminating(true)), ep(2, "b1", "zone-b", terminating(true))},
+			draining: []int{}},
+		{name: "hints: ready endpoints of other zones drain", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "b1", "zone-b", zones("zone-b")), ep(3, "b1", "zone-b", terminating(true))},
+			draining: []int{2, 3}},
+		{name: "topology-keys without a match: everything serving drains", node: "c1", port: clusterPort(map[string]string{AnnotationTopologyKeys: LabelHostname}),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{1, 2}},
+		{name: "zone threshold met: other zones drain", node: "a1", port: clusterPort(map[string]string{AnnotationZoneThreshold: "1"}),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{2}},
+		{name: "zone-weighted: endpoints without weight drain", node: "a1", port: zoneWeightedPort(),
+			// testNodes by count: zone-a 2/4. S_a = 1/2 keeps all.
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{2}},
+		{name: "iTP Local: remote serving endpoints drain", node: "a1", port: itpLocal(clusterPort(nil)),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b"), ep(3, "c1", "zone-c", terminating(true))},
+			draining: []int{2, 3}},
+		{name: "eTP Local: its own draining set", node: "a1", port: etpLocal(clusterPort(nil)),
+			eps:              []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "a2", "zone-a", zones("zone-a")), ep(3, "b1", "zone-b", zones("zone-b"))},
+			draining:         []int{3},
+			externalDraining: []int{2, 3}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Node: testNodes[tc.node], Nodes: testNodes, Port: tc.port, Endpoints: tc.eps}, DefaultOptions())
+			if d.Draining == nil {
+				t.Errorf("Draining is nil")
+			}
+			if got := octets(d.Draining); !slices.Equal(got, tc.draining) {
+				t.Errorf("draining = %v, want %v (backends %v)", got, tc.draining, octets(d.Backends))
+			}
+			switch {
+			case tc.externalDraining == nil && d.ExternalDraining != nil:
+				t.Errorf("external draining = %v, want nil", octets(d.ExternalDraining))
+			case tc.externalDraining != nil && !slices.Equal(octets(d.ExternalDraining), tc.externalDraining):
+				t.Errorf("external draining = %v, want %v", octets(d.ExternalDraining), tc.externalDraining)
+			}
+		})
+	}
+}

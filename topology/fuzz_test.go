@@ -58,11 +58,33 @@ func checkSet(t *testing.T, what string, eps []Endpoint, ws []float64) {
 	}
 }
 
+// checkPartition checks that active and draining split the serving
+// endpoints: every endpoint that is ready, or serving and terminating, is in
+// exactly one of them when a set exists (active is not nil).
+func checkPartition(t *testing.T, what string, eps, active, draining []Endpoint) {
+	t.Helper()
+	if active == nil {
+		return
+	}
+	for _, e := range eps {
+		serving := e.Ready || (e.Serving && e.Terminating)
+		a, d := containsAddr(active, e.Addr), containsAddr(draining, e.Addr)
+		switch {
+		case serving && a == d:
+			t.Fatalf("%s: serving endpoint %s active %v, draining %v", what, e.Addr, a, d)
+		case !serving && (a || d):
+			t.Fatalf("%s: endpoint %s is not serving but active %v, draining %v", what, e.Addr, a, d)
+		}
+	}
+}
+
 // FuzzDecide checks the decision's invariants on random endpoint sets,
 // under every policy:
 //   - backends are a subset of the usable endpoints (ready, else
 //     serving-terminating), counted on this node alone for a Local policy;
 //   - weights are positive and sum to 1;
+//   - backends and draining backends split the serving endpoints (ready, or
+//     serving and terminating) between them;
 //   - when only zone hints exist, every node of a zone gets the same mode;
 //   - under Hints and ZoneWeighted with a Cluster internal policy, backends
 //     are never empty when any endpoint is usable.
@@ -131,11 +153,16 @@ func FuzzDecide(f *testing.F) {
 			}
 			localUsable := specUsable(onNode)
 			for _, c := range []struct {
-				what  string
-				set   []Endpoint
-				ws    []float64
-				local bool
-			}{{"internal", d.Backends, d.Weights, port.InternalPolicyLocal}, {"external", d.ExternalBackends, d.ExternalWeights, port.ExternalPolicyLocal}} {
+				what     string
+				set      []Endpoint
+				ws       []float64
+				draining []Endpoint
+				local    bool
+			}{{"internal", d.Backends, d.Weights, d.Draining, port.InternalPolicyLocal}, {"external", d.ExternalBackends, d.ExternalWeights, d.ExternalDraining, port.ExternalPolicyLocal}} {
+				if (c.set == nil) != (c.draining == nil) {
+					t.Fatalf("node %s: %s backends nil %v, draining nil %v", name, c.what, c.set == nil, c.draining == nil)
+				}
+				checkPartition(t, name+" "+c.what, eps, c.set, c.draining)
 				allowed := usableSet
 				if c.local {
 					allowed = localUsable

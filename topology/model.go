@@ -117,6 +117,11 @@ type Endpoint struct {
 // when a set has no ready endpoints.
 func (e Endpoint) servingTerminating() bool { return !e.Ready && e.Serving && e.Terminating }
 
+// serving reports whether the endpoint can still serve a flow: it is ready,
+// or serving-terminating. A serving endpoint that is not in a backend set is
+// draining for it.
+func (e Endpoint) serving() bool { return e.Ready || e.servingTerminating() }
+
 // ServicePort is one port of a Service, with everything a decision reads.
 type ServicePort struct {
 	// Service is the Service's namespace and name.
@@ -145,8 +150,21 @@ type ServicePort struct {
 	// ExternalPolicyLocal is true when the Service is externally accessible
 	// and externalTrafficPolicy is Local.
 	ExternalPolicyLocal bool
+	// Affinity is the Service's session affinity.
+	Affinity SessionAffinity
 	// Annotations holds the Service's topolb.io/ annotations only.
 	Annotations map[string]string
+}
+
+// SessionAffinity is a Service's sessionAffinity and its timeout.
+type SessionAffinity struct {
+	// ClientIP is true for sessionAffinity ClientIP: every new flow of one
+	// client IP to the port goes to the same backend while that backend is
+	// active and the affinity has not expired.
+	ClientIP bool
+	// TimeoutSeconds is sessionAffinityConfig.clientIP.timeoutSeconds
+	// (default 10800, 1..86400); 0 without affinity.
+	TimeoutSeconds int32
 }
 
 // UsesClusterEndpoints reports whether any traffic to the port is routed to
@@ -201,6 +219,13 @@ type Decision struct {
 	// ExternalWeights are the weights of ExternalBackends, as Weights are of
 	// Backends; nil exactly when ExternalBackends is.
 	ExternalWeights []float64
+	// Draining are the serving endpoints (ready, or serving-terminating)
+	// that are not in Backends: new flows never go to them, but a flow
+	// already established with one keeps it. Never nil.
+	Draining []Endpoint
+	// ExternalDraining are the serving endpoints not in ExternalBackends;
+	// nil exactly when ExternalBackends is.
+	ExternalDraining []Endpoint
 }
 
 // Options are the switches a decision honors. They are arguments, never

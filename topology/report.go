@@ -36,6 +36,18 @@ type PortReport struct {
 	// ExternalWeights are the weights of ExternalBackends, as Weights are of
 	// Backends; null exactly when ExternalBackends is.
 	ExternalWeights map[string]float64 `json:"externalWeights"`
+	// DrainingBackends are the serving endpoints (ready, or
+	// serving-terminating) that are not in Backends, as sorted "ip:port"
+	// strings: new flows never go to them, established flows keep them.
+	// Never null.
+	DrainingBackends []string `json:"drainingBackends"`
+	// ExternalDrainingBackends are the serving endpoints not in
+	// ExternalBackends; null exactly when ExternalBackends is.
+	ExternalDrainingBackends []string `json:"externalDrainingBackends"`
+	// SessionAffinity is "ClientIP" or "None".
+	SessionAffinity string `json:"sessionAffinity"`
+	// AffinityTimeoutSeconds is the ClientIP affinity timeout; 0 for None.
+	AffinityTimeoutSeconds int32 `json:"affinityTimeoutSeconds"`
 	// BackendZones counts the internal backends per endpoint zone ("" for
 	// endpoints without a zone). Not part of the JSON contract.
 	BackendZones map[string]int `json:"-"`
@@ -59,6 +71,13 @@ func NewReport(node Node, ds []PortDecision) Report {
 			Backends:     addrs(d.Decision.Backends),
 			Weights:      weightMap(d.Decision.Backends, d.Decision.Weights),
 			BackendZones: map[string]int{},
+
+			DrainingBackends:       addrs(d.Decision.Draining),
+			SessionAffinity:        "None",
+			AffinityTimeoutSeconds: p.Affinity.TimeoutSeconds,
+		}
+		if p.Affinity.ClientIP {
+			pr.SessionAffinity = "ClientIP"
 		}
 		for _, fe := range p.Frontends() {
 			pr.Frontends = append(pr.Frontends, fe.String())
@@ -66,6 +85,7 @@ func NewReport(node Node, ds []PortDecision) Report {
 		if d.Decision.ExternalBackends != nil {
 			pr.ExternalBackends = addrs(d.Decision.ExternalBackends)
 			pr.ExternalWeights = weightMap(d.Decision.ExternalBackends, d.Decision.ExternalWeights)
+			pr.ExternalDrainingBackends = addrs(d.Decision.ExternalDraining)
 		}
 		for _, ep := range d.Decision.Backends {
 			pr.BackendZones[ep.Zone]++

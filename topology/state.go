@@ -104,8 +104,7 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) 
 	if !ok {
 		return nil, nil
 	}
-	var warnings []string
-	ports, err := ServicePorts(svc)
+	ports, warnings, err := ServicePorts(svc)
 	if err != nil && !errors.Is(err, ErrNotProxied) {
 		warnings = append(warnings, err.Error())
 	}

@@ -101,9 +101,19 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if port == "" {
 			port = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends)), s.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, backendsCell(s), s.Reason)
 	}
 	return tw.Flush()
+}
+
+// backendsCell renders the backends by zone and, when some drain, how
+// many: "zone-a=2 (+1 draining)".
+func backendsCell(s topology.PortReport) string {
+	cell := zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends))
+	if n := len(s.DrainingBackends); n > 0 {
+		cell += fmt.Sprintf(" (+%d draining)", n)
+	}
+	return cell
 }
 
 // zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)"; with unequal
