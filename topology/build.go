@@ -81,7 +81,7 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	}
 
 	var ports []ServicePort
-	for _, sp := range svc.Spec.Ports {
+	for i, sp := range svc.Spec.Ports {
 		proto := sp.Protocol
 		if proto == "" {
 			proto = v1.ProtocolTCP
@@ -99,6 +99,8 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 		}
 		ports = append(ports, ServicePort{
 			Service:              nn,
+			Created:              svc.CreationTimestamp.Time,
+			Index:                i,
 			Name:                 sp.Name,
 			Protocol:             proto,
 			Port:                 uint16(sp.Port),
@@ -145,8 +147,8 @@ func sessionAffinity(svc *v1.Service) (SessionAffinity, string) {
 	return SessionAffinity{ClientIP: true, TimeoutSeconds: t}, ""
 }
 
-// NodeFromObject builds the model of a node: its labels, allocatable CPU
-// and Ready condition. keep selects the labels to retain; nil keeps them
+// NodeFromObject builds the model of a node: its labels, allocatable CPU,
+// Ready condition and IPv4 addresses. keep selects the labels to retain; nil keeps them
 // all.
 func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 	labels := make(map[string]string, len(n.Labels))
@@ -156,6 +158,11 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 		}
 	}
 	out := Node{Name: n.Name, Labels: labels, AllocatableMilliCPU: milliCPU(n.Status.Allocatable.Cpu())}
+	for _, a := range n.Status.Addresses {
+		if ip, ok := parseIPv4(a.Address); ok {
+			out.Addresses = append(out.Addresses, NodeAddress{Type: a.Type, Addr: ip})
+		}
+	}
 	for _, c := range n.Status.Conditions {
 		if c.Type == v1.NodeReady {
 			out.Ready = c.Status

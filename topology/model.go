@@ -9,7 +9,9 @@
 package topology
 
 import (
+	"fmt"
 	"net/netip"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -82,6 +84,16 @@ type Node struct {
 	// Ready is the status of the node's Ready condition (True, False,
 	// Unknown), "" when it has none.
 	Ready v1.ConditionStatus
+	// Addresses are the node's IPv4 addresses from status.addresses, in
+	// order, with their types; NodePort frontends are chosen among them.
+	Addresses []NodeAddress
+}
+
+// NodeAddress is one IPv4 address of a node and its type (InternalIP,
+// ExternalIP, ...).
+type NodeAddress struct {
+	Type v1.NodeAddressType
+	Addr netip.Addr
 }
 
 // Zone returns the node's topology.kubernetes.io/zone label, or "".
@@ -126,6 +138,12 @@ func (e Endpoint) serving() bool { return e.Ready || e.servingTerminating() }
 type ServicePort struct {
 	// Service is the Service's namespace and name.
 	Service types.NamespacedName
+	// Created is the Service's creationTimestamp; zero when unset (as in
+	// hand-written manifests). It decides which Service owns a frontend
+	// two of them claim (CompareClaims).
+	Created time.Time
+	// Index is the port's position in the Service's spec.ports.
+	Index int
 	// Name is the port's name, "" if unnamed.
 	Name string
 	// Protocol is TCP, UDP or SCTP.
@@ -181,9 +199,12 @@ func (p ServicePort) UsesLocalEndpoints() bool {
 	return p.InternalPolicyLocal || p.ExternalPolicyLocal
 }
 
-// Frontends returns the addresses the port is reached at from inside the
-// cluster and from outside: the cluster IP, the externalIPs and the
-// load-balancer IPs, each with the service port. NodePorts are not included.
+// Frontends returns the cluster IP, the externalIPs and the load-balancer
+// IPs, each with the service port, cluster IP first.
+//
+// Deprecated: it leaves out NodePorts and does not say which frontend uses
+// which backend set; use ClusterFrontend, ExternalFrontends and
+// NodeFrontends (frontends.go).
 func (p ServicePort) Frontends() []netip.AddrPort {
 	out := []netip.AddrPort{netip.AddrPortFrom(p.ClusterIP, p.Port)}
 	for _, ip := range p.ExternalIPs {
@@ -226,6 +247,18 @@ type Decision struct {
 	// ExternalDraining are the serving endpoints not in ExternalBackends;
 	// nil exactly when ExternalBackends is.
 	ExternalDraining []Endpoint
+	// ClusterBackends are the cluster set: the endpoints the policy chose
+	// for this node, which internal traffic uses under internalTrafficPolicy
+	// Cluster, external traffic under externalTrafficPolicy Cluster, and
+	// traffic from inside the node to an external frontend always (as
+	// kube-proxy short-circuits it). Nil when the port never uses it
+	// (internalTrafficPolicy Local and not externally accessible).
+	ClusterBackends []Endpoint
+	// ClusterWeights and ClusterDraining are to ClusterBackends what
+	// Weights and Draining are to Backends; nil exactly when
+	// ClusterBackends is.
+	ClusterWeights  []float64
+	ClusterDraining []Endpoint
 }
 
 // Options are the switches a decision honors. They are arguments, never
@@ -234,9 +267,38 @@ type Options struct {
 	// PreferSameTrafficDistribution enables node hints (hints.forNodes), as
 	// kube-proxy's feature gate of that name does.
 	PreferSameTrafficDistribution bool
+	// NodePortAddresses, when not empty, selects the node addresses
+	// NodePorts are served on: those inside any of the prefixes (kube-proxy's
+	// --nodeport-addresses). Empty: the node's InternalIP and ExternalIP
+	// addresses.
+	NodePortAddresses []netip.Prefix
+	// NodePortRange is the range of valid nodePorts (the apiserver's
+	// --service-node-port-range); a nodePort outside it is not served. The
+	// zero value means DefaultNodePortRange.
+	NodePortRange PortRange
+}
+
+// PortRange is an inclusive range of port numbers.
+type PortRange struct{ Min, Max uint16 }
+
+// DefaultNodePortRange is the apiserver's default --service-node-port-range.
+var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
+
+// Contains reports whether port is in the range.
+func (r PortRange) Contains(port uint16) bool { return r.Min <= port && port <= r.Max }
+
+// String renders the range as "30000-32767".
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// nodePortRange returns the range in force.
+func (o Options) nodePortRange() PortRange {
+	if o.NodePortRange == (PortRange{}) {
+		return DefaultNodePortRange
+	}
+	return o.NodePortRange
 }
 
 // DefaultOptions returns the options kube-proxy v1.37 runs with.
 func DefaultOptions() Options {
-	return Options{PreferSameTrafficDistribution: true}
+	return Options{PreferSameTrafficDistribution: true, NodePortRange: DefaultNodePortRange}
 }

@@ -83,9 +83,10 @@ func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []str
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
 	node, warnings := s.Node(nodeName)
+	demand := ZoneDemand(s.Nodes)
 	var out []PortDecision
 	for _, nn := range names {
-		ds, w := s.decideService(node, nn, opts)
+		ds, w := s.decideService(node, nn, opts, &demand)
 		out = append(out, ds...)
 		warnings = append(warnings, w...)
 	}
@@ -95,11 +96,13 @@ func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []str
 // DecideService decides every proxied port of one Service for nodeName.
 func (s *State) DecideService(nodeName string, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
 	node, warnings := s.Node(nodeName)
-	ds, w := s.decideService(node, nn, opts)
+	ds, w := s.decideService(node, nn, opts, nil)
 	return ds, dedupe(append(warnings, w...))
 }
 
-func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
+// decideService decides one Service's ports; demand is ZoneDemand(s.Nodes),
+// or nil to have Decide compute it when a port needs it.
+func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, demand *Demand) ([]PortDecision, []string) {
 	svc, ok := s.Services[nn]
 	if !ok {
 		return nil, nil
@@ -120,7 +123,7 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) 
 				warnings = append(warnings, fmt.Sprintf("%s: endpoint %s is on node %s, which is not known", nn, ep.Addr, ep.NodeName))
 			}
 		}
-		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps}, opts)
+		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps, Demand: demand}, opts)
 		out = append(out, PortDecision{Port: p, Endpoints: eps, Decision: d})
 	}
 	return out, warnings

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/topology"
@@ -25,7 +26,11 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		return err
 	}
 	if service != "" {
-		st.Services = slices.DeleteFunc(st.Services, func(p topology.PortReport) bool { return p.Service != service })
+		ns, name, ok := strings.Cut(service, "/")
+		if !ok || ns == "" || name == "" {
+			return usageError(fmt.Errorf("--service %q: want NAMESPACE/NAME", service))
+		}
+		st.Report = st.Report.Only(types.NamespacedName{Namespace: ns, Name: name})
 	}
 	w := cmd.OutOrStdout()
 	if output != "table" {
