@@ -73,6 +73,10 @@ func Decide(in Input, opts Options) Decision {
 		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 	}
 	serving := filter(in.Endpoints, Endpoint.serving)
+	d.WhenEmpty = EmptyDrop
+	if len(serving) == 0 {
+		d.WhenEmpty = EmptyReject
+	}
 	if p.UsesClusterEndpoints() {
 		d.ClusterBackends, d.ClusterWeights = nonNil(cluster.eps), nonNilWeights(cluster.w)
 		d.ClusterDraining = nonNil(without(serving, cluster.eps))

@@ -418,3 +418,64 @@ func TestDraining(t *testing.T) {
 		})
 	}
 }
+
+// TestWhenEmpty pins when an empty set rejects (no usable endpoint
+// anywhere, as kube-proxy rejects Services without endpoints) and when it
+// drops (the policy leaves this node without backends).
+func TestWhenEmpty(t *testing.T) {
+	external := func(p ServicePort, local bool) ServicePort {
+		p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, local
+		return p
+	}
+	itpLocal := func(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
+	cases := []struct {
+		name string
+		node string
+		port ServicePort
+		eps  []Endpoint
+		want EmptyAction
+		// empty says which sets must be empty: "internal", "external".
+		empty []string
+	}{
+		{name: "no endpoints at all: reject", node: "a1", port: clusterPort(nil), want: EmptyReject, empty: []string{"internal"}},
+		{name: "only unready and not-serving terminating endpoints: reject", node: "a1", port: external(clusterPort(nil), false),
+			eps:  []Endpoint{ep(1, "a1", "zone-a", unready), ep(2, "b1", "zone-b", terminating(false))},
+			want: EmptyReject, empty: []string{"internal", "external"}},
+		{name: "serving-terminating endpoints are usable: not reject", node: "a1", port: clusterPort(nil),
+			eps:  []Endpoint{ep(1, "b1", "zone-b", terminating(true))},
+			want: EmptyDrop},
+		{name: "iTP Local without a local endpoint: drop", node: "c1", port: itpLocal(clusterPort(nil)),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"internal"}},
+		{name: "eTP Local without a local endpoint: external drops, internal serves", node: "c1", port: external(clusterPort(nil), true),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"external"}},
+		{name: "topology-keys without a match: drop", node: "c1", port: clusterPort(map[string]string{AnnotationTopologyKeys: LabelHostname}),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"internal"}},
+		{name: "iTP Local on an empty Service: reject", node: "a1", port: itpLocal(clusterPort(nil)),
+			eps:  []Endpoint{ep(1, "a1", "zone-a", unready)},
+			want: EmptyReject, empty: []string{"internal"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Node: testNodes[tc.node], Nodes: testNodes, Port: tc.port, Endpoints: tc.eps}, DefaultOptions())
+			if d.WhenEmpty != tc.want {
+				t.Errorf("WhenEmpty = %q, want %q", d.WhenEmpty, tc.want)
+			}
+			if got := len(d.Backends) == 0; got != slices.Contains(tc.empty, "internal") {
+				t.Errorf("internal set empty = %v, want %v", got, !got)
+			}
+			if tc.port.ExternallyAccessible {
+				if got := len(d.ExternalBackends) == 0; got != slices.Contains(tc.empty, "external") {
+					t.Errorf("external set empty = %v, want %v", got, !got)
+				}
+				for _, scope := range []Scope{ScopeInternal, ScopeExternal} {
+					if set, _ := d.SetFor(KindNodePort, scope); set.WhenEmpty != tc.want {
+						t.Errorf("NodePort from %s: WhenEmpty %q, want %q", scope, set.WhenEmpty, tc.want)
+					}
+				}
+			}
+		})
+	}
+}

@@ -129,6 +129,9 @@ type BackendSet struct {
 	// Draining are the serving endpoints not in Backends: established
 	// flows keep them, new flows never go to them. Never nil.
 	Draining []Endpoint
+	// WhenEmpty is what happens to new flows when Backends is empty
+	// (Decision.WhenEmpty).
+	WhenEmpty EmptyAction
 }
 
 // SetFor returns the backend set that traffic from scope to a frontend of
@@ -147,16 +150,16 @@ type BackendSet struct {
 func (d Decision) SetFor(kind FrontendKind, scope Scope) (BackendSet, bool) {
 	switch {
 	case kind == KindClusterIP && scope == ScopeInternal:
-		return BackendSet{Backends: d.Backends, Weights: d.Weights, Draining: d.Draining}, true
+		return BackendSet{Backends: d.Backends, Weights: d.Weights, Draining: d.Draining, WhenEmpty: d.WhenEmpty}, true
 	case kind == KindClusterIP, d.ExternalBackends == nil:
 		// ExternalBackends is nil exactly when the port is not externally
 		// accessible.
 		return BackendSet{}, false
 	case scope == ScopeInternal:
 		// Externally accessible ports always use the cluster set.
-		return BackendSet{Backends: d.ClusterBackends, Weights: d.ClusterWeights, Draining: d.ClusterDraining}, true
+		return BackendSet{Backends: d.ClusterBackends, Weights: d.ClusterWeights, Draining: d.ClusterDraining, WhenEmpty: d.WhenEmpty}, true
 	}
-	return BackendSet{Backends: d.ExternalBackends, Weights: d.ExternalWeights, Draining: d.ExternalDraining}, true
+	return BackendSet{Backends: d.ExternalBackends, Weights: d.ExternalWeights, Draining: d.ExternalDraining, WhenEmpty: d.WhenEmpty}, true
 }
 
 // Frontend is one frontend a node programs: a (address:port, protocol,

@@ -83,6 +83,7 @@ func checkPartition(t *testing.T, what string, eps, active, draining []Endpoint)
 //   - backends are a subset of the usable endpoints (ready, else
 //     serving-terminating), counted on this node alone for a Local policy;
 //   - weights are positive and sum to 1;
+//   - an empty set rejects exactly when no endpoint is usable;
 //   - backends and draining backends split the serving endpoints (ready, or
 //     serving and terminating) between them;
 //   - when only zone hints exist, every node of a zone gets the same mode;
@@ -173,6 +174,9 @@ func FuzzDecide(f *testing.F) {
 					}
 				}
 				checkSet(t, name+" "+c.what, c.set, c.ws)
+			}
+			if want := (len(usableSet) == 0); (d.WhenEmpty == EmptyReject) != want || (d.WhenEmpty != EmptyDrop && !want) {
+				t.Fatalf("node %s: WhenEmpty %q with %d usable endpoints", name, d.WhenEmpty, len(usableSet))
 			}
 			if (d.Policy == PolicyHints || d.Policy == PolicyZoneWeighted) && !port.InternalPolicyLocal && len(usableSet) > 0 && len(d.Backends) == 0 {
 				t.Fatalf("node %s: %s with %d usable endpoints programmed none (%s)", name, d.Policy, len(usableSet), d.Reason)

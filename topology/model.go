@@ -259,7 +259,28 @@ type Decision struct {
 	// ClusterBackends is.
 	ClusterWeights  []float64
 	ClusterDraining []Endpoint
+	// WhenEmpty is what happens to a new flow that one of the port's sets
+	// has no backend for: EmptyReject when the port has no usable endpoint
+	// anywhere (none ready, none serving-terminating), EmptyDrop when it
+	// has some but this node's policy deliberately leaves the set empty
+	// (traffic policy Local without a local endpoint, topology-keys without
+	// a match), as kube-proxy does. Always set; it matters only for an
+	// empty set.
+	WhenEmpty EmptyAction
 }
+
+// EmptyAction is what the datapath does with a new flow for which a set has
+// no backend.
+type EmptyAction string
+
+const (
+	// EmptyReject answers at once: a TCP reset, or ICMP port unreachable,
+	// as kube-proxy rejects connections to Services without endpoints.
+	EmptyReject EmptyAction = "reject"
+	// EmptyDrop drops the packet silently, as kube-proxy does when a
+	// traffic policy leaves a node without endpoints.
+	EmptyDrop EmptyAction = "drop"
+)
 
 // Options are the switches a decision honors. They are arguments, never
 // globals, so a test or a simulation can flip them per call.

@@ -63,6 +63,11 @@ type PortReport struct {
 	SessionAffinity string `json:"sessionAffinity"`
 	// AffinityTimeoutSeconds is the ClientIP affinity timeout; 0 for None.
 	AffinityTimeoutSeconds int32 `json:"affinityTimeoutSeconds"`
+	// WhenEmpty is what happens to new flows for which a set of the port
+	// is empty: "reject" (no usable endpoint anywhere: TCP reset, ICMP
+	// port unreachable) or "drop" (the policy leaves this node without
+	// backends for the set).
+	WhenEmpty EmptyAction `json:"whenEmpty"`
 	// ClusterBackends are the cluster set, the policy's choice for this
 	// node, as sorted "ip:port" strings; null when the port never uses it.
 	ClusterBackends []string `json:"clusterBackends"`
@@ -98,6 +103,8 @@ type FrontendReport struct {
 	// SessionAffinity and AffinityTimeoutSeconds are the owning port's.
 	SessionAffinity        string `json:"sessionAffinity"`
 	AffinityTimeoutSeconds int32  `json:"affinityTimeoutSeconds"`
+	// WhenEmpty is "reject" or "drop", as PortReport's.
+	WhenEmpty EmptyAction `json:"whenEmpty"`
 }
 
 // NewReport turns decisions for node into a Report, with the frontends
@@ -122,6 +129,7 @@ func NewReportOptions(node Node, ds []PortDecision, opts Options) Report {
 			Service: f.Port.Service.String(), Port: f.Port.Name,
 			Backends: addrs(f.Backends), Weights: weightMap(f.Backends, f.Weights), DrainingBackends: addrs(f.Draining),
 			SessionAffinity: affinityName(f.Port.Affinity), AffinityTimeoutSeconds: f.Port.Affinity.TimeoutSeconds,
+			WhenEmpty: f.WhenEmpty,
 		})
 	}
 	return r
@@ -156,6 +164,7 @@ func portReport(node Node, d PortDecision, opts Options) PortReport {
 		DrainingBackends:       addrs(dec.Draining),
 		SessionAffinity:        affinityName(p.Affinity),
 		AffinityTimeoutSeconds: p.Affinity.TimeoutSeconds,
+		WhenEmpty:              dec.WhenEmpty,
 	}
 	ext, _ := p.ExternalFrontends(node, opts)
 	for _, fa := range ext {

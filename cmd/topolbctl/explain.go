@@ -177,6 +177,14 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	return tw.Flush()
 }
 
+// emptyWord says what happens to new flows without a backend.
+func emptyWord(a topology.EmptyAction) string {
+	if a == topology.EmptyReject {
+		return "rejected"
+	}
+	return "dropped"
+}
+
 // maxListedBackends bounds the backends a frontend's table row lists.
 const maxListedBackends = 4
 
@@ -185,7 +193,7 @@ const maxListedBackends = 4
 // "10.1.1.1:8080 10.1.1.2:8080", "10.1.14.1:8080=67% ...", "none".
 func frontendBackends(f topology.FrontendReport) string {
 	if len(f.Backends) == 0 {
-		return "none"
+		return "none (" + emptyWord(f.WhenEmpty) + ")"
 	}
 	equal := true
 	for _, b := range f.Backends {
@@ -208,19 +216,19 @@ func frontendBackends(f topology.FrontendReport) string {
 // backendsCell renders the backends by zone and, when some drain, how
 // many: "zone-a=2 (+1 draining)".
 func backendsCell(s topology.PortReport) string {
-	cell := zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends))
+	cell := zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends), s.WhenEmpty)
 	if n := len(s.DrainingBackends); n > 0 {
 		cell += fmt.Sprintf(" (+%d draining)", n)
 	}
 	return cell
 }
 
-// zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)"; with unequal
-// weights, each zone's share of new flows follows its count:
-// "zone-a=1:67% zone-b=2:33%".
-func zoneCounts(byZone map[string]int, shares map[string]float64, total int) string {
+// zoneCounts renders "zone-a=2 zone-b=1", or for no backends "0 (dropped)"
+// or "0 (rejected)"; with unequal weights, each zone's share of new flows
+// follows its count: "zone-a=1:67% zone-b=2:33%".
+func zoneCounts(byZone map[string]int, shares map[string]float64, total int, whenEmpty topology.EmptyAction) string {
 	if total == 0 {
-		return "0 (dropped)"
+		return "0 (" + emptyWord(whenEmpty) + ")"
 	}
 	if len(byZone) == 0 {
 		return fmt.Sprint(total)
