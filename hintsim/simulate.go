@@ -17,6 +17,7 @@ package hintsim
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -74,10 +75,16 @@ func DefaultOptions() Options {
 //     taken to be the controller's; one managed by anything else is left
 //     alone, as the controller lists only its own.
 //
-// Warnings name the slices the simulation skipped (not IPv4).
-func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Report, []string) {
+// Warnings name the slices the simulation skipped (not IPv4). The error
+// wraps ErrBadCPU when a Node's allocatable CPU is negative or absurd (more
+// than topology.MaxNodeCPUCores): the controller would turn it into a
+// negative or meaningless CPU ratio, so no simulation is made.
+func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Report, []string, error) {
 	nodes := slices.Clone(objs.Nodes)
 	slices.SortFunc(nodes, func(a, b *v1.Node) int { return cmp.Compare(a.Name, b.Name) })
+	if err := checkCPU(nodes); err != nil {
+		return Report{}, nil, err
+	}
 	info, sources, total := nodeInfo(nodes)
 	cache := topologycache.NewTopologyCache()
 	cache.SetNodes(logr.Discard(), nodes)
@@ -100,7 +107,27 @@ func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Rep
 			rep.Services = append(rep.Services, svc)
 		}
 	}
-	return rep, warnings
+	return rep, warnings, nil
+}
+
+// ErrBadCPU is wrapped by Simulate's error for a Node whose allocatable CPU
+// cannot be a weight.
+var ErrBadCPU = errors.New("allocatable CPU is not a usable weight")
+
+// checkCPU refuses nodes whose allocatable CPU is negative or more than
+// topology.MaxNodeCPUCores, naming the first (by name).
+func checkCPU(nodes []*v1.Node) error {
+	for _, n := range nodes {
+		q, ok := n.Status.Allocatable[v1.ResourceCPU]
+		switch {
+		case !ok:
+		case q.Sign() < 0:
+			return fmt.Errorf("node %s: allocatable cpu %s is negative: %w", n.Name, q.String(), ErrBadCPU)
+		case q.CmpInt64(topology.MaxNodeCPUCores) > 0:
+			return fmt.Errorf("node %s: allocatable cpu %s is more than %d cores: %w", n.Name, q.String(), topology.MaxNodeCPUCores, ErrBadCPU)
+		}
+	}
+	return nil
 }
 
 // sim is one simulation's shared state.

@@ -38,7 +38,10 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	}
 	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
 	if !ok {
-		return nil, nil, fmt.Errorf("%s: clusterIP %q: %w", nn, svc.Spec.ClusterIP, ErrNoIPv4)
+		return nil, nil, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoIPv4)
+	}
+	if problem := AddrProblem(clusterIP); problem != "" {
+		return nil, nil, fmt.Errorf("%s: clusterIP %s is %s: %w", nn, clusterIP, problem, ErrUnusableAddress)
 	}
 	var warnings []string
 	affinity, w := sessionAffinity(svc)
@@ -47,15 +50,19 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	}
 	var externalIPs, lbIPs []netip.Addr
 	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIPv4(s); ok {
+		if ip, w := frontendIP(s, "externalIP"); w != "" {
+			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+		} else if ip.IsValid() {
 			externalIPs = append(externalIPs, ip)
 		}
 	}
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy || ing.IP == "" {
 			continue
 		}
-		if ip, ok := parseIPv4(ing.IP); ok {
+		if ip, w := frontendIP(ing.IP, "load-balancer ingress IP"); w != "" {
+			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+		} else if ip.IsValid() {
 			lbIPs = append(lbIPs, ip)
 		}
 	}
@@ -86,15 +93,24 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 		if proto == "" {
 			proto = v1.ProtocolTCP
 		}
+		if j := slices.IndexFunc(ports, func(p ServicePort) bool {
+			return p.Protocol == proto && (int32(p.Port) == sp.Port || p.Name == sp.Name)
+		}); j >= 0 {
+			// The API forbids both; kube-proxy keys ports by name and
+			// protocol. The first port in spec order keeps its place.
+			warnings = append(warnings, fmt.Sprintf("%s: port %s (%d/%s) repeats the number or name of port %s (%d/%s): ignored, the first one is served",
+				nn, quoteBounded(sp.Name), sp.Port, proto, quoteBounded(ports[j].Name), ports[j].Port, ports[j].Protocol))
+			continue
+		}
 		switch {
 		case sp.Port < 1 || sp.Port > 65535:
-			warnings = append(warnings, fmt.Sprintf("%s: port %q: number %d out of range", nn, sp.Name, sp.Port))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: number %d out of range", nn, quoteBounded(sp.Name), sp.Port))
 			continue
 		case sp.NodePort < 0 || sp.NodePort > 65535:
-			warnings = append(warnings, fmt.Sprintf("%s: port %q: nodePort %d out of range", nn, sp.Name, sp.NodePort))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: nodePort %d out of range", nn, quoteBounded(sp.Name), sp.NodePort))
 			continue
 		case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
-			warnings = append(warnings, fmt.Sprintf("%s: port %q: unknown protocol %q", nn, sp.Name, proto))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: unknown protocol %s", nn, quoteBounded(sp.Name), quoteBounded(string(proto))))
 			continue
 		}
 		ports = append(ports, ServicePort{
@@ -122,6 +138,26 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 // accepts (k8s.io/kubernetes pkg/apis/core MaxClientIPServiceAffinitySeconds,
 // which k8s.io/api does not export).
 const MaxAffinitySeconds = 86400
+
+// frontendIP parses an externalIP or load-balancer IP. It returns the
+// address when it can be a frontend; the zero address and no warning for
+// an IPv6 address (topolb serves IPv4 only, as kube-proxy's IPv4 proxier
+// ignores them); and a warning for anything else.
+func frontendIP(s, what string) (netip.Addr, string) {
+	ip, err := netip.ParseAddr(strings.TrimSpace(s))
+	switch {
+	case err != nil:
+		return netip.Addr{}, fmt.Sprintf("%s %s is not an IP address: ignored", what, quoteBounded(s))
+	case ip.Is4In6():
+		ip = ip.Unmap()
+	case !ip.Is4():
+		return netip.Addr{}, ""
+	}
+	if problem := AddrProblem(ip); problem != "" {
+		return netip.Addr{}, fmt.Sprintf("%s %s is %s: ignored", what, ip, problem)
+	}
+	return ip, ""
+}
 
 // sessionAffinity reads the Service's session affinity, with the API's
 // default timeout and its validation (1..86400 seconds). What the API would
@@ -214,7 +250,11 @@ func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nod
 			}
 			ip, ok := parseIPv4(e.Addresses[0])
 			if !ok {
-				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %q is not IPv4", s.Namespace, s.Name, e.Addresses[0]))
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is not IPv4", s.Namespace, s.Name, quoteBounded(e.Addresses[0])))
+				continue
+			}
+			if problem := AddrProblem(ip); problem != "" {
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is %s: skipped", s.Namespace, s.Name, ip, problem))
 				continue
 			}
 			ep := endpointFrom(e, netip.AddrPortFrom(ip, num))

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/validate/content"
 )
 
 // Input is everything one decision reads.
@@ -92,6 +94,7 @@ func Decide(in Input, opts Options) Decision {
 		d.ExternalBackends, d.ExternalWeights = nonNil(external.eps), nonNilWeights(external.w)
 		d.ExternalDraining = nonNil(without(serving, external.eps))
 	}
+	d.Reason = boundReason(d.Reason)
 	return d
 }
 
@@ -121,7 +124,7 @@ func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
 			return PolicyDisabled, policyChoice{}, notes
 		case "true":
 		default:
-			notes = append(notes, fmt.Sprintf("ignoring invalid %s %q (want true or false)", AnnotationTopologyAware, v))
+			notes = append(notes, fmt.Sprintf("ignoring invalid %s %s (want true or false)", AnnotationTopologyAware, quoteBounded(v)))
 		}
 	}
 	if v, ok := ann[AnnotationTopologyKeys]; ok {
@@ -129,26 +132,27 @@ func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
 		if err == nil {
 			return PolicyTopologyKeys, policyChoice{keys: keys}, notes
 		}
-		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationTopologyKeys, v, err))
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s: %v", AnnotationTopologyKeys, quoteBounded(v), err))
 	}
 	if v, ok := ann[AnnotationZoneThreshold]; ok {
 		n, err := ParseZoneThreshold(v)
 		if err == nil {
 			return PolicyZoneThreshold, policyChoice{zoneThreshold: n}, notes
 		}
-		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationZoneThreshold, v, err))
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s: %v", AnnotationZoneThreshold, quoteBounded(v), err))
 	}
 	if v, ok := ann[AnnotationZoneWeighted]; ok {
 		if strings.ToLower(strings.TrimSpace(v)) == "true" {
 			return PolicyZoneWeighted, policyChoice{}, notes
 		}
-		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q (want true)", AnnotationZoneWeighted, v))
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s (want true)", AnnotationZoneWeighted, quoteBounded(v)))
 	}
 	return PolicyHints, policyChoice{}, notes
 }
 
 // ParseTopologyKeys parses a topology-keys annotation: 1 to 16
-// comma-separated keys, none empty or repeated, "*" only as the last key.
+// comma-separated label keys (surrounding spaces trimmed), none empty or
+// repeated, "*" only as the last key.
 func ParseTopologyKeys(v string) ([]string, error) {
 	parts := strings.Split(v, ",")
 	if len(parts) > MaxTopologyKeys {
@@ -162,9 +166,16 @@ func ParseTopologyKeys(v string) ([]string, error) {
 		case k == "":
 			return nil, fmt.Errorf("key %d is empty", i+1)
 		case seen[k]:
-			return nil, fmt.Errorf("key %q repeated", k)
+			return nil, fmt.Errorf("key %s repeated", quoteBounded(k))
 		case k == "*" && i != len(parts)-1:
 			return nil, fmt.Errorf(`"*" must be the last key`)
+		case k != "*":
+			if errs := content.IsLabelKey(k); len(errs) > 0 {
+				// The first clause says what is wrong; the rest is
+				// examples and the regular expression.
+				msg, _, _ := strings.Cut(errs[0], " (e.g.")
+				return nil, fmt.Errorf("key %s is not a label key: %s", quoteBounded(k), msg)
+			}
 		}
 		seen[k] = true
 		keys = append(keys, k)

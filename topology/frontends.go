@@ -102,10 +102,14 @@ func (p ServicePort) ExternalFrontends(node Node, opts Options) ([]FrontendAddr,
 // NodePortAddresses returns the addresses of node that NodePorts are served
 // on: with Options.NodePortAddresses empty, its InternalIP and ExternalIP
 // addresses; otherwise every address of node inside one of the prefixes. In
-// node's order, each once.
+// node's order, each once; never an address AddrProblem refuses (State.Node
+// warns about those).
 func NodePortAddresses(node Node, opts Options) []netip.Addr {
 	var out []netip.Addr
 	for _, a := range node.Addresses {
+		if AddrProblem(a.Addr) != "" {
+			continue
+		}
 		var ok bool
 		if len(opts.NodePortAddresses) == 0 {
 			ok = a.Type == v1.NodeInternalIP || a.Type == v1.NodeExternalIP

@@ -64,13 +64,24 @@ type PortDecision struct {
 	Decision  Decision
 }
 
-// Node returns the named node, or a node with that name and no labels and a
-// warning when the node is unknown.
+// Node returns the named node and a warning for each of its InternalIP or
+// ExternalIP addresses that cannot serve NodePorts (AddrProblem); or, when
+// the node is unknown, a node with that name and no labels and a warning.
 func (s *State) Node(name string) (Node, []string) {
-	if n, ok := s.Nodes[name]; ok {
-		return n, nil
+	n, ok := s.Nodes[name]
+	if !ok {
+		return Node{Name: name}, []string{fmt.Sprintf("node %s not found: deciding as if it had no labels", name)}
 	}
-	return Node{Name: name}, []string{fmt.Sprintf("node %s not found: deciding as if it had no labels", name)}
+	var warnings []string
+	for _, a := range n.Addresses {
+		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+			continue
+		}
+		if problem := AddrProblem(a.Addr); problem != "" {
+			warnings = append(warnings, fmt.Sprintf("node %s: %s %s is %s: no NodePorts on it", name, a.Type, a.Addr, problem))
+		}
+	}
+	return n, warnings
 }
 
 // DecideNode decides every proxied port of every Service for nodeName. The

@@ -5,6 +5,22 @@ import (
 	"unicode/utf8"
 )
 
+// MaxReason bounds a decision's reason, in bytes; a longer one is cut (on
+// a character boundary) and ends in "...".
+const MaxReason = 1024
+
+// boundReason applies MaxReason.
+func boundReason(s string) string {
+	if len(s) <= MaxReason {
+		return s
+	}
+	cut := MaxReason - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
 // maxQuoted bounds how much of a user-supplied value (an annotation, a
 // field) a reason or warning quotes, so that a huge value cannot make a
 // reason huge.

@@ -60,7 +60,7 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		case !ok:
 			mark = "   (not decided: stale or owned by no service)"
 		}
-		fmt.Fprintf(w, "  %s -> [%s]%s\n", f, strings.Join(st.Programmed[f], " "), mark)
+		fmt.Fprintf(w, "  %s -> [%s]%s\n", cell(f, maxName), cell(strings.Join(st.Programmed[f], " "), maxText), mark)
 	}
 	return nil
 }

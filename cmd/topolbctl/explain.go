@@ -70,7 +70,7 @@ stderr; the rest is still decided.`,
 				return err
 			}
 			report := explainReport(objs.State(nil), node, filter, opts)
-			warn(cmd.ErrOrStderr(), report.Warnings)
+			warn(cmd.ErrOrStderr(), cells(report.Warnings, maxText))
 			return printReport(cmd.OutOrStdout(), report, output)
 		},
 	}
@@ -143,7 +143,7 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	if zone == "" {
 		zone = "(none)"
 	}
-	fmt.Fprintf(w, "node %s, zone %s\n\n", r.Node, zone)
+	fmt.Fprintf(w, "node %s, zone %s\n\n", cell(r.Node, maxName), cell(zone, maxName))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tPORT\tPOLICY\tMODE\tBACKENDS BY ZONE\tREASON")
 	for _, s := range r.Services {
@@ -151,7 +151,8 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if port == "" {
 			port = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, backendsCell(s), s.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", cell(s.Service, maxName), cell(port, maxName), s.Protocol, s.Policy,
+			cell(string(s.Mode), maxName), backendsCell(s), cell(s.Reason, maxText))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -171,7 +172,7 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if affinity == "ClientIP" {
 			affinity += fmt.Sprintf(" %ds", f.AffinityTimeoutSeconds)
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", f.Address, f.Protocol, f.Scope, f.Kind, f.Service, port,
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", f.Address, f.Protocol, f.Scope, f.Kind, cell(f.Service, maxName), cell(port, maxName),
 			frontendBackends(f), len(f.DrainingBackends), affinity)
 	}
 	return tw.Flush()
@@ -240,7 +241,7 @@ func zoneCounts(byZone map[string]int, shares map[string]float64, total int, whe
 	sort.Strings(zones)
 	parts := make([]string, 0, len(zones))
 	for _, z := range zones {
-		name := z
+		name := cell(z, maxName)
 		if name == "" {
 			name = "(no zone)"
 		}
