@@ -332,3 +332,102 @@ func FuzzZoneWeightedBalance(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNodeFrontends builds random Services that claim overlapping
+// addresses (cluster IPs, externalIPs, LB IPs, nodePorts, some equal to the
+// node's addresses) and checks NodeFrontends:
+//   - each (address, protocol, scope) is programmed once;
+//   - its owner is the first of its claims by CompareClaims;
+//   - the result and the warnings do not depend on the order of the
+//     decisions, so an agent that learns them in any order agrees;
+//   - a cluster IP is only internal, and external frontends use the
+//     cluster set from inside and the external set from outside.
+func FuzzNodeFrontends(f *testing.F) {
+	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56}, uint8(3))
+	f.Add([]byte{0xff, 0xff, 0x00, 0x00, 0x81, 0x81, 0x7e}, uint8(0))
+	pool := ips("10.96.0.1", "10.96.0.2", "198.51.100.1", "198.51.100.2", "192.168.0.1", "203.0.113.1")
+	f.Fuzz(func(t *testing.T, data []byte, rot uint8) {
+		if len(data) > 24 {
+			data = data[:24]
+		}
+		var ds []PortDecision
+		for i, b := range data {
+			p := svcPort(fmt.Sprintf("s%d", i%5), int(b>>6), nil)
+			p.Index = i / 5
+			p.ClusterIP = pool[int(b)%2]
+			p.Port = 80 + uint16(b>>7)
+			if b&0x04 != 0 {
+				p.Protocol = v1.ProtocolUDP
+			}
+			if b&0x08 != 0 {
+				p.ExternalIPs = []netip.Addr{pool[int(b>>4)%len(pool)]}
+			}
+			if b&0x10 != 0 {
+				p.LoadBalancerIPs = []netip.Addr{pool[int(b>>3)%len(pool)]}
+			}
+			if b&0x20 != 0 {
+				p.NodePort = 30000 + uint16(b&3)
+			}
+			p.ExternallyAccessible = p.NodePort != 0 || len(p.ExternalIPs) > 0 || len(p.LoadBalancerIPs) > 0
+			p.ExternalPolicyLocal = p.ExternallyAccessible && b&0x40 != 0
+			eps := []Endpoint{ep(1+i%3, "a1", "zone-a", zones("zone-a")), ep(4+i%2, "b1", "zone-b", zones("zone-b"))}
+			ds = append(ds, PortDecision{Port: p, Endpoints: eps, Decision: Decide(Input{Node: addrNode, Nodes: testNodes, Port: p, Endpoints: eps}, DefaultOptions())})
+		}
+		fes, warnings := NodeFrontends(addrNode, ds, DefaultOptions())
+
+		claims := map[Key][]Frontend{}
+		for _, d := range ds {
+			cs, _ := Claims(addrNode, d, DefaultOptions())
+			for _, c := range cs {
+				claims[c.Key()] = append(claims[c.Key()], c)
+			}
+		}
+		seen := map[Key]bool{}
+		for _, fe := range fes {
+			if seen[fe.Key()] {
+				t.Fatalf("%v programmed twice", fe.Key())
+			}
+			seen[fe.Key()] = true
+			for _, c := range claims[fe.Key()] {
+				if CompareClaims(c, fe) < 0 {
+					t.Fatalf("%v owned by %s %s, but %s %s claims it first", fe.Key(), fe.Kind, fe.Port.Service, c.Kind, c.Port.Service)
+				}
+			}
+			if fe.Kind == KindClusterIP && fe.Scope != ScopeInternal {
+				t.Fatalf("cluster IP %v in scope %s", fe.Addr, fe.Scope)
+			}
+			want := fe.Port // find the owner's decision
+			for _, d := range ds {
+				if d.Port.Service == want.Service && d.Port.Index == want.Index {
+					wantSet := d.Decision.ExternalBackends
+					switch {
+					case fe.Kind == KindClusterIP:
+						wantSet = d.Decision.Backends
+					case fe.Scope == ScopeInternal:
+						wantSet = d.Decision.ClusterBackends
+					}
+					if !slices.Equal(octets(fe.Backends), octets(wantSet)) {
+						t.Fatalf("%v (%s, %s): backends %v, want %v", fe.Addr, fe.Kind, fe.Scope, octets(fe.Backends), octets(wantSet))
+					}
+				}
+			}
+		}
+		if len(seen) != len(claims) {
+			t.Fatalf("%d keys claimed, %d programmed", len(claims), len(seen))
+		}
+		// Any other order of the decisions gives the same frontends.
+		if len(ds) > 1 {
+			shuffled := append(slices.Clone(ds[int(rot)%len(ds):]), ds[:int(rot)%len(ds)]...)
+			slices.Reverse(shuffled)
+			fes2, warnings2 := NodeFrontends(addrNode, shuffled, DefaultOptions())
+			if len(fes2) != len(fes) || !slices.Equal(warnings, warnings2) {
+				t.Fatalf("order changed the result: %d vs %d frontends, warnings %q vs %q", len(fes), len(fes2), warnings, warnings2)
+			}
+			for i := range fes {
+				if fes[i].Key() != fes2[i].Key() || fes[i].Port.Service != fes2[i].Port.Service || fes[i].Port.Index != fes2[i].Port.Index || fes[i].Kind != fes2[i].Kind {
+					t.Fatalf("order changed the owner of %v: %s %s vs %s %s", fes[i].Key(), fes[i].Kind, fes[i].Port.Service, fes2[i].Kind, fes2[i].Port.Service)
+				}
+			}
+		}
+	})
+}
