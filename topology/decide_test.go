@@ -358,12 +358,17 @@ func TestParseTopologyKeys(t *testing.T) {
 	}
 }
 
+// withNodePort makes p a NodePort port, with externalTrafficPolicy Local
+// when local is true.
+func withNodePort(p ServicePort, local bool) ServicePort {
+	p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, local
+	return p
+}
+
+// withITPLocal gives p internalTrafficPolicy Local.
+func withITPLocal(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
+
 func TestDraining(t *testing.T) {
-	etpLocal := func(p ServicePort) ServicePort {
-		p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, true
-		return p
-	}
-	itpLocal := func(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
 	cases := []struct {
 		name string
 		node string
@@ -392,10 +397,10 @@ func TestDraining(t *testing.T) {
 			// testNodes by count: zone-a 2/4. S_a = 1/2 keeps all.
 			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
 			draining: []int{2}},
-		{name: "iTP Local: remote serving endpoints drain", node: "a1", port: itpLocal(clusterPort(nil)),
+		{name: "iTP Local: remote serving endpoints drain", node: "a1", port: withITPLocal(clusterPort(nil)),
 			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b"), ep(3, "c1", "zone-c", terminating(true))},
 			draining: []int{2, 3}},
-		{name: "eTP Local: its own draining set", node: "a1", port: etpLocal(clusterPort(nil)),
+		{name: "eTP Local: its own draining set", node: "a1", port: withNodePort(clusterPort(nil), true),
 			eps:              []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "a2", "zone-a", zones("zone-a")), ep(3, "b1", "zone-b", zones("zone-b"))},
 			draining:         []int{3},
 			externalDraining: []int{2, 3}},
@@ -423,11 +428,6 @@ func TestDraining(t *testing.T) {
 // anywhere, as kube-proxy rejects Services without endpoints) and when it
 // drops (the policy leaves this node without backends).
 func TestWhenEmpty(t *testing.T) {
-	external := func(p ServicePort, local bool) ServicePort {
-		p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, local
-		return p
-	}
-	itpLocal := func(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
 	cases := []struct {
 		name string
 		node string
@@ -438,22 +438,22 @@ func TestWhenEmpty(t *testing.T) {
 		empty []string
 	}{
 		{name: "no endpoints at all: reject", node: "a1", port: clusterPort(nil), want: EmptyReject, empty: []string{"internal"}},
-		{name: "only unready and not-serving terminating endpoints: reject", node: "a1", port: external(clusterPort(nil), false),
+		{name: "only unready and not-serving terminating endpoints: reject", node: "a1", port: withNodePort(clusterPort(nil), false),
 			eps:  []Endpoint{ep(1, "a1", "zone-a", unready), ep(2, "b1", "zone-b", terminating(false))},
 			want: EmptyReject, empty: []string{"internal", "external"}},
 		{name: "serving-terminating endpoints are usable: not reject", node: "a1", port: clusterPort(nil),
 			eps:  []Endpoint{ep(1, "b1", "zone-b", terminating(true))},
 			want: EmptyDrop},
-		{name: "iTP Local without a local endpoint: drop", node: "c1", port: itpLocal(clusterPort(nil)),
+		{name: "iTP Local without a local endpoint: drop", node: "c1", port: withITPLocal(clusterPort(nil)),
 			eps:  []Endpoint{ep(1, "a1", "zone-a")},
 			want: EmptyDrop, empty: []string{"internal"}},
-		{name: "eTP Local without a local endpoint: external drops, internal serves", node: "c1", port: external(clusterPort(nil), true),
+		{name: "eTP Local without a local endpoint: external drops, internal serves", node: "c1", port: withNodePort(clusterPort(nil), true),
 			eps:  []Endpoint{ep(1, "a1", "zone-a")},
 			want: EmptyDrop, empty: []string{"external"}},
 		{name: "topology-keys without a match: drop", node: "c1", port: clusterPort(map[string]string{AnnotationTopologyKeys: LabelHostname}),
 			eps:  []Endpoint{ep(1, "a1", "zone-a")},
 			want: EmptyDrop, empty: []string{"internal"}},
-		{name: "iTP Local on an empty Service: reject", node: "a1", port: itpLocal(clusterPort(nil)),
+		{name: "iTP Local on an empty Service: reject", node: "a1", port: withITPLocal(clusterPort(nil)),
 			eps:  []Endpoint{ep(1, "a1", "zone-a", unready)},
 			want: EmptyReject, empty: []string{"internal"}},
 	}

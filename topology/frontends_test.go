@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -93,14 +92,7 @@ func TestExternalFrontends(t *testing.T) {
 			if !slices.Equal(gs, tc.want) {
 				t.Errorf("frontends = %q, want %q", gs, tc.want)
 			}
-			if len(warnings) != len(tc.warnings) {
-				t.Fatalf("warnings = %q, want %d", warnings, len(tc.warnings))
-			}
-			for i, w := range tc.warnings {
-				if !strings.Contains(warnings[i], w) {
-					t.Errorf("warning %q does not contain %q", warnings[i], w)
-				}
-			}
+			checkWarnings(t, warnings, tc.warnings)
 		})
 	}
 }
@@ -246,14 +238,7 @@ func TestNodeFrontends(t *testing.T) {
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("frontends:\n  got  %q\n  want %q", got, tc.want)
 			}
-			if len(warnings) != len(tc.warnings) {
-				t.Fatalf("warnings = %q, want %d", warnings, len(tc.warnings))
-			}
-			for i, w := range tc.warnings {
-				if !strings.Contains(warnings[i], w) {
-					t.Errorf("warning %q does not contain %q", warnings[i], w)
-				}
-			}
+			checkWarnings(t, warnings, tc.warnings)
 		})
 	}
 }
@@ -296,8 +281,6 @@ func TestCompareClaimsIsATotalOrder(t *testing.T) {
 }
 
 func TestReads(t *testing.T) {
-	withNodePort := func(p ServicePort) ServicePort { p.NodePort, p.ExternallyAccessible = 30080, true; return p }
-	itpLocal := func(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
 	cases := []struct {
 		name string
 		port ServicePort
@@ -311,9 +294,9 @@ func TestReads(t *testing.T) {
 			want: NodeReads{SelfLabels: []string{LabelZone}, Capacity: true}},
 		{name: "ZoneThreshold: zone", port: clusterPort(map[string]string{AnnotationZoneThreshold: "2"}), want: NodeReads{SelfLabels: []string{LabelZone}}},
 		{name: "ZoneWeighted: zone and every node's capacity", port: zoneWeightedPort(), want: NodeReads{SelfLabels: []string{LabelZone}, Capacity: true}},
-		{name: "NodePort: this node's addresses", port: withNodePort(clusterPort(nil)), want: NodeReads{SelfLabels: []string{LabelZone}, SelfAddresses: true}},
-		{name: "iTP Local, not external: no policy reads", port: itpLocal(zoneWeightedPort()), want: NodeReads{}},
-		{name: "iTP Local with a nodePort: the policy applies to external frontends", port: withNodePort(itpLocal(zoneWeightedPort())),
+		{name: "NodePort: this node's addresses", port: withNodePort(clusterPort(nil), false), want: NodeReads{SelfLabels: []string{LabelZone}, SelfAddresses: true}},
+		{name: "iTP Local, not external: no policy reads", port: withITPLocal(zoneWeightedPort()), want: NodeReads{}},
+		{name: "iTP Local with a nodePort: the policy applies to external frontends", port: withNodePort(withITPLocal(zoneWeightedPort()), false),
 			want: NodeReads{SelfLabels: []string{LabelZone}, SelfAddresses: true, Capacity: true}},
 	}
 	for _, tc := range cases {

@@ -95,14 +95,7 @@ func TestServicePortsValidation(t *testing.T) {
 			if (err == nil) != (tc.err == nil) || tc.err != nil && !errors.Is(err, tc.err) {
 				t.Fatalf("error = %v, want %v", err, tc.err)
 			}
-			if len(warnings) != len(tc.warnings) {
-				t.Fatalf("warnings = %q, want %d", warnings, len(tc.warnings))
-			}
-			for i, w := range tc.warnings {
-				if !strings.Contains(warnings[i], w) {
-					t.Errorf("warning %q does not contain %q", warnings[i], w)
-				}
-			}
+			checkWarnings(t, warnings, tc.warnings)
 			var got []string
 			for _, p := range ports {
 				got = append(got, p.Name+" "+string(rune('0'+p.Port/10))+string(rune('0'+p.Port%10))+"/"+string(p.Protocol))
@@ -141,15 +134,7 @@ func TestEndpointsForPortRefusesSpecialAddresses(t *testing.T) {
 	if len(eps) != 1 || eps[0].Addr.String() != "10.0.0.1:8080" {
 		t.Errorf("endpoints = %v, want only 10.0.0.1:8080", eps)
 	}
-	want := []string{"127.0.0.1 is loopback: skipped", "0.0.0.0 is unspecified", "169.254.1.1 is link-local", "255.255.255.255 is the broadcast address"}
-	if len(warnings) != len(want) {
-		t.Fatalf("warnings = %q, want %d", warnings, len(want))
-	}
-	for i, w := range want {
-		if !strings.Contains(warnings[i], w) {
-			t.Errorf("warning %q does not contain %q", warnings[i], w)
-		}
-	}
+	checkWarnings(t, warnings, []string{"127.0.0.1 is loopback: skipped", "0.0.0.0 is unspecified", "169.254.1.1 is link-local", "255.255.255.255 is the broadcast address"})
 }
 
 func TestNodeAddressesThatCannotServeNodePorts(t *testing.T) {
@@ -227,5 +212,19 @@ func TestReasonsAreBounded(t *testing.T) {
 	short := "ok"
 	if boundReason(short) != short {
 		t.Errorf("boundReason changed a short reason")
+	}
+}
+
+// checkWarnings checks that there are as many warnings as wanted and each
+// contains its wanted substring, in order.
+func checkWarnings(t *testing.T, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("warnings = %q, want %d", got, len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(got[i], w) {
+			t.Errorf("warning %q does not contain %q", got[i], w)
+		}
 	}
 }
