@@ -43,6 +43,11 @@ type Input struct {
 //   - otherwise Hints, exactly as kube-proxy applies topology hints: one mode
 //     per service and node, never a per-endpoint filter.
 //
+// What each policy reads of this node and of other nodes is declared in
+// ServicePort.Reads (reads.go), which the agent uses to know which Node
+// changes need a new decision: a policy that starts reading more of the
+// nodes must say so there too.
+//
 // Usable endpoints are the ready ones, or the serving-terminating ones when
 // none is ready. The local set (endpoints on this node, ready else
 // serving-terminating) is never filtered by topology. Internal traffic uses
