@@ -141,6 +141,16 @@ type ServiceZone struct {
 	// Overloaded is true when ExpectedLoad exceeds 1.2, the controller's
 	// own overload threshold.
 	Overloaded bool `json:"overloaded"`
+	// ZoneWeightedShare is the fraction of the new flows of this zone's
+	// nodes that topolb's ZoneWeighted policy would keep in the zone; null
+	// when no node of the zone sends traffic in the model or there is no
+	// estimate.
+	ZoneWeightedShare *float64 `json:"zoneWeightedShare"`
+	// ZoneWeightedLoad is the highest expected load, relative to an even
+	// share, among the ready endpoints whose zone is this zone, if every
+	// node routes by the ZoneWeighted policy; null when the zone has no
+	// ready endpoint or there is no estimate.
+	ZoneWeightedLoad *float64 `json:"zoneWeightedLoad"`
 }
 
 // Endpoint is one endpoint of one slice, with its hints now and after the
@@ -168,6 +178,11 @@ type Endpoint struct {
 	ExpectedLoad *float64 `json:"expectedLoad"`
 	// Overloaded is true when ExpectedLoad exceeds 1.2.
 	Overloaded bool `json:"overloaded"`
+	// ZoneWeightedLoad is the traffic the endpoint would receive, relative
+	// to an even share, if every node routes by topolb's ZoneWeighted
+	// policy; null for endpoints that are not ready or when there is no
+	// estimate.
+	ZoneWeightedLoad *float64 `json:"zoneWeightedLoad"`
 }
 
 // Hints are an endpoint's hints.forZones and hints.forNodes names, in slice

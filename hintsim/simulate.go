@@ -17,6 +17,7 @@ package hintsim
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -74,10 +75,16 @@ func DefaultOptions() Options {
 //     taken to be the controller's; one managed by anything else is left
 //     alone, as the controller lists only its own.
 //
-// Warnings name the slices the simulation skipped (not IPv4).
-func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Report, []string) {
+// Warnings name the slices the simulation skipped (not IPv4). The error
+// wraps ErrBadCPU when a Node's allocatable CPU is negative or absurd (more
+// than topology.MaxNodeCPUCores): the controller would turn it into a
+// negative or meaningless CPU ratio, so no simulation is made.
+func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Report, []string, error) {
 	nodes := slices.Clone(objs.Nodes)
 	slices.SortFunc(nodes, func(a, b *v1.Node) int { return cmp.Compare(a.Name, b.Name) })
+	if err := checkCPU(nodes); err != nil {
+		return Report{}, nil, err
+	}
 	info, sources, total := nodeInfo(nodes)
 	cache := topologycache.NewTopologyCache()
 	cache.SetNodes(logr.Discard(), nodes)
@@ -100,7 +107,27 @@ func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Rep
 			rep.Services = append(rep.Services, svc)
 		}
 	}
-	return rep, warnings
+	return rep, warnings, nil
+}
+
+// ErrBadCPU is wrapped by Simulate's error for a Node whose allocatable CPU
+// cannot be a weight.
+var ErrBadCPU = errors.New("allocatable CPU is not a usable weight")
+
+// checkCPU refuses nodes whose allocatable CPU is negative or more than
+// topology.MaxNodeCPUCores, naming the first (by name).
+func checkCPU(nodes []*v1.Node) error {
+	for _, n := range nodes {
+		q, ok := n.Status.Allocatable[v1.ResourceCPU]
+		switch {
+		case !ok:
+		case q.Sign() < 0:
+			return fmt.Errorf("node %s: allocatable cpu %s is negative: %w", n.Name, q.String(), ErrBadCPU)
+		case q.CmpInt64(topology.MaxNodeCPUCores) > 0:
+			return fmt.Errorf("node %s: allocatable cpu %s is more than %d cores: %w", n.Name, q.String(), topology.MaxNodeCPUCores, ErrBadCPU)
+		}
+	}
+	return nil
 }
 
 // sim is one simulation's shared state.
@@ -176,10 +203,8 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 		byName[es.Name] = es
 	}
 
-	loads, eligible, loadNote := s.loads(svc, nn)
-	if loadNote != "" {
-		notes = append(notes, loadNote)
-	}
+	est := s.estimate(svc, nn)
+	notes = append(notes, est.notes...)
 	for _, es := range ipv4 {
 		after := byName[es.Name]
 		for i, e := range es.Endpoints {
@@ -199,10 +224,15 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 			if len(e.Addresses) > 0 {
 				ep.Address = e.Addresses[0]
 			}
-			if ip, err := netip.ParseAddr(ep.Address); err == nil && ep.Ready && eligible[ip] {
-				l := loads[ip]
-				ep.ExpectedLoad = rounded(l)
-				ep.Overloaded = overloaded(l)
+			if ip, err := netip.ParseAddr(ep.Address); err == nil && ep.Ready && est.eligible[ip] {
+				if est.hints != nil {
+					l := est.hints[ip]
+					ep.ExpectedLoad = rounded(l)
+					ep.Overloaded = overloaded(l)
+				}
+				if est.weighted != nil {
+					ep.ZoneWeightedLoad = rounded(est.weighted[ip])
+				}
 			}
 			if ep.Ready {
 				out.ReadyEndpoints++
@@ -217,8 +247,8 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 			out.Endpoints = append(out.Endpoints, ep)
 		}
 	}
-	out.Zones = s.zones(out.Endpoints, loads != nil)
-	notes = append(notes, currentHintNotes(out.Endpoints, out.Zones, loads != nil)...)
+	out.Zones = s.zones(out.Endpoints, est)
+	notes = append(notes, currentHintNotes(out.Endpoints, out.Zones, est.hints != nil)...)
 	for _, z := range out.Zones {
 		if z.Overloaded {
 			out.Warnings = append(out.Warnings, fmt.Sprintf("%s: the %d %s hinted for it now would carry up to %.2f× an even share (limit %.2f×)",
@@ -301,27 +331,48 @@ func (s *sim) disabledDetail(msg string, managed []*discovery.EndpointSlice) str
 	return ""
 }
 
-// loads estimates, from the hints the slices carry now, the traffic each
-// ready endpoint of svc would receive relative to an even share. Every
-// counted node sends traffic in proportion to its allocatable CPU (the
-// controller's own model, which gives each zone its CPU ratio) and spreads
-// it evenly over the backends kube-proxy would pick for it under topology
-// hints (topology.Decide with the Hints policy: node hints, then zone hints,
-// only when every ready endpoint carries one). topolb annotations and
-// traffic policies are set aside: the question is what the hints do.
+// estimate is the expected load of each eligible endpoint under two ways
+// of routing, relative to an even share (1.0).
+type estimate struct {
+	// eligible are the endpoints that can have a load: the ready
+	// endpoints of the Service's first port.
+	eligible map[netip.Addr]bool
+	// hints are the loads if every node routes by the hints the slices
+	// carry now, as kube-proxy does; nil when there is no estimate.
+	hints map[netip.Addr]float64
+	// weighted are the loads under topolb's ZoneWeighted policy; nil when
+	// there is no estimate.
+	weighted map[netip.Addr]float64
+	// inZone maps each zone with a sending node to the share of its new
+	// flows ZoneWeighted keeps in the zone.
+	inZone map[string]float64
+	notes  []string
+}
+
+// estimate computes the loads of svc's ready endpoints. Every sending node
+// originates traffic in proportion to its weight and spreads it over the
+// backends topology.Decide gives it, by their weights:
+//   - under the current hints (the Hints policy: node hints, then zone
+//     hints, only when every ready endpoint carries one), with the
+//     controller's model of who sends: every counted node, by allocatable
+//     CPU, so each zone sends its CPU ratio;
+//   - under ZoneWeighted, with the same model when the controller has one,
+//     and otherwise with ZoneWeighted's own (topology.ZoneDemand: nodes with
+//     a zone that are not Ready=False), so the comparison is made on one
+//     model whenever it can be.
 //
-// It returns the loads by endpoint IP, the IPs that have a load (ready
-// endpoints of the first port), and a note when no estimate is possible.
-func (s *sim) loads(svc *v1.Service, nn types.NamespacedName) (map[netip.Addr]float64, map[netip.Addr]bool, string) {
-	if len(s.sources) == 0 {
-		return nil, nil, "no load estimate: the node information gives no CPU ratios"
-	}
-	ports, err := topology.ServicePorts(svc)
+// topolb annotations and traffic policies are set aside: the question is
+// what each rule does. The Service's first port (by name, protocol, number)
+// stands for all.
+func (s *sim) estimate(svc *v1.Service, nn types.NamespacedName) estimate {
+	var est estimate
+	ports, _, err := topology.ServicePorts(svc)
 	if len(ports) == 0 {
 		if err == nil {
 			err = fmt.Errorf("no ports")
 		}
-		return nil, nil, fmt.Sprintf("no load estimate: %v", err)
+		est.notes = append(est.notes, fmt.Sprintf("no load estimate: %v", err))
+		return est
 	}
 	slices.SortFunc(ports, func(a, b topology.ServicePort) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
@@ -329,36 +380,84 @@ func (s *sim) loads(svc *v1.Service, nn types.NamespacedName) (map[netip.Addr]fl
 	p := ports[0]
 	p.Annotations, p.InternalPolicyLocal, p.ExternallyAccessible, p.ExternalPolicyLocal = nil, false, false, false
 	eps, _ := topology.EndpointsForPort(p, s.state.Slices[nn], "")
-	eligible := map[netip.Addr]bool{}
+	est.eligible = map[netip.Addr]bool{}
 	for _, ep := range eps {
 		if ep.Ready {
-			eligible[ep.Addr.Addr()] = true
+			est.eligible[ep.Addr.Addr()] = true
 		}
 	}
-	if len(eligible) == 0 {
-		return nil, nil, "no load estimate: no ready endpoints"
+	if len(est.eligible) == 0 {
+		est.notes = append(est.notes, "no load estimate: no ready endpoints")
+		return est
 	}
 	topts := topology.Options{PreferSameTrafficDistribution: s.opts.PreferSameTrafficDistribution}
+	demand := topology.ZoneDemand(s.state.Nodes)
+	sources, total := s.sources, s.totalCPU
+	if len(sources) == 0 {
+		est.notes = append(est.notes, "no load estimate for the current hints: the node information gives no CPU ratios")
+		sources, total = nil, demand.Total
+		for name, units := range demand.Nodes {
+			sources = append(sources, source{name: name, cpuMillis: units})
+		}
+		slices.SortFunc(sources, func(a, b source) int { return cmp.Compare(a.name, b.name) })
+		if len(sources) > 0 {
+			est.notes = append(est.notes, "zone-weighted loads assume ZoneWeighted's own demand: nodes with a zone that are not Ready=False, weighed "+demandUnit(demand))
+		}
+	} else {
+		est.hints = s.spread(p, eps, sources, total, topts, &demand, nil)
+	}
+	if len(sources) == 0 {
+		est.notes = append(est.notes, "no zone-weighted estimate: no node with a zone label that is not Ready=False")
+		return est
+	}
+	wp := p
+	wp.Annotations = map[string]string{topology.AnnotationZoneWeighted: "true"}
+	est.inZone = map[string]float64{}
+	est.weighted = s.spread(wp, eps, sources, total, topts, &demand, est.inZone)
+	for ip := range est.hints {
+		est.hints[ip] *= float64(len(est.eligible))
+	}
+	for ip := range est.weighted {
+		est.weighted[ip] *= float64(len(est.eligible))
+	}
+	return est
+}
+
+// spread sums, over the sources, each source's share of the traffic times
+// the weight its decision gives each backend. When inZone is not nil, it
+// records for each source's zone the share of its flows kept in the zone.
+func (s *sim) spread(p topology.ServicePort, eps []topology.Endpoint, sources []source, total int64, topts topology.Options, demand *topology.Demand, inZone map[string]float64) map[netip.Addr]float64 {
 	loads := map[netip.Addr]float64{}
-	for _, src := range s.sources {
-		d := topology.Decide(topology.Input{Node: s.state.Nodes[src.name], Nodes: s.state.Nodes, Port: p, Endpoints: eps}, topts)
-		if len(d.Backends) == 0 {
-			continue
+	for _, src := range sources {
+		node := s.state.Nodes[src.name]
+		d := topology.Decide(topology.Input{Node: node, Nodes: s.state.Nodes, Port: p, Endpoints: eps, Demand: demand}, topts)
+		share := float64(src.cpuMillis) / float64(total)
+		kept := 0.0
+		for i, b := range d.Backends {
+			loads[b.Addr.Addr()] += share * d.Weights[i]
+			if b.Zone != "" && b.Zone == node.Zone() {
+				kept += d.Weights[i]
+			}
 		}
-		share := float64(src.cpuMillis) / float64(s.totalCPU) / float64(len(d.Backends))
-		for _, b := range d.Backends {
-			loads[b.Addr.Addr()] += share
+		if inZone != nil && node.Zone() != "" {
+			inZone[node.Zone()] = kept
 		}
 	}
-	for ip := range loads {
-		loads[ip] *= float64(len(eligible))
+	return loads
+}
+
+// demandUnit says what weighs a node in ZoneWeighted's demand.
+func demandUnit(d topology.Demand) string {
+	if d.ByNodeCount {
+		return "by node count (" + d.Lacking + ")"
 	}
-	return loads, eligible, ""
+	return "by allocatable CPU"
 }
 
 // zones summarizes the endpoints per zone: the cluster's zones, the
 // endpoints' zones and the zones of their hints.
-func (s *sim) zones(eps []Endpoint, haveLoads bool) []ServiceZone {
+func (s *sim) zones(eps []Endpoint, est estimate) []ServiceZone {
+	haveLoads := est.hints != nil
 	ratios := map[string]*float64{}
 	for _, z := range s.info.Zones {
 		ratios[z.Zone] = z.CPURatio
@@ -373,7 +472,11 @@ func (s *sim) zones(eps []Endpoint, haveLoads bool) []ServiceZone {
 	for z := range ratios {
 		get(z)
 	}
+	for z := range est.inZone {
+		get(z)
+	}
 	maxLoad := map[string]float64{}
+	maxWeighted := map[string]float64{}
 	over := map[string]bool{}
 	for _, ep := range eps {
 		if !ep.Ready {
@@ -381,6 +484,9 @@ func (s *sim) zones(eps []Endpoint, haveLoads bool) []ServiceZone {
 		}
 		if ep.Zone != "" {
 			get(ep.Zone).Endpoints++
+			if ep.ZoneWeightedLoad != nil {
+				maxWeighted[ep.Zone] = max(maxWeighted[ep.Zone], *ep.ZoneWeightedLoad)
+			}
 		}
 		for _, z := range ep.CurrentHints.Zones {
 			get(z).CurrentHints++
@@ -398,6 +504,12 @@ func (s *sim) zones(eps []Endpoint, haveLoads bool) []ServiceZone {
 		if l, ok := maxLoad[z]; ok {
 			sz.ExpectedLoad = &l
 			sz.Overloaded = over[z]
+		}
+		if share, ok := est.inZone[z]; ok {
+			sz.ZoneWeightedShare = rounded(share)
+		}
+		if l, ok := maxWeighted[z]; ok {
+			sz.ZoneWeightedLoad = &l
 		}
 		out = append(out, *sz)
 	}

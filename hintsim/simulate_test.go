@@ -1,7 +1,9 @@
 package hintsim
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,7 +126,7 @@ func TestNodeInfo(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rep, _ := Simulate(&kube.Objects{Nodes: tt.nodes}, nil, DefaultOptions())
+			rep, _ := mustSimulate(t, &kube.Objects{Nodes: tt.nodes}, nil, DefaultOptions())
 			info := rep.Nodes
 			if info.Sufficient != tt.wantSufficient || info.Node != tt.wantNode || !strings.Contains(info.Reason, tt.wantReason) || (tt.wantReason == "") != (info.Reason == "") {
 				t.Errorf("got sufficient=%v node=%q reason=%q, want %v %q %q", info.Sufficient, info.Node, info.Reason, tt.wantSufficient, tt.wantNode, tt.wantReason)
@@ -171,7 +173,7 @@ func TestNodeInfoAgreesWithCache(t *testing.T) {
 				Services: []*v1.Service{autoService("web")},
 				Slices:   []*discovery.EndpointSlice{slice("web-1", "web", ep("10.0.0.1", "zone-a", "zone-a"), ep("10.0.0.2", "zone-b", "zone-b"), ep("10.0.0.3", "zone-a", "zone-a"), ep("10.0.0.4", "zone-b", "zone-b"))},
 			}
-			rep, _ := Simulate(objs, nil, DefaultOptions())
+			rep, _ := mustSimulate(t, objs, nil, DefaultOptions())
 			refused := strings.HasPrefix(rep.Services[0].DisabledReason, topologycache.InsufficientNodeInfo)
 			if refused == rep.Nodes.Sufficient {
 				t.Errorf("walk says sufficient=%v, cache says %q", rep.Nodes.Sufficient, rep.Services[0].DisabledReason)
@@ -387,7 +389,7 @@ func TestSimulateService(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			objs := &kube.Objects{Nodes: tt.nodes, Services: []*v1.Service{tt.svc}, Slices: []*discovery.EndpointSlice{slice("s-1", tt.svc.Name, tt.eps...)}}
-			rep, _ := Simulate(objs, nil, DefaultOptions())
+			rep, _ := mustSimulate(t, objs, nil, DefaultOptions())
 			if got := len(rep.Services) == 1; got != tt.wantReported {
 				t.Fatalf("reported %v, want %v", got, tt.wantReported)
 			}
@@ -477,7 +479,7 @@ func TestLoadFollowsKubeProxy(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			svc := service("web", func(s *v1.Service) { s.Spec.Selector = nil })
 			objs := &kube.Objects{Nodes: twoZones, Services: []*v1.Service{svc}, Slices: []*discovery.EndpointSlice{slice("s-1", "web", tt.eps...)}}
-			rep, _ := Simulate(objs, nil, DefaultOptions())
+			rep, _ := mustSimulate(t, objs, nil, DefaultOptions())
 			var loads []string
 			for _, e := range rep.Services[0].Endpoints {
 				l := "-"
@@ -502,7 +504,7 @@ func TestSimulateSkipsNonIPv4AndFilters(t *testing.T) {
 		Services: []*v1.Service{autoService("web"), autoService("api")},
 		Slices:   []*discovery.EndpointSlice{v6, slice("web-1", "web", ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")), slice("api-1", "api", ep("10.0.1.1", "zone-a"), ep("10.0.1.2", "zone-b"))},
 	}
-	rep, warnings := Simulate(objs, nil, DefaultOptions())
+	rep, warnings := mustSimulate(t, objs, nil, DefaultOptions())
 	if len(rep.Services) != 2 || rep.Services[0].Service != "default/api" || rep.Services[1].Service != "default/web" {
 		t.Fatalf("services %+v, want default/api and default/web in order", rep.Services)
 	}
@@ -512,11 +514,115 @@ func TestSimulateSkipsNonIPv4AndFilters(t *testing.T) {
 	if len(warnings) != 1 || !strings.Contains(warnings[0], "web-v6: addressType IPv6 is not simulated") {
 		t.Errorf("warnings %q, want one about web-v6", warnings)
 	}
-	rep, warnings = Simulate(objs, &types.NamespacedName{Namespace: "default", Name: "api"}, DefaultOptions())
+	rep, warnings = mustSimulate(t, objs, &types.NamespacedName{Namespace: "default", Name: "api"}, DefaultOptions())
 	if len(rep.Services) != 1 || rep.Services[0].Service != "default/api" {
 		t.Errorf("filtered services %+v, want default/api only", rep.Services)
 	}
 	if len(warnings) != 0 {
 		t.Errorf("filtered warnings %q, want none (web-v6 belongs to another Service)", warnings)
+	}
+}
+
+// TestZoneWeightedEstimate checks the zone-weighted columns: the in-zone
+// share each zone's nodes keep and the loads, against the issue's example
+// and a cluster whose node information the controller cannot use.
+func TestZoneWeightedEstimate(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []*v1.Node
+		eps   []discovery.Endpoint
+		// wantShares are "zone=share" per zone, "-" for none; wantLoads
+		// the endpoints' zone-weighted loads in slice order.
+		wantShares, wantLoads string
+		// wantHintLoads are the endpoints' loads under the current hints.
+		wantHintLoads string
+		wantNote      string
+	}{
+		{
+			name:  "issue example: zone-a keeps 2/3, zone-b everything, every endpoint 1.0",
+			nodes: []*v1.Node{node("a1", "zone-a", "4"), node("b1", "zone-b", "4")},
+			eps:   []discovery.Endpoint{ep("10.0.0.1", "zone-a", "zone-a"), ep("10.0.0.2", "zone-b", "zone-b"), ep("10.0.0.3", "zone-b", "zone-b")},
+			// Hints: zone-a's half all on 10.0.0.1.
+			wantShares: "zone-a=0.6667 zone-b=1", wantLoads: "1 1 1", wantHintLoads: "1.5 0.75 0.75",
+		},
+		{
+			name: "insufficient node information: ZoneWeighted's own demand, by node count",
+			// b1 has no CPU: the controller gives up; ZoneWeighted counts nodes.
+			nodes: []*v1.Node{node("a1", "zone-a", "4"), node("a2", "zone-a", "4"), node("b1", "zone-b", "")},
+			eps:   []discovery.Endpoint{ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")},
+			// D_a = 2/3, S_a = 1/2: zone-a keeps 3/4, spills 1/4 to zone-b.
+			wantShares: "zone-a=0.75 zone-b=1", wantLoads: "1 1", wantHintLoads: "- -",
+			wantNote: "zone-weighted loads assume ZoneWeighted's own demand: nodes with a zone that are not Ready=False, weighed by node count (node b1 has no allocatable CPU)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := autoService("web")
+			objs := &kube.Objects{Nodes: tt.nodes, Services: []*v1.Service{svc}, Slices: []*discovery.EndpointSlice{slice("s-1", "web", tt.eps...)}}
+			rep, _ := mustSimulate(t, objs, nil, DefaultOptions())
+			s := rep.Services[0]
+			var shares, loads, hintLoads []string
+			for _, z := range s.Zones {
+				shares = append(shares, z.Zone+"="+optString(z.ZoneWeightedShare))
+			}
+			for _, e := range s.Endpoints {
+				loads = append(loads, optString(e.ZoneWeightedLoad))
+				hintLoads = append(hintLoads, optString(e.ExpectedLoad))
+			}
+			if got := strings.Join(shares, " "); got != tt.wantShares {
+				t.Errorf("in-zone shares %s, want %s", got, tt.wantShares)
+			}
+			if got := strings.Join(loads, " "); got != tt.wantLoads {
+				t.Errorf("zone-weighted loads %s, want %s", got, tt.wantLoads)
+			}
+			if got := strings.Join(hintLoads, " "); got != tt.wantHintLoads {
+				t.Errorf("current-hint loads %s, want %s", got, tt.wantHintLoads)
+			}
+			if tt.wantNote != "" && !slices.Contains(s.Notes, tt.wantNote) {
+				t.Errorf("notes %q lack %q", s.Notes, tt.wantNote)
+			}
+		})
+	}
+}
+
+func optString(f *float64) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprint(*f)
+}
+
+// mustSimulate runs Simulate and fails the test on an error.
+func mustSimulate(t *testing.T, objs *kube.Objects, only *types.NamespacedName, opts Options) (Report, []string) {
+	t.Helper()
+	rep, warnings, err := Simulate(objs, only, opts)
+	if err != nil {
+		t.Fatalf("Simulate: %v", err)
+	}
+	return rep, warnings
+}
+
+func TestSimulateRefusesBadCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, cpu, want string
+	}{
+		{name: "negative", cpu: "-4", want: "node b1: allocatable cpu -4 is negative"},
+		{name: "absurd", cpu: "100001", want: "node b1: allocatable cpu 100001 is more than 100000 cores"},
+		{name: "absurd exponent", cpu: "1e30", want: "node b1: allocatable cpu 1e30 is more than 100000 cores"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := &kube.Objects{Nodes: []*v1.Node{node("a1", "zone-a", "4"), node("b1", "zone-b", tc.cpu)}}
+			_, _, err := Simulate(objs, nil, DefaultOptions())
+			if !errors.Is(err, ErrBadCPU) || err.Error() != tc.want+": "+ErrBadCPU.Error() {
+				t.Errorf("error = %v, want %q wrapping ErrBadCPU", err, tc.want)
+			}
+		})
+	}
+	// The largest sensible CPU and zero are accepted (zero is the
+	// controller's "no CPU", reported as insufficient information).
+	objs := &kube.Objects{Nodes: []*v1.Node{node("a1", "zone-a", "100000"), node("b1", "zone-b", "0")}}
+	rep, _ := mustSimulate(t, objs, nil, DefaultOptions())
+	if rep.Nodes.Sufficient || rep.Nodes.Node != "b1" {
+		t.Errorf("node info %+v, want insufficient because of b1", rep.Nodes)
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -21,33 +23,46 @@ var (
 	ErrNoIPv4     = errors.New("service has no IPv4 cluster IP")
 )
 
-// ServicePorts builds the model of every port of svc. Ports that are invalid
-// are left out and reported in the returned error (joined, one per port),
-// while the valid ports are still returned; a Service that is not proxied at
-// all returns an error wrapping ErrNotProxied or ErrNoIPv4 and no ports.
-func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
+// ServicePorts builds the model of every port of svc and returns a warning
+// for everything it had to leave out or correct: invalid ports are left out
+// (the valid ones are still returned), an invalid session affinity timeout
+// is replaced by the default. A Service that is not proxied at all returns
+// an error wrapping ErrNotProxied or ErrNoIPv4, and no ports.
+func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	switch {
 	case svc.Spec.Type == v1.ServiceTypeExternalName:
-		return nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
+		return nil, nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
 	case svc.Spec.ClusterIP == v1.ClusterIPNone:
-		return nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
+		return nil, nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
 	}
 	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
 	if !ok {
-		return nil, fmt.Errorf("%s: clusterIP %q: %w", nn, svc.Spec.ClusterIP, ErrNoIPv4)
+		return nil, nil, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoIPv4)
+	}
+	if problem := AddrProblem(clusterIP); problem != "" {
+		return nil, nil, fmt.Errorf("%s: clusterIP %s is %s: %w", nn, clusterIP, problem, ErrUnusableAddress)
+	}
+	var warnings []string
+	affinity, w := sessionAffinity(svc)
+	if w != "" {
+		warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
 	}
 	var externalIPs, lbIPs []netip.Addr
 	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIPv4(s); ok {
+		if ip, w := frontendIP(s, "externalIP"); w != "" {
+			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+		} else if ip.IsValid() {
 			externalIPs = append(externalIPs, ip)
 		}
 	}
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
-		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy || ing.IP == "" {
 			continue
 		}
-		if ip, ok := parseIPv4(ing.IP); ok {
+		if ip, w := frontendIP(ing.IP, "load-balancer ingress IP"); w != "" {
+			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+		} else if ip.IsValid() {
 			lbIPs = append(lbIPs, ip)
 		}
 	}
@@ -73,25 +88,35 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 	}
 
 	var ports []ServicePort
-	var errs []error
-	for _, sp := range svc.Spec.Ports {
+	for i, sp := range svc.Spec.Ports {
 		proto := sp.Protocol
 		if proto == "" {
 			proto = v1.ProtocolTCP
 		}
+		if j := slices.IndexFunc(ports, func(p ServicePort) bool {
+			return p.Protocol == proto && (int32(p.Port) == sp.Port || p.Name == sp.Name)
+		}); j >= 0 {
+			// The API forbids both; kube-proxy keys ports by name and
+			// protocol. The first port in spec order keeps its place.
+			warnings = append(warnings, fmt.Sprintf("%s: port %s (%d/%s) repeats the number or name of port %s (%d/%s): ignored, the first one is served",
+				nn, quoteBounded(sp.Name), sp.Port, proto, quoteBounded(ports[j].Name), ports[j].Port, ports[j].Protocol))
+			continue
+		}
 		switch {
 		case sp.Port < 1 || sp.Port > 65535:
-			errs = append(errs, fmt.Errorf("%s: port %q: number %d out of range", nn, sp.Name, sp.Port))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: number %d out of range", nn, quoteBounded(sp.Name), sp.Port))
 			continue
 		case sp.NodePort < 0 || sp.NodePort > 65535:
-			errs = append(errs, fmt.Errorf("%s: port %q: nodePort %d out of range", nn, sp.Name, sp.NodePort))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: nodePort %d out of range", nn, quoteBounded(sp.Name), sp.NodePort))
 			continue
 		case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
-			errs = append(errs, fmt.Errorf("%s: port %q: unknown protocol %q", nn, sp.Name, proto))
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: unknown protocol %s", nn, quoteBounded(sp.Name), quoteBounded(string(proto))))
 			continue
 		}
 		ports = append(ports, ServicePort{
 			Service:              nn,
+			Created:              svc.CreationTimestamp.Time,
+			Index:                i,
 			Name:                 sp.Name,
 			Protocol:             proto,
 			Port:                 uint16(sp.Port),
@@ -102,14 +127,65 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, error) {
 			ExternallyAccessible: external,
 			InternalPolicyLocal:  internalLocal,
 			ExternalPolicyLocal:  externalLocal,
+			Affinity:             affinity,
 			Annotations:          ann,
 		})
 	}
-	return ports, errors.Join(errs...)
+	return ports, warnings, nil
 }
 
-// NodeFromObject builds the model of a node. keep selects the labels to
-// retain; nil keeps them all.
+// MaxAffinitySeconds is the longest ClientIP affinity timeout the API
+// accepts (k8s.io/kubernetes pkg/apis/core MaxClientIPServiceAffinitySeconds,
+// which k8s.io/api does not export).
+const MaxAffinitySeconds = 86400
+
+// frontendIP parses an externalIP or load-balancer IP. It returns the
+// address when it can be a frontend; the zero address and no warning for
+// an IPv6 address (topolb serves IPv4 only, as kube-proxy's IPv4 proxier
+// ignores them); and a warning for anything else.
+func frontendIP(s, what string) (netip.Addr, string) {
+	ip, err := netip.ParseAddr(strings.TrimSpace(s))
+	switch {
+	case err != nil:
+		return netip.Addr{}, fmt.Sprintf("%s %s is not an IP address: ignored", what, quoteBounded(s))
+	case ip.Is4In6():
+		ip = ip.Unmap()
+	case !ip.Is4():
+		return netip.Addr{}, ""
+	}
+	if problem := AddrProblem(ip); problem != "" {
+		return netip.Addr{}, fmt.Sprintf("%s %s is %s: ignored", what, ip, problem)
+	}
+	return ip, ""
+}
+
+// sessionAffinity reads the Service's session affinity, with the API's
+// default timeout and its validation (1..86400 seconds). What the API would
+// reject is not allowed to cost the Service its traffic: an unknown type is
+// None, an invalid timeout the default; the warning says which.
+func sessionAffinity(svc *v1.Service) (SessionAffinity, string) {
+	switch svc.Spec.SessionAffinity {
+	case "", v1.ServiceAffinityNone:
+		return SessionAffinity{}, ""
+	case v1.ServiceAffinityClientIP:
+	default:
+		return SessionAffinity{}, fmt.Sprintf("sessionAffinity %s is not None or ClientIP: no affinity", quoteBounded(string(svc.Spec.SessionAffinity)))
+	}
+	cfg := svc.Spec.SessionAffinityConfig
+	if cfg == nil || cfg.ClientIP == nil || cfg.ClientIP.TimeoutSeconds == nil {
+		return SessionAffinity{ClientIP: true, TimeoutSeconds: v1.DefaultClientIPServiceAffinitySeconds}, ""
+	}
+	t := *cfg.ClientIP.TimeoutSeconds
+	if t < 1 || t > MaxAffinitySeconds {
+		return SessionAffinity{ClientIP: true, TimeoutSeconds: v1.DefaultClientIPServiceAffinitySeconds},
+			fmt.Sprintf("sessionAffinityConfig.clientIP.timeoutSeconds %d is outside 1..%d: using the default %d", t, MaxAffinitySeconds, v1.DefaultClientIPServiceAffinitySeconds)
+	}
+	return SessionAffinity{ClientIP: true, TimeoutSeconds: t}, ""
+}
+
+// NodeFromObject builds the model of a node: its labels, allocatable CPU,
+// Ready condition and IPv4 addresses. keep selects the labels to retain; nil keeps them
+// all.
 func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 	labels := make(map[string]string, len(n.Labels))
 	for k, v := range n.Labels {
@@ -117,7 +193,32 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 			labels[k] = v
 		}
 	}
-	return Node{Name: n.Name, Labels: labels}
+	out := Node{Name: n.Name, Labels: labels, AllocatableMilliCPU: milliCPU(n.Status.Allocatable.Cpu())}
+	for _, a := range n.Status.Addresses {
+		if ip, ok := parseIPv4(a.Address); ok {
+			out.Addresses = append(out.Addresses, NodeAddress{Type: a.Type, Addr: ip})
+		}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			out.Ready = c.Status
+			break
+		}
+	}
+	return out
+}
+
+// milliCPU returns q in millicores without overflowing: quantities beyond
+// MaxNodeCPUCores in either direction are clamped to ±math.MaxInt64, which
+// Node.hasCPU rejects.
+func milliCPU(q *resource.Quantity) int64 {
+	switch {
+	case q.CmpInt64(MaxNodeCPUCores) > 0:
+		return math.MaxInt64
+	case q.CmpInt64(-MaxNodeCPUCores) < 0:
+		return -math.MaxInt64
+	}
+	return q.MilliValue()
 }
 
 // EndpointsForPort returns the endpoints of one service port from the
@@ -149,7 +250,11 @@ func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nod
 			}
 			ip, ok := parseIPv4(e.Addresses[0])
 			if !ok {
-				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %q is not IPv4", s.Namespace, s.Name, e.Addresses[0]))
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is not IPv4", s.Namespace, s.Name, quoteBounded(e.Addresses[0])))
+				continue
+			}
+			if problem := AddrProblem(ip); problem != "" {
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is %s: skipped", s.Namespace, s.Name, ip, problem))
 				continue
 			}
 			ep := endpointFrom(e, netip.AddrPortFrom(ip, num))

@@ -33,7 +33,11 @@ func TestServicePorts(t *testing.T) {
 		name string
 		svc  *v1.Service
 		// err is the sentinel the error must wrap; nil means no error.
-		err                                    error
+		err error
+		// warnings is the number of warnings.
+		warnings int
+		// affinity, when set, is every port's session affinity.
+		affinity                               *SessionAffinity
 		external, internalLocal, externalLocal bool
 		lbIPs                                  []string
 		ports                                  int
@@ -85,16 +89,51 @@ func TestServicePorts(t *testing.T) {
 			svc: svc(func(s *v1.Service) {
 				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "bad", Port: 0})
 			}),
-			err: errAny, ports: 1},
+			warnings: 1, ports: 1},
+		{name: "no affinity by default", svc: svc(nil), affinity: &SessionAffinity{}, ports: 1},
+		{name: "ClientIP affinity with the default timeout",
+			svc:      svc(func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
+			affinity: &SessionAffinity{ClientIP: true, TimeoutSeconds: 10800}, ports: 1},
+		{name: "ClientIP affinity with its timeout",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](86400)}}
+			}),
+			affinity: &SessionAffinity{ClientIP: true, TimeoutSeconds: 86400}, ports: 1},
+		{name: "ClientIP affinity timeout out of range: default, with a warning",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](86401)}}
+			}),
+			affinity: &SessionAffinity{ClientIP: true, TimeoutSeconds: 10800}, warnings: 1, ports: 1},
+		{name: "ClientIP affinity timeout 0: default, with a warning",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](0)}}
+			}),
+			affinity: &SessionAffinity{ClientIP: true, TimeoutSeconds: 10800}, warnings: 1, ports: 1},
+		{name: "unknown affinity type: none, with a warning",
+			svc:      svc(func(s *v1.Service) { s.Spec.SessionAffinity = "Cookie" }),
+			affinity: &SessionAffinity{}, warnings: 1, ports: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ports, err := ServicePorts(tc.svc)
+			ports, warnings, err := ServicePorts(tc.svc)
 			switch {
 			case tc.err == nil && err != nil:
 				t.Fatalf("unexpected error: %v", err)
-			case tc.err == errAny && err == nil, tc.err != nil && tc.err != errAny && !errors.Is(err, tc.err):
+			case tc.err != nil && !errors.Is(err, tc.err):
 				t.Fatalf("error = %v, want %v", err, tc.err)
+			}
+			if len(warnings) != tc.warnings {
+				t.Errorf("warnings %q, want %d", warnings, tc.warnings)
+			}
+			if tc.affinity != nil {
+				for _, p := range ports {
+					if p.Affinity != *tc.affinity {
+						t.Errorf("affinity %+v, want %+v", p.Affinity, *tc.affinity)
+					}
+				}
 			}
 			if len(ports) != tc.ports {
 				t.Fatalf("%d ports, want %d", len(ports), tc.ports)
@@ -117,8 +156,6 @@ func TestServicePorts(t *testing.T) {
 		})
 	}
 }
-
-var errAny = errors.New("any error")
 
 func slice(name string, addrType discovery.AddressType, ports []discovery.EndpointPort, eps ...discovery.Endpoint) *discovery.EndpointSlice {
 	return &discovery.EndpointSlice{

@@ -2,9 +2,12 @@ package topology
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/validate/content"
 )
 
 // Input is everything one decision reads.
@@ -18,6 +21,10 @@ type Input struct {
 	Port ServicePort
 	// Endpoints are the port's endpoints, deduplicated by address.
 	Endpoints []Endpoint
+	// Demand is ZoneDemand(Nodes), which the ZoneWeighted policy reads;
+	// nil means Decide computes it. Callers deciding many ports on one
+	// snapshot of the nodes pass it to save the work.
+	Demand *Demand
 }
 
 // Decide returns, for one node and one service port, the policy and mode that
@@ -29,17 +36,28 @@ type Input struct {
 //     key with a match (none when nothing matches: traffic is dropped).
 //   - topolb.io/zone-threshold: ZoneThreshold, the local zone's usable
 //     endpoints if there are at least N of them, else every usable one.
+//   - topolb.io/zone-weighted "true": ZoneWeighted, the usable endpoints
+//     weighted so that each zone keeps the share of its traffic its
+//     endpoints can carry and spills the rest where there is room
+//     (zoneWeighted, weights.go).
 //   - otherwise Hints, exactly as kube-proxy applies topology hints: one mode
 //     per service and node, never a per-endpoint filter.
+//
+// What each policy reads of this node and of other nodes is declared in
+// ServicePort.Reads (reads.go), which the agent uses to know which Node
+// changes need a new decision: a policy that starts reading more of the
+// nodes must say so there too.
 //
 // Usable endpoints are the ready ones, or the serving-terminating ones when
 // none is ready. The local set (endpoints on this node, ready else
 // serving-terminating) is never filtered by topology. Internal traffic uses
 // the local set under internalTrafficPolicy Local, external traffic under
-// externalTrafficPolicy Local; otherwise both use the cluster set.
+// externalTrafficPolicy Local; otherwise both use the cluster set. Every set
+// comes with the fraction of new flows each backend gets: equal shares,
+// except for the cluster set of the ZoneWeighted policy.
 func Decide(in Input, opts Options) Decision {
 	p := in.Port
-	var cluster []Endpoint
+	var cluster weighted
 	policy, mode, reason := PolicyHints, ModeNone, ""
 
 	if p.UsesClusterEndpoints() {
@@ -50,27 +68,48 @@ func Decide(in Input, opts Options) Decision {
 		reason = joinReason(strings.Join(notes, "; "), "internalTrafficPolicy is Local and the port is not externally accessible: topology does not apply")
 	}
 
-	var local []Endpoint
+	var local weighted
 	if p.UsesLocalEndpoints() {
-		local = localEndpoints(in.Endpoints, in.Node.Name)
+		local = equalShares(localEndpoints(in.Endpoints, in.Node.Name))
 	}
 
 	d := Decision{Policy: policy, Mode: mode, Reason: reason}
+	internal := cluster
 	if p.InternalPolicyLocal {
-		d.Backends = nonNil(local)
-		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local), "local")))
-	} else {
-		d.Backends = nonNil(cluster)
+		internal = local
+		d.Reason = joinReason(d.Reason, fmt.Sprintf("internal traffic uses %s (internalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 	}
+	serving := filter(in.Endpoints, Endpoint.serving)
+	d.WhenEmpty = EmptyDrop
+	if len(serving) == 0 {
+		d.WhenEmpty = EmptyReject
+	}
+	if p.UsesClusterEndpoints() {
+		d.ClusterBackends, d.ClusterWeights = nonNil(cluster.eps), nonNilWeights(cluster.w)
+		d.ClusterDraining = nonNil(without(serving, cluster.eps))
+	}
+	d.Backends, d.Weights = nonNil(internal.eps), nonNilWeights(internal.w)
+	d.Draining = nonNil(without(serving, internal.eps))
 	if p.ExternallyAccessible {
+		external := cluster
 		if p.ExternalPolicyLocal {
-			d.ExternalBackends = nonNil(local)
-			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local), "local")))
-		} else {
-			d.ExternalBackends = nonNil(cluster)
+			external = local
+			d.Reason = joinReason(d.Reason, fmt.Sprintf("external traffic uses %s (externalTrafficPolicy Local)", endpoints(len(local.eps), "local")))
 		}
+		d.ExternalBackends, d.ExternalWeights = nonNil(external.eps), nonNilWeights(external.w)
+		d.ExternalDraining = nonNil(without(serving, external.eps))
 	}
+	d.Reason = boundReason(d.Reason)
 	return d
+}
+
+// without returns the endpoints of all that are not in active, in order.
+func without(all, active []Endpoint) []Endpoint {
+	in := make(map[netip.AddrPort]bool, len(active))
+	for _, ep := range active {
+		in[ep.Addr] = true
+	}
+	return filter(all, func(ep Endpoint) bool { return !in[ep.Addr] })
 }
 
 // policyChoice is a parsed, valid annotation and the notes about invalid
@@ -90,7 +129,7 @@ func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
 			return PolicyDisabled, policyChoice{}, notes
 		case "true":
 		default:
-			notes = append(notes, fmt.Sprintf("ignoring invalid %s %q (want true or false)", AnnotationTopologyAware, v))
+			notes = append(notes, fmt.Sprintf("ignoring invalid %s %s (want true or false)", AnnotationTopologyAware, quoteBounded(v)))
 		}
 	}
 	if v, ok := ann[AnnotationTopologyKeys]; ok {
@@ -98,20 +137,27 @@ func choosePolicy(ann map[string]string) (Policy, policyChoice, []string) {
 		if err == nil {
 			return PolicyTopologyKeys, policyChoice{keys: keys}, notes
 		}
-		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationTopologyKeys, v, err))
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s: %v", AnnotationTopologyKeys, quoteBounded(v), err))
 	}
 	if v, ok := ann[AnnotationZoneThreshold]; ok {
 		n, err := ParseZoneThreshold(v)
 		if err == nil {
 			return PolicyZoneThreshold, policyChoice{zoneThreshold: n}, notes
 		}
-		notes = append(notes, fmt.Sprintf("ignoring invalid %s %q: %v", AnnotationZoneThreshold, v, err))
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s: %v", AnnotationZoneThreshold, quoteBounded(v), err))
+	}
+	if v, ok := ann[AnnotationZoneWeighted]; ok {
+		if strings.ToLower(strings.TrimSpace(v)) == "true" {
+			return PolicyZoneWeighted, policyChoice{}, notes
+		}
+		notes = append(notes, fmt.Sprintf("ignoring invalid %s %s (want true)", AnnotationZoneWeighted, quoteBounded(v)))
 	}
 	return PolicyHints, policyChoice{}, notes
 }
 
 // ParseTopologyKeys parses a topology-keys annotation: 1 to 16
-// comma-separated keys, none empty or repeated, "*" only as the last key.
+// comma-separated label keys (surrounding spaces trimmed), none empty or
+// repeated, "*" only as the last key.
 func ParseTopologyKeys(v string) ([]string, error) {
 	parts := strings.Split(v, ",")
 	if len(parts) > MaxTopologyKeys {
@@ -125,9 +171,16 @@ func ParseTopologyKeys(v string) ([]string, error) {
 		case k == "":
 			return nil, fmt.Errorf("key %d is empty", i+1)
 		case seen[k]:
-			return nil, fmt.Errorf("key %q repeated", k)
+			return nil, fmt.Errorf("key %s repeated", quoteBounded(k))
 		case k == "*" && i != len(parts)-1:
 			return nil, fmt.Errorf(`"*" must be the last key`)
+		case k != "*":
+			if errs := content.IsLabelKey(k); len(errs) > 0 {
+				// The first clause says what is wrong; the rest is
+				// examples and the regular expression.
+				msg, _, _ := strings.Cut(errs[0], " (e.g.")
+				return nil, fmt.Errorf("key %s is not a label key: %s", quoteBounded(k), msg)
+			}
 		}
 		seen[k] = true
 		keys = append(keys, k)
@@ -147,29 +200,30 @@ func ParseZoneThreshold(v string) (int, error) {
 	return n, nil
 }
 
-// chooseCluster returns the policy, mode, reason and cluster set for a port
-// that uses cluster endpoints.
-func chooseCluster(in Input, opts Options) (Policy, Mode, string, []Endpoint) {
+// chooseCluster returns the policy, mode, reason and weighted cluster set
+// for a port that uses cluster endpoints.
+func chooseCluster(in Input, opts Options) (Policy, Mode, string, weighted) {
 	policy, choice, notes := choosePolicy(in.Port.Annotations)
 	var mode Mode
 	var reason string
-	var cluster []Endpoint
+	var eps []Endpoint
 	switch policy {
 	case PolicyDisabled:
 		var what string
-		cluster, what = usable(in.Endpoints)
+		eps, what = usable(in.Endpoints)
 		mode, reason = ModeNone, fmt.Sprintf("topology disabled by %s; using %s", AnnotationTopologyAware, what)
 	case PolicyTopologyKeys:
-		mode, reason, cluster = topologyKeys(in, choice.keys)
+		mode, reason, eps = topologyKeys(in, choice.keys)
 	case PolicyZoneThreshold:
-		mode, reason, cluster = zoneThreshold(in, choice.zoneThreshold)
+		mode, reason, eps = zoneThreshold(in, choice.zoneThreshold)
+	case PolicyZoneWeighted:
+		var cluster weighted
+		mode, reason, cluster = zoneWeighted(in)
+		return policy, mode, joinReason(strings.Join(notes, "; "), reason), cluster
 	default:
-		mode, reason, cluster = hints(in, opts)
+		mode, reason, eps = hints(in, opts)
 	}
-	if len(notes) > 0 {
-		reason = strings.Join(notes, "; ") + "; " + reason
-	}
-	return policy, mode, reason, cluster
+	return policy, mode, joinReason(strings.Join(notes, "; "), reason), equalShares(eps)
 }
 
 // hints applies topology hints the way kube-proxy does: the mode is chosen
@@ -399,6 +453,13 @@ func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
 		}
 	}
 	return out
+}
+
+func nonNilWeights(w []float64) []float64 {
+	if w == nil {
+		return []float64{}
+	}
+	return w
 }
 
 func nonNil(eps []Endpoint) []Endpoint {

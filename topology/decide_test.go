@@ -357,3 +357,125 @@ func TestParseTopologyKeys(t *testing.T) {
 		t.Errorf("17 keys accepted")
 	}
 }
+
+// withNodePort makes p a NodePort port, with externalTrafficPolicy Local
+// when local is true.
+func withNodePort(p ServicePort, local bool) ServicePort {
+	p.NodePort, p.ExternallyAccessible, p.ExternalPolicyLocal = 30080, true, local
+	return p
+}
+
+// withITPLocal gives p internalTrafficPolicy Local.
+func withITPLocal(p ServicePort) ServicePort { p.InternalPolicyLocal = true; return p }
+
+func TestDraining(t *testing.T) {
+	cases := []struct {
+		name string
+		node string
+		port ServicePort
+		eps  []Endpoint
+		// draining are the last octets of Draining; externalDraining of
+		// ExternalDraining, nil meaning it must be nil.
+		draining, externalDraining []int
+	}{
+		{name: "serving-terminating while ready ones exist", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "a1", "zone-a", terminating(true)), ep(3, "b1", "zone-b", terminating(false)), ep(4, "b1", "zone-b", unready)},
+			draining: []int{2}},
+		{name: "all terminating: the serving-terminating ones are active, nothing drains", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a", terminating(true)), ep(2, "b1", "zone-b", terminating(true))},
+			draining: []int{}},
+		{name: "hints: ready endpoints of other zones drain", node: "a1", port: clusterPort(nil),
+			eps:      []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "b1", "zone-b", zones("zone-b")), ep(3, "b1", "zone-b", terminating(true))},
+			draining: []int{2, 3}},
+		{name: "topology-keys without a match: everything serving drains", node: "c1", port: clusterPort(map[string]string{AnnotationTopologyKeys: LabelHostname}),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{1, 2}},
+		{name: "zone threshold met: other zones drain", node: "a1", port: clusterPort(map[string]string{AnnotationZoneThreshold: "1"}),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{2}},
+		{name: "zone-weighted: endpoints without weight drain", node: "a1", port: zoneWeightedPort(),
+			// testNodes by count: zone-a 2/4. S_a = 1/2 keeps all.
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")},
+			draining: []int{2}},
+		{name: "iTP Local: remote serving endpoints drain", node: "a1", port: withITPLocal(clusterPort(nil)),
+			eps:      []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b"), ep(3, "c1", "zone-c", terminating(true))},
+			draining: []int{2, 3}},
+		{name: "eTP Local: its own draining set", node: "a1", port: withNodePort(clusterPort(nil), true),
+			eps:              []Endpoint{ep(1, "a1", "zone-a", zones("zone-a")), ep(2, "a2", "zone-a", zones("zone-a")), ep(3, "b1", "zone-b", zones("zone-b"))},
+			draining:         []int{3},
+			externalDraining: []int{2, 3}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Node: testNodes[tc.node], Nodes: testNodes, Port: tc.port, Endpoints: tc.eps}, DefaultOptions())
+			if d.Draining == nil {
+				t.Errorf("Draining is nil")
+			}
+			if got := octets(d.Draining); !slices.Equal(got, tc.draining) {
+				t.Errorf("draining = %v, want %v (backends %v)", got, tc.draining, octets(d.Backends))
+			}
+			switch {
+			case tc.externalDraining == nil && d.ExternalDraining != nil:
+				t.Errorf("external draining = %v, want nil", octets(d.ExternalDraining))
+			case tc.externalDraining != nil && !slices.Equal(octets(d.ExternalDraining), tc.externalDraining):
+				t.Errorf("external draining = %v, want %v", octets(d.ExternalDraining), tc.externalDraining)
+			}
+		})
+	}
+}
+
+// TestWhenEmpty pins when an empty set rejects (no usable endpoint
+// anywhere, as kube-proxy rejects Services without endpoints) and when it
+// drops (the policy leaves this node without backends).
+func TestWhenEmpty(t *testing.T) {
+	cases := []struct {
+		name string
+		node string
+		port ServicePort
+		eps  []Endpoint
+		want EmptyAction
+		// empty says which sets must be empty: "internal", "external".
+		empty []string
+	}{
+		{name: "no endpoints at all: reject", node: "a1", port: clusterPort(nil), want: EmptyReject, empty: []string{"internal"}},
+		{name: "only unready and not-serving terminating endpoints: reject", node: "a1", port: withNodePort(clusterPort(nil), false),
+			eps:  []Endpoint{ep(1, "a1", "zone-a", unready), ep(2, "b1", "zone-b", terminating(false))},
+			want: EmptyReject, empty: []string{"internal", "external"}},
+		{name: "serving-terminating endpoints are usable: not reject", node: "a1", port: clusterPort(nil),
+			eps:  []Endpoint{ep(1, "b1", "zone-b", terminating(true))},
+			want: EmptyDrop},
+		{name: "iTP Local without a local endpoint: drop", node: "c1", port: withITPLocal(clusterPort(nil)),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"internal"}},
+		{name: "eTP Local without a local endpoint: external drops, internal serves", node: "c1", port: withNodePort(clusterPort(nil), true),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"external"}},
+		{name: "topology-keys without a match: drop", node: "c1", port: clusterPort(map[string]string{AnnotationTopologyKeys: LabelHostname}),
+			eps:  []Endpoint{ep(1, "a1", "zone-a")},
+			want: EmptyDrop, empty: []string{"internal"}},
+		{name: "iTP Local on an empty Service: reject", node: "a1", port: withITPLocal(clusterPort(nil)),
+			eps:  []Endpoint{ep(1, "a1", "zone-a", unready)},
+			want: EmptyReject, empty: []string{"internal"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Node: testNodes[tc.node], Nodes: testNodes, Port: tc.port, Endpoints: tc.eps}, DefaultOptions())
+			if d.WhenEmpty != tc.want {
+				t.Errorf("WhenEmpty = %q, want %q", d.WhenEmpty, tc.want)
+			}
+			if got := len(d.Backends) == 0; got != slices.Contains(tc.empty, "internal") {
+				t.Errorf("internal set empty = %v, want %v", got, !got)
+			}
+			if tc.port.ExternallyAccessible {
+				if got := len(d.ExternalBackends) == 0; got != slices.Contains(tc.empty, "external") {
+					t.Errorf("external set empty = %v, want %v", got, !got)
+				}
+				for _, scope := range []Scope{ScopeInternal, ScopeExternal} {
+					if set, _ := d.SetFor(KindNodePort, scope); set.WhenEmpty != tc.want {
+						t.Errorf("NodePort from %s: WhenEmpty %q, want %q", scope, set.WhenEmpty, tc.want)
+					}
+				}
+			}
+		})
+	}
+}

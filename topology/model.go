@@ -9,7 +9,9 @@
 package topology
 
 import (
+	"fmt"
 	"net/netip"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,6 +31,10 @@ const (
 	// AnnotationZoneThreshold is the minimum number of usable endpoints the
 	// local zone must have before traffic is kept in it.
 	AnnotationZoneThreshold = "topolb.io/zone-threshold"
+	// AnnotationZoneWeighted set to "true" weights a Service's backends so
+	// that each zone keeps the share of its traffic its endpoints can carry
+	// (see zoneWeighted in weights.go).
+	AnnotationZoneWeighted = "topolb.io/zone-weighted"
 
 	// MaxTopologyKeys is the largest number of keys topology-keys accepts.
 	MaxTopologyKeys = 16
@@ -43,6 +49,7 @@ const (
 	PolicyDisabled      Policy = "Disabled"
 	PolicyTopologyKeys  Policy = "TopologyKeys"
 	PolicyZoneThreshold Policy = "ZoneThreshold"
+	PolicyZoneWeighted  Policy = "ZoneWeighted"
 	PolicyHints         Policy = "Hints"
 )
 
@@ -56,16 +63,46 @@ const (
 	ModePreferSameZone Mode = "PreferSameZone"
 	ModeNone           Mode = "None"
 	ModeAny            Mode = "*"
+	// ModeZoneWeighted: the ZoneWeighted policy gives this node's backends
+	// unequal weights, or spreads them over several zones but not over
+	// every usable endpoint.
+	ModeZoneWeighted Mode = "ZoneWeighted"
 )
 
-// Node is a node's name and the labels topology decisions read.
+// MaxNodeCPUCores bounds a Node's allocatable CPU: more is taken to be a
+// mistake, and the node counts as lacking allocatable CPU.
+const MaxNodeCPUCores = 100_000
+
+// Node is what topology decisions read of a node.
 type Node struct {
 	Name   string
 	Labels map[string]string
+	// AllocatableMilliCPU is status.allocatable.cpu in millicores, 0 when
+	// absent. Values outside 1..MaxNodeCPUCores*1000 (negative, or
+	// absurdly large, which are clamped to math.MaxInt64) count as lacking.
+	AllocatableMilliCPU int64
+	// Ready is the status of the node's Ready condition (True, False,
+	// Unknown), "" when it has none.
+	Ready v1.ConditionStatus
+	// Addresses are the node's IPv4 addresses from status.addresses, in
+	// order, with their types; NodePort frontends are chosen among them.
+	Addresses []NodeAddress
+}
+
+// NodeAddress is one IPv4 address of a node and its type (InternalIP,
+// ExternalIP, ...).
+type NodeAddress struct {
+	Type v1.NodeAddressType
+	Addr netip.Addr
 }
 
 // Zone returns the node's topology.kubernetes.io/zone label, or "".
 func (n Node) Zone() string { return n.Labels[LabelZone] }
+
+// hasCPU reports whether the node's allocatable CPU is usable as a weight.
+func (n Node) hasCPU() bool {
+	return n.AllocatableMilliCPU > 0 && n.AllocatableMilliCPU <= MaxNodeCPUCores*1000
+}
 
 // Endpoint is one backend address of a service port, as read from an
 // EndpointSlice, with the EndpointSlice API's defaults applied.
@@ -92,10 +129,21 @@ type Endpoint struct {
 // when a set has no ready endpoints.
 func (e Endpoint) servingTerminating() bool { return !e.Ready && e.Serving && e.Terminating }
 
+// serving reports whether the endpoint can still serve a flow: it is ready,
+// or serving-terminating. A serving endpoint that is not in a backend set is
+// draining for it.
+func (e Endpoint) serving() bool { return e.Ready || e.servingTerminating() }
+
 // ServicePort is one port of a Service, with everything a decision reads.
 type ServicePort struct {
 	// Service is the Service's namespace and name.
 	Service types.NamespacedName
+	// Created is the Service's creationTimestamp; zero when unset (as in
+	// hand-written manifests). It decides which Service owns a frontend
+	// two of them claim (CompareClaims).
+	Created time.Time
+	// Index is the port's position in the Service's spec.ports.
+	Index int
 	// Name is the port's name, "" if unnamed.
 	Name string
 	// Protocol is TCP, UDP or SCTP.
@@ -120,8 +168,21 @@ type ServicePort struct {
 	// ExternalPolicyLocal is true when the Service is externally accessible
 	// and externalTrafficPolicy is Local.
 	ExternalPolicyLocal bool
+	// Affinity is the Service's session affinity.
+	Affinity SessionAffinity
 	// Annotations holds the Service's topolb.io/ annotations only.
 	Annotations map[string]string
+}
+
+// SessionAffinity is a Service's sessionAffinity and its timeout.
+type SessionAffinity struct {
+	// ClientIP is true for sessionAffinity ClientIP: every new flow of one
+	// client IP to the port goes to the same backend while that backend is
+	// active and the affinity has not expired.
+	ClientIP bool
+	// TimeoutSeconds is sessionAffinityConfig.clientIP.timeoutSeconds
+	// (default 10800, 1..86400); 0 without affinity.
+	TimeoutSeconds int32
 }
 
 // UsesClusterEndpoints reports whether any traffic to the port is routed to
@@ -138,9 +199,12 @@ func (p ServicePort) UsesLocalEndpoints() bool {
 	return p.InternalPolicyLocal || p.ExternalPolicyLocal
 }
 
-// Frontends returns the addresses the port is reached at from inside the
-// cluster and from outside: the cluster IP, the externalIPs and the
-// load-balancer IPs, each with the service port. NodePorts are not included.
+// Frontends returns the cluster IP, the externalIPs and the load-balancer
+// IPs, each with the service port, cluster IP first.
+//
+// Deprecated: it leaves out NodePorts and does not say which frontend uses
+// which backend set; use ClusterFrontend, ExternalFrontends and
+// NodeFrontends (frontends.go).
 func (p ServicePort) Frontends() []netip.AddrPort {
 	out := []netip.AddrPort{netip.AddrPortFrom(p.ClusterIP, p.Port)}
 	for _, ip := range p.ExternalIPs {
@@ -164,11 +228,59 @@ type Decision struct {
 	// to: the local set under internalTrafficPolicy Local, else the cluster
 	// set. Never nil; empty means traffic is dropped.
 	Backends []Endpoint
+	// Weights[i] is the fraction of this node's new internal flows that go
+	// to Backends[i]. The weights are positive and sum to 1; never nil,
+	// empty when Backends is. Only the ZoneWeighted policy makes them
+	// unequal.
+	Weights []float64
 	// ExternalBackends are the endpoints external traffic may go to: the
 	// local set under externalTrafficPolicy Local, else the cluster set. Nil
 	// when the port is not externally accessible.
 	ExternalBackends []Endpoint
+	// ExternalWeights are the weights of ExternalBackends, as Weights are of
+	// Backends; nil exactly when ExternalBackends is.
+	ExternalWeights []float64
+	// Draining are the serving endpoints (ready, or serving-terminating)
+	// that are not in Backends: new flows never go to them, but a flow
+	// already established with one keeps it. Never nil.
+	Draining []Endpoint
+	// ExternalDraining are the serving endpoints not in ExternalBackends;
+	// nil exactly when ExternalBackends is.
+	ExternalDraining []Endpoint
+	// ClusterBackends are the cluster set: the endpoints the policy chose
+	// for this node, which internal traffic uses under internalTrafficPolicy
+	// Cluster, external traffic under externalTrafficPolicy Cluster, and
+	// traffic from inside the node to an external frontend always (as
+	// kube-proxy short-circuits it). Nil when the port never uses it
+	// (internalTrafficPolicy Local and not externally accessible).
+	ClusterBackends []Endpoint
+	// ClusterWeights and ClusterDraining are to ClusterBackends what
+	// Weights and Draining are to Backends; nil exactly when
+	// ClusterBackends is.
+	ClusterWeights  []float64
+	ClusterDraining []Endpoint
+	// WhenEmpty is what happens to a new flow that one of the port's sets
+	// has no backend for: EmptyReject when the port has no usable endpoint
+	// anywhere (none ready, none serving-terminating), EmptyDrop when it
+	// has some but this node's policy deliberately leaves the set empty
+	// (traffic policy Local without a local endpoint, topology-keys without
+	// a match), as kube-proxy does. Always set; it matters only for an
+	// empty set.
+	WhenEmpty EmptyAction
 }
+
+// EmptyAction is what the datapath does with a new flow for which a set has
+// no backend.
+type EmptyAction string
+
+const (
+	// EmptyReject answers at once: a TCP reset, or ICMP port unreachable,
+	// as kube-proxy rejects connections to Services without endpoints.
+	EmptyReject EmptyAction = "reject"
+	// EmptyDrop drops the packet silently, as kube-proxy does when a
+	// traffic policy leaves a node without endpoints.
+	EmptyDrop EmptyAction = "drop"
+)
 
 // Options are the switches a decision honors. They are arguments, never
 // globals, so a test or a simulation can flip them per call.
@@ -176,9 +288,38 @@ type Options struct {
 	// PreferSameTrafficDistribution enables node hints (hints.forNodes), as
 	// kube-proxy's feature gate of that name does.
 	PreferSameTrafficDistribution bool
+	// NodePortAddresses, when not empty, selects the node addresses
+	// NodePorts are served on: those inside any of the prefixes (kube-proxy's
+	// --nodeport-addresses). Empty: the node's InternalIP and ExternalIP
+	// addresses.
+	NodePortAddresses []netip.Prefix
+	// NodePortRange is the range of valid nodePorts (the apiserver's
+	// --service-node-port-range); a nodePort outside it is not served. The
+	// zero value means DefaultNodePortRange.
+	NodePortRange PortRange
+}
+
+// PortRange is an inclusive range of port numbers.
+type PortRange struct{ Min, Max uint16 }
+
+// DefaultNodePortRange is the apiserver's default --service-node-port-range.
+var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
+
+// Contains reports whether port is in the range.
+func (r PortRange) Contains(port uint16) bool { return r.Min <= port && port <= r.Max }
+
+// String renders the range as "30000-32767".
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// nodePortRange returns the range in force.
+func (o Options) nodePortRange() PortRange {
+	if o.NodePortRange == (PortRange{}) {
+		return DefaultNodePortRange
+	}
+	return o.NodePortRange
 }
 
 // DefaultOptions returns the options kube-proxy v1.37 runs with.
 func DefaultOptions() Options {
-	return Options{PreferSameTrafficDistribution: true}
+	return Options{PreferSameTrafficDistribution: true, NodePortRange: DefaultNodePortRange}
 }

@@ -64,13 +64,24 @@ type PortDecision struct {
 	Decision  Decision
 }
 
-// Node returns the named node, or a node with that name and no labels and a
-// warning when the node is unknown.
+// Node returns the named node and a warning for each of its InternalIP or
+// ExternalIP addresses that cannot serve NodePorts (AddrProblem); or, when
+// the node is unknown, a node with that name and no labels and a warning.
 func (s *State) Node(name string) (Node, []string) {
-	if n, ok := s.Nodes[name]; ok {
-		return n, nil
+	n, ok := s.Nodes[name]
+	if !ok {
+		return Node{Name: name}, []string{fmt.Sprintf("node %s not found: deciding as if it had no labels", name)}
 	}
-	return Node{Name: name}, []string{fmt.Sprintf("node %s not found: deciding as if it had no labels", name)}
+	var warnings []string
+	for _, a := range n.Addresses {
+		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+			continue
+		}
+		if problem := AddrProblem(a.Addr); problem != "" {
+			warnings = append(warnings, fmt.Sprintf("node %s: %s %s is %s: no NodePorts on it", name, a.Type, a.Addr, problem))
+		}
+	}
+	return n, warnings
 }
 
 // DecideNode decides every proxied port of every Service for nodeName. The
@@ -83,9 +94,10 @@ func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []str
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i].String() < names[j].String() })
 	node, warnings := s.Node(nodeName)
+	demand := ZoneDemand(s.Nodes)
 	var out []PortDecision
 	for _, nn := range names {
-		ds, w := s.decideService(node, nn, opts)
+		ds, w := s.decideService(node, nn, opts, &demand)
 		out = append(out, ds...)
 		warnings = append(warnings, w...)
 	}
@@ -95,17 +107,18 @@ func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []str
 // DecideService decides every proxied port of one Service for nodeName.
 func (s *State) DecideService(nodeName string, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
 	node, warnings := s.Node(nodeName)
-	ds, w := s.decideService(node, nn, opts)
+	ds, w := s.decideService(node, nn, opts, nil)
 	return ds, dedupe(append(warnings, w...))
 }
 
-func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) ([]PortDecision, []string) {
+// decideService decides one Service's ports; demand is ZoneDemand(s.Nodes),
+// or nil to have Decide compute it when a port needs it.
+func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, demand *Demand) ([]PortDecision, []string) {
 	svc, ok := s.Services[nn]
 	if !ok {
 		return nil, nil
 	}
-	var warnings []string
-	ports, err := ServicePorts(svc)
+	ports, warnings, err := ServicePorts(svc)
 	if err != nil && !errors.Is(err, ErrNotProxied) {
 		warnings = append(warnings, err.Error())
 	}
@@ -121,7 +134,7 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options) 
 				warnings = append(warnings, fmt.Sprintf("%s: endpoint %s is on node %s, which is not known", nn, ep.Addr, ep.NodeName))
 			}
 		}
-		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps}, opts)
+		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps, Demand: demand}, opts)
 		out = append(out, PortDecision{Port: p, Endpoints: eps, Decision: d})
 	}
 	return out, warnings

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/topology"
@@ -25,7 +26,11 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		return err
 	}
 	if service != "" {
-		st.Services = slices.DeleteFunc(st.Services, func(p topology.PortReport) bool { return p.Service != service })
+		ns, name, ok := strings.Cut(service, "/")
+		if !ok || ns == "" || name == "" {
+			return usageError(fmt.Errorf("--service %q: want NAMESPACE/NAME", service))
+		}
+		st.Report = st.Report.Only(types.NamespacedName{Namespace: ns, Name: name})
 	}
 	w := cmd.OutOrStdout()
 	if output != "table" {
@@ -55,7 +60,7 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		case !ok:
 			mark = "   (not decided: stale or owned by no service)"
 		}
-		fmt.Fprintf(w, "  %s -> [%s]%s\n", f, strings.Join(st.Programmed[f], " "), mark)
+		fmt.Fprintf(w, "  %s -> [%s]%s\n", cell(f, maxName), cell(strings.Join(st.Programmed[f], " "), maxText), mark)
 	}
 	return nil
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -20,14 +22,18 @@ func newExplainCommand() *cobra.Command {
 		service   string
 		output    string
 		agentAddr string
+		nodePorts nodePortFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "explain --node NAME [--service NS/NAME] [--from-file F]",
 		Short: "Explain which backends a node sends each service port's traffic to, and why",
 		Long: `explain decides, for one node, every proxied service port exactly as the topolb
 agent on that node does: the policy (Hints, Disabled, TopologyKeys,
-ZoneThreshold), the topology mode, the reason, and the internal and external
-backends.
+ZoneThreshold, ZoneWeighted), the topology mode, the reason, and the
+internal and external backends with each one's share of new flows. Then it
+lists every frontend the node programs (cluster IPs, externalIPs,
+load-balancer IPs, NodePorts on the node's addresses), for traffic from
+inside the node and from outside, with the backends each uses.
 
 Cluster state comes from --from-file (YAML documents and/or kind: List, JSON
 too) or from the cluster in --kubeconfig, $KUBECONFIG or the in-cluster
@@ -55,26 +61,17 @@ stderr; the rest is still decided.`,
 				}
 				filter = &types.NamespacedName{Namespace: ns, Name: name}
 			}
+			opts, err := nodePorts.options()
+			if err != nil {
+				return usageError(err)
+			}
 			objs, err := src.load(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			state := objs.State(nil)
-			var ds []topology.PortDecision
-			var warnings []string
-			if filter != nil {
-				if _, ok := state.Services[*filter]; !ok {
-					warnings = append(warnings, fmt.Sprintf("service %s not found", filter))
-				}
-				var w []string
-				ds, w = state.DecideService(node, *filter, topology.DefaultOptions())
-				warnings = append(warnings, w...)
-			} else {
-				ds, warnings = state.DecideNode(node, topology.DefaultOptions())
-			}
-			warn(cmd.ErrOrStderr(), warnings)
-			n, _ := state.Node(node)
-			return printReport(cmd.OutOrStdout(), topology.NewReport(n, ds), output)
+			report := explainReport(objs.State(nil), node, filter, opts)
+			warn(cmd.ErrOrStderr(), cells(report.Warnings, maxText))
+			return printReport(cmd.OutOrStdout(), report, output)
 		},
 	}
 	src.addFlags(cmd)
@@ -82,7 +79,60 @@ stderr; the rest is still decided.`,
 	cmd.Flags().StringVar(&agentAddr, "agent", "", "read the live decisions and programmed maps from the agent's health address (host:port) instead of deciding here")
 	cmd.Flags().StringVar(&service, "service", "", "only this service, as NAMESPACE/NAME")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	nodePorts.addFlags(cmd)
 	return cmd
+}
+
+// explainReport decides every Service for node, assembles the node's
+// frontends (conflicts between Services need all of them), and keeps what
+// concerns filter when it is set. The report's warnings are the decisions'
+// followed by the frontends'.
+func explainReport(state *topology.State, node string, filter *types.NamespacedName, opts topology.Options) topology.Report {
+	ds, warnings := state.DecideNode(node, opts)
+	n, _ := state.Node(node)
+	report := topology.NewReportOptions(n, ds, opts)
+	if filter != nil {
+		report = report.Only(*filter)
+		warnings = nil
+		if _, ok := state.Services[*filter]; !ok {
+			warnings = append(warnings, fmt.Sprintf("service %s not found", filter))
+		}
+		_, w := state.DecideService(node, *filter, opts)
+		warnings = append(warnings, w...)
+	}
+	report.Warnings = append(warnings, report.Warnings...)
+	return report
+}
+
+// nodePortFlags are the options that choose NodePort frontends.
+type nodePortFlags struct {
+	addresses []string
+	portRange string
+}
+
+func (f *nodePortFlags) addFlags(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, as the agent's flag of that name (default: the Node's InternalIP and ExternalIP)")
+	cmd.Flags().StringVar(&f.portRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "the valid nodePort range, as the apiserver's flag of that name")
+}
+
+// options returns the decision options the flags describe.
+func (f *nodePortFlags) options() (topology.Options, error) {
+	opts := topology.DefaultOptions()
+	for _, s := range f.addresses {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return opts, fmt.Errorf("--nodeport-addresses %q: %w", s, err)
+		}
+		opts.NodePortAddresses = append(opts.NodePortAddresses, p.Masked())
+	}
+	lo, hi, ok := strings.Cut(f.portRange, "-")
+	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || min < 1 || min > max {
+		return opts, fmt.Errorf("--service-node-port-range %q: want MIN-MAX, 1 <= MIN <= MAX <= 65535", f.portRange)
+	}
+	opts.NodePortRange = topology.PortRange{Min: uint16(min), Max: uint16(max)}
+	return opts, nil
 }
 
 func printReport(w io.Writer, r topology.Report, output string) error {
@@ -93,7 +143,7 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	if zone == "" {
 		zone = "(none)"
 	}
-	fmt.Fprintf(w, "node %s, zone %s\n\n", r.Node, zone)
+	fmt.Fprintf(w, "node %s, zone %s\n\n", cell(r.Node, maxName), cell(zone, maxName))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tPORT\tPOLICY\tMODE\tBACKENDS BY ZONE\tREASON")
 	for _, s := range r.Services {
@@ -101,15 +151,85 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if port == "" {
 			port = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", s.Service, port, s.Protocol, s.Policy, s.Mode, zoneCounts(s.BackendZones, len(s.Backends)), s.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", cell(s.Service, maxName), cell(port, maxName), s.Protocol, s.Policy,
+			cell(string(s.Mode), maxName), backendsCell(s), cell(s.Reason, maxText))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Frontends) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY")
+	for _, f := range r.Frontends {
+		port := f.Port
+		if port == "" {
+			port = "-"
+		}
+		affinity := f.SessionAffinity
+		if affinity == "ClientIP" {
+			affinity += fmt.Sprintf(" %ds", f.AffinityTimeoutSeconds)
+		}
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", f.Address, f.Protocol, f.Scope, f.Kind, cell(f.Service, maxName), cell(port, maxName),
+			frontendBackends(f), len(f.DrainingBackends), affinity)
 	}
 	return tw.Flush()
 }
 
-// zoneCounts renders "zone-a=2 zone-b=1" or "0 (dropped)".
-func zoneCounts(byZone map[string]int, total int) string {
+// emptyWord says what happens to new flows without a backend.
+func emptyWord(a topology.EmptyAction) string {
+	if a == topology.EmptyReject {
+		return "rejected"
+	}
+	return "dropped"
+}
+
+// maxListedBackends bounds the backends a frontend's table row lists.
+const maxListedBackends = 4
+
+// frontendBackends lists a frontend's backends, each with its share of new
+// flows when the shares are unequal, at most maxListedBackends of them:
+// "10.1.1.1:8080 10.1.1.2:8080", "10.1.14.1:8080=67% ...", "none".
+func frontendBackends(f topology.FrontendReport) string {
+	if len(f.Backends) == 0 {
+		return "none (" + emptyWord(f.WhenEmpty) + ")"
+	}
+	equal := true
+	for _, b := range f.Backends {
+		equal = equal && f.Weights[b] == f.Weights[f.Backends[0]]
+	}
+	var parts []string
+	for i, b := range f.Backends {
+		if i == maxListedBackends {
+			parts = append(parts, fmt.Sprintf("+%d more", len(f.Backends)-i))
+			break
+		}
+		if !equal {
+			b += fmt.Sprintf("=%.0f%%", f.Weights[b]*100)
+		}
+		parts = append(parts, b)
+	}
+	return strings.Join(parts, " ")
+}
+
+// backendsCell renders the backends by zone and, when some drain, how
+// many: "zone-a=2 (+1 draining)".
+func backendsCell(s topology.PortReport) string {
+	cell := zoneCounts(s.BackendZones, s.ZoneShares, len(s.Backends), s.WhenEmpty)
+	if n := len(s.DrainingBackends); n > 0 {
+		cell += fmt.Sprintf(" (+%d draining)", n)
+	}
+	return cell
+}
+
+// zoneCounts renders "zone-a=2 zone-b=1", or for no backends "0 (dropped)"
+// or "0 (rejected)"; with unequal weights, each zone's share of new flows
+// follows its count: "zone-a=1:67% zone-b=2:33%".
+func zoneCounts(byZone map[string]int, shares map[string]float64, total int, whenEmpty topology.EmptyAction) string {
 	if total == 0 {
-		return "0 (dropped)"
+		return "0 (" + emptyWord(whenEmpty) + ")"
 	}
 	if len(byZone) == 0 {
 		return fmt.Sprint(total)
@@ -121,11 +241,15 @@ func zoneCounts(byZone map[string]int, total int) string {
 	sort.Strings(zones)
 	parts := make([]string, 0, len(zones))
 	for _, z := range zones {
-		name := z
+		name := cell(z, maxName)
 		if name == "" {
 			name = "(no zone)"
 		}
-		parts = append(parts, fmt.Sprintf("%s=%d", name, byZone[z]))
+		part := fmt.Sprintf("%s=%d", name, byZone[z])
+		if shares != nil {
+			part += fmt.Sprintf(":%.0f%%", shares[z]*100)
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, " ")
 }

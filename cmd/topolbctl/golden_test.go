@@ -49,6 +49,17 @@ func TestGolden(t *testing.T) {
 		{name: "explain-missing-node-table", args: explain("explain.yaml", "--node", "node-x")},
 		{name: "explain-service-json", args: explain("explain.yaml", "--node", "node-a1", "--service", "default/etp-local", "-o", "json"), report: &topology.Report{}},
 		{name: "explain-service-not-found", args: explain("explain.yaml", "--node", "node-a1", "--service", "default/nope")},
+		// explain: frontends, scopes and conflicts.
+		{name: "explain-frontends-node-a1-table", args: explain("frontends.yaml", "--node", "node-a1")},
+		{name: "explain-frontends-node-a1-json", args: explain("frontends.yaml", "--node", "node-a1", "-o", "json"), report: &topology.Report{}},
+		{name: "explain-frontends-node-b1-table", args: explain("frontends.yaml", "--node", "node-b1")},
+		{name: "explain-frontends-thief-json", args: explain("frontends.yaml", "--node", "node-a1", "--service", "default/thief", "-o", "json"), report: &topology.Report{}},
+		{name: "explain-frontends-nodeport-addresses", args: explain("frontends.yaml", "--node", "node-a1", "--nodeport-addresses", "203.0.113.0/24", "--service-node-port-range", "8000-32767")},
+		// explain: input refused or corrected, with warnings.
+		{name: "explain-validation-table", args: explain("validation.yaml", "--node", "node-a1")},
+		{name: "explain-validation-json", args: explain("validation.yaml", "--node", "node-a1", "-o", "json"), report: &topology.Report{}},
+		{name: "explain-bad-nodeport-addresses", args: explain("frontends.yaml", "--node", "node-a1", "--nodeport-addresses", "203.0.113.0"), code: 2},
+		{name: "explain-bad-nodeport-range", args: explain("frontends.yaml", "--node", "node-a1", "--service-node-port-range", "32767-30000"), code: 2},
 		// explain: bad input.
 		{name: "explain-malformed", args: explain("malformed.yaml", "--node", "node-a1"), code: 2},
 		{name: "explain-missing-file", args: explain("no-such-file.yaml", "--node", "node-a1"), code: 2},
@@ -71,6 +82,7 @@ func TestGolden(t *testing.T) {
 		// hints simulate: bad input.
 		{name: "hints-malformed", args: hints("malformed.yaml"), code: 2},
 		{name: "hints-bad-output", args: hints("hints-feasible.yaml", "-o", "wide"), code: 2},
+		{name: "hints-bad-cpu", args: hints("hints-bad-cpu.yaml"), code: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,7 +179,7 @@ func TestDocsMatchGoldens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"explain-cluster-node-a1", "explain-service-json", "hints-few-endpoints-table"} {
+	for _, name := range []string{"explain-cluster-node-a1", "explain-service-json", "explain-frontends-node-a1-table", "hints-few-endpoints-table"} {
 		golden, err := os.ReadFile(filepath.Join("testdata", "golden", name+".golden"))
 		if err != nil {
 			t.Fatal(err)

@@ -50,6 +50,9 @@ k8s.io/endpointslice) over the cluster state and reports:
   - the load each zone's endpoints would carry, relative to an even share,
     if every node followed the hints the slices carry now, flagging more
     than 20% overload;
+  - beside it, what topolb's zone-weighted routing (topolb.io/zone-weighted)
+    would do on the same cluster: the share of each zone's new flows kept
+    in the zone, and the highest load on the zone's endpoints;
   - a warning for every endpoint whose current hints differ from the
     controller's.
 
@@ -73,11 +76,14 @@ Cluster state comes from --from-file or from the cluster, as for explain.`,
 			if err != nil {
 				return err
 			}
-			rep, warnings := hintsim.Simulate(objs, only, hintsim.DefaultOptions())
+			rep, warnings, err := hintsim.Simulate(objs, only, hintsim.DefaultOptions())
+			if err != nil {
+				return usageError(fmt.Errorf("hints simulate: %w", err))
+			}
 			if only != nil && !hasService(objs.Services, *only) {
 				warnings = append(warnings, fmt.Sprintf("service %s not found", only))
 			}
-			warn(cmd.ErrOrStderr(), warnings)
+			warn(cmd.ErrOrStderr(), cells(warnings, maxText))
 			return printHints(cmd.OutOrStdout(), rep, output)
 		},
 	}
@@ -106,12 +112,12 @@ func printNodeInfo(w io.Writer, n hintsim.NodeInfo) {
 	if n.Sufficient {
 		fmt.Fprintf(w, "Node information: sufficient (%d zones)\n", len(n.Zones))
 	} else {
-		fmt.Fprintf(w, "Node information: INSUFFICIENT: %s\n", n.Reason)
+		fmt.Fprintf(w, "Node information: INSUFFICIENT: %s\n", cell(n.Reason, maxText))
 	}
 	if len(n.Ignored) > 0 {
 		parts := make([]string, 0, len(n.Ignored))
 		for _, i := range n.Ignored {
-			parts = append(parts, fmt.Sprintf("%s (%s)", i.Node, i.Reason))
+			parts = append(parts, fmt.Sprintf("%s (%s)", cell(i.Node, maxName), i.Reason))
 		}
 		fmt.Fprintf(w, "Ignored nodes: %s\n", strings.Join(parts, ", "))
 	}
@@ -121,7 +127,7 @@ func printNodeInfo(w io.Writer, n hintsim.NodeInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ZONE\tNODES\tCPU\tCPU RATIO")
 	for _, z := range n.Zones {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", z.Zone, z.Nodes, z.CPU, optFloat(z.CPURatio, "%.4f"))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", cell(z.Zone, maxName), z.Nodes, z.CPU, optFloat(z.CPURatio, "%.4f"))
 	}
 	tw.Flush()
 }
@@ -129,7 +135,7 @@ func printNodeInfo(w io.Writer, n hintsim.NodeInfo) {
 func printHintService(w io.Writer, s hintsim.Service) {
 	how := string(s.Method)
 	if s.Trigger != "" {
-		how += " (" + s.Trigger + ")"
+		how += " (" + cell(s.Trigger, maxName) + ")"
 	}
 	state := "hints disabled"
 	if s.HintsEnabled {
@@ -138,31 +144,37 @@ func printHintService(w io.Writer, s hintsim.Service) {
 	if s.Method == hintsim.MethodUnmanaged {
 		state = "not managed by the controller"
 	}
-	fmt.Fprintf(w, "%s: %s, %s, %d ready %s\n", s.Service, how, state, s.ReadyEndpoints, pluralWord(s.ReadyEndpoints, "endpoint", "endpoints"))
+	fmt.Fprintf(w, "%s: %s, %s, %d ready %s\n", cell(s.Service, maxName), how, state, s.ReadyEndpoints, pluralWord(s.ReadyEndpoints, "endpoint", "endpoints"))
 	if s.DisabledReason != "" {
 		reason := s.DisabledReason
 		if s.DisabledDetail != "" {
 			reason += " (" + s.DisabledDetail + ")"
 		}
-		fmt.Fprintf(w, "  TopologyAwareHintsDisabled: %s\n", reason)
+		fmt.Fprintf(w, "  TopologyAwareHintsDisabled: %s\n", cell(reason, maxText))
 	}
 	if len(s.Zones) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  ZONE\tCPU RATIO\tENDPOINTS\tHINTED NOW\tCONTROLLER WOULD HINT\tLOAD WITH CURRENT HINTS")
+		fmt.Fprintln(tw, "  ZONE\tCPU RATIO\tENDPOINTS\tHINTED NOW\tCONTROLLER WOULD HINT\tLOAD WITH CURRENT HINTS\tZONE-WEIGHTED: IN-ZONE\tLOAD")
 		for _, z := range s.Zones {
 			load := optFloat(z.ExpectedLoad, "%.2fx")
 			if z.Overloaded {
 				load += " OVERLOADED"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%s\n", z.Zone, optFloat(z.CPURatio, "%.4f"), z.Endpoints, z.CurrentHints, z.Allocation, load)
+			var inZone *float64
+			if z.ZoneWeightedShare != nil {
+				pct := *z.ZoneWeightedShare * 100
+				inZone = &pct
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", cell(z.Zone, maxName), optFloat(z.CPURatio, "%.4f"), z.Endpoints, z.CurrentHints, z.Allocation, load,
+				optFloat(inZone, "%.0f%%"), optFloat(z.ZoneWeightedLoad, "%.2fx"))
 		}
 		tw.Flush()
 	}
 	for _, n := range s.Notes {
-		fmt.Fprintf(w, "  note: %s\n", n)
+		fmt.Fprintf(w, "  note: %s\n", cell(n, maxText))
 	}
 	for _, warning := range s.Warnings {
-		fmt.Fprintf(w, "  warning: %s\n", warning)
+		fmt.Fprintf(w, "  warning: %s\n", cell(warning, maxText))
 	}
 }
 

@@ -1,0 +1,296 @@
+package topology
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// FrontendKind says how a frontend address belongs to its service port.
+type FrontendKind string
+
+// The frontend kinds, in the order CompareClaims ranks them.
+const (
+	// KindClusterIP is the Service's cluster IP with the service port.
+	KindClusterIP FrontendKind = "ClusterIP"
+	// KindNodePort is one of this node's addresses with the nodePort.
+	KindNodePort FrontendKind = "NodePort"
+	// KindLoadBalancerIP is a status.loadBalancer.ingress IP (ipMode not
+	// Proxy) with the service port.
+	KindLoadBalancerIP FrontendKind = "LoadBalancerIP"
+	// KindExternalIP is one of spec.externalIPs with the service port.
+	KindExternalIP FrontendKind = "ExternalIP"
+)
+
+// Scope is where the traffic a frontend serves comes from. The datapath
+// keys its frontends by scope (docs/datapath.md, "Frontends and scopes").
+type Scope string
+
+const (
+	// ScopeInternal is traffic that starts inside the node: its pods and
+	// its host processes.
+	ScopeInternal Scope = "internal"
+	// ScopeExternal is traffic that arrives on an uplink from outside the
+	// node.
+	ScopeExternal Scope = "external"
+)
+
+// FrontendAddr is an address a service port is reached at, and its kind.
+type FrontendAddr struct {
+	Addr netip.AddrPort
+	Kind FrontendKind
+}
+
+// ClusterFrontend returns the cluster IP with the service port. It exists
+// in the internal scope only.
+func (p ServicePort) ClusterFrontend() FrontendAddr {
+	return FrontendAddr{Addr: netip.AddrPortFrom(p.ClusterIP, p.Port), Kind: KindClusterIP}
+}
+
+// ExternalFrontends returns the port's frontends that outside traffic can
+// reach, in this order: the externalIPs and the load-balancer IPs with the
+// service port, then, when the port has a nodePort, node's NodePort
+// addresses (Options.NodePortAddresses) with the nodePort. They exist in both
+// scopes. A frontend listed twice is returned once.
+//
+// It leaves out, with a warning that starts with the Service's
+// "namespace/name: ":
+//   - every NodePort frontend when the nodePort is outside
+//     Options.NodePortRange;
+//   - an externalIP or load-balancer IP that is one of node's addresses: the
+//     address is the node's own, and taking it over would capture traffic
+//     the node itself serves.
+func (p ServicePort) ExternalFrontends(node Node, opts Options) ([]FrontendAddr, []string) {
+	var out []FrontendAddr
+	var warnings []string
+	add := func(fa FrontendAddr) {
+		if !slices.ContainsFunc(out, func(o FrontendAddr) bool { return o.Addr == fa.Addr }) {
+			out = append(out, fa)
+		}
+	}
+	ofNode := func(ip netip.Addr) bool {
+		return slices.ContainsFunc(node.Addresses, func(a NodeAddress) bool { return a.Addr == ip })
+	}
+	for _, c := range []struct {
+		ips  []netip.Addr
+		kind FrontendKind
+		what string
+	}{{p.ExternalIPs, KindExternalIP, "externalIP"}, {p.LoadBalancerIPs, KindLoadBalancerIP, "load-balancer IP"}} {
+		for _, ip := range c.ips {
+			if ofNode(ip) {
+				warnings = append(warnings, fmt.Sprintf("%s: port %s: %s %s is an address of node %s: not served on it (the node keeps its own address)", p.Service, p.displayName(), c.what, ip, node.Name))
+				continue
+			}
+			add(FrontendAddr{Addr: netip.AddrPortFrom(ip, p.Port), Kind: c.kind})
+		}
+	}
+	if p.NodePort != 0 {
+		if r := opts.nodePortRange(); !r.Contains(p.NodePort) {
+			warnings = append(warnings, fmt.Sprintf("%s: port %s: nodePort %d is outside the node port range %s: not served", p.Service, p.displayName(), p.NodePort, r))
+		} else {
+			for _, ip := range NodePortAddresses(node, opts) {
+				add(FrontendAddr{Addr: netip.AddrPortFrom(ip, p.NodePort), Kind: KindNodePort})
+			}
+		}
+	}
+	return out, warnings
+}
+
+// NodePortAddresses returns the addresses of node that NodePorts are served
+// on: with Options.NodePortAddresses empty, its InternalIP and ExternalIP
+// addresses; otherwise every address of node inside one of the prefixes. In
+// node's order, each once; never an address AddrProblem refuses (State.Node
+// warns about those).
+func NodePortAddresses(node Node, opts Options) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range node.Addresses {
+		if AddrProblem(a.Addr) != "" {
+			continue
+		}
+		var ok bool
+		if len(opts.NodePortAddresses) == 0 {
+			ok = a.Type == v1.NodeInternalIP || a.Type == v1.NodeExternalIP
+		} else {
+			ok = slices.ContainsFunc(opts.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(a.Addr) })
+		}
+		if ok && !slices.Contains(out, a.Addr) {
+			out = append(out, a.Addr)
+		}
+	}
+	return out
+}
+
+// BackendSet is one backend set of a decision.
+type BackendSet struct {
+	// Backends are the endpoints new flows may go to. Never nil.
+	Backends []Endpoint
+	// Weights[i] is the fraction of new flows for Backends[i]; positive,
+	// summing to 1. Never nil.
+	Weights []float64
+	// Draining are the serving endpoints not in Backends: established
+	// flows keep them, new flows never go to them. Never nil.
+	Draining []Endpoint
+	// WhenEmpty is what happens to new flows when Backends is empty
+	// (Decision.WhenEmpty).
+	WhenEmpty EmptyAction
+}
+
+// SetFor returns the backend set that traffic from scope to a frontend of
+// kind uses, and false when such traffic is not served at all (a cluster IP
+// from outside, or an external kind on a port that is not externally
+// accessible):
+//   - a cluster IP from inside the node: the internal set (Backends, by
+//     internalTrafficPolicy);
+//   - an external frontend from inside the node: the cluster set, whatever
+//     the traffic policies, as kube-proxy does (its nftables proxier's
+//     external chain sends pod-originated and locally-originated traffic to
+//     the cluster policy chain: "short-circuit pod traffic", "short-circuit
+//     local traffic");
+//   - an external frontend from outside: the external set
+//     (ExternalBackends, by externalTrafficPolicy).
+func (d Decision) SetFor(kind FrontendKind, scope Scope) (BackendSet, bool) {
+	switch {
+	case kind == KindClusterIP && scope == ScopeInternal:
+		return BackendSet{Backends: d.Backends, Weights: d.Weights, Draining: d.Draining, WhenEmpty: d.WhenEmpty}, true
+	case kind == KindClusterIP, d.ExternalBackends == nil:
+		// ExternalBackends is nil exactly when the port is not externally
+		// accessible.
+		return BackendSet{}, false
+	case scope == ScopeInternal:
+		// Externally accessible ports always use the cluster set.
+		return BackendSet{Backends: d.ClusterBackends, Weights: d.ClusterWeights, Draining: d.ClusterDraining, WhenEmpty: d.WhenEmpty}, true
+	}
+	return BackendSet{Backends: d.ExternalBackends, Weights: d.ExternalWeights, Draining: d.ExternalDraining, WhenEmpty: d.WhenEmpty}, true
+}
+
+// Frontend is one frontend a node programs: a (address:port, protocol,
+// scope) key, the service port that owns it, and the backend set it uses.
+type Frontend struct {
+	Addr     netip.AddrPort
+	Protocol v1.Protocol
+	Scope    Scope
+	Kind     FrontendKind
+	// Port is the service port that owns the frontend; its Affinity is
+	// the frontend's session affinity.
+	Port ServicePort
+	// BackendSet is what new and established flows to the frontend use.
+	BackendSet
+}
+
+// Key identifies a frontend in the datapath: two claims on one Key are a
+// conflict.
+type Key struct {
+	Addr     netip.AddrPort
+	Protocol v1.Protocol
+	Scope    Scope
+}
+
+// Key returns the frontend's key.
+func (f Frontend) Key() Key { return Key{Addr: f.Addr, Protocol: f.Protocol, Scope: f.Scope} }
+
+// kindRank orders kinds for CompareClaims: addresses the apiserver
+// allocates uniquely (cluster IPs, nodePorts) before load-balancer IPs set
+// by controllers, before externalIPs any Service author may write.
+var kindRank = map[FrontendKind]int{KindClusterIP: 0, KindNodePort: 1, KindLoadBalancerIP: 2, KindExternalIP: 3}
+
+// CompareClaims orders two claims on the same frontend Key: negative when a
+// owns it before b. The order is total and depends only on the claims, so
+// `topolbctl explain` (which sees every claim at once) and an agent that
+// learns them one by one agree on the owner:
+//  1. the kind: ClusterIP, NodePort, LoadBalancerIP, ExternalIP (so an
+//     externalIP can never take over another Service's cluster IP);
+//  2. the older Service (creationTimestamp; unset counts as oldest);
+//  3. namespace, then name;
+//  4. the port's position in spec.ports.
+func CompareClaims(a, b Frontend) int {
+	return cmp.Or(
+		cmp.Compare(kindRank[a.Kind], kindRank[b.Kind]),
+		a.Port.Created.Compare(b.Port.Created),
+		cmp.Compare(a.Port.Service.Namespace, b.Port.Service.Namespace),
+		cmp.Compare(a.Port.Service.Name, b.Port.Service.Name),
+		cmp.Compare(a.Port.Index, b.Port.Index),
+	)
+}
+
+// Claims returns every frontend a node's decision for one port asks for,
+// before conflicts with other ports are resolved: the cluster IP in the
+// internal scope, and each external frontend in both scopes, each with the
+// backend set SetFor gives. The warnings are ExternalFrontends'.
+func Claims(node Node, d PortDecision, opts Options) ([]Frontend, []string) {
+	ext, warnings := d.Port.ExternalFrontends(node, opts)
+	addrs := append([]FrontendAddr{d.Port.ClusterFrontend()}, ext...)
+	var out []Frontend
+	for _, fa := range addrs {
+		for _, scope := range []Scope{ScopeInternal, ScopeExternal} {
+			set, ok := d.Decision.SetFor(fa.Kind, scope)
+			if !ok {
+				continue
+			}
+			out = append(out, Frontend{Addr: fa.Addr, Protocol: d.Port.Protocol, Scope: scope, Kind: fa.Kind, Port: d.Port, BackendSet: set})
+		}
+	}
+	return out, warnings
+}
+
+// NodeFrontends turns a node's decisions into the frontends to program on
+// it: every claim of every port (Claims), with each conflict resolved by
+// CompareClaims — the first claim owns the frontend, the others are left
+// out with a warning. The result is sorted by address, protocol and scope;
+// it includes every protocol (the datapath skips what it cannot balance).
+//
+// Every warning starts with the "namespace/name: " of the Service it is
+// about (the one that loses something), so callers can pick a Service's.
+func NodeFrontends(node Node, ds []PortDecision, opts Options) ([]Frontend, []string) {
+	var warnings []string
+	byKey := map[Key][]Frontend{}
+	for _, d := range ds {
+		claims, w := Claims(node, d, opts)
+		warnings = append(warnings, w...)
+		for _, c := range claims {
+			byKey[c.Key()] = append(byKey[c.Key()], c)
+		}
+	}
+	// lostScopes collects, per losing claim (the port and address), the
+	// scopes it lost in and to whom, so that one warning covers both.
+	type loss struct {
+		claim Frontend
+		owner Frontend
+	}
+	lostScopes := map[string][]loss{}
+	out := make([]Frontend, 0, len(byKey))
+	for _, claims := range byKey {
+		slices.SortFunc(claims, CompareClaims)
+		out = append(out, claims[0])
+		for _, lost := range claims[1:] {
+			id := fmt.Sprintf("%s\x00%d\x00%s\x00%s", lost.Port.Service, lost.Port.Index, lost.Addr, lost.Protocol)
+			lostScopes[id] = append(lostScopes[id], loss{claim: lost, owner: claims[0]})
+		}
+	}
+	for _, ls := range lostScopes {
+		slices.SortFunc(ls, func(a, b loss) int { return cmp.Compare(a.claim.Scope, b.claim.Scope) })
+		lost, owner := ls[0].claim, ls[0].owner
+		where := ""
+		if len(ls) == 1 && lost.Kind != KindClusterIP {
+			where = map[Scope]string{ScopeInternal: " from inside the node", ScopeExternal: " from outside"}[lost.Scope]
+		}
+		warnings = append(warnings, fmt.Sprintf("%s: port %s: %s %s/%s is already the %s of %s port %s: not served for this port%s",
+			lost.Port.Service, lost.Port.displayName(), lost.Kind, lost.Addr, lost.Protocol, owner.Kind, owner.Port.Service, owner.Port.displayName(), where))
+	}
+	slices.SortFunc(out, func(a, b Frontend) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Scope, b.Scope))
+	})
+	slices.Sort(warnings)
+	return out, warnings
+}
+
+// displayName renders the port for messages: its name, or its number and
+// protocol when it has none.
+func (p ServicePort) displayName() string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return fmt.Sprintf("%d/%s", p.Port, p.Protocol)
+}
