@@ -160,23 +160,3 @@ func checksum(b []byte, sum uint32) uint16 {
 	}
 	return ^uint16(sum)
 }
-
-// UDPNoPorts reads the namespace's Udp NoPorts counter: datagrams that
-// arrived for a port nothing listens on.
-func (ns *NS) UDPNoPorts() (uint64, error) {
-	var v uint64
-	err := ns.Do(func() error {
-		f, err := openSNMP()
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		snmp, err := parseSNMP(f)
-		if err != nil {
-			return err
-		}
-		v = snmp["Udp"]["NoPorts"]
-		return nil
-	})
-	return v, err
-}

@@ -41,6 +41,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/topolb/topolb/internal/netns"
 	"github.com/topolb/topolb/kube"
 )
 
@@ -158,23 +159,15 @@ func (tb *Testbed) mountBPFFS() error {
 }
 
 func (tb *Testbed) build(ctx context.Context) error {
-	fabric, err := newNS(tb.nsName("", "fabric"))
+	fabric, err := netns.Create(tb.nsName("", "fabric"))
 	if err != nil {
 		return err
 	}
 	tb.Fabric = fabric
-	nl := fabric.Netlink()
-	if err := nl.LinkAdd(newBridge(BridgeName)); err != nil {
-		return fmt.Errorf("fabric: add bridge: %w", err)
-	}
-	if err := fabric.LinkUp(BridgeName); err != nil {
+	if err := fabric.AddBridge(BridgeName); err != nil {
 		return err
 	}
-	if err := fabric.addAddr(BridgeName, tb.FabricAddr.String()); err != nil {
-		return err
-	}
-	br, err := nl.LinkByName(BridgeName)
-	if err != nil {
+	if err := fabric.AddAddr(BridgeName, tb.FabricAddr.String()); err != nil {
 		return err
 	}
 
@@ -182,7 +175,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if n.NS, err = newNS(tb.nsName("n-", n.Name)); err != nil {
+		if n.NS, err = netns.Create(tb.nsName("n-", n.Name)); err != nil {
 			return err
 		}
 		// Before any interface exists, so every interface inherits it:
@@ -197,20 +190,16 @@ func (tb *Testbed) build(ctx context.Context) error {
 			}
 		}
 		port := "n" + strconv.Itoa(n.Index)
-		if err := veth(n.NS, UplinkName, fabric, port); err != nil {
+		if err := netns.Veth(n.NS, UplinkName, fabric, port); err != nil {
 			return err
 		}
-		p, err := nl.LinkByName(port)
-		if err != nil {
+		if err := fabric.SetMaster(port, BridgeName); err != nil {
 			return err
 		}
-		if err := nl.LinkSetMaster(p, br); err != nil {
-			return fmt.Errorf("fabric: attach %s to %s: %w", port, BridgeName, err)
-		}
-		if err := n.NS.addAddr(UplinkName, n.WireAddr.String()); err != nil {
+		if err := n.NS.AddAddr(UplinkName, n.WireAddr.String()); err != nil {
 			return err
 		}
-		if err := n.NS.addRoute("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
+		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
 			return err
 		}
 		// Like a real NIC, the wire's senders put finished checksums on
@@ -225,7 +214,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 	for _, n := range tb.Nodes {
 		for _, o := range tb.Nodes {
 			if o != n {
-				if err := n.NS.addRoute(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
+				if err := n.NS.AddRouteDev(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
 					return err
 				}
 			}
@@ -241,26 +230,22 @@ func (tb *Testbed) build(ctx context.Context) error {
 
 func (tb *Testbed) buildPod(p *Pod) (err error) {
 	n := p.Node
-	if p.NS, err = newNS(tb.nsName("p-", p.Name)); err != nil {
+	if p.NS, err = netns.Create(tb.nsName("p-", p.Name)); err != nil {
 		return err
 	}
-	if err := veth(n.NS, p.HostVeth, p.NS, PodIfName); err != nil {
+	if err := netns.Veth(n.NS, p.HostVeth, p.NS, PodIfName); err != nil {
 		return err
 	}
-	host, err := n.NS.Netlink().LinkByName(p.HostVeth)
-	if err != nil {
+	if err := n.NS.SetAlias(p.HostVeth, p.Name); err != nil {
 		return err
-	}
-	if err := n.NS.Netlink().LinkSetAlias(host, p.Name); err != nil {
-		return fmt.Errorf("%s: alias %s: %w", n.NS.Name, p.HostVeth, err)
 	}
 	gw := n.Gateway.String()
 	steps := []func() error{
-		func() error { return n.NS.addAddr(p.HostVeth, gw+"/32") },
-		func() error { return n.NS.addRoute(p.Addr.String()+"/32", p.HostVeth, "") },
-		func() error { return p.NS.addAddr(PodIfName, p.Addr.String()+"/32") },
-		func() error { return p.NS.addRoute(gw+"/32", PodIfName, "") },
-		func() error { return p.NS.addRoute("default", PodIfName, gw) },
+		func() error { return n.NS.AddAddr(p.HostVeth, gw+"/32") },
+		func() error { return n.NS.AddRouteDev(p.Addr.String()+"/32", p.HostVeth, "") },
+		func() error { return p.NS.AddAddr(PodIfName, p.Addr.String()+"/32") },
+		func() error { return p.NS.AddRouteDev(gw+"/32", PodIfName, "") },
+		func() error { return p.NS.AddRouteDev("default", PodIfName, gw) },
 		// The node side computes checksums in software; the pod side
 		// keeps its offloads and sends CHECKSUM_PARTIAL.
 		func() error { return n.NS.SetTxChecksum(p.HostVeth, false) },
@@ -393,8 +378,8 @@ func RemoveStale(stateRoot string) error {
 		errs = append(errs, err)
 	}
 	for _, e := range entries {
-		pid, ok := ownerPID(e.Name())
-		if !ok || processAlive(pid) {
+		pid, ok := netns.OwnerPID(e.Name())
+		if !ok || netns.ProcessAlive(pid) {
 			continue
 		}
 		dir := filepath.Join(stateRoot, e.Name())
@@ -408,49 +393,8 @@ func RemoveStale(stateRoot string) error {
 			errs = append(errs, fmt.Errorf("remove stale state %s: %w", dir, err))
 		}
 	}
-	nss, err := os.ReadDir(NetnsDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := netns.RemoveStale(Prefix); err != nil {
 		errs = append(errs, err)
 	}
-	for _, e := range nss {
-		rest, ok := strings.CutPrefix(e.Name(), Prefix)
-		if !ok {
-			continue
-		}
-		pid, ok := ownerPID(rest)
-		if !ok || processAlive(pid) {
-			continue
-		}
-		if err := deleteNamedNS(filepath.Join(NetnsDir, e.Name())); err != nil {
-			errs = append(errs, fmt.Errorf("remove stale netns: %w", err))
-		}
-	}
 	return errors.Join(errs...)
-}
-
-// ownerPID parses the pid from "<pid>-...".
-func ownerPID(s string) (int, bool) {
-	pidStr, _, _ := strings.Cut(s, "-")
-	pid, err := strconv.Atoi(pidStr)
-	if err != nil || pid <= 0 || pid == os.Getpid() {
-		return 0, false
-	}
-	return pid, true
-}
-
-// processAlive reports whether pid exists and is not a zombie (a killed
-// process whose parent has not reaped it yet holds nothing).
-func processAlive(pid int) bool {
-	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
-		return false
-	}
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z'
-	}
-	return true
 }
