@@ -166,7 +166,10 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 		b.Fatalf("unknown implementation %q", impl)
 	}
 	// Ready means the measured Services answer from where they should.
-	landings, _ := tb.Measure(ctx, client, "web", testbed.MeasureOptions{Requests: 60})
+	landings, err := tb.Measure(ctx, client, "web", testbed.MeasureOptions{Requests: 60})
+	if err != nil {
+		b.Fatalf("%s, %d services: %v", impl, services, err)
+	}
 	for _, l := range landings {
 		for _, p := range l.Problems() {
 			b.Errorf("%s, %d services: web %s: %s", impl, services, l.Decision.Protocol, p)
@@ -183,19 +186,15 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 		}
 		rps, p50, p99 = append(rps, rate), append(p50, l50), append(p99, l99)
 
-		before, err := tb.Pod("web-b1").NS.UDPNoPorts()
-		if err != nil {
-			b.Fatal(err)
-		}
 		const frames = 200_000
-		res, err := client.FloodUDP(sinkVIP, frames)
+		res, err := testbed.CountArrivals(tb.Pod("web-b1").NS, func() (testbed.FloodResult, error) {
+			return client.FloodUDP(sinkVIP, frames)
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond) // let the backlog drain into the sink
-		after, _ := tb.Pod("web-b1").NS.UDPNoPorts()
-		if got := after - before; got < frames*9/10 {
-			b.Errorf("%s, %d services: only %d of %d flood datagrams reached the backend: the rate does not count", impl, services, got, frames)
+		if res.Arrived < frames*9/10 || res.Arrived > frames {
+			b.Errorf("%s, %d services: %d of %d flood datagrams reached the backend: the rate does not count", impl, services, res.Arrived, frames)
 		}
 		pps = append(pps, res.PPS)
 	}
@@ -342,7 +341,58 @@ func createOneFiller(ctx context.Context, c kubernetes.Interface, i int, pods ..
 	return nil
 }
 
-// printRatios prints topolb's figures relative to each kube-proxy mode.
+// goal is one end-to-end benchmark goal: at Services services, topolb's
+// figure for Metric must be at least MinRatio times kube-proxy's (for
+// rates; for times and costs kube-proxy's over topolb's), where a larger
+// ratio favours topolb.
+type goal struct {
+	Metric   string
+	Services int
+	Vs       string
+	MinRatio float64
+	// Issue names where the goal was set.
+	Issue string
+}
+
+// goals are the end-to-end goals of issues 5 and 11. A latency or cost
+// "below kube-proxy" is a ratio above 1.
+var goals = []goal{
+	{"requests_per_s", 10000, implNFT, 1.3, "5, 11"},
+	{"requests_per_s", 10000, implIPT, 1.5, "5, 11"},
+	{"p99_ms", 10000, implNFT, 1, "5"},
+	{"p99_ms", 10000, implIPT, 1, "5"},
+	{"pps", 10000, implNFT, 2, "11"},
+}
+
+// lowerIsBetter names the metrics whose ratio is kube-proxy / topolb.
+var lowerIsBetter = map[string]bool{"p50_ms": true, "p99_ms": true, "update_ms": true, "cpu_us_per_req": true}
+
+// ratio returns topolb's advantage over other for a metric (> 1 favours
+// topolb), and false when either figure is missing or zero.
+func ratio(metric string, topolb, other float64) (float64, bool) {
+	if topolb <= 0 || other <= 0 {
+		return 0, false
+	}
+	if lowerIsBetter[metric] {
+		return other / topolb, true
+	}
+	return topolb / other, true
+}
+
+// verdict says whether a ratio meets g: "met", "not met", or "n/a" when
+// it could not be measured.
+func verdict(g goal, r float64, measured bool) string {
+	switch {
+	case !measured:
+		return "n/a"
+	case r >= g.MinRatio:
+		return "met"
+	}
+	return "not met"
+}
+
+// printRatios prints topolb's figures relative to each kube-proxy mode,
+// then a verdict line per goal.
 func printRatios(results map[string]map[int]map[string]float64) {
 	top := results[implTopolb]
 	if top == nil {
@@ -361,9 +411,22 @@ func printRatios(results map[string]map[int]map[string]float64) {
 				continue
 			}
 			t := top[n]
-			fmt.Printf("  vs %-15s services=%-6d requests/s %.2fx  p50 %.2fx  p99 %.2fx  pps %.2fx  update %.2fx\n", other, n,
-				t["requests_per_s"]/o["requests_per_s"], o["p50_ms"]/t["p50_ms"], o["p99_ms"]/t["p99_ms"], t["pps"]/o["pps"], o["update_ms"]/t["update_ms"])
+			fmt.Printf("  vs %-15s services=%-6d", other, n)
+			for _, m := range []string{"requests_per_s", "p50_ms", "p99_ms", "pps", "update_ms"} {
+				r, ok := ratio(m, t[m], o[m])
+				if !ok {
+					fmt.Printf("  %s n/a", m)
+					continue
+				}
+				fmt.Printf("  %s %.2fx", m, r)
+			}
+			fmt.Println()
 		}
+	}
+	for _, g := range goals {
+		r, ok := ratio(g.Metric, top[g.Services][g.Metric], results[g.Vs][g.Services][g.Metric])
+		fmt.Printf("GOAL e2e metric=%s services=%d vs=%s ratio=%.2f goal>=%.2f issue=%s verdict=%s\n",
+			g.Metric, g.Services, g.Vs, r, g.MinRatio, g.Issue, verdict(g, r, ok))
 	}
 }
 

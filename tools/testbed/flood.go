@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/internal/netns"
 )
 
 // xdpMD mirrors struct xdp_md, the context of an XDP test run.
@@ -26,6 +28,45 @@ type FloodResult struct {
 	Took time.Duration
 	// PPS is Sent / Took.
 	PPS float64
+	// Arrived is the number of datagrams the sink counted (CountArrivals
+	// only).
+	Arrived uint64
+}
+
+// CountArrivals runs flood and sets the result's Arrived to how much the
+// sink namespace's Udp NoPorts counter grew: the flood's target must lead
+// to a port nothing listens on in sink. Frames still in flight when the
+// flood returns are waited for, until the counter has stopped growing for
+// 100 ms (at most 2 s). A failed read, or a counter that went down, is an
+// error: a check built on it must never see a made-up count.
+func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, error) {
+	before, err := sink.UDPNoPorts()
+	if err != nil {
+		return FloodResult{}, fmt.Errorf("count arrivals: %w", err)
+	}
+	res, err := flood()
+	if err != nil {
+		return res, err
+	}
+	const still, limit = 100 * time.Millisecond, 2 * time.Second
+	last, lastChange, deadline := before, time.Now(), time.Now().Add(limit)
+	for {
+		time.Sleep(20 * time.Millisecond)
+		now, err := sink.UDPNoPorts()
+		if err != nil {
+			return res, fmt.Errorf("count arrivals: %w", err)
+		}
+		if now != last {
+			last, lastChange = now, time.Now()
+		}
+		if time.Since(lastChange) >= still || time.Now().After(deadline) {
+			break
+		}
+	}
+	if res.Arrived, err = netns.Growth(before, last); err != nil {
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
+	}
+	return res, nil
 }
 
 // FloodUDP sends count copies of one UDP datagram from pod p to target into
