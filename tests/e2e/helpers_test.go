@@ -76,7 +76,7 @@ func apply(t *testing.T, tb *testbed.Testbed, svcs []testbed.ServiceSpec) {
 func checkLandings(t *testing.T, landings []testbed.Landing, want []string) {
 	t.Helper()
 	for _, l := range landings {
-		label := string(l.Decision.Protocol) + " " + l.Decision.Service + " from " + l.Client.Name
+		label := string(l.Decision.Protocol) + " " + l.Decision.Service + " from " + l.Client.ClientName()
 		if want != nil {
 			w := slices.Clone(want)
 			slices.Sort(w)

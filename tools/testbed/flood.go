@@ -69,6 +69,9 @@ func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, er
 	return res, nil
 }
 
+// floodSourcePort is the source port of every flooded datagram.
+const floodSourcePort = 40000
+
 // FloodUDP sends count copies of one UDP datagram from pod p to target into
 // p's node, as if the node had received them on the pod's veth: an XDP
 // program that writes the datagram and returns XDP_PASS is run with
@@ -77,27 +80,26 @@ func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, er
 // frame and hands it to the node's stack (tc ingress, netfilter, routing,
 // forwarding onto the wire), all inside the one system call. No pktgen
 // module is needed. The frames carry valid checksums. Whether they arrived
-// is up to the caller to check (for example the receiving pod's
-// UDP NoPorts counter when nothing listens on the target port).
+// is up to the caller to check (CountArrivals: the receiving pod's UDP
+// NoPorts counter when nothing listens on the target port).
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	var podMAC net.HardwareAddr
-	err := p.NS.Do(func() error {
-		iface, err := net.InterfaceByName(PodIfName)
-		if err == nil {
-			podMAC = iface.HardwareAddr
-		}
-		return err
-	})
+	return floodUDP(p.NS, PodIfName, p.Node.NS, p.HostVeth, netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
+}
+
+// floodUDP injects count frames from the sender (ifname senderIf in
+// sender) as received on ingressIf in ingress, the sender's peer.
+func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, target netip.AddrPort, count int) (FloodResult, error) {
+	srcMAC, err := sender.HardwareAddr(senderIf)
 	if err != nil {
-		return FloodResult{}, fmt.Errorf("pod %s: %w", p.Name, err)
+		return FloodResult{}, err
 	}
 	var res FloodResult
-	err = p.Node.NS.Do(func() error {
-		host, err := net.InterfaceByName(p.HostVeth)
+	err = ingress.Do(func() error {
+		in, err := net.InterfaceByName(ingressIf)
 		if err != nil {
 			return err
 		}
-		frame := udpFrame(podMAC, host.HardwareAddr, netip.AddrPortFrom(p.Addr, 40000), target, []byte("flood"))
+		frame := udpFrame(srcMAC, in.HardwareAddr, from, target, []byte("flood"))
 		prog, err := rewriteProgram(frame)
 		if err != nil {
 			return err
@@ -108,7 +110,7 @@ func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 			Data:    frame,
 			Repeat:  uint32(count),
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(host.Index)},
+			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(in.Index)},
 		})
 		res = FloodResult{Sent: count, Took: time.Since(start)}
 		return err
@@ -117,7 +119,7 @@ func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
 			return res, fmt.Errorf("live-frame test runs unsupported (Linux 5.18+): %w", err)
 		}
-		return res, fmt.Errorf("live-frame flood from %s: %w", p.Name, err)
+		return res, fmt.Errorf("live-frame flood from %s: %w", from.Addr(), err)
 	}
 	res.PPS = float64(res.Sent) / res.Took.Seconds()
 	return res, nil

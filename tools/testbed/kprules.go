@@ -258,19 +258,24 @@ func nftFrontends(ruleset []byte, from netip.Addr) (map[string][]string, error) 
 		return nil, err
 	}
 	out := map[string][]string{}
+	// add records a frontend of a map. The no-endpoint maps are read
+	// last: their drop or reject applies only to packets the NAT maps did
+	// not translate (kube-proxy checks them in filter chains, after DNAT),
+	// so a frontend some path translates keeps those endpoints.
 	add := func(key, verdict, target string) error {
-		if _, dup := out[key]; dup {
-			return fmt.Errorf("frontend %s appears twice", key)
-		}
 		if verdict != "goto" && verdict != "jump" {
-			out[key] = []string{}
+			if _, ok := out[key]; !ok {
+				out[key] = []string{}
+			}
 			return nil
 		}
 		eps, err := p.graph.endpoints(target, from)
 		if err != nil {
 			return fmt.Errorf("frontend %s: %w", key, err)
 		}
-		out[key] = eps
+		if len(eps) > 0 || out[key] == nil {
+			out[key] = eps
+		}
 		return nil
 	}
 	for _, set := range []string{"service-ips", "no-endpoint-services"} {

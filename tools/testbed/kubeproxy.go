@@ -64,6 +64,9 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 	if n == nil {
 		return nil, fmt.Errorf("no node %q", node)
 	}
+	if tb.Spec.KubeProxy == KubeProxyNone {
+		return nil, errors.New("the spec says kubeProxy: none")
+	}
 	kubeconfig := tb.kubeconfigFor(node)
 	if kubeconfig == "" {
 		return nil, errors.New("kube-proxy needs an apiserver: ConnectAPIServer first")

@@ -140,3 +140,95 @@ func TestRuleWalkFollowsSource(t *testing.T) {
 		t.Errorf("jump to a missing chain: %v, want an error", got)
 	}
 }
+
+// TestKubeProxyExternalFrontends reads the rules kube-proxy v1.37.2 wrote
+// on node-a1 (10.250.0.2, zone-a) of examples/every-node.yaml for
+// NodePort and LoadBalancer Services, with externalTrafficPolicy Cluster
+// and Local, for a packet from a pod and from a client outside the
+// cluster. Endpoints: web-a1 10.244.1.3 (on node-a1), web-a2 10.244.2.3,
+// web-b1 10.244.3.3.
+func TestKubeProxyExternalFrontends(t *testing.T) {
+	const a1, a2, b1 = "10.244.1.3", "10.244.2.3", "10.244.3.3"
+	pod, outside := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("203.0.113.10")
+	type row struct {
+		frontends []string // "ip:port" of the TCP port; the UDP port follows each
+		fromPod   []string
+		fromOut   []string
+	}
+	rows := []row{
+		// np: zone hints, eTP Cluster: topology applies to both.
+		{[]string{"10.96.3.1:80", "10.250.0.2:30000"}, []string{a1, a2}, []string{a1, a2}},
+		// np-local: eTP Local: outside traffic to its external frontends
+		// stays on the node, pods take the cluster set; the cluster IP is
+		// the cluster set for everyone.
+		{[]string{"10.250.0.2:30002"}, []string{a1, a2, b1}, []string{a1}},
+		{[]string{"10.96.3.2:80"}, []string{a1, a2, b1}, []string{a1, a2, b1}},
+		// lb: external IP, LB IP and node port, eTP Cluster.
+		{[]string{"10.96.3.3:80", "198.51.100.7:80", "198.51.100.8:80", "10.250.0.2:30004"}, []string{a1, a2, b1}, []string{a1, a2, b1}},
+		// lb-local.
+		{[]string{"198.51.100.9:80", "10.250.0.2:30006"}, []string{a1, a2, b1}, []string{a1}},
+		{[]string{"10.96.3.4:80"}, []string{a1, a2, b1}, []string{a1, a2, b1}},
+		// np-empty: rejected.
+		{[]string{"10.96.3.5:80", "10.250.0.2:30009"}, []string{}, []string{}},
+		// np-nolocal: eTP Local without a local endpoint: dropped from
+		// outside, the cluster set for pods.
+		{[]string{"10.250.0.2:30011"}, []string{b1}, []string{}},
+		{[]string{"10.96.3.6:80"}, []string{b1}, []string{b1}},
+	}
+	want := func(outsideClient bool) map[string][]string {
+		out := map[string][]string{"10.96.0.1:443/TCP": {}}
+		for _, r := range rows {
+			pods := r.fromPod
+			if outsideClient {
+				pods = r.fromOut
+			}
+			for _, fe := range r.frontends {
+				ap := netip.MustParseAddrPort(fe)
+				udpPort := uint16(53)
+				if ap.Port() != 80 {
+					udpPort = ap.Port() + 1 // node ports: TCP, then UDP
+				}
+				tcp, udp := []string{}, []string{}
+				for _, p := range pods {
+					tcp, udp = append(tcp, p+":8080"), append(udp, p+":5353")
+				}
+				out[FrontendKey(ap, "tcp")] = tcp
+				out[FrontendKey(netip.AddrPortFrom(ap.Addr(), udpPort), "udp")] = udp
+			}
+		}
+		return out
+	}
+	for mode, path := range map[KubeProxyMode]string{
+		KubeProxyNFTables: "testdata/kube-proxy-v1.37.2-nftables-external.txt",
+		KubeProxyIPTables: "testdata/kube-proxy-v1.37.2-iptables-external.txt",
+	} {
+		rules, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, from := range []netip.Addr{pod, outside} {
+			t.Run(string(mode)+"/from "+from.String(), func(t *testing.T) {
+				var got map[string][]string
+				if mode == KubeProxyNFTables {
+					got, err = nftFrontends(rules, from)
+				} else {
+					got, err = iptFrontends(rules, from)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := want(from == outside)
+				for _, k := range slices.Sorted(maps.Keys(w)) {
+					if g, ok := got[k]; !ok || !reflect.DeepEqual(g, w[k]) {
+						t.Errorf("%s: got %q (present %v), want %q", k, g, ok, w[k])
+					}
+				}
+				for k := range got {
+					if _, ok := w[k]; !ok {
+						t.Errorf("extra frontend %s: %q", k, got[k])
+					}
+				}
+			})
+		}
+	}
+}

@@ -11,7 +11,7 @@ import (
 // Landing is where one client's requests to one service port landed, next
 // to what the decision for the client's node permits.
 type Landing struct {
-	Client   *Pod
+	Client   Client
 	Decision Decision
 	Tally    Tally
 }

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -190,26 +191,18 @@ func (tb *Testbed) build(ctx context.Context) error {
 			}
 		}
 		port := "n" + strconv.Itoa(n.Index)
-		if err := netns.Veth(n.NS, UplinkName, fabric, port); err != nil {
-			return err
-		}
-		if err := fabric.SetMaster(port, BridgeName); err != nil {
-			return err
-		}
-		if err := n.NS.AddAddr(UplinkName, n.WireAddr.String()); err != nil {
+		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU); err != nil {
 			return err
 		}
 		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
 			return err
 		}
-		// Like a real NIC, the wire's senders put finished checksums on
-		// the wire.
-		if err := n.NS.SetTxChecksum(UplinkName, false); err != nil {
+		if err := tb.setNetfilter(n); err != nil {
 			return err
 		}
-		if err := fabric.SetTxChecksum(port, false); err != nil {
-			return err
-		}
+	}
+	if err := tb.buildOutside(); err != nil {
+		return err
 	}
 	for _, n := range tb.Nodes {
 		for _, o := range tb.Nodes {
@@ -228,32 +221,70 @@ func (tb *Testbed) build(ctx context.Context) error {
 	return nil
 }
 
-func (tb *Testbed) buildPod(p *Pod) (err error) {
-	n := p.Node
-	if p.NS, err = netns.Create(tb.nsName("p-", p.Name)); err != nil {
+// plugIntoWire connects ns to the switch: a veth with UplinkName in ns and
+// port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
+// a real NIC, both ends put finished checksums on the wire (transmit
+// checksum offload off), so receivers verify them.
+func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int) error {
+	if err := netns.Veth(ns, UplinkName, tb.Fabric, port); err != nil {
 		return err
 	}
-	if err := netns.Veth(n.NS, p.HostVeth, p.NS, PodIfName); err != nil {
+	if err := tb.Fabric.SetMaster(port, BridgeName); err != nil {
 		return err
 	}
-	if err := n.NS.SetAlias(p.HostVeth, p.Name); err != nil {
+	if mtu != 0 {
+		if err := ns.SetMTU(UplinkName, mtu); err != nil {
+			return err
+		}
+		if err := tb.Fabric.SetMTU(port, mtu); err != nil {
+			return err
+		}
+	}
+	if err := ns.AddAddr(UplinkName, addr.String()); err != nil {
 		return err
 	}
-	gw := n.Gateway.String()
+	if err := ns.SetTxChecksum(UplinkName, false); err != nil {
+		return err
+	}
+	return tb.Fabric.SetTxChecksum(port, false)
+}
+
+// wirePointToPoint connects guest (a pod, an outside client) to host (its
+// node, the router) the way the CNI ptp plugin does: a veth, gw on the
+// host side as a /32 (the same gw on every such veth of host), addr as a
+// /32 in the guest with a default route via gw, and a /32 route to addr on
+// the host. The host side finishes checksums in software; the guest keeps
+// its offloads and sends CHECKSUM_PARTIAL, as a real pod does.
+func wirePointToPoint(host *NS, hostIf string, guest *NS, guestIf string, gw, addr netip.Addr) error {
+	if err := netns.Veth(host, hostIf, guest, guestIf); err != nil {
+		return err
+	}
 	steps := []func() error{
-		func() error { return n.NS.AddAddr(p.HostVeth, gw+"/32") },
-		func() error { return n.NS.AddRouteDev(p.Addr.String()+"/32", p.HostVeth, "") },
-		func() error { return p.NS.AddAddr(PodIfName, p.Addr.String()+"/32") },
-		func() error { return p.NS.AddRouteDev(gw+"/32", PodIfName, "") },
-		func() error { return p.NS.AddRouteDev("default", PodIfName, gw) },
-		// The node side computes checksums in software; the pod side
-		// keeps its offloads and sends CHECKSUM_PARTIAL.
-		func() error { return n.NS.SetTxChecksum(p.HostVeth, false) },
+		func() error { return host.AddAddr(hostIf, gw.String()+"/32") },
+		func() error { return host.AddRouteDev(addr.String()+"/32", hostIf, "") },
+		func() error { return guest.AddAddr(guestIf, addr.String()+"/32") },
+		func() error { return guest.AddRouteDev(gw.String()+"/32", guestIf, "") },
+		func() error { return guest.AddRouteDev("default", guestIf, gw.String()) },
+		func() error { return host.SetTxChecksum(hostIf, false) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func (tb *Testbed) buildPod(p *Pod) (err error) {
+	n := p.Node
+	if p.NS, err = netns.Create(tb.nsName("p-", p.Name)); err != nil {
+		return err
+	}
+	if err := wirePointToPoint(n.NS, p.HostVeth, p.NS, PodIfName, n.Gateway, p.Addr); err != nil {
+		return err
+	}
+	if err := n.NS.SetAlias(p.HostVeth, p.Name); err != nil {
+		return err
 	}
 	if p.Role == RoleBackend {
 		tcp, udp := tb.Spec.BackendPorts()
@@ -266,10 +297,18 @@ func (tb *Testbed) buildPod(p *Pod) (err error) {
 	return nil
 }
 
-// namespaces returns every namespace of the testbed that exists: pods,
-// nodes, fabric.
+// namespaces returns every namespace of the testbed that exists: outside
+// clients, router, pods, nodes, fabric.
 func (tb *Testbed) namespaces() []*NS {
 	var out []*NS
+	for _, e := range tb.Externals {
+		if e.NS != nil {
+			out = append(out, e.NS)
+		}
+	}
+	if tb.Router != nil && tb.Router.NS != nil {
+		out = append(out, tb.Router.NS)
+	}
 	for _, p := range tb.Pods {
 		if p.NS != nil {
 			out = append(out, p.NS)
