@@ -165,11 +165,11 @@ func NewLayout(s *Spec) (*Layout, error) {
 			base[2] = byte(idx)
 			cidr := netip.PrefixFrom(netip.AddrFrom4(base), 24)
 			n := &Node{
-				Name:     ns.Name,
-				Zone:     z.Name,
-				Index:    idx,
-				CPU:      ns.CPU,
-				Labels:   map[string]string{topology.LabelZone: z.Name, topology.LabelHostname: ns.Name},
+				Name:      ns.Name,
+				Zone:      z.Name,
+				Index:     idx,
+				CPU:       ns.CPU,
+				Labels:    map[string]string{topology.LabelZone: z.Name, topology.LabelHostname: ns.Name},
 				PodCIDR:   cidr,
 				Gateway:   nth(cidr.Addr(), 1),
 				WireAddr:  netip.PrefixFrom(nth(wire.Addr(), 1+idx), 24),
