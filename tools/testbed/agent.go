@@ -50,7 +50,7 @@ const (
 // --kubeconfig in apiserver mode). Its log is appended to LogPath across
 // restarts.
 type Agent struct {
-	*nodeProcess
+	*Process
 	opts AgentOptions
 	http *http.Client
 }
@@ -92,8 +92,8 @@ func (tb *Testbed) StartAgent(ctx context.Context, node string, o AgentOptions) 
 	o.MaxBackends = cmp.Or(o.MaxBackends, TestbedMaxBackends)
 	o.MaxConntrack = cmp.Or(o.MaxConntrack, TestbedMaxConntrack)
 	a := &Agent{
-		nodeProcess: newNodeProcess(tb, n, "agent", o.Binary),
-		opts:        o,
+		Process: newNodeProcess(tb, n, "agent", o.Binary),
+		opts:    o,
 		http: &http.Client{
 			Timeout:   5 * time.Second,
 			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},

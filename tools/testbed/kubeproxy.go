@@ -40,7 +40,7 @@ const (
 // connected apiserver, in place of topolb. Its rules stay when it exits;
 // they go with the namespace.
 type KubeProxy struct {
-	*nodeProcess
+	*Process
 	Mode KubeProxyMode
 	http *http.Client
 }
@@ -80,8 +80,8 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 	}
 	mode := o.Mode
 	k := &KubeProxy{
-		nodeProcess: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
-		Mode:        mode,
+		Process: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
+		Mode:    mode,
 		http: &http.Client{
 			Timeout:   5 * time.Second,
 			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},

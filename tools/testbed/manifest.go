@@ -159,6 +159,25 @@ func (tb *Testbed) Apply(ctx context.Context, svcs []ServiceSpec) (*kube.Objects
 	return objs, nil
 }
 
+// Refresh re-reads the cluster's objects from the connected apiserver, so
+// decisions (Decide, WaitAgents, Measure) follow changes made behind the
+// testbed's back: written with KubeClient directly, or by another testbed
+// sharing the apiserver. Without an apiserver it returns the objects last
+// applied.
+func (tb *Testbed) Refresh(ctx context.Context) (*kube.Objects, error) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.kube == nil {
+		return tb.objs, nil
+	}
+	objs, err := kube.ListObjects(ctx, tb.kube.client)
+	if err != nil {
+		return nil, fmt.Errorf("refresh objects: %w", err)
+	}
+	tb.objs = objs
+	return objs, nil
+}
+
 // ApplyScenario applies the named scenario's Services.
 func (tb *Testbed) ApplyScenario(ctx context.Context, name string) (*Scenario, *kube.Objects, error) {
 	sc, err := tb.Spec.Scenario(name)

@@ -75,15 +75,16 @@ type Testbed struct {
 	log     *slog.Logger
 	servers []*backendServers
 
-	mu      sync.Mutex
-	objs    *kube.Objects
-	svcs    []ServiceSpec
-	agents  []*Agent
-	proxies []*KubeProxy
-	direct  *Direct
-	kube    *kubeSync
-	closed  bool
-	bpfRoot string
+	mu        sync.Mutex
+	objs      *kube.Objects
+	svcs      []ServiceSpec
+	agents    []*Agent
+	proxies   []*KubeProxy
+	processes []*Process
+	direct    *Direct
+	kube      *kubeSync
+	closed    bool
+	bpfRoot   string
 }
 
 var seq atomic.Uint32
@@ -325,8 +326,8 @@ func (tb *Testbed) namespaces() []*NS {
 	return out
 }
 
-// Close tears the testbed down: agents and kube-proxies (SIGKILL if
-// SIGTERM does not stop them), the in-process datapath, backend servers, pins, the bpffs mount,
+// Close tears the testbed down: processes in pods, agents and kube-proxies
+// (SIGKILL if SIGTERM does not stop them), the in-process datapath, backend servers, pins, the bpffs mount,
 // every namespace and the state directory. It is safe to call more than
 // once and keeps going after errors, which it returns joined.
 func (tb *Testbed) Close() error {
@@ -336,10 +337,15 @@ func (tb *Testbed) Close() error {
 		return nil
 	}
 	tb.closed = true
-	agents, proxies, direct, ks := tb.agents, tb.proxies, tb.direct, tb.kube
+	agents, proxies, processes, direct, ks := tb.agents, tb.proxies, tb.processes, tb.direct, tb.kube
 	tb.mu.Unlock()
 
 	var errs []error
+	for _, p := range processes {
+		if err := p.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, a := range agents {
 		if err := a.Stop(); err != nil {
 			errs = append(errs, err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -387,5 +388,73 @@ func TestOutsideNetwork(t *testing.T) {
 	}
 	if err := tb.CheckNoKubeProxy(ctx); err == nil || !strings.Contains(err.Error(), "node n2") {
 		t.Errorf("a kube-proxy table on n2 went unnoticed: %v", err)
+	}
+}
+
+// TestProcessInPod starts a process in a pod's namespace, pauses and
+// resumes it (the kernel's process state says so), and checks Close stops
+// it.
+func TestProcessInPod(t *testing.T) {
+	requireRoot(t)
+	tb, err := New(t.Context(), tiny(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tb.Close()
+	p, err := tb.StartProcess(t.Context(), tb.Pod("b1"), "sleeper", "sleep", "600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func() byte {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
+		if err != nil {
+			return 0
+		}
+		i := strings.LastIndexByte(string(stat), ')')
+		return stat[i+2]
+	}
+	// Its namespace is the pod's, once nsenter has entered it and
+	// exec'd the program.
+	var podNS unix.Stat_t
+	if err := unix.Stat(tb.Pod("b1").NS.Path, &podNS); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("net:[%d]", podNS.Ino)
+	var link string
+	for deadline := time.Now().Add(2 * time.Second); link != want && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if link, err = os.Readlink(fmt.Sprintf("/proc/%d/ns/net", p.PID())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if link != want {
+		t.Errorf("process in %s, want the pod's %s", link, want)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); state() != 'T' && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := state(); s != 'T' {
+		t.Errorf("after Pause: state %q, want T (stopped)", s)
+	}
+	if err := p.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); state() == 'T' && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := state(); s == 'T' || s == 0 {
+		t.Errorf("after Resume: state %q", s)
+	}
+	if err := p.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	// A paused process still stops on Close.
+	if err := tb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Running() {
+		t.Error("process still running after Close")
 	}
 }
