@@ -22,6 +22,13 @@
 // off, so a wrong checksum written by the datapath is caught by the
 // receiver (see ChecksumErrors).
 //
+// Optionally (Spec.Outside) a router namespace on the wire joins a network
+// outside the cluster, whose clients (External) reach node addresses
+// through it: NodePorts, and the external and load-balancer IPs the
+// router sends to an ingress node. Nodes may get a smaller wire MTU and
+// kube-proxy's INVALID-drop rule; kube-proxy runs only where a test starts
+// it (Spec.KubeProxy "none": nowhere).
+//
 // Namespaces are named Prefix+"<pid>-<n>-<spec name>-..." and the state
 // directory (manifest, private bpffs mount, agent logs) is
 // StateRoot/<pid>-<n>; RemoveStale removes those of processes that are gone.
