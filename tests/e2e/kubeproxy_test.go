@@ -187,6 +187,11 @@ func TestKubeProxyAgrees(t *testing.T) {
 func compareKubeProxy(ds []testbed.Decision, kubeProxy, topolb map[string][]string) (diffs []string, compared int) {
 	seen := map[string]bool{}
 	for _, d := range ds {
+		// External frontends (NodePorts, external and LB IPs) are the
+		// service's too: not extras. Their backends are not compared here.
+		for _, ext := range d.External {
+			seen[testbed.FrontendKey(ext, string(d.Protocol))] = true
+		}
 		fe := testbed.FrontendKey(d.Frontend, string(d.Protocol))
 		seen[fe] = true
 		if d.Policy != topology.PolicyHints {

@@ -196,25 +196,11 @@ func Parse(r io.Reader) ([]Mutation, error) {
 		if cur == nil {
 			cur = &Mutation{Line: n}
 		}
-		var field *string
-		switch strings.TrimSpace(key) {
-		case "name":
-			field = &cur.Name
-		case "why":
-			field = &cur.Why
-		case "file":
-			field = &cur.File
-		case "package":
-			field = &cur.Package
-		case "run":
-			field = &cur.Run
-		case "after":
-			field = &cur.After
-		case "from":
-			field = &cur.From
-		case "to":
-			field = &cur.To
-		default:
+		field, known := map[string]*string{
+			"name": &cur.Name, "why": &cur.Why, "file": &cur.File, "package": &cur.Package,
+			"run": &cur.Run, "after": &cur.After, "from": &cur.From, "to": &cur.To,
+		}[strings.TrimSpace(key)]
+		if !known {
 			return nil, fmt.Errorf("line %d: unknown key %q", n, key)
 		}
 		if *field != "" {

@@ -509,6 +509,19 @@ func iptFrontends(save []byte, from netip.Addr) (map[string][]string, error) {
 		}
 		return FrontendKey(netip.AddrPortFrom(ip.Addr(), uint16(port)), proto), nil
 	}
+	// translate records the endpoints a frontend's chain leads to.
+	translate := func(dst, proto, dport, chain string) error {
+		key, err := frontend(dst, proto, dport)
+		if err != nil {
+			return err
+		}
+		eps, err := g.endpoints(chain, from)
+		if err != nil {
+			return fmt.Errorf("frontend %s: %w", key, err)
+		}
+		out[key] = eps
+		return nil
+	}
 	for _, args := range nat["KUBE-SERVICES"] {
 		a := readIPTArgs(args)
 		switch {
@@ -517,15 +530,9 @@ func iptFrontends(save []byte, from netip.Addr) (map[string][]string, error) {
 				nodeIPs = append(nodeIPs, p.Addr())
 			}
 		case a.dst != "" && a.dport != "" && a.jump != "":
-			key, err := frontend(a.dst, a.proto, a.dport)
-			if err != nil {
+			if err := translate(a.dst, a.proto, a.dport, a.jump); err != nil {
 				return nil, err
 			}
-			eps, err := g.endpoints(a.jump, from)
-			if err != nil {
-				return nil, fmt.Errorf("frontend %s: %w", key, err)
-			}
-			out[key] = eps
 		}
 	}
 	for _, args := range nat["KUBE-NODEPORTS"] {
@@ -534,15 +541,9 @@ func iptFrontends(save []byte, from netip.Addr) (map[string][]string, error) {
 			continue
 		}
 		for _, ip := range nodeIPs {
-			key, err := frontend(ip.String()+"/32", a.proto, a.dport)
-			if err != nil {
+			if err := translate(ip.String()+"/32", a.proto, a.dport, a.jump); err != nil {
 				return nil, err
 			}
-			eps, err := g.endpoints(a.jump, from)
-			if err != nil {
-				return nil, fmt.Errorf("frontend %s: %w", key, err)
-			}
-			out[key] = eps
 		}
 	}
 	// Rejected and dropped frontends (no endpoints, or no local ones) are

@@ -43,14 +43,7 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The manifest round-trips through the loader the agent uses.
-			data, err := EncodeManifest(objs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			back, warnings, err := kube.DecodeManifests("manifest", data)
-			if err != nil || len(warnings) > 0 {
-				t.Fatalf("decode manifest: %v %v", err, warnings)
-			}
+			back := roundTrip(t, objs)
 			if len(sc.Expect) == 0 {
 				t.Fatal("scenario has no expectation")
 			}
@@ -225,14 +218,7 @@ services:
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := EncodeManifest(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, warnings, err := kube.DecodeManifests("manifest", data)
-	if err != nil || len(warnings) > 0 {
-		t.Fatalf("decode manifest: %v %v", err, warnings)
-	}
+	back := roundTrip(t, objs)
 	lb := back.Services[0]
 	if lb.Spec.Type != v1.ServiceTypeLoadBalancer || lb.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal ||
 		lb.Spec.SessionAffinity != v1.ServiceAffinityClientIP || *lb.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds != DefaultSessionAffinityTimeout ||
@@ -267,4 +253,19 @@ services:
 	if e := l.External("ext2"); e == nil || e.Addr.String() != "203.0.113.11" || e.RouterIf != "x1" {
 		t.Errorf("ext2: %+v", e)
 	}
+}
+
+// roundTrip encodes objs as the manifest and decodes it with the loader
+// the agent uses, which must not warn.
+func roundTrip(t *testing.T, objs *kube.Objects) *kube.Objects {
+	t.Helper()
+	data, err := EncodeManifest(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, warnings, err := kube.DecodeManifests("manifest", data)
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("decode manifest: %v %v", err, warnings)
+	}
+	return back
 }
