@@ -291,6 +291,8 @@ func setupBed(ctx context.Context, b *testing.B, cfg *rest.Config, spec *testbed
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Also when setting up fails half-way (Close is idempotent).
+	b.Cleanup(func() { tb.Close() })
 	bed := &benchBed{impl: impl, tb: tb, flipTo: "web-a1"}
 	web := service(b, spec, "zone-hints", "web")
 	if err := tb.ConnectAPIServer(ctx, cfg); err != nil {

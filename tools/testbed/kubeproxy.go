@@ -177,13 +177,14 @@ const topologyLogged = "Updated proxier node topology labels"
 // labels are dropped as no change. Such a kube-proxy ignores zone hints
 // until the node's zone label changes. If the log does not show the labels
 // arriving, EnsureTopology changes the node's zone label in the apiserver
-// and back, and waits until kube-proxy logs them. It reports whether the
+// and back, and waits until kube-proxy logs them with the node's own zone
+// (the first log line carries the temporary zone). It reports whether the
 // workaround was needed. Needs -v 4.
 func (k *KubeProxy) EnsureTopology(ctx context.Context) (bool, error) {
 	// The replay comes within milliseconds of the start; give it two
 	// seconds before calling it lost.
 	grace := time.Now().Add(2 * time.Second)
-	for !strings.Contains(k.logText(), topologyLogged) {
+	for !k.knowsZone() {
 		if time.Now().After(grace) {
 			return k.relabel(ctx)
 		}
@@ -215,7 +216,7 @@ func (k *KubeProxy) relabel(ctx context.Context) (bool, error) {
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(k.logText(), topologyLogged) {
+	for !k.knowsZone() {
 		if time.Now().After(deadline) {
 			return true, fmt.Errorf("kube-proxy on %s did not log %q after its zone label changed", k.Node.Name, topologyLogged)
 		}
@@ -226,6 +227,18 @@ func (k *KubeProxy) relabel(ctx context.Context) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// knowsZone reports whether the last topology labels kube-proxy logged
+// for IPv4 carry its node's zone (not the temporary one of relabel).
+func (k *KubeProxy) knowsZone() bool {
+	last := ""
+	for _, line := range strings.Split(k.logText(), "\n") {
+		if strings.Contains(line, topologyLogged) && strings.Contains(line, `ipFamily="IPv4"`) {
+			last = line
+		}
+	}
+	return strings.Contains(last, fmt.Sprintf("%q:%q", v1.LabelTopologyZone, k.Node.Zone))
 }
 
 // logText returns the log of the current process (since its last start).

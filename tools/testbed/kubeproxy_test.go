@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"testing"
@@ -229,6 +230,34 @@ func TestKubeProxyExternalFrontends(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestKnowsZone checks that only a last logged IPv4 topology line with the
+// node's own zone counts: the relabel's temporary zone does not.
+func TestKnowsZone(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "kube-proxy.log")
+	k := &KubeProxy{Process: &Process{Node: &Node{Zone: "zone-a"}, LogPath: log}}
+	for _, c := range []struct {
+		log  string
+		want bool
+	}{
+		{"", false},
+		{`I1 proxier.go:521] "Updated proxier node topology labels" ipFamily="IPv4" labels={"topology.kubernetes.io/zone":"zone-a-relabel"}`, false},
+		{`I1 proxier.go:521] "Updated proxier node topology labels" ipFamily="IPv4" labels={"topology.kubernetes.io/zone":"zone-a-relabel"}
+I2 proxier.go:521] "Updated proxier node topology labels" ipFamily="IPv4" labels={"topology.kubernetes.io/zone":"zone-a"}`, true},
+		{`I2 proxier.go:521] "Updated proxier node topology labels" ipFamily="IPv6" labels={"topology.kubernetes.io/zone":"zone-a"}`, false},
+		{`==== start 1
+I2 proxier.go:521] "Updated proxier node topology labels" ipFamily="IPv4" labels={"topology.kubernetes.io/zone":"zone-a"}
+==== start 2
+`, false},
+	} {
+		if err := os.WriteFile(log, []byte(c.log), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := k.knowsZone(); got != c.want {
+			t.Errorf("log %q: knowsZone %v, want %v", c.log, got, c.want)
 		}
 	}
 }
