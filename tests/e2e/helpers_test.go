@@ -145,3 +145,21 @@ func demoSpec(t testing.TB) *testbed.Spec {
 	}
 	return spec
 }
+
+// apiserverTestbed creates a testbed from spec without its Services, serves
+// it from cluster's apiserver and applies svcs there. The context it
+// returns ends after three minutes or with the test.
+func apiserverTestbed(t *testing.T, spec *testbed.Spec, cluster *kubetest.Cluster, svcs []testbed.ServiceSpec) (*testbed.Testbed, context.Context) {
+	t.Helper()
+	spec.Services = nil
+	tb := newTestbed(t, spec)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Apply(ctx, svcs); err != nil {
+		t.Fatal(err)
+	}
+	return tb, ctx
+}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -97,16 +96,7 @@ func TestKubeProxyAgrees(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			spec.Services = nil
-			tb := newTestbed(t, spec)
-			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-			defer cancel()
-			if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tb.Apply(ctx, svcs); err != nil {
-				t.Fatal(err)
-			}
+			tb, ctx := apiserverTestbed(t, spec, cluster, svcs)
 			if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin}); err != nil {
 				t.Fatal(err)
 			}

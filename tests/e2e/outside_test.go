@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net/netip"
 	"slices"
 	"testing"
@@ -31,13 +30,6 @@ func TestOutsideClientThroughKubeProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec.Services = nil
-	tb := newTestbed(t, spec)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-		t.Fatal(err)
-	}
 	ports := []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	all := []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}
 	svcs := []testbed.ServiceSpec{
@@ -46,9 +38,7 @@ func TestOutsideClientThroughKubeProxy(t *testing.T) {
 		{Name: "np-nolocal", Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: ports, Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}}},
 		{Name: "lb", Type: v1.ServiceTypeLoadBalancer, LoadBalancerIPs: []string{"198.51.100.8"}, Hints: testbed.HintsZone, Ports: ports, Endpoints: all},
 	}
-	if _, err := tb.Apply(ctx, svcs); err != nil {
-		t.Fatal(err)
-	}
+	tb, ctx := apiserverTestbed(t, spec, cluster, svcs)
 	k, err := tb.StartKubeProxy(ctx, "node-b1", testbed.KubeProxyOptions{Binary: kp, Mode: testbed.KubeProxyNFTables})
 	if err != nil {
 		t.Fatal(err)
