@@ -6,13 +6,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
+
+	"github.com/topolb/topolb/internal/netns"
 )
 
 // hook is one attach point kind; its name prefixes the link pin.
@@ -200,35 +200,5 @@ func (d *Datapath) inNetNS(fn func() error) error {
 	if d.opts.NetNS == "" {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		// A thread whose namespace cannot be restored stays locked and
-		// dies with this goroutine instead of serving other goroutines.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(d.opts.NetNS)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open netns %s: %w", d.opts.NetNS, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter netns %s: %w", d.opts.NetNS, err)
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return netns.RunIn(d.opts.NetNS, fn)
 }

@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 need=()
-for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck; do
+for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck wrk:wrk nginx:nginx; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -15,7 +15,15 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "install-deps: installing ${need[*]}"
   apt-get update -qq
+  # nginx is only a program for the end-to-end benchmark's backends: keep
+  # the package from starting a service on the host while it installs.
+  policy=/usr/sbin/policy-rc.d
+  added_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
+  fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  if [ -n "$added_policy" ]; then rm -f "$policy"; fi
 fi
 # bpffs is needed for pinning.
 if [ "$(id -u)" = 0 ] && ! mountpoint -q /sys/fs/bpf; then

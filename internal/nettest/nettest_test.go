@@ -4,11 +4,13 @@ import (
 	"context"
 	"io"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
+// TestTwoNamespacesTalk checks the test conveniences on top of
+// internal/netns: the echo servers, the HTTP client, SetOffload, and the
+// cleanup of NewNS.
 func TestTwoNamespacesTalk(t *testing.T) {
 	RequireRoot(t)
 	a, b := NewNS(t, "a"), NewNS(t, "b")
@@ -19,12 +21,17 @@ func TestTwoNamespacesTalk(t *testing.T) {
 		a.AddAddr("va", "192.0.2.1/24"),
 		b.AddAddr("vb", "192.0.2.2/24"),
 		b.AddRoute("198.51.100.0/24", "192.0.2.1"),
-		a.Sysctl("net.ipv4.ip_forward", "1"),
 		a.SetOffload("va", "tx", false),
 	} {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	if on, err := a.TxChecksum("va"); err != nil || on {
+		t.Errorf("va: tx checksum offload %v (%v) after SetOffload off", on, err)
+	}
+	if err := a.SetOffload("va", "gro", false); err == nil {
+		t.Error("SetOffload of an unsupported feature succeeded")
 	}
 	b.ServeHTTPName(t, "192.0.2.2:8080", "server-b")
 	b.ServeUDPName(t, "192.0.2.2:5353", "udp-b")
@@ -33,10 +40,10 @@ func TestTwoNamespacesTalk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if string(body) != "server-b" {
-		t.Errorf("HTTP answer %q", body)
+	if err != nil || string(body) != "server-b" {
+		t.Errorf("HTTP answer %q, %v", body, err)
 	}
 
 	c, err := a.DialContext(context.Background(), "udp4", "192.0.2.2:5353")
@@ -44,14 +51,17 @@ func TestTwoNamespacesTalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	c.Write([]byte("hi"))
+	if err := c.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 64)
 	n, err := c.Read(buf)
 	if err != nil || string(buf[:n]) != "udp-b" {
 		t.Errorf("UDP answer %q, %v", buf[:n], err)
 	}
-
 	for _, ns := range []*NS{a, b} {
 		ce, err := ns.ChecksumErrors()
 		if err != nil {
@@ -61,38 +71,20 @@ func TestTwoNamespacesTalk(t *testing.T) {
 			t.Errorf("%s: checksum errors %+v", ns.Name, ce)
 		}
 	}
-	// Sysctls are per namespace: the host's stays as it was.
-	err = b.Do(func() error {
-		v, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-		if err == nil && string(v) != "0\n" {
-			t.Errorf("ip_forward leaked into %s: %q", b.Name, v)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
-func TestRemoveStaleKeepsLiveNamespaces(t *testing.T) {
+// TestNewNSIsRemoved checks that a namespace of NewNS is gone once its
+// test has ended.
+func TestNewNSIsRemoved(t *testing.T) {
 	RequireRoot(t)
-	live := NewNS(t, "live")
-	// A namespace file of a pid that cannot exist stands for a crashed run.
-	stale, err := createNS(Prefix + "999999999-1-crashed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale.nl.Close()
-	stale.nl = nil
-	stale.handle.Close()
-	if err := RemoveStale(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(stale.Path); !os.IsNotExist(err) {
-		t.Errorf("stale namespace still there: %v", err)
-		stale.Delete()
-	}
-	if _, err := os.Stat(filepath.Join(NetnsDir, live.Name)); err != nil {
-		t.Errorf("live namespace removed: %v", err)
+	var path string
+	t.Run("inner", func(t *testing.T) {
+		path = NewNS(t, "gone").Path
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("namespace missing while its test runs: %v", err)
+		}
+	})
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("namespace %s still there after its test: %v", path, err)
 	}
 }

@@ -181,3 +181,39 @@ func scenarioServices(t *testing.T, spec *testbed.Spec, scenario string) []testb
 	}
 	return sc.Services
 }
+
+// TestWaitAgentsFailsOnExitedAgent kills one agent and checks that
+// WaitAgents reports it instead of counting it as converged.
+func TestWaitAgentsFailsOnExitedAgent(t *testing.T) {
+	requireRoot(t)
+	requireAgent(t)
+	spec, err := testbed.ParseSpec([]byte(`
+name: waitexit
+zones:
+- name: z1
+  nodes:
+  - {name: n1, pods: [{name: c, role: client}, {name: b1}]}
+  - {name: n2, pods: [{name: b2}]}
+services:
+- {name: s, ports: [{port: 80}], endpoints: [{pod: b1}, {pod: b2}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := newTestbed(t, spec)
+	withAgents.start(t, tb)
+	if err := tb.WaitAgents(t.Context(), 10*time.Second); err != nil {
+		t.Fatalf("before the kill: %v", err)
+	}
+	if err := tb.Agent("n2").Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = tb.WaitAgents(t.Context(), 10*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "agent on n2 is not running") {
+		t.Fatalf("WaitAgents with a killed agent: %v, want an error naming it", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("WaitAgents took %v to notice the dead agent", took)
+	}
+}

@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,9 +31,10 @@ import (
 )
 
 var (
-	benchScales = flag.String("bench-e2e-services", "10,1000,10000", "service counts BenchmarkE2E measures at")
-	benchImpls  = flag.String("bench-e2e-impls", "topolb,kube-proxy-nft,kube-proxy-ipt", "implementations BenchmarkE2E measures")
-	benchRounds = flag.Int("bench-e2e-rounds", 3, "repetitions of each measurement; the median is reported")
+	benchScales   = flag.String("bench-e2e-services", "10,1000,10000", "service counts BenchmarkE2E measures at")
+	benchImpls    = flag.String("bench-e2e-impls", "topolb,kube-proxy-nft,kube-proxy-ipt", "implementations BenchmarkE2E measures")
+	benchRounds   = flag.Int("bench-e2e-rounds", 5, "interleaved rounds of every measurement per implementation and scale (at least 2, for a confidence interval)")
+	benchDuration = flag.Duration("bench-e2e-wrk", 3*time.Second, "length of each wrk run")
 )
 
 // Implementations compared by BenchmarkE2E.
@@ -37,35 +44,107 @@ const (
 	implIPT    = "kube-proxy-ipt"
 )
 
-// Bench Services: the measured ones are "web" (zone hints: the client's
-// zone-a has web-a1 on its node and web-a2 on the next), "flip" (one
-// backend, swapped to time updates) and "sink" (UDP to a port nothing
-// listens on, for the flood). Filler Services bring the count up.
+// The benchmark's Services, on the demo testbed (client on node-a1,
+// zone-a) with an outside client ext1 behind a router:
+//   - fast: TCP 80 to nginx on 8088 in web-a1 and web-a2; zone hints over
+//     endpoints in every zone, so the client's permitted set is zone-a's
+//     two (only those run nginx: a proxy ignoring hints fails requests).
+//   - flip-<impl>: one backend, swapped between web-a1 and web-a2 to time
+//     updates; one per implementation, so no implementation's update is
+//     another's.
+//   - sink: UDP to port 9 of web-b1 (node-b1), where nothing listens: the
+//     pod-to-remote flood; the backend counts arrivals as Udp NoPorts.
+//   - ns: NodePort UDP 30909 to web-b1's port 9 (the outside flood, through
+//     node-a1's NodePort to a backend on another node), and NodePort UDP
+//     30953 to the echo port, to see whether NodePorts are balanced.
 var (
-	flipVIP = netip.MustParseAddrPort("10.96.0.20:80")
-	sinkVIP = netip.MustParseAddrPort("10.96.0.30:9")
+	fastVIP    = netip.MustParseAddrPort("10.96.0.40:80")
+	sinkVIP    = netip.MustParseAddrPort("10.96.0.30:9")
+	flipVIPs   = map[string]netip.AddrPort{implTopolb: netip.MustParseAddrPort("10.96.0.21:80"), implNFT: netip.MustParseAddrPort("10.96.0.22:80"), implIPT: netip.MustParseAddrPort("10.96.0.23:80")}
+	nsSinkPort = uint16(30909)
+	nsEchoPort = uint16(30953)
 )
 
-func benchServices(web testbed.ServiceSpec, flipTo string) []testbed.ServiceSpec {
-	return []testbed.ServiceSpec{
-		web,
-		{Name: "flip", ClusterIP: flipVIP.Addr().String(), Ports: []testbed.PortSpec{{Name: "http", Port: 80}}, Endpoints: []testbed.EndpointSpec{{Pod: flipTo}}},
-		{Name: "sink", ClusterIP: sinkVIP.Addr().String(), Ports: []testbed.PortSpec{{Name: "sink", Protocol: v1.ProtocolUDP, Port: 9, TargetPort: 9}}, Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}}},
+// nginxPort is where the fast backends' nginx listens.
+const nginxPort = 8088
+
+// benchSpec is the demo testbed with an outside client whose traffic
+// enters at node-a1, the client's node.
+func benchSpec(b *testing.B) *testbed.Spec {
+	b.Helper()
+	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\noutside: {ingressNode: node-a1, clients: [{name: ext1}]}\n"...))
+	if err != nil {
+		b.Fatal(err)
 	}
+	return spec
 }
 
+func benchServices(web testbed.ServiceSpec, flipTo map[string]string) []testbed.ServiceSpec {
+	zoneHinted := []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-c1"}}
+	out := []testbed.ServiceSpec{
+		web,
+		{Name: "fast", ClusterIP: fastVIP.Addr().String(), Hints: testbed.HintsZone, Endpoints: zoneHinted,
+			Ports: []testbed.PortSpec{{Name: "http", Port: int32(fastVIP.Port()), TargetPort: nginxPort}}},
+		{Name: "sink", ClusterIP: sinkVIP.Addr().String(), Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}},
+			Ports: []testbed.PortSpec{{Name: "sink", Protocol: v1.ProtocolUDP, Port: 9, TargetPort: 9}}},
+		{Name: "ns", ClusterIP: "10.96.0.31", Type: v1.ServiceTypeNodePort, Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}},
+			Ports: []testbed.PortSpec{
+				{Name: "sink", Protocol: v1.ProtocolUDP, Port: 9, TargetPort: 9, NodePort: int32(nsSinkPort)},
+				{Name: "echo", Protocol: v1.ProtocolUDP, Port: 53, NodePort: int32(nsEchoPort)},
+			}},
+	}
+	for _, impl := range []string{implTopolb, implNFT, implIPT} {
+		out = append(out, flipService(impl, flipTo[impl]))
+	}
+	return out
+}
+
+func flipService(impl, to string) testbed.ServiceSpec {
+	if to == "" {
+		to = "web-a1"
+	}
+	vip := flipVIPs[impl]
+	return testbed.ServiceSpec{Name: "flip-" + impl, ClusterIP: vip.Addr().String(),
+		Ports: []testbed.PortSpec{{Name: "http", Port: int32(vip.Port())}}, Endpoints: []testbed.EndpointSpec{{Pod: to}}}
+}
+
+// Metrics, in the order they are printed.
+var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "pps", "ns_pps", "update_ms"}
+
 // BenchmarkE2E compares topolb with kube-proxy in nftables and iptables
-// mode on the same testbed and real kube-apiserver, each alone on the
-// client's node, at 10, 1,000 and 10,000 Services: requests/s and p50/p99
-// latency of short HTTP connections (one new connection per request), the
-// packets/s of a one-way UDP flood to a Service generated in the kernel
-// (live-frame BPF test runs, see testbed.FloodUDP), and the time from an
-// EndpointSlice change to the new backend answering. It prints
+// mode at 10, 1,000 and 10,000 Services, all watching one real
+// kube-apiserver. Each implementation runs alone on the client's node of
+// its own testbed; the three testbeds are up at once, and the
+// implementations not being measured are paused (SIGSTOP), so rounds are
+// interleaved (round r measures every implementation once, in an order
+// rotated per round) without one implementation's work landing in
+// another's measurement. Per round and implementation:
 //
-//	BENCH e2e impl=<topolb|kube-proxy-nft|kube-proxy-ipt> services=<n> metric=<requests_per_s|p50_ms|p99_ms|pps|update_ms> value=<f>
+//   - requests_per_s, p50_ms, p99_ms: wrk (one thread, 16 connections,
+//     "Connection: close": a new TCP connection per request) from the
+//     client pod to the fast Service, served by nginx in the backend pods;
+//   - cpu_us_per_req: busy CPU time of the whole machine (/proc/stat: user,
+//     nice, system, irq, softirq, steal) during the wrk run, per request;
+//   - pps: 200,000 UDP datagrams from the client pod to a Service whose
+//     backend is on another node, injected with live-frame XDP test runs
+//     (testbed.Pod.FloodUDP), at least 90% of which must arrive;
+//   - ns_pps: the same from the outside client, through the router, to
+//     node-a1's NodePort of a Service whose backend is on another node
+//     (the whole north-south path); skipped, with the reason printed, for
+//     an implementation whose NodePort does not answer;
+//   - update_ms: from an EndpointSlice update (the implementation's own
+//     one-backend Service swapped to the other pod) to the first new
+//     connection answered by the new pod.
 //
-// with the median of -bench-e2e-rounds rounds, then the ratios. Run it with
-// `make bench-e2e`.
+// It prints, per scale, implementation and metric, the mean over the
+// rounds with its 95% confidence interval (Student's t), and the mean of
+// the per-round ratios to kube-proxy nftables with its interval:
+//
+//	BENCH e2e impl=<...> services=<n> metric=<...> value=<mean> ci95=<±> ratio_vs_nftables=<mean> ratio_ci95=<±> verdict=<met|not met|n/a>
+//
+// and a GOAL line per goal. A goal is met only when the whole confidence
+// interval of its ratio is on the right side. Run it with `make
+// bench-e2e`.
 func BenchmarkE2E(b *testing.B) {
 	if testing.Short() {
 		b.Skip("long benchmark")
@@ -73,6 +152,20 @@ func BenchmarkE2E(b *testing.B) {
 	requireRoot(b)
 	agentBin := requireAgent(b)
 	kp := kubeProxyBinary(b)
+	for _, tool := range []string{"wrk", "nginx"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			b.Fatalf("%s: %v (make deps installs it)", tool, err)
+		}
+	}
+	if *benchRounds < 2 {
+		b.Fatalf("-bench-e2e-rounds %d: a confidence interval needs at least 2", *benchRounds)
+	}
+	impls := strings.Split(*benchImpls, ",")
+	for _, impl := range impls {
+		if _, ok := flipVIPs[impl]; !ok {
+			b.Fatalf("-bench-e2e-impls: unknown implementation %q", impl)
+		}
+	}
 	cluster := kubetest.Start(b)
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.QPS, cfg.Burst = 2000, 4000
@@ -80,21 +173,20 @@ func BenchmarkE2E(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	spec := demoSpec(b)
+	spec := benchSpec(b)
 	layout, err := testbed.NewLayout(spec)
 	if err != nil {
 		b.Fatal(err)
 	}
-
-	results := map[string]map[int]map[string]float64{} // impl → services → metric → value
+	var all []result
 	filler := 0
 	for _, s := range strings.Split(*benchScales, ",") {
 		total, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
 			b.Fatalf("-bench-e2e-services: %v", err)
 		}
-		// web, flip, sink and default/kubernetes are four.
-		want := max(total-4, 0)
+		// The bench Services, with default/kubernetes, are eight.
+		want := max(total-8, 0)
 		t0 := time.Now()
 		if err := createFiller(b.Context(), client, layout, filler, want); err != nil {
 			b.Fatal(err)
@@ -103,38 +195,113 @@ func BenchmarkE2E(b *testing.B) {
 			b.Logf("created %d filler Services and EndpointSlices in %v", want-filler, time.Since(t0).Round(time.Millisecond))
 			filler = want
 		}
-		for _, impl := range strings.Split(*benchImpls, ",") {
-			m := benchOne(b, cluster.Config, spec, impl, agentBin, kp, total)
-			if results[impl] == nil {
-				results[impl] = map[int]map[string]float64{}
+		rs := benchScale(b, cluster.Config, spec, impls, agentBin, kp, total)
+		printResults(rs)
+		all = append(all, rs...)
+	}
+	printGoals(all)
+}
+
+// sample is one metric's values over the rounds, in round order (NaN for
+// a round that could not measure it).
+type sample []float64
+
+// result is one implementation's samples at one scale.
+type result struct {
+	impl     string
+	services int
+	samples  map[string]sample
+	// skipped says why a metric was not measured.
+	skipped map[string]string
+}
+
+// benchBed is one implementation on its own testbed.
+type benchBed struct {
+	impl string
+	tb   *testbed.Testbed
+	// proc is the implementation's process, paused between its rounds.
+	proc *testbed.Process
+	// nsSkip is why ns_pps is not measured ("" when it is).
+	nsSkip string
+	// flipTo is the pod its flip Service points at now.
+	flipTo string
+}
+
+// benchScale sets up one testbed per implementation, measures them in
+// interleaved rounds and tears them down.
+func benchScale(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impls []string, agentBin, kp string, services int) []result {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Minute)
+	defer cancel()
+	var beds []*benchBed
+	defer func() {
+		for _, bed := range beds {
+			if err := bed.tb.Close(); err != nil {
+				b.Errorf("%s: teardown: %v", bed.impl, err)
 			}
-			results[impl][total] = m
-			for _, metric := range []string{"requests_per_s", "p50_ms", "p99_ms", "pps", "update_ms"} {
-				if v, ok := m[metric]; ok {
-					fmt.Printf("BENCH e2e impl=%s services=%d metric=%s value=%.3f\n", impl, total, metric, v)
+		}
+	}()
+	for _, impl := range impls {
+		bed := setupBed(ctx, b, cfg, spec, impl, agentBin, kp, services)
+		beds = append(beds, bed)
+		if err := bed.proc.Pause(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	results := make([]result, len(beds))
+	for i, bed := range beds {
+		results[i] = result{impl: bed.impl, services: services, samples: map[string]sample{}, skipped: map[string]string{}}
+		if bed.nsSkip != "" {
+			results[i].skipped["ns_pps"] = bed.nsSkip
+		}
+	}
+	for r := 0; r < *benchRounds; r++ {
+		for k := range beds {
+			i := (k + r) % len(beds)
+			bed := beds[i]
+			if err := bed.proc.Resume(); err != nil {
+				b.Fatal(err)
+			}
+			if err := bed.converge(ctx); err != nil {
+				b.Fatalf("%s, %d services, round %d: %v", bed.impl, services, r+1, err)
+			}
+			m := bed.round(ctx, b, services)
+			if err := bed.proc.Pause(); err != nil {
+				b.Fatal(err)
+			}
+			for _, metric := range benchMetrics {
+				v, ok := m[metric]
+				if !ok {
+					v = math.NaN()
 				}
+				results[i].samples[metric] = append(results[i].samples[metric], v)
 			}
 		}
 	}
-	printRatios(results)
+	return results
 }
 
-// benchOne measures one implementation on a fresh testbed.
-func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin, kp string, services int) map[string]float64 {
+// setupBed brings up a testbed with the implementation on the client's
+// node, checks that the bench Services land where the decisions say, starts
+// nginx in the fast Service's backends and finds out whether NodePorts
+// answer.
+func setupBed(ctx context.Context, b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin, kp string, services int) *benchBed {
 	b.Helper()
-	tb := newTestbed(b, spec)
-	defer tb.Close()
+	tb, err := testbed.New(ctx, spec, testbed.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Also when setting up fails half-way (Close is idempotent).
+	b.Cleanup(func() { tb.Close() })
+	bed := &benchBed{impl: impl, tb: tb, flipTo: "web-a1"}
 	web := service(b, spec, "zone-hints", "web")
-	ctx, cancel := context.WithTimeout(b.Context(), 15*time.Minute)
-	defer cancel()
 	if err := tb.ConnectAPIServer(ctx, cfg); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := tb.Apply(ctx, benchServices(web, "web-a1")); err != nil {
+	if _, err := tb.Apply(ctx, benchServices(web, nil)); err != nil {
 		b.Fatal(err)
 	}
-	client := tb.Pod("client")
-	node := client.Node.Name
+	node := tb.Pod("client").Node.Name
 	t0 := time.Now()
 	switch impl {
 	case implTopolb:
@@ -148,6 +315,7 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 		if err != nil {
 			b.Fatal(err)
 		}
+		bed.proc = a.Process
 	case implNFT, implIPT:
 		mode := testbed.KubeProxyNFTables
 		if impl == implIPT {
@@ -162,82 +330,316 @@ func benchOne(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impl, agentBin
 		} else if needed {
 			b.Logf("%s, %d services: kube-proxy missed its zone at start (its startup race); relabelled the node", impl, services)
 		}
-	default:
-		b.Fatalf("unknown implementation %q", impl)
+		bed.proc = k.Process
+	}
+	for _, pod := range []string{"web-a1", "web-a2"} {
+		if err := startNginx(ctx, tb, tb.Pod(pod)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := bed.converge(ctx); err != nil {
+		b.Fatalf("%s, %d services: %v", impl, services, err)
 	}
 	// Ready means the measured Services answer from where they should.
-	landings, _ := tb.Measure(ctx, client, "web", testbed.MeasureOptions{Requests: 60})
+	client := tb.Pod("client")
+	landings, err := tb.Measure(ctx, client, "web", testbed.MeasureOptions{Requests: 60})
+	if err != nil {
+		b.Fatalf("%s, %d services: %v", impl, services, err)
+	}
 	for _, l := range landings {
 		for _, p := range l.Problems() {
 			b.Errorf("%s, %d services: web %s: %s", impl, services, l.Decision.Protocol, p)
 		}
 	}
-	b.Logf("%s ready with %d services in %v", impl, services, time.Since(t0).Round(time.Millisecond))
-
-	out := map[string]float64{}
-	var rps, p50, p99, pps, upd []float64
-	for r := 0; r < *benchRounds; r++ {
-		rate, l50, l99, failed, why := httpRate(ctx, client, landings[0].Decision.Frontend, 3*time.Second)
-		if failed > 0 {
-			b.Errorf("%s, %d services: %d requests failed: %v", impl, services, failed, why)
-		}
-		rps, p50, p99 = append(rps, rate), append(p50, l50), append(p99, l99)
-
-		before, err := tb.Pod("web-b1").NS.UDPNoPorts()
-		if err != nil {
-			b.Fatal(err)
-		}
-		const frames = 200_000
-		res, err := client.FloodUDP(sinkVIP, frames)
-		if err != nil {
-			b.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond) // let the backlog drain into the sink
-		after, _ := tb.Pod("web-b1").NS.UDPNoPorts()
-		if got := after - before; got < frames*9/10 {
-			b.Errorf("%s, %d services: only %d of %d flood datagrams reached the backend: the rate does not count", impl, services, got, frames)
-		}
-		pps = append(pps, res.PPS)
+	fast := testbed.Summarize(client, client.Send(ctx, testbed.Load{Proto: v1.ProtocolTCP, Target: fastVIP, Count: 60}))
+	if got := fast.Backends(); fast.Failed > 0 || !slices.Equal(got, []string{"web-a1", "web-a2"}) {
+		b.Fatalf("%s, %d services: fast landed on %v, %d failed (%v); want exactly web-a1 and web-a2", impl, services, got, fast.Failed, fast.Errors)
 	}
-	for r := 0; r < *benchRounds+2; r++ {
-		to := []string{"web-a2", "web-a1"}[r%2]
-		ms, err := updateLatency(ctx, tb, benchServices(web, to)[1], client, to)
-		if err != nil {
-			b.Errorf("%s, %d services: update: %v", impl, services, err)
+	bed.nsSkip = nodePortSkip(ctx, tb)
+	if bed.nsSkip != "" && impl != implTopolb {
+		b.Fatalf("%s, %d services: %s", impl, services, bed.nsSkip)
+	}
+	if bed.nsSkip != "" {
+		fmt.Printf("BENCH e2e impl=%s services=%d metric=ns_pps skipped: %s\n", impl, services, bed.nsSkip)
+	}
+	b.Logf("%s ready with %d services in %v", impl, services, time.Since(t0).Round(time.Millisecond))
+	return bed
+}
+
+// nodePortSkip asks the ns Service's echo NodePort on the client's node
+// from the outside client and returns why ns_pps cannot be measured, ""
+// when it answers.
+func nodePortSkip(ctx context.Context, tb *testbed.Testbed) string {
+	target := netip.AddrPortFrom(tb.Pod("client").Node.WireAddr.Addr(), nsEchoPort)
+	var err error
+	for range 3 {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		var a testbed.Answer
+		a, err = tb.External("ext1").Request(rctx, v1.ProtocolUDP, target)
+		cancel()
+		if err == nil && a.Pod == "web-b1" {
+			return ""
+		}
+		if err == nil {
+			err = fmt.Errorf("answered by %s, not web-b1", a.Pod)
+		}
+	}
+	return fmt.Sprintf("the outside client gets no answer from NodePort %s (%v): the datapath does not balance NodePorts", target, err)
+}
+
+// converge waits until the implementation has caught up with what changed
+// while it was paused: topolb's agent agrees with DecideNode; kube-proxy
+// sends the client to its flip Service's current backend and has had its
+// one-second minimum sync period to settle.
+func (bed *benchBed) converge(ctx context.Context) error {
+	if bed.impl == implTopolb {
+		// The flips, its own and other testbeds', went to the apiserver
+		// directly.
+		if _, err := bed.tb.Refresh(ctx); err != nil {
+			return err
+		}
+		return bed.tb.WaitAgents(ctx, 2*time.Minute)
+	}
+	client := bed.tb.Pod("client")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		a, err := client.Request(rctx, v1.ProtocolTCP, flipVIPs[bed.impl])
+		cancel()
+		if err == nil && a.Pod == bed.flipTo {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("flip-%s does not answer from %s (%v, %q)", bed.impl, bed.flipTo, err, a.Pod)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(1200 * time.Millisecond):
+		return nil
+	}
+}
+
+// round measures every metric once.
+func (bed *benchBed) round(ctx context.Context, b *testing.B, services int) map[string]float64 {
+	b.Helper()
+	out := map[string]float64{}
+	label := fmt.Sprintf("%s, %d services", bed.impl, services)
+	client := bed.tb.Pod("client")
+	w, err := runWrk(ctx, client, fastVIP, *benchDuration)
+	if err != nil {
+		b.Fatalf("%s: %v", label, err)
+	}
+	out["requests_per_s"], out["p50_ms"], out["p99_ms"], out["cpu_us_per_req"] = w.rate, w.p50ms, w.p99ms, w.cpuUSPerReq
+
+	sink := bed.tb.Pod("web-b1").NS
+	const frames = 200_000
+	for _, f := range []struct {
+		metric string
+		flood  func() (testbed.FloodResult, error)
+	}{
+		{"pps", func() (testbed.FloodResult, error) { return client.FloodUDP(sinkVIP, frames) }},
+		{"ns_pps", func() (testbed.FloodResult, error) {
+			return bed.tb.External("ext1").FloodUDP(netip.AddrPortFrom(client.Node.WireAddr.Addr(), nsSinkPort), frames)
+		}},
+	} {
+		if f.metric == "ns_pps" && bed.nsSkip != "" {
 			continue
 		}
-		upd = append(upd, ms)
-		time.Sleep(1200 * time.Millisecond) // past kube-proxy's 1 s minimum sync period
+		res, err := testbed.CountArrivals(sink, f.flood)
+		if err != nil {
+			b.Fatalf("%s: %s: %v", label, f.metric, err)
+		}
+		if res.Arrived < frames*9/10 || res.Arrived > frames {
+			b.Errorf("%s: %s: %d of %d datagrams reached the backend: the rate does not count", label, f.metric, res.Arrived, frames)
+			continue
+		}
+		out[f.metric] = res.PPS
 	}
-	out["requests_per_s"], out["p50_ms"], out["p99_ms"], out["pps"] = median(rps), median(p50), median(p99), median(pps)
-	if len(upd) > 0 {
-		out["update_ms"] = median(upd)
+
+	to := map[string]string{"web-a1": "web-a2", "web-a2": "web-a1"}[bed.flipTo]
+	ms, err := updateLatency(ctx, bed.tb, flipService(bed.impl, to), client, flipVIPs[bed.impl], to)
+	if err != nil {
+		b.Errorf("%s: update: %v", label, err)
+	} else {
+		out["update_ms"] = ms
 	}
+	bed.flipTo = to
 	return out
 }
 
-// httpRate sends HTTP requests on new connections from 8 workers for d and
-// returns the rate and the p50 and p99 latency in ms.
-func httpRate(ctx context.Context, client *testbed.Pod, target netip.AddrPort, d time.Duration) (rate, p50, p99 float64, failed int, why []string) {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	start := time.Now()
-	recs := client.Send(ctx, testbed.Load{Proto: v1.ProtocolTCP, Target: target, Parallel: 8, Timeout: 2 * time.Second})
-	took := time.Since(start)
-	var lat []float64
-	for _, r := range recs {
-		if r.Err == nil {
-			lat = append(lat, float64(r.Took.Microseconds())/1000)
+// startNginx serves the fast Service's port in pod with nginx: one
+// process, every answer "Connection: close" with the pod's JSON Answer.
+func startNginx(ctx context.Context, tb *testbed.Testbed, pod *testbed.Pod) error {
+	dir := filepath.Join(tb.Dir, "nginx-"+pod.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	answer := fmt.Sprintf(`{"pod":"%s","node":"%s","zone":"%s","client":"$remote_addr:$remote_port"}`, pod.Name, pod.Node.Name, pod.Zone())
+	conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log stderr warn;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	server {
+		listen %[2]d backlog=4096;
+		keepalive_timeout 0;
+		location / { default_type application/json; return 200 '%[3]s'; }
+	}
+}
+`, dir, nginxPort, answer)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	p, err := tb.StartProcess(ctx, pod, "nginx", "nginx", "-p", dir, "-c", path)
+	if err != nil {
+		return err
+	}
+	target := netip.AddrPortFrom(pod.Addr, nginxPort)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		a, err := tb.Pod("client").Request(rctx, v1.ProtocolTCP, target)
+		cancel()
+		if err == nil && a.Pod == pod.Name {
+			return nil
+		}
+		if !p.Running() || time.Now().After(deadline) {
+			return fmt.Errorf("nginx in %s does not answer (%v, %q); its log:\n%s", pod.Name, err, a.Pod, p.LogTail(10))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// wrkResult is one wrk run.
+type wrkResult struct {
+	requests           int
+	rate, p50ms, p99ms float64
+	cpuUSPerReq        float64
+}
+
+var (
+	wrkRequests = regexp.MustCompile(`(\d+) requests in [\d.]+\w+`)
+	wrkRate     = regexp.MustCompile(`Requests/sec:\s+([\d.]+)`)
+	wrkPct      = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$`)
+	wrkErrors   = regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+	wrkNon2xx   = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+)
+
+// runWrk runs wrk from the client pod against target for d, with a new
+// connection per request, and reads the machine's busy CPU time around it.
+// Failed requests (socket errors, non-2xx answers) are an error.
+func runWrk(ctx context.Context, client *testbed.Pod, target netip.AddrPort, d time.Duration) (wrkResult, error) {
+	var r wrkResult
+	before, err := busyCPU()
+	if err != nil {
+		return r, err
+	}
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+client.NS.Path, "wrk", "-t1", "-c16", "-d"+strconv.Itoa(int(d.Seconds()))+"s",
+		"--latency", "-H", "Connection: close", "http://"+target.String()+"/")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return r, fmt.Errorf("wrk: %w: %s", err, out)
+	}
+	after, err := busyCPU()
+	if err != nil {
+		return r, err
+	}
+	if r, err = parseWrk(out); err != nil {
+		return r, err
+	}
+	r.cpuUSPerReq = (after - before).Seconds() * 1e6 / float64(r.requests)
+	return r, nil
+}
+
+// parseWrk reads wrk's --latency report.
+func parseWrk(out []byte) (wrkResult, error) {
+	var r wrkResult
+	m := wrkRequests.FindSubmatch(out)
+	rate := wrkRate.FindSubmatch(out)
+	if m == nil || rate == nil {
+		return r, fmt.Errorf("wrk: no request count or rate in %q", out)
+	}
+	r.requests, _ = strconv.Atoi(string(m[1]))
+	r.rate, _ = strconv.ParseFloat(string(rate[1]), 64)
+	if r.requests == 0 {
+		return r, fmt.Errorf("wrk made no request: %s", out)
+	}
+	if e := wrkErrors.FindSubmatch(out); e != nil {
+		return r, fmt.Errorf("wrk: socket errors: %s", e[0])
+	}
+	if e := wrkNon2xx.FindSubmatch(out); e != nil {
+		return r, fmt.Errorf("wrk: %s", e[0])
+	}
+	for _, p := range wrkPct.FindAllSubmatch(out, -1) {
+		v, err := strconv.ParseFloat(string(p[2]), 64)
+		if err != nil {
+			return r, fmt.Errorf("wrk: latency %q: %w", p[0], err)
+		}
+		switch string(p[3]) {
+		case "us":
+			v /= 1000
+		case "s":
+			v *= 1000
+		}
+		if string(p[1]) == "50" {
+			r.p50ms = v
+		} else {
+			r.p99ms = v
 		}
 	}
-	sort.Float64s(lat)
-	tally := testbed.Summarize(client, recs)
-	return float64(len(lat)) / took.Seconds(), percentile(lat, 0.50), percentile(lat, 0.99), tally.Failed, tally.Errors
+	if r.p50ms == 0 || r.p99ms == 0 {
+		return r, fmt.Errorf("wrk: no 50%% and 99%% latency in %q", out)
+	}
+	return r, nil
+}
+
+// userHZ is the unit of /proc/stat: USER_HZ, 100 on every Linux
+// architecture topolb runs on.
+const userHZ = 100
+
+// busyCPU returns the machine's busy CPU time so far, all CPUs: user,
+// nice, system, irq, softirq and steal from /proc/stat (guest time is
+// already in user).
+func busyCPU() (time.Duration, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, errors.New("/proc/stat is empty")
+	}
+	fields := strings.Fields(sc.Text())
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", sc.Text())
+	}
+	var ticks uint64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
+		v, err := strconv.ParseUint(fields[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
 // updateLatency points the flip Service's EndpointSlice at pod and returns
-// the time until a new connection from the client reaches it.
-func updateLatency(ctx context.Context, tb *testbed.Testbed, flip testbed.ServiceSpec, client *testbed.Pod, pod string) (float64, error) {
+// the time until a new connection from the client to vip reaches it.
+func updateLatency(ctx context.Context, tb *testbed.Testbed, flip testbed.ServiceSpec, client *testbed.Pod, vip netip.AddrPort, pod string) (float64, error) {
 	objs, err := tb.Objects([]testbed.ServiceSpec{flip})
 	if err != nil {
 		return 0, err
@@ -256,7 +658,7 @@ func updateLatency(ctx context.Context, tb *testbed.Testbed, flip testbed.Servic
 	deadline := start.Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		a, err := client.Request(rctx, v1.ProtocolTCP, flipVIP)
+		a, err := client.Request(rctx, v1.ProtocolTCP, vip)
 		cancel()
 		if err == nil && a.Pod == pod {
 			return float64(time.Since(start).Microseconds()) / 1000, nil
@@ -340,46 +742,4 @@ func createOneFiller(ctx context.Context, c kubernetes.Interface, i int, pods ..
 		return fmt.Errorf("create endpointslice %s: %w", name, err)
 	}
 	return nil
-}
-
-// printRatios prints topolb's figures relative to each kube-proxy mode.
-func printRatios(results map[string]map[int]map[string]float64) {
-	top := results[implTopolb]
-	if top == nil {
-		return
-	}
-	var scales []int
-	for n := range top {
-		scales = append(scales, n)
-	}
-	slices.Sort(scales)
-	fmt.Println("\nratios (topolb / kube-proxy; for latencies and update time, kube-proxy / topolb):")
-	for _, other := range []string{implNFT, implIPT} {
-		for _, n := range scales {
-			o := results[other][n]
-			if o == nil {
-				continue
-			}
-			t := top[n]
-			fmt.Printf("  vs %-15s services=%-6d requests/s %.2fx  p50 %.2fx  p99 %.2fx  pps %.2fx  update %.2fx\n", other, n,
-				t["requests_per_s"]/o["requests_per_s"], o["p50_ms"]/t["p50_ms"], o["p99_ms"]/t["p99_ms"], t["pps"]/o["pps"], o["update_ms"]/t["update_ms"])
-		}
-	}
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
-func percentile(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p * float64(len(sorted)-1))
-	return sorted[i]
 }

@@ -96,10 +96,13 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 				name      string
 				svc       testbed.ServiceSpec
 				permitted []string
+				// removes is set when a backend some flows are on stops
+				// being permitted.
+				removes bool
 			}{
-				{"add web-a3 to zone-a", afterAdd, []string{"web-a1", "web-a2", "web-a3"}},
-				{"remove web-b2, web-c1 terminating", otherZones, []string{"web-a1", "web-a2", "web-a3"}},
-				{"remove web-a2", afterRemove, []string{"web-a1", "web-a3"}},
+				{"add web-a3 to zone-a", afterAdd, []string{"web-a1", "web-a2", "web-a3"}, false},
+				{"remove web-b2, web-c1 terminating", otherZones, []string{"web-a1", "web-a2", "web-a3"}, false},
+				{"remove web-a2", afterRemove, []string{"web-a1", "web-a3"}, true},
 			} {
 				apply(t, tb, []testbed.ServiceSpec{step.svc})
 				kept, moved := 0, 0
@@ -135,6 +138,12 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 					}
 				}
 				t.Logf("%s: %d flows kept their backend, %d moved; flows on removed backends: %v", step.name, kept, moved, gone)
+				if kept == 0 {
+					t.Errorf("%s: no flow was on a backend still permitted: the step checks nothing", step.name)
+				}
+				if step.removes && len(gone) == 0 {
+					t.Errorf("%s: no flow was on the removed backend: the step checks nothing about removal", step.name)
+				}
 				landings, err := tb.Measure(t.Context(), client, "web", testbed.MeasureOptions{Requests: 150})
 				if err != nil {
 					t.Fatal(err)
@@ -190,36 +199,49 @@ func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
 
 			deadline := changed.Add(time.Second)
 			for proto, rs := range recs {
-				var last time.Time
-				before, after, failedLate, failedEarly := 0, 0, 0, 0
+				var last time.Time // start of the last request that reached web-a2
+				a1Before, a2Before, a1After, failedInGrace := 0, 0, 0, 0
 				for _, r := range rs {
+					end := r.Start.Add(r.Took)
 					switch {
+					case r.Err != nil && end.Before(changed):
+						t.Errorf("%s: request that ended %v before the change failed: %v", proto, changed.Sub(end).Round(time.Millisecond), r.Err)
 					case r.Err != nil && r.Start.After(deadline):
-						failedLate++
 						t.Errorf("%s: request started %v after the change failed: %v", proto, r.Start.Sub(changed).Round(time.Millisecond), r.Err)
 					case r.Err != nil:
-						failedEarly++
+						failedInGrace++
 					case r.Answer.Pod == "web-a2":
 						last = r.Start
+						if r.Start.Before(changed) {
+							a2Before++
+						}
 						if r.Start.After(deadline) {
 							t.Errorf("%s: request started %v after web-a2 was removed still landed on it", proto, r.Start.Sub(changed).Round(time.Millisecond))
 						}
 					case r.Answer.Pod != "web-a1":
 						t.Errorf("%s: request landed on %s, outside zone-a's permitted set", proto, r.Answer.Pod)
 					case r.Start.Before(changed):
-						before++
+						a1Before++
 					default:
-						after++
+						a1After++
 					}
 				}
-				if after == 0 {
+				// Before the change both zone-a backends must have been
+				// used, or nothing was removed from under the load.
+				if a1Before == 0 || a2Before == 0 {
+					t.Errorf("%s: before the change %d requests reached web-a1 and %d web-a2, want both used", proto, a1Before, a2Before)
+				}
+				if last.IsZero() || last.After(deadline) {
+					t.Errorf("%s: last request to web-a2 started at %v (change at %v): want one, within a second of the change", proto, last.Format(time.StampMilli), changed.Format(time.StampMilli))
+				}
+				if a1After == 0 {
 					t.Errorf("%s: no request reached web-a1 after the change", proto)
 				}
 				drain := "before the change"
 				if last.After(changed) {
 					drain = fmt.Sprintf("%v after the change", last.Sub(changed).Round(time.Millisecond))
 				}
-				t.Logf("%s: %d requests; last one to web-a2 started %s; %d failed within the first second (flows moved off the removed backend)", proto, len(rs), drain, failedEarly)
+				t.Logf("%s: %d requests; last one to web-a2 started %s; %d in flight at the change or started within the second after it failed", proto, len(rs), drain, failedInGrace)
 			}
 			noChecksumErrors(t, tb)
 		})

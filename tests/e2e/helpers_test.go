@@ -76,7 +76,7 @@ func apply(t *testing.T, tb *testbed.Testbed, svcs []testbed.ServiceSpec) {
 func checkLandings(t *testing.T, landings []testbed.Landing, want []string) {
 	t.Helper()
 	for _, l := range landings {
-		label := string(l.Decision.Protocol) + " " + l.Decision.Service + " from " + l.Client.Name
+		label := string(l.Decision.Protocol) + " " + l.Decision.Service + " from " + l.Client.ClientName()
 		if want != nil {
 			w := slices.Clone(want)
 			slices.Sort(w)
@@ -144,4 +144,22 @@ func demoSpec(t testing.TB) *testbed.Spec {
 		t.Fatal(err)
 	}
 	return spec
+}
+
+// apiserverTestbed creates a testbed from spec without its Services, serves
+// it from cluster's apiserver and applies svcs there. The context it
+// returns ends after three minutes or with the test.
+func apiserverTestbed(t *testing.T, spec *testbed.Spec, cluster *kubetest.Cluster, svcs []testbed.ServiceSpec) (*testbed.Testbed, context.Context) {
+	t.Helper()
+	spec.Services = nil
+	tb := newTestbed(t, spec)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	t.Cleanup(cancel)
+	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tb.Apply(ctx, svcs); err != nil {
+		t.Fatal(err)
+	}
+	return tb, ctx
 }

@@ -50,7 +50,7 @@ const (
 // --kubeconfig in apiserver mode). Its log is appended to LogPath across
 // restarts.
 type Agent struct {
-	*nodeProcess
+	*Process
 	opts AgentOptions
 	http *http.Client
 }
@@ -92,8 +92,8 @@ func (tb *Testbed) StartAgent(ctx context.Context, node string, o AgentOptions) 
 	o.MaxBackends = cmp.Or(o.MaxBackends, TestbedMaxBackends)
 	o.MaxConntrack = cmp.Or(o.MaxConntrack, TestbedMaxConntrack)
 	a := &Agent{
-		nodeProcess: newNodeProcess(tb, n, "agent", o.Binary),
-		opts:        o,
+		Process: newNodeProcess(tb, n, "agent", o.Binary),
+		opts:    o,
 		http: &http.Client{
 			Timeout:   5 * time.Second,
 			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},
@@ -264,8 +264,11 @@ func sorted(ss []string) []string {
 	return out
 }
 
-// WaitAgents waits until every running agent's decisions equal DecideNode's
-// for its node on the objects last applied.
+// WaitAgents waits until every agent the testbed started agrees with
+// DecideNode for its node on the objects last applied (decisions and map
+// contents). An agent that is not running — it crashed, or a test stopped
+// it and did not start it again — fails the wait at once: an agent that
+// cannot answer has not converged.
 func (tb *Testbed) WaitAgents(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -273,11 +276,11 @@ func (tb *Testbed) WaitAgents(ctx context.Context, timeout time.Duration) error 
 	agents := slices.Clone(tb.agents)
 	tb.mu.Unlock()
 	for _, a := range agents {
-		if !a.Running() {
-			continue
-		}
 		var last string
 		for {
+			if !a.Running() {
+				return fmt.Errorf("agent on %s is not running (%v); last log lines:\n%s", a.Node.Name, a.ExitError(), a.LogTail(20))
+			}
 			st, err := a.State(ctx)
 			if err != nil {
 				last = err.Error()

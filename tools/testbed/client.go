@@ -34,6 +34,12 @@ type Conn struct {
 	last bool
 }
 
+// ClientName returns the pod's name.
+func (p *Pod) ClientName() string { return p.Name }
+
+// ClientAddr returns the pod's address.
+func (p *Pod) ClientAddr() netip.Addr { return p.Addr }
+
 // Open opens a flow from the pod to target.
 func (p *Pod) Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error) {
 	return open(ctx, proto, target, p.NS.DialContext)
@@ -169,7 +175,10 @@ type Load struct {
 // Send runs the load from the pod and returns one record per request, in
 // the order they started. Requests that were cut short by ctx ending are
 // not recorded.
-func (p *Pod) Send(ctx context.Context, l Load) []Record {
+func (p *Pod) Send(ctx context.Context, l Load) []Record { return send(ctx, p.NS, l) }
+
+// send runs the load from ns; see Pod.Send.
+func send(ctx context.Context, ns *NS, l Load) []Record {
 	if l.Parallel <= 0 {
 		l.Parallel = 16
 	}
@@ -182,13 +191,13 @@ func (p *Pod) Send(ctx context.Context, l Load) []Record {
 		next atomic.Int64
 		wg   sync.WaitGroup
 	)
-	// Each worker stays on an OS thread inside the pod's namespace for the
-	// whole load, so a request costs no namespace switch.
+	// Each worker stays on an OS thread inside the namespace for the whole
+	// load, so a request costs no namespace switch.
 	for w := 0; w < l.Parallel; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.NS.Do(func() error {
+			ns.Do(func() error {
 				for {
 					i := next.Add(1)
 					if (l.Count > 0 && i > int64(l.Count)) || ended(ctx) {
@@ -236,12 +245,13 @@ type Tally struct {
 	// Errors are the distinct failure messages, at most five.
 	Errors []string
 	// WrongSource counts answers in which the backend saw a source address
-	// other than the client pod's.
+	// other than the client's.
 	WrongSource int
 }
 
-// Summarize tallies records of requests sent by client.
-func Summarize(client *Pod, recs []Record) Tally {
+// Summarize tallies records of requests sent by client (nil: sources are
+// not checked).
+func Summarize(client Client, recs []Record) Tally {
 	t := Tally{Landed: map[string]int{}, Answers: map[string]Answer{}}
 	for _, r := range recs {
 		if r.Err != nil {
@@ -254,7 +264,7 @@ func Summarize(client *Pod, recs []Record) Tally {
 		}
 		t.Landed[r.Answer.Pod]++
 		t.Answers[r.Answer.Pod] = r.Answer
-		if ap, err := netip.ParseAddrPort(r.Answer.Client); client != nil && (err != nil || ap.Addr() != client.Addr) {
+		if ap, err := netip.ParseAddrPort(r.Answer.Client); client != nil && (err != nil || ap.Addr() != client.ClientAddr()) {
 			t.WrongSource++
 		}
 	}

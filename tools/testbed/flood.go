@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/internal/netns"
 )
 
 // xdpMD mirrors struct xdp_md, the context of an XDP test run.
@@ -26,7 +28,49 @@ type FloodResult struct {
 	Took time.Duration
 	// PPS is Sent / Took.
 	PPS float64
+	// Arrived is the number of datagrams the sink counted (CountArrivals
+	// only).
+	Arrived uint64
 }
+
+// CountArrivals runs flood and sets the result's Arrived to how much the
+// sink namespace's Udp NoPorts counter grew: the flood's target must lead
+// to a port nothing listens on in sink. Frames still in flight when the
+// flood returns are waited for, until the counter has stopped growing for
+// 100 ms (at most 2 s). A failed read, or a counter that went down, is an
+// error: a check built on it must never see a made-up count.
+func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, error) {
+	before, err := sink.UDPNoPorts()
+	if err != nil {
+		return FloodResult{}, fmt.Errorf("count arrivals: %w", err)
+	}
+	res, err := flood()
+	if err != nil {
+		return res, err
+	}
+	const still, limit = 100 * time.Millisecond, 2 * time.Second
+	last, lastChange, deadline := before, time.Now(), time.Now().Add(limit)
+	for {
+		time.Sleep(20 * time.Millisecond)
+		now, err := sink.UDPNoPorts()
+		if err != nil {
+			return res, fmt.Errorf("count arrivals: %w", err)
+		}
+		if now != last {
+			last, lastChange = now, time.Now()
+		}
+		if time.Since(lastChange) >= still || time.Now().After(deadline) {
+			break
+		}
+	}
+	if res.Arrived, err = netns.Growth(before, last); err != nil {
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
+	}
+	return res, nil
+}
+
+// floodSourcePort is the source port of every flooded datagram.
+const floodSourcePort = 40000
 
 // FloodUDP sends count copies of one UDP datagram from pod p to target into
 // p's node, as if the node had received them on the pod's veth: an XDP
@@ -36,27 +80,26 @@ type FloodResult struct {
 // frame and hands it to the node's stack (tc ingress, netfilter, routing,
 // forwarding onto the wire), all inside the one system call. No pktgen
 // module is needed. The frames carry valid checksums. Whether they arrived
-// is up to the caller to check (for example the receiving pod's
-// UDP NoPorts counter when nothing listens on the target port).
+// is up to the caller to check (CountArrivals: the receiving pod's UDP
+// NoPorts counter when nothing listens on the target port).
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	var podMAC net.HardwareAddr
-	err := p.NS.Do(func() error {
-		iface, err := net.InterfaceByName(PodIfName)
-		if err == nil {
-			podMAC = iface.HardwareAddr
-		}
-		return err
-	})
+	return floodUDP(p.NS, PodIfName, p.Node.NS, p.HostVeth, netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
+}
+
+// floodUDP injects count frames from the sender (ifname senderIf in
+// sender) as received on ingressIf in ingress, the sender's peer.
+func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, target netip.AddrPort, count int) (FloodResult, error) {
+	srcMAC, err := sender.HardwareAddr(senderIf)
 	if err != nil {
-		return FloodResult{}, fmt.Errorf("pod %s: %w", p.Name, err)
+		return FloodResult{}, err
 	}
 	var res FloodResult
-	err = p.Node.NS.Do(func() error {
-		host, err := net.InterfaceByName(p.HostVeth)
+	err = ingress.Do(func() error {
+		in, err := net.InterfaceByName(ingressIf)
 		if err != nil {
 			return err
 		}
-		frame := udpFrame(podMAC, host.HardwareAddr, netip.AddrPortFrom(p.Addr, 40000), target, []byte("flood"))
+		frame := udpFrame(srcMAC, in.HardwareAddr, from, target, []byte("flood"))
 		prog, err := rewriteProgram(frame)
 		if err != nil {
 			return err
@@ -67,7 +110,7 @@ func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 			Data:    frame,
 			Repeat:  uint32(count),
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(host.Index)},
+			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(in.Index)},
 		})
 		res = FloodResult{Sent: count, Took: time.Since(start)}
 		return err
@@ -76,7 +119,7 @@ func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) {
 			return res, fmt.Errorf("live-frame test runs unsupported (Linux 5.18+): %w", err)
 		}
-		return res, fmt.Errorf("live-frame flood from %s: %w", p.Name, err)
+		return res, fmt.Errorf("live-frame flood from %s: %w", from.Addr(), err)
 	}
 	res.PPS = float64(res.Sent) / res.Took.Seconds()
 	return res, nil
@@ -159,24 +202,4 @@ func checksum(b []byte, sum uint32) uint16 {
 		sum = sum>>16 + sum&0xffff
 	}
 	return ^uint16(sum)
-}
-
-// UDPNoPorts reads the namespace's Udp NoPorts counter: datagrams that
-// arrived for a port nothing listens on.
-func (ns *NS) UDPNoPorts() (uint64, error) {
-	var v uint64
-	err := ns.Do(func() error {
-		f, err := openSNMP()
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		snmp, err := parseSNMP(f)
-		if err != nil {
-			return err
-		}
-		v = snmp["Udp"]["NoPorts"]
-		return nil
-	})
-	return v, err
 }

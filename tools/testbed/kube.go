@@ -12,6 +12,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,7 +52,11 @@ func (tb *Testbed) ConnectAPIServer(ctx context.Context, cfg *rest.Config) (err 
 	if err != nil || u.Host == "" {
 		return fmt.Errorf("apiserver URL %q: want https://host:port", cfg.Host)
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	// The testbed writes deprecated fields on purpose (externalIPs):
+	// their warnings are noise here.
+	quiet := rest.CopyConfig(cfg)
+	quiet.WarningHandler = rest.NoWarnings{}
+	client, err := kubernetes.NewForConfig(quiet)
 	if err != nil {
 		return fmt.Errorf("apiserver client: %w", err)
 	}
@@ -252,31 +257,60 @@ func syncNode(ctx context.Context, c kubernetes.Interface, want *v1.Node) error 
 	return nil
 }
 
+// syncService creates or updates a Service, and writes its load-balancer
+// ingress through the status subresource (the spec update ignores status),
+// as a cloud controller would. A Service whose type changes is deleted and
+// created again: the apiserver refuses most type changes in place (node
+// ports, health check port and traffic policy must go with the type).
 func syncService(ctx context.Context, c kubernetes.Interface, want *v1.Service) error {
 	api := c.CoreV1().Services(want.Namespace)
+	name := want.Namespace + "/" + want.Name
 	cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err):
-		if _, err := api.Create(ctx, want.DeepCopy(), metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("create service %s/%s: %w", want.Namespace, want.Name, err)
+	case err == nil && cur.Spec.Type != want.Spec.Type:
+		if err := api.Delete(ctx, want.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete service %s to change its type: %w", name, err)
 		}
-		return nil
+		fallthrough
+	case apierrors.IsNotFound(err):
+		if cur, err = api.Create(ctx, want.DeepCopy(), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create service %s: %w", name, err)
+		}
 	case err != nil:
-		return fmt.Errorf("get service %s/%s: %w", want.Namespace, want.Name, err)
+		return fmt.Errorf("get service %s: %w", name, err)
+	default:
+		cur.Annotations = want.Annotations
+		cur.Labels = want.Labels
+		// Keep the server's defaults (ipFamilies, ...) and set what the
+		// testbed decides.
+		cur.Spec.Ports = want.Spec.Ports
+		cur.Spec.TrafficDistribution = want.Spec.TrafficDistribution
+		cur.Spec.InternalTrafficPolicy = want.Spec.InternalTrafficPolicy
+		if want.Spec.InternalTrafficPolicy == nil {
+			p := v1.ServiceInternalTrafficPolicyCluster
+			cur.Spec.InternalTrafficPolicy = &p
+		}
+		cur.Spec.ExternalIPs = want.Spec.ExternalIPs
+		cur.Spec.ExternalTrafficPolicy = want.Spec.ExternalTrafficPolicy
+		if cur.Spec.ExternalTrafficPolicy == "" && (cur.Spec.Type != v1.ServiceTypeClusterIP || len(cur.Spec.ExternalIPs) > 0) {
+			cur.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyCluster
+		}
+		cur.Spec.HealthCheckNodePort = want.Spec.HealthCheckNodePort
+		cur.Spec.SessionAffinity = want.Spec.SessionAffinity
+		if cur.Spec.SessionAffinity == "" {
+			cur.Spec.SessionAffinity = v1.ServiceAffinityNone
+		}
+		cur.Spec.SessionAffinityConfig = want.Spec.SessionAffinityConfig
+		if cur, err = api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("update service %s: %w", name, err)
+		}
 	}
-	cur.Annotations = want.Annotations
-	cur.Labels = want.Labels
-	// Keep the server's defaults (ipFamilies, sessionAffinity, ...) and
-	// set what the testbed decides.
-	cur.Spec.Ports = want.Spec.Ports
-	cur.Spec.TrafficDistribution = want.Spec.TrafficDistribution
-	cur.Spec.InternalTrafficPolicy = want.Spec.InternalTrafficPolicy
-	if want.Spec.InternalTrafficPolicy == nil {
-		p := v1.ServiceInternalTrafficPolicyCluster
-		cur.Spec.InternalTrafficPolicy = &p
+	if equality.Semantic.DeepEqual(cur.Status.LoadBalancer, want.Status.LoadBalancer) {
+		return nil
 	}
-	if _, err := api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update service %s/%s: %w", want.Namespace, want.Name, err)
+	cur.Status.LoadBalancer = want.Status.LoadBalancer
+	if _, err := api.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update service %s status: %w", name, err)
 	}
 	return nil
 }

@@ -1,13 +1,13 @@
 package testbed
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +40,7 @@ const (
 // connected apiserver, in place of topolb. Its rules stay when it exits;
 // they go with the namespace.
 type KubeProxy struct {
-	*nodeProcess
+	*Process
 	Mode KubeProxyMode
 	http *http.Client
 }
@@ -64,6 +64,9 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 	if n == nil {
 		return nil, fmt.Errorf("no node %q", node)
 	}
+	if tb.Spec.KubeProxy == KubeProxyNone {
+		return nil, errors.New("the spec says kubeProxy: none")
+	}
 	kubeconfig := tb.kubeconfigFor(node)
 	if kubeconfig == "" {
 		return nil, errors.New("kube-proxy needs an apiserver: ConnectAPIServer first")
@@ -77,8 +80,8 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 	}
 	mode := o.Mode
 	k := &KubeProxy{
-		nodeProcess: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
-		Mode:        mode,
+		Process: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
+		Mode:    mode,
 		http: &http.Client{
 			Timeout:   5 * time.Second,
 			Transport: &http.Transport{DialContext: n.NS.DialContext, DisableKeepAlives: true},
@@ -174,13 +177,14 @@ const topologyLogged = "Updated proxier node topology labels"
 // labels are dropped as no change. Such a kube-proxy ignores zone hints
 // until the node's zone label changes. If the log does not show the labels
 // arriving, EnsureTopology changes the node's zone label in the apiserver
-// and back, and waits until kube-proxy logs them. It reports whether the
+// and back, and waits until kube-proxy logs them with the node's own zone
+// (the first log line carries the temporary zone). It reports whether the
 // workaround was needed. Needs -v 4.
 func (k *KubeProxy) EnsureTopology(ctx context.Context) (bool, error) {
 	// The replay comes within milliseconds of the start; give it two
 	// seconds before calling it lost.
 	grace := time.Now().Add(2 * time.Second)
-	for !strings.Contains(k.logText(), topologyLogged) {
+	for !k.knowsZone() {
 		if time.Now().After(grace) {
 			return k.relabel(ctx)
 		}
@@ -212,7 +216,7 @@ func (k *KubeProxy) relabel(ctx context.Context) (bool, error) {
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(k.logText(), topologyLogged) {
+	for !k.knowsZone() {
 		if time.Now().After(deadline) {
 			return true, fmt.Errorf("kube-proxy on %s did not log %q after its zone label changed", k.Node.Name, topologyLogged)
 		}
@@ -223,6 +227,18 @@ func (k *KubeProxy) relabel(ctx context.Context) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// knowsZone reports whether the last topology labels kube-proxy logged
+// for IPv4 carry its node's zone (not the temporary one of relabel).
+func (k *KubeProxy) knowsZone() bool {
+	last := ""
+	for _, line := range strings.Split(k.logText(), "\n") {
+		if strings.Contains(line, topologyLogged) && strings.Contains(line, `ipFamily="IPv4"`) {
+			last = line
+		}
+	}
+	return strings.Contains(last, fmt.Sprintf("%q:%q", v1.LabelTopologyZone, k.Node.Zone))
 }
 
 // logText returns the log of the current process (since its last start).
@@ -244,18 +260,17 @@ func PortKey(service, port string, proto v1.Protocol) string {
 	return qualify(service) + "/" + port + "/" + string(proto)
 }
 
-// Endpoints reads the endpoints kube-proxy programmed for each service
-// port's cluster IP from its ruleset (`nft list table ip kube-proxy` or
-// `iptables-save -t nat`), by PortKey; the "ip:port" lists are sorted. A
-// port without endpoints is absent. ports resolves iptables comments,
-// which carry no protocol: it lists the service ports that exist.
-func (k *KubeProxy) Endpoints(ctx context.Context, ports []Decision) (map[string][]string, error) {
+// Ruleset returns kube-proxy's rules as its mode's tool prints them: `nft
+// list table ip kube-proxy` or `iptables-save`.
+func (k *KubeProxy) Ruleset(ctx context.Context) ([]byte, error) {
 	var args []string
 	switch k.Mode {
 	case KubeProxyNFTables:
 		args = []string{"nft", "list", "table", "ip", "kube-proxy"}
 	case KubeProxyIPTables:
-		args = []string{"iptables-save", "-t", "nat"}
+		args = []string{"iptables-save"}
+	default:
+		return nil, fmt.Errorf("kube-proxy mode %q", k.Mode)
 	}
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + k.Node.NS.Path}, args...)...)
@@ -264,86 +279,33 @@ func (k *KubeProxy) Endpoints(ctx context.Context, ports []Decision) (map[string
 	if err != nil {
 		return nil, fmt.Errorf("%s on %s: %w: %s", strings.Join(args, " "), k.Node.Name, err, bytes.TrimSpace(stderr.Bytes()))
 	}
+	return out, nil
+}
+
+// Frontends reads every frontend kube-proxy programmed on its node —
+// cluster IPs, external IPs, load-balancer IPs and NodePorts on its
+// nodeport addresses — with the endpoints a packet from the source address
+// `from` can be translated to, by FrontendKey ("ip:port/PROTO", the keys of
+// AgentState.Programmed); the "ip:port" lists are sorted. The source
+// matters where kube-proxy branches on it (externalTrafficPolicy Local
+// sends pods to the cluster-wide set and others to the local one). A
+// frontend kube-proxy rejects or drops has an empty list. It follows the
+// rules from where packets enter, not names or comments.
+func (k *KubeProxy) Frontends(ctx context.Context, from netip.Addr) (map[string][]string, error) {
+	rules, err := k.Ruleset(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var fes map[string][]string
 	if k.Mode == KubeProxyNFTables {
-		return parseNFTables(out), nil
+		fes, err = nftFrontends(rules, from)
+	} else {
+		fes, err = iptFrontends(rules, from)
 	}
-	return parseIPTables(out, ports), nil
-}
-
-var (
-	nftServiceChain = regexp.MustCompile(`^\s*chain service-[A-Z0-9]+-([^/\s]+)/([^/\s]+)/(tcp|udp|sctp)/(\S*) \{`)
-	nftEndpoint     = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. (\d+)`)
-	nftEndpointRef  = regexp.MustCompile(`endpoint-[A-Z0-9]+-[^\s]*__(\d+\.\d+\.\d+\.\d+)/(\d+)`)
-	nftEndpointOne  = regexp.MustCompile(`dnat (?:ip )?to (\d+\.\d+\.\d+\.\d+):(\d+)`)
-	iptSvcEndpoint  = regexp.MustCompile(`^-A KUBE-SVC-\S+ .*--comment "?([^" ]+) -> (\d+\.\d+\.\d+\.\d+:\d+)"?`)
-)
-
-// parseNFTables reads the endpoints of each service chain: kube-proxy
-// v1.37 writes them inline (`numgen random mod 2 map { 0 : 10.244.1.3 .
-// 8080, ... }`, or `dnat to 10.244.1.3:8080` for a single one); older
-// versions jump to endpoint chains named after them.
-func parseNFTables(ruleset []byte) map[string][]string {
-	out := map[string][]string{}
-	var cur string
-	sc := bufio.NewScanner(bytes.NewReader(ruleset))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if m := nftServiceChain.FindStringSubmatch(line); m != nil {
-			cur = m[1] + "/" + m[2] + "/" + m[4] + "/" + strings.ToUpper(m[3])
-			continue
-		}
-		if strings.TrimSpace(line) == "}" {
-			cur = ""
-			continue
-		}
-		if cur == "" {
-			continue
-		}
-		for _, re := range []*regexp.Regexp{nftEndpoint, nftEndpointRef, nftEndpointOne} {
-			for _, m := range re.FindAllStringSubmatch(line, -1) {
-				out[cur] = append(out[cur], m[1]+":"+m[2])
-			}
-		}
+	if err != nil {
+		return nil, fmt.Errorf("kube-proxy %s on %s: %w", k.Mode, k.Node.Name, err)
 	}
-	for k, v := range out {
-		slices.Sort(v)
-		out[k] = slices.Compact(v)
-	}
-	return out
-}
-
-// parseIPTables reads the "ns/name:port -> ip:port" comments of the
-// KUBE-SVC chains (the cluster-wide chains; KUBE-SVL, for local traffic
-// policy, is not read).
-func parseIPTables(save []byte, ports []Decision) map[string][]string {
-	byComment := map[string]string{}
-	for _, d := range ports {
-		c := d.Service
-		if d.Port != "" {
-			c += ":" + d.Port
-		}
-		byComment[c] = PortKey(d.Service, d.Port, d.Protocol)
-	}
-	out := map[string][]string{}
-	sc := bufio.NewScanner(bytes.NewReader(save))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		m := iptSvcEndpoint.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		key, ok := byComment[m[1]]
-		if !ok {
-			key = m[1] + "/?"
-		}
-		out[key] = append(out[key], m[2])
-	}
-	for k, v := range out {
-		slices.Sort(v)
-		out[k] = slices.Compact(v)
-	}
-	return out
+	return fes, nil
 }
 
 // KubeProxies returns the kube-proxies the testbed started.

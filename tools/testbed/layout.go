@@ -3,6 +3,7 @@ package testbed
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
@@ -24,6 +25,8 @@ const (
 	PodIfName = "eth0"
 	// BridgeName is the switch in the fabric namespace.
 	BridgeName = "br0"
+	// ExternalIfName is an outside client's interface.
+	ExternalIfName = "eth0"
 )
 
 // ManagedBy is the endpointslice.kubernetes.io/managed-by value of the
@@ -42,10 +45,50 @@ type Layout struct {
 	// FabricAddr is the switch's address on the wire: every node's default
 	// gateway.
 	FabricAddr netip.Prefix
+	// Router is the outside network's router; nil without an outside
+	// network.
+	Router *Router
+	// Externals are the clients outside the cluster, in spec order.
+	Externals []*External
 
-	nodes map[string]*Node
-	pods  map[string]*Pod
-	byIP  map[netip.Addr]*Pod
+	nodes     map[string]*Node
+	pods      map[string]*Pod
+	byIP      map[netip.Addr]*Pod
+	externals map[string]*External
+}
+
+// Router joins the outside network to the wire. It routes the outside
+// subnet to its clients (one veth each, named RouterIf, wired like pods)
+// and every external and load-balancer IP to the ingress node.
+type Router struct {
+	// WireAddr is its address on the wire (a port of the switch).
+	WireAddr netip.Prefix
+	// Gateway is its address on every client veth: the clients' default
+	// gateway, the .1 of Subnet.
+	Gateway netip.Addr
+	// Subnet is the outside network.
+	Subnet netip.Prefix
+	// Ingress is the node external and load-balancer IPs are routed to.
+	Ingress *Node
+
+	// NS is the router's namespace; nil until the testbed is up.
+	NS *NS
+}
+
+// External is a client outside the cluster: a namespace behind the
+// router, wired like a pod (a /32 on ExternalIfName, default route via
+// the router's Gateway).
+type External struct {
+	Name string
+	// Addr is its address in the outside subnet.
+	Addr netip.Addr
+	// RouterIf is its veth's name in the router's namespace; the client's
+	// frames arrive there.
+	RouterIf string
+	Router   *Router
+
+	// NS is the client's namespace; nil until the testbed is up.
+	NS *NS
 }
 
 // Node is one node of the testbed.
@@ -61,9 +104,14 @@ type Node struct {
 	// host-side pod veth, and pods route through it.
 	PodCIDR netip.Prefix
 	Gateway netip.Addr
-	// WireAddr is the node's address on the wire (UplinkName).
+	// WireAddr is the node's address on the wire (UplinkName), and its
+	// InternalIP in the Node object: its NodePorts are reached there.
 	WireAddr netip.Prefix
-	Pods     []*Pod
+	// WireMTU is the MTU of its wire and switch port; 0 for the default.
+	WireMTU int
+	// Netfilter is the netfilter state set up in its namespace.
+	Netfilter NetfilterSpec
+	Pods      []*Pod
 
 	// NS is the node's network namespace; nil until the testbed is up.
 	NS *NS
@@ -104,6 +152,7 @@ func NewLayout(s *Spec) (*Layout, error) {
 		nodes:      map[string]*Node{},
 		pods:       map[string]*Pod{},
 		byIP:       map[netip.Addr]*Pod{},
+		externals:  map[string]*External{},
 	}
 	idx := 0
 	for _, z := range s.Zones {
@@ -116,14 +165,16 @@ func NewLayout(s *Spec) (*Layout, error) {
 			base[2] = byte(idx)
 			cidr := netip.PrefixFrom(netip.AddrFrom4(base), 24)
 			n := &Node{
-				Name:     ns.Name,
-				Zone:     z.Name,
-				Index:    idx,
-				CPU:      ns.CPU,
-				Labels:   map[string]string{topology.LabelZone: z.Name, topology.LabelHostname: ns.Name},
-				PodCIDR:  cidr,
-				Gateway:  nth(cidr.Addr(), 1),
-				WireAddr: netip.PrefixFrom(nth(wire.Addr(), 1+idx), 24),
+				Name:      ns.Name,
+				Zone:      z.Name,
+				Index:     idx,
+				CPU:       ns.CPU,
+				Labels:    map[string]string{topology.LabelZone: z.Name, topology.LabelHostname: ns.Name},
+				PodCIDR:   cidr,
+				Gateway:   nth(cidr.Addr(), 1),
+				WireAddr:  netip.PrefixFrom(nth(wire.Addr(), 1+idx), 24),
+				WireMTU:   ns.WireMTU,
+				Netfilter: ns.Netfilter,
 			}
 			for k, v := range ns.Labels {
 				n.Labels[k] = v
@@ -148,8 +199,56 @@ func NewLayout(s *Spec) (*Layout, error) {
 			l.nodes[n.Name] = n
 		}
 	}
+	if err := l.planOutside(wire); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
+
+// planOutside addresses the router and the outside clients.
+func (l *Layout) planOutside(wire netip.Prefix) error {
+	o := l.Spec.Outside
+	if o == nil {
+		return nil
+	}
+	subnet, err := netip.ParsePrefix(o.CIDR)
+	if err != nil {
+		return fmt.Errorf("outside: cidr %q: %w", o.CIDR, err)
+	}
+	subnet = subnet.Masked()
+	routerAddr := nth(wire.Addr(), 254)
+	if o.RouterAddr != "" {
+		if routerAddr, err = netip.ParseAddr(o.RouterAddr); err != nil {
+			return fmt.Errorf("outside: routerAddr %q: %w", o.RouterAddr, err)
+		}
+	}
+	if !wire.Contains(routerAddr) || routerAddr == l.FabricAddr.Addr() || routerAddr == wire.Addr() || routerAddr == nth(wire.Addr(), 255) {
+		return fmt.Errorf("outside: routerAddr %s: want a free host address of the wire %s", routerAddr, wire)
+	}
+	for _, n := range l.Nodes {
+		if n.WireAddr.Addr() == routerAddr {
+			return fmt.Errorf("outside: routerAddr %s is node %s's address", routerAddr, n.Name)
+		}
+	}
+	l.Router = &Router{
+		WireAddr: netip.PrefixFrom(routerAddr, wire.Bits()),
+		Gateway:  nth(subnet.Addr(), 1),
+		Subnet:   subnet,
+		Ingress:  l.nodes[o.IngressNode],
+	}
+	if l.Router.Ingress == nil {
+		return fmt.Errorf("outside: ingressNode %q is not a node", o.IngressNode)
+	}
+	for i, c := range o.Clients {
+		e := &External{Name: c.Name, Addr: nth(subnet.Addr(), 10+i), RouterIf: fmt.Sprintf("x%d", i), Router: l.Router}
+		l.Externals = append(l.Externals, e)
+		l.externals[e.Name] = e
+	}
+	return nil
+}
+
+// External returns the named outside client, or nil.
+func (l *Layout) External(name string) *External { return l.externals[name] }
 
 // nth returns base + n.
 func nth(base netip.Addr, n int) netip.Addr {
@@ -229,10 +328,28 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			Annotations: copyMap(svc.Annotations),
 		},
 		Spec: v1.ServiceSpec{
-			Type:       v1.ServiceTypeClusterIP,
-			ClusterIP:  svc.ClusterIP,
-			ClusterIPs: []string{svc.ClusterIP},
+			Type:                svc.Type,
+			ClusterIP:           svc.ClusterIP,
+			ClusterIPs:          []string{svc.ClusterIP},
+			ExternalIPs:         slices.Clone(svc.ExternalIPs),
+			HealthCheckNodePort: svc.HealthCheckNodePort,
 		},
+	}
+	if s.Spec.Type == "" {
+		s.Spec.Type = v1.ServiceTypeClusterIP
+	}
+	if svc.ExternalTrafficPolicy != "" {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicy(svc.ExternalTrafficPolicy)
+	}
+	if svc.SessionAffinity != "" {
+		s.Spec.SessionAffinity = v1.ServiceAffinity(svc.SessionAffinity)
+	}
+	if svc.SessionAffinity == string(v1.ServiceAffinityClientIP) {
+		timeout := svc.SessionAffinityTimeout
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	}
+	for _, ip := range svc.LoadBalancerIPs {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
 	}
 	if svc.TrafficDistribution != "" {
 		td := svc.TrafficDistribution
@@ -261,6 +378,7 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			Protocol:   p.Protocol,
 			Port:       p.Port,
 			TargetPort: intstr.FromInt32(p.TargetPort),
+			NodePort:   p.NodePort,
 		})
 		name, proto, port := p.Name, p.Protocol, p.TargetPort
 		es.Ports = append(es.Ports, discovery.EndpointPort{Name: &name, Protocol: &proto, Port: &port})

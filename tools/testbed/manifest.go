@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
@@ -150,8 +151,30 @@ func (tb *Testbed) Apply(ctx context.Context, svcs []ServiceSpec) (*kube.Objects
 			return nil, err
 		}
 	}
+	if err := tb.routeOutsideIPs(objs); err != nil {
+		return nil, err
+	}
 	tb.objs, tb.svcs = objs, svcs
 	tb.log.Debug("applied", "services", len(svcs))
+	return objs, nil
+}
+
+// Refresh re-reads the cluster's objects from the connected apiserver, so
+// decisions (Decide, WaitAgents, Measure) follow changes made behind the
+// testbed's back: written with KubeClient directly, or by another testbed
+// sharing the apiserver. Without an apiserver it returns the objects last
+// applied.
+func (tb *Testbed) Refresh(ctx context.Context) (*kube.Objects, error) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.kube == nil {
+		return tb.objs, nil
+	}
+	objs, err := kube.ListObjects(ctx, tb.kube.client)
+	if err != nil {
+		return nil, fmt.Errorf("refresh objects: %w", err)
+	}
+	tb.objs = objs
 	return objs, nil
 }
 
@@ -189,6 +212,25 @@ type Decision struct {
 	Backends []string
 	// Addrs are the permitted backend addresses as decided, sorted.
 	Addrs []string
+
+	// NodePort is the port's NodePort frontend on this node: the node's
+	// InternalIP (its wire address) and the nodePort. Invalid when the
+	// port has no nodePort.
+	NodePort netip.AddrPort
+	// External are the frontends traffic from outside the cluster reaches
+	// the port at on this node: NodePort when valid, then every external
+	// IP and load-balancer IP with the service port. Empty when the port is
+	// not externally accessible.
+	External []netip.AddrPort
+	// ExternalBackends and ExternalAddrs are the backends permitted for
+	// traffic from outside the cluster, by pod and by address, sorted; nil
+	// when the port is not externally accessible.
+	ExternalBackends []string
+	ExternalAddrs    []string
+	// ExternalPolicyLocal is set under externalTrafficPolicy Local: external
+	// traffic goes to this node's endpoints only and keeps its source
+	// address.
+	ExternalPolicyLocal bool
 }
 
 // Decide returns the decisions of topology.State.DecideNode for node on
@@ -201,17 +243,30 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 	out := make([]Decision, 0, len(ds))
 	for i, d := range ds {
 		r := report.Services[i]
-		out = append(out, Decision{
-			Service:  r.Service,
-			Port:     r.Port,
-			Protocol: d.Port.Protocol,
-			Frontend: netip.AddrPortFrom(d.Port.ClusterIP, d.Port.Port),
-			Policy:   r.Policy,
-			Mode:     r.Mode,
-			Reason:   r.Reason,
-			Backends: l.PodNames(r.Backends),
-			Addrs:    r.Backends,
-		})
+		dec := Decision{
+			Service:             r.Service,
+			Port:                r.Port,
+			Protocol:            d.Port.Protocol,
+			Frontend:            netip.AddrPortFrom(d.Port.ClusterIP, d.Port.Port),
+			Policy:              r.Policy,
+			Mode:                r.Mode,
+			Reason:              r.Reason,
+			Backends:            l.PodNames(r.Backends),
+			Addrs:               r.Backends,
+			ExternalPolicyLocal: d.Port.ExternalPolicyLocal,
+		}
+		if ln := l.Node(node); ln != nil && d.Port.NodePort != 0 {
+			dec.NodePort = netip.AddrPortFrom(ln.WireAddr.Addr(), d.Port.NodePort)
+			dec.External = append(dec.External, dec.NodePort)
+		}
+		for _, ip := range slices.Concat(d.Port.ExternalIPs, d.Port.LoadBalancerIPs) {
+			dec.External = append(dec.External, netip.AddrPortFrom(ip, d.Port.Port))
+		}
+		if r.ExternalBackends != nil {
+			dec.ExternalAddrs = r.ExternalBackends
+			dec.ExternalBackends = l.PodNames(r.ExternalBackends)
+		}
+		out = append(out, dec)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Service < out[j].Service })
 	return out, warnings

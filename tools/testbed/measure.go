@@ -11,9 +11,16 @@ import (
 // Landing is where one client's requests to one service port landed, next
 // to what the decision for the client's node permits.
 type Landing struct {
-	Client   *Pod
+	Client Client
+	// Decision is the decision the landing is held to; its Backends are
+	// the permitted set (for traffic from outside, the decision's
+	// ExternalBackends).
 	Decision Decision
 	Tally    Tally
+	// SourceKept is set when backends must see the client's own address:
+	// always from pods (topolb does not source-translate them), from
+	// outside only under externalTrafficPolicy Local.
+	SourceKept bool
 }
 
 // MeasureOptions tune Measure.
@@ -31,15 +38,7 @@ type MeasureOptions struct {
 // with the decision DecideNode makes for the client's node on the objects
 // last applied.
 func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o MeasureOptions) ([]Landing, error) {
-	if o.Requests <= 0 {
-		o.Requests = 300
-	}
-	if o.Parallel <= 0 {
-		o.Parallel = 32
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 2 * time.Second
-	}
+	o = o.withDefaults()
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, client.Node.Name)
 	var out []Landing
@@ -51,7 +50,7 @@ func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o M
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		out = append(out, Landing{Client: client, Decision: d, Tally: Summarize(client, recs)})
+		out = append(out, Landing{Client: client, Decision: d, Tally: Summarize(client, recs), SourceKept: true})
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("service %s has no ports", service)
@@ -63,11 +62,65 @@ func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o M
 	return out, nil
 }
 
+// MeasureNodePort sends requests, each on a new flow, from client (a pod
+// or an outside client) to every port of service at node's NodePort (its
+// InternalIP and the port's nodePort), and returns one Landing per port
+// held to node's decision: the external backends for an outside client,
+// the cluster set for a pod (in-cluster traffic to an external address
+// takes the cluster set, in kube-proxy and topolb alike). Backends must
+// see an outside client's address only under externalTrafficPolicy Local.
+func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, service string, o MeasureOptions) ([]Landing, error) {
+	o = o.withDefaults()
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, node)
+	_, outside := client.(*External)
+	var out []Landing
+	for _, d := range ds {
+		if d.Service != qualify(service) {
+			continue
+		}
+		if !d.NodePort.IsValid() {
+			return nil, fmt.Errorf("service %s port %q has no nodePort", service, d.Port)
+		}
+		if outside {
+			d.Backends, d.Addrs = d.ExternalBackends, d.ExternalAddrs
+		}
+		recs := client.Send(ctx, Load{Proto: d.Protocol, Target: d.NodePort, Count: o.Requests, Parallel: o.Parallel, Timeout: o.Timeout})
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		kept := !outside || d.ExternalPolicyLocal
+		out = append(out, Landing{Client: client, Decision: d, Tally: Summarize(client, recs), SourceKept: kept})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("service %s has no ports on node %s", service, node)
+	}
+	slices.SortStableFunc(out, func(a, b Landing) int {
+		return strings.Compare(string(a.Decision.Protocol), string(b.Decision.Protocol))
+	})
+	return out, nil
+}
+
+// withDefaults fills in MeasureOptions' defaults.
+func (o MeasureOptions) withDefaults() MeasureOptions {
+	if o.Requests <= 0 {
+		o.Requests = 300
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = 32
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Second
+	}
+	return o
+}
+
 // Problems lists how the landing departs from its decision: a backend it
 // does not permit answered, a permitted backend never answered, requests
 // failed although backends are permitted, requests succeeded although
-// traffic should be dropped, or a backend saw another source address than
-// the client's. Empty means the landing is exactly the decision.
+// traffic should be dropped, or (when SourceKept) a backend saw another
+// source address than the client's. Empty means the landing is exactly the
+// decision.
 func (l Landing) Problems() []string {
 	var out []string
 	got := l.Tally.Backends()
@@ -88,7 +141,7 @@ func (l Landing) Problems() []string {
 	if len(want) == 0 && len(got) > 0 {
 		out = append(out, "traffic should be dropped but was answered")
 	}
-	if l.Tally.WrongSource > 0 {
+	if l.SourceKept && l.Tally.WrongSource > 0 {
 		out = append(out, fmt.Sprintf("%d answers saw a source other than the client's address", l.Tally.WrongSource))
 	}
 	return out

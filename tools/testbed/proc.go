@@ -15,15 +15,19 @@ import (
 	"time"
 )
 
-// nodeProcess is a program running in a node's network namespace (an
-// agent, kube-proxy), started with `nsenter --net=<node ns>`, which keeps
-// the mount namespace so the bpffs stays visible (`ip netns exec` remounts
-// /sys). Its output is appended to LogPath across restarts.
-type nodeProcess struct {
+// Process is a program running in a namespace of the testbed (an agent or
+// kube-proxy in a node, a server in a pod), started with `nsenter
+// --net=<ns>`, which keeps the mount namespace so the bpffs stays visible
+// (`ip netns exec` remounts /sys). Its output is appended to LogPath
+// across restarts. The testbed stops it on Close.
+type Process struct {
+	// Node is the node it runs in; nil for a process in a pod.
 	Node    *Node
 	LogPath string
 
 	tb     *Testbed
+	ns     *NS
+	where  string // the node's or pod's name, for messages
 	what   string // "agent", "kube-proxy": for messages and the log name
 	binary string
 	args   func() []string // the command line after the binary
@@ -34,25 +38,76 @@ type nodeProcess struct {
 	err  error         // cmd's exit status, once done
 }
 
-func newNodeProcess(tb *Testbed, n *Node, what, binary string) *nodeProcess {
-	return &nodeProcess{
-		Node:    n,
-		LogPath: filepath.Join(tb.Dir, "logs", what+"-"+n.Name+".log"),
+func newNodeProcess(tb *Testbed, n *Node, what, binary string) *Process {
+	p := newProcess(tb, n.NS, n.Name, what, binary)
+	p.Node = n
+	return p
+}
+
+func newProcess(tb *Testbed, ns *NS, where, what, binary string) *Process {
+	return &Process{
+		LogPath: filepath.Join(tb.Dir, "logs", what+"-"+where+".log"),
 		tb:      tb,
+		ns:      ns,
+		where:   where,
 		what:    what,
 		binary:  binary,
 	}
 }
 
+// StartProcess starts binary with args in pod's network namespace and
+// returns without waiting for it to do anything. Its log is
+// logs/<name>-<pod>.log in the state directory; the testbed stops it on
+// Close.
+func (tb *Testbed) StartProcess(ctx context.Context, pod *Pod, name, binary string, args ...string) (*Process, error) {
+	if pod == nil || pod.NS == nil {
+		return nil, errors.New("start process: no such pod, or the testbed is not up")
+	}
+	p := newProcess(tb, pod.NS, pod.Name, name, binary)
+	p.args = func() []string { return args }
+	tb.mu.Lock()
+	closed := tb.closed
+	if !closed {
+		tb.processes = append(tb.processes, p)
+	}
+	tb.mu.Unlock()
+	if closed {
+		return nil, errors.New("testbed closed")
+	}
+	return p, p.Start(ctx)
+}
+
+// Pause stops the process with SIGSTOP: it uses no CPU until Resume, and
+// what it set up (pinned programs, netfilter rules) keeps working. A
+// benchmark pauses the implementations it is not measuring.
+func (p *Process) Pause() error { return p.send(syscall.SIGSTOP) }
+
+// Resume continues a paused process (SIGCONT).
+func (p *Process) Resume() error { return p.send(syscall.SIGCONT) }
+
+// send sends sig to the running process.
+func (p *Process) send(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil || !p.Running() {
+		return fmt.Errorf("%s on %s is not running", p.what, p.where)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %s on %s: %w", p.what, p.where, err)
+	}
+	return nil
+}
+
 // Start starts the process; it must not be running.
-func (p *nodeProcess) Start(ctx context.Context) error {
+func (p *Process) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done != nil {
 		select {
 		case <-p.done:
 		default:
-			return fmt.Errorf("%s on %s is already running", p.what, p.Node.Name)
+			return fmt.Errorf("%s on %s is already running", p.what, p.where)
 		}
 	}
 	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -61,7 +116,7 @@ func (p *nodeProcess) Start(ctx context.Context) error {
 	}
 	args := p.args()
 	fmt.Fprintf(logf, "==== %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), p.binary, strings.Join(args, " "))
-	cmd := exec.Command("nsenter", append([]string{"--net=" + p.Node.NS.Path, p.binary}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + p.ns.Path, p.binary}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Pdeathsig: syscall.SIGKILL, // never outlive the testbed's process
@@ -69,7 +124,7 @@ func (p *nodeProcess) Start(ctx context.Context) error {
 	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("start %s on %s: %w", p.what, p.Node.Name, err)
+		return fmt.Errorf("start %s on %s: %w", p.what, p.where, err)
 	}
 	p.tb.recordPID(cmd.Process.Pid)
 	done := make(chan struct{})
@@ -82,20 +137,20 @@ func (p *nodeProcess) Start(ctx context.Context) error {
 		p.mu.Unlock()
 		close(done)
 	}()
-	p.tb.log.Debug("started", "what", p.what, "node", p.Node.Name, "pid", cmd.Process.Pid)
+	p.tb.log.Debug("started", "what", p.what, "where", p.where, "pid", cmd.Process.Pid)
 	return nil
 }
 
 // doneChan returns the channel closed when the current process exits, nil
 // before the first Start.
-func (p *nodeProcess) doneChan() chan struct{} {
+func (p *Process) doneChan() chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.done
 }
 
 // Running reports whether the process is alive.
-func (p *nodeProcess) Running() bool {
+func (p *Process) Running() bool {
 	done := p.doneChan()
 	if done == nil {
 		return false
@@ -109,7 +164,7 @@ func (p *nodeProcess) Running() bool {
 }
 
 // PID returns the process id of the current (or last) process.
-func (p *nodeProcess) PID() int {
+func (p *Process) PID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil || p.cmd.Process == nil {
@@ -119,7 +174,7 @@ func (p *nodeProcess) PID() int {
 }
 
 // signal sends sig and waits up to wait for the process to exit.
-func (p *nodeProcess) signal(sig syscall.Signal, wait time.Duration) (exited bool, err error) {
+func (p *Process) signal(sig syscall.Signal, wait time.Duration) (exited bool, err error) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
 	p.mu.Unlock()
@@ -132,7 +187,7 @@ func (p *nodeProcess) signal(sig syscall.Signal, wait time.Duration) (exited boo
 	default:
 	}
 	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return false, fmt.Errorf("signal %s on %s: %w", p.what, p.Node.Name, err)
+		return false, fmt.Errorf("signal %s on %s: %w", p.what, p.where, err)
 	}
 	select {
 	case <-done:
@@ -144,8 +199,12 @@ func (p *nodeProcess) signal(sig syscall.Signal, wait time.Duration) (exited boo
 
 // Stop stops the process gracefully (SIGTERM; an agent keeps its datapath
 // pinned and forwarding), killing it if it has not exited within 10 s. It
-// returns an error if it had to be killed.
-func (p *nodeProcess) Stop() error {
+// returns an error if it had to be killed. A paused process is resumed
+// first, so it can act on the SIGTERM.
+func (p *Process) Stop() error {
+	if p.Running() {
+		p.send(syscall.SIGCONT) // best effort: it may exit in between
+	}
 	exited, err := p.signal(syscall.SIGTERM, 10*time.Second)
 	if err != nil || exited {
 		return err
@@ -153,27 +212,27 @@ func (p *nodeProcess) Stop() error {
 	if _, err := p.signal(syscall.SIGKILL, 5*time.Second); err != nil {
 		return err
 	}
-	return fmt.Errorf("%s on %s ignored SIGTERM for 10 s and was killed", p.what, p.Node.Name)
+	return fmt.Errorf("%s on %s ignored SIGTERM for 10 s and was killed", p.what, p.where)
 }
 
 // Kill kills the process with SIGKILL, as a crash would, and waits for it.
-func (p *nodeProcess) Kill() error {
+func (p *Process) Kill() error {
 	exited, err := p.signal(syscall.SIGKILL, 5*time.Second)
 	if err == nil && !exited {
-		err = fmt.Errorf("%s on %s did not die within 5 s of SIGKILL", p.what, p.Node.Name)
+		err = fmt.Errorf("%s on %s did not die within 5 s of SIGKILL", p.what, p.where)
 	}
 	return err
 }
 
 // ExitError returns how the last process ended, nil while it runs.
-func (p *nodeProcess) ExitError() error {
+func (p *Process) ExitError() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
 }
 
 // LogTail returns the last n lines of the log.
-func (p *nodeProcess) LogTail(n int) string {
+func (p *Process) LogTail(n int) string {
 	f, err := os.Open(p.LogPath)
 	if err != nil {
 		return ""

@@ -35,12 +35,70 @@ type Spec struct {
 	// Scenarios are named states of the Services that a demo or a test
 	// switches between, each with the landings it expects.
 	Scenarios []Scenario `json:"scenarios,omitempty"`
+	// Outside, when set, adds a network outside the cluster: a router on
+	// the wire and clients behind it.
+	Outside *OutsideSpec `json:"outside,omitempty"`
+	// KubeProxy says where kube-proxy may run: "" (default: only where a
+	// test starts one with StartKubeProxy) or "none" (nowhere:
+	// StartKubeProxy fails, and CheckNoKubeProxy proves every node's
+	// netfilter is free of kube-proxy's rules).
+	KubeProxy KubeProxyPolicy `json:"kubeProxy,omitempty"`
 
-	// mu guards ips: Services built in code get their defaults and
-	// cluster IPs from the same allocator as the spec's.
+	// mu guards ips: Services built in code get their defaults, cluster
+	// IPs and node ports from the same allocator as the spec's.
 	mu    sync.Mutex
-	ips   *clusterIPs
+	ips   *allocator
 	roles map[string]Role
+}
+
+// KubeProxyPolicy says where kube-proxy may run on a testbed.
+type KubeProxyPolicy string
+
+const (
+	// KubeProxyOnDemand lets tests start kube-proxy on nodes they choose.
+	KubeProxyOnDemand KubeProxyPolicy = ""
+	// KubeProxyNone forbids kube-proxy on every node.
+	KubeProxyNone KubeProxyPolicy = "none"
+)
+
+// OutsideSpec is a network outside the cluster: a router namespace plugged
+// into the wire, and client namespaces behind it on their own subnet.
+// Nodes route the subnet via the router; the router reaches node
+// addresses on the wire, and sends every external IP and load-balancer IP
+// of the current Services to IngressNode.
+type OutsideSpec struct {
+	// CIDR is the outside subnet, an IPv4 /24: the router is its .1 (every
+	// client's gateway), client i is .(9+i). Default 203.0.113.0/24
+	// (TEST-NET-3, never routed on the Internet).
+	CIDR string `json:"cidr,omitempty"`
+	// RouterAddr is the router's address on the wire. Default the wire's
+	// .254.
+	RouterAddr string `json:"routerAddr,omitempty"`
+	// IngressNode is the node the router sends external IPs and
+	// load-balancer IPs to, as a cloud load balancer would. Default the
+	// first node.
+	IngressNode string `json:"ingressNode,omitempty"`
+	// Clients are the namespaces outside the cluster.
+	Clients []ExternalSpec `json:"clients"`
+}
+
+// ExternalSpec is one client outside the cluster.
+type ExternalSpec struct {
+	Name string `json:"name"`
+}
+
+// NetfilterSpec is netfilter state of a node that changes how forwarded
+// traffic is treated.
+type NetfilterSpec struct {
+	// InvalidDrop installs the rule kube-proxy's iptables mode writes (in
+	// its KUBE-FORWARD chain, jumped to first from FORWARD) when
+	// nf_conntrack_tcp_be_liberal is 0: `iptables -I FORWARD -m conntrack
+	// --ctstate INVALID -j DROP`. kube-proxy's nftables mode installs no
+	// such rule.
+	InvalidDrop bool `json:"invalidDrop,omitempty"`
+	// TCPBeLiberal sets net.netfilter.nf_conntrack_tcp_be_liberal in the
+	// node's namespace; unset leaves the kernel's default (0).
+	TCPBeLiberal *bool `json:"tcpBeLiberal,omitempty"`
 }
 
 // ZoneSpec is one zone and its nodes.
@@ -58,6 +116,14 @@ type NodeSpec struct {
 	// Labels are added to the zone and hostname labels the testbed sets.
 	Labels map[string]string `json:"labels,omitempty"`
 	Pods   []PodSpec         `json:"pods,omitempty"`
+	// WireMTU is the MTU of the node's wire interface and of its port on
+	// the switch; 0 leaves the default (1500). A smaller MTU than the
+	// other nodes' makes the node a path-MTU bottleneck: frames larger
+	// than it are dropped by the switch on the way in, and the node's own
+	// forwarding answers "fragmentation needed" on the way out.
+	WireMTU int `json:"wireMTU,omitempty"`
+	// Netfilter is netfilter state set up in the node's namespace.
+	Netfilter NetfilterSpec `json:"netfilter,omitempty"`
 }
 
 // Role is what a pod runs.
@@ -103,8 +169,27 @@ type ServiceSpec struct {
 	// Default: 10.96.0.10 and up, by the order of first appearance of the
 	// service's name in the spec, so a Service keeps its address across
 	// scenarios.
-	ClusterIP   string            `json:"clusterIP,omitempty"`
-	Annotations map[string]string `json:"annotations,omitempty"`
+	ClusterIP string `json:"clusterIP,omitempty"`
+	// Type is ClusterIP (the default), NodePort or LoadBalancer.
+	Type v1.ServiceType `json:"type,omitempty"`
+	// ExternalIPs are written to spec.externalIPs.
+	ExternalIPs []string `json:"externalIPs,omitempty"`
+	// LoadBalancerIPs are written to status.loadBalancer.ingress, as a
+	// cloud controller would (type LoadBalancer only).
+	LoadBalancerIPs []string `json:"loadBalancerIPs,omitempty"`
+	// ExternalTrafficPolicy is Cluster (the default) or Local; only for
+	// externally accessible Services (NodePort, LoadBalancer, or with
+	// externalIPs).
+	ExternalTrafficPolicy string `json:"externalTrafficPolicy,omitempty"`
+	// SessionAffinity is None (the default) or ClientIP, with
+	// SessionAffinityTimeout seconds (ClientIP only; default 10800, the
+	// API's).
+	SessionAffinity        string `json:"sessionAffinity,omitempty"`
+	SessionAffinityTimeout int32  `json:"sessionAffinityTimeout,omitempty"`
+	// HealthCheckNodePort is the health check port of a LoadBalancer with
+	// externalTrafficPolicy Local. Default: assigned, like node ports.
+	HealthCheckNodePort int32             `json:"healthCheckNodePort,omitempty"`
+	Annotations         map[string]string `json:"annotations,omitempty"`
 	// TrafficDistribution is copied to spec.trafficDistribution
 	// (informational: topolb reads the hints, as kube-proxy does).
 	TrafficDistribution string `json:"trafficDistribution,omitempty"`
@@ -127,6 +212,11 @@ type PortSpec struct {
 	Port     int32       `json:"port"`
 	// TargetPort defaults to 8080 for TCP and 5353 for UDP.
 	TargetPort int32 `json:"targetPort,omitempty"`
+	// NodePort is the port's nodePort (types NodePort and LoadBalancer
+	// only), in 30000-32767. Default: assigned from 30000 up, in order of
+	// first appearance, the same for the same Service and port in every
+	// scenario.
+	NodePort int32 `json:"nodePort,omitempty"`
 }
 
 // Condition is an endpoint's state, spelled as the three EndpointSlice
@@ -186,6 +276,18 @@ const (
 	DefaultUDPPort  = 5353
 	// FirstClusterIP is the first address handed to Services without one.
 	FirstClusterIP = "10.96.0.10"
+	// Node ports are handed out in the apiserver's default range.
+	FirstNodePort = 30000
+	LastNodePort  = 32767
+	// A node's wire MTU is between IPv4's minimum reassembly size and a
+	// jumbo frame.
+	MinWireMTU = 576
+	MaxWireMTU = 9000
+	// DefaultOutsideCIDR is the outside network's default subnet.
+	DefaultOutsideCIDR = "203.0.113.0/24"
+	// DefaultSessionAffinityTimeout is the API's default ClientIP
+	// affinity timeout, in seconds.
+	DefaultSessionAffinityTimeout = 10800
 )
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -256,6 +358,9 @@ func (s *Spec) complete() error {
 			if n.CPU == "" {
 				n.CPU = DefaultCPU
 			}
+			if n.WireMTU != 0 && (n.WireMTU < MinWireMTU || n.WireMTU > MaxWireMTU) {
+				return fmt.Errorf("node %s: wireMTU %d: want %d to %d", n.Name, n.WireMTU, MinWireMTU, MaxWireMTU)
+			}
 			for pi := range n.Pods {
 				p := &n.Pods[pi]
 				if !nameRE.MatchString(p.Name) {
@@ -275,7 +380,15 @@ func (s *Spec) complete() error {
 		}
 	}
 
-	ips := newClusterIPs()
+	if err := s.completeOutside(pods, nodes); err != nil {
+		return err
+	}
+	switch s.KubeProxy {
+	case KubeProxyOnDemand, KubeProxyNone:
+	default:
+		return fmt.Errorf("kubeProxy %q: want none or nothing", s.KubeProxy)
+	}
+	ips := newAllocator()
 	s.ips, s.roles = ips, pods
 	if err := completeServices(s.Services, pods, ips, "services"); err != nil {
 		return err
@@ -319,6 +432,8 @@ func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
 	for i, svc := range svcs {
 		svc.Ports = slices.Clone(svc.Ports)
 		svc.Endpoints = slices.Clone(svc.Endpoints)
+		svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
+		svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
 		svc.Annotations = copyMap(svc.Annotations)
 		out[i] = svc
 	}
@@ -344,20 +459,59 @@ func qualify(svc string) string {
 	return v1.NamespaceDefault + "/" + svc
 }
 
-// clusterIPs hands out stable default cluster IPs by service key.
-type clusterIPs struct {
+// allocator hands out stable default cluster IPs by service key, and node
+// ports by service key and port.
+type allocator struct {
 	next  netip.Addr
 	byKey map[string]netip.Addr
 	used  map[netip.Addr]string
+
+	nextPort   int32
+	portByKey  map[string]int32
+	portsTaken map[int32]string
 }
 
-func newClusterIPs() *clusterIPs {
-	return &clusterIPs{next: netip.MustParseAddr(FirstClusterIP), byKey: map[string]netip.Addr{}, used: map[netip.Addr]string{}}
+func newAllocator() *allocator {
+	return &allocator{
+		next: netip.MustParseAddr(FirstClusterIP), byKey: map[string]netip.Addr{}, used: map[netip.Addr]string{},
+		nextPort: FirstNodePort, portByKey: map[string]int32{}, portsTaken: map[int32]string{},
+	}
 }
 
 var serviceRange = netip.MustParsePrefix("10.96.0.0/16")
 
-func (c *clusterIPs) assign(svc *ServiceSpec) error {
+// nodePort returns *port when set (checking it is in range and not another
+// key's), else the port key had before, else the next free one; key names
+// what owns it ("ns/name/port/PROTO" or "ns/name/healthcheck").
+func (c *allocator) nodePort(key string, port *int32) error {
+	if *port != 0 {
+		if *port < FirstNodePort || *port > LastNodePort {
+			return fmt.Errorf("%s: node port %d outside %d-%d", key, *port, FirstNodePort, LastNodePort)
+		}
+		if owner, ok := c.portsTaken[*port]; ok && owner != key {
+			return fmt.Errorf("%s: node port %d is already used by %s", key, *port, owner)
+		}
+		c.portsTaken[*port] = key
+		c.portByKey[key] = *port
+		return nil
+	}
+	p, ok := c.portByKey[key]
+	for !ok {
+		if c.nextPort > LastNodePort {
+			return fmt.Errorf("%s: node ports exhausted", key)
+		}
+		p = c.nextPort
+		c.nextPort++
+		_, taken := c.portsTaken[p]
+		ok = !taken
+	}
+	c.portsTaken[p] = key
+	c.portByKey[key] = p
+	*port = p
+	return nil
+}
+
+func (c *allocator) assign(svc *ServiceSpec) error {
 	key := svc.Key()
 	if svc.ClusterIP != "" {
 		ip, err := netip.ParseAddr(svc.ClusterIP)
@@ -385,7 +539,7 @@ func (c *clusterIPs) assign(svc *ServiceSpec) error {
 	return nil
 }
 
-func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *clusterIPs, where string) error {
+func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, where string) error {
 	seen := map[string]bool{}
 	for i := range svcs {
 		svc := &svcs[i]
@@ -430,6 +584,9 @@ func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *clusterIPs,
 			svc.InternalTrafficPolicy != string(v1.ServiceInternalTrafficPolicyLocal) {
 			return fmt.Errorf("%s: service %s: internalTrafficPolicy %q: want Cluster or Local", where, key, svc.InternalTrafficPolicy)
 		}
+		if err := completeExternal(svc, ips); err != nil {
+			return fmt.Errorf("%s: service %s: %w", where, key, err)
+		}
 		if err := checkHints(svc.Hints); err != nil {
 			return fmt.Errorf("%s: service %s: %w", where, key, err)
 		}
@@ -454,6 +611,126 @@ func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *clusterIPs,
 				return fmt.Errorf("%s: service %s: endpoint %s: condition %q: want ready, terminating or not-ready", where, key, ep.Pod, ep.Condition)
 			}
 		}
+	}
+	return nil
+}
+
+// completeExternal checks and completes how a Service is reached from
+// outside the cluster: its type, node ports, external and load-balancer
+// IPs, traffic policy, session affinity and health check port.
+func completeExternal(svc *ServiceSpec, ips *allocator) error {
+	key := svc.Key()
+	switch svc.Type {
+	case "":
+		svc.Type = v1.ServiceTypeClusterIP
+	case v1.ServiceTypeClusterIP, v1.ServiceTypeNodePort, v1.ServiceTypeLoadBalancer:
+	default:
+		return fmt.Errorf("type %q: want ClusterIP, NodePort or LoadBalancer", svc.Type)
+	}
+	hasNodePorts := svc.Type != v1.ServiceTypeClusterIP
+	for i := range svc.Ports {
+		p := &svc.Ports[i]
+		if !hasNodePorts {
+			if p.NodePort != 0 {
+				return fmt.Errorf("port %q: nodePort with type ClusterIP", p.Name)
+			}
+			continue
+		}
+		if err := ips.nodePort(key+"/"+p.Name+"/"+string(p.Protocol), &p.NodePort); err != nil {
+			return err
+		}
+	}
+	for _, list := range []struct {
+		name string
+		ips  []string
+	}{{"externalIPs", svc.ExternalIPs}, {"loadBalancerIPs", svc.LoadBalancerIPs}} {
+		for _, a := range list.ips {
+			ip, err := netip.ParseAddr(a)
+			if err != nil || !ip.Is4() {
+				return fmt.Errorf("%s: %q is not an IPv4 address", list.name, a)
+			}
+			if serviceRange.Contains(ip) {
+				return fmt.Errorf("%s: %s is in the cluster IP range %s", list.name, ip, serviceRange)
+			}
+		}
+	}
+	if len(svc.LoadBalancerIPs) > 0 && svc.Type != v1.ServiceTypeLoadBalancer {
+		return fmt.Errorf("loadBalancerIPs need type LoadBalancer")
+	}
+	external := hasNodePorts || len(svc.ExternalIPs) > 0
+	switch svc.ExternalTrafficPolicy {
+	case "":
+	case string(v1.ServiceExternalTrafficPolicyCluster), string(v1.ServiceExternalTrafficPolicyLocal):
+		if !external {
+			return fmt.Errorf("externalTrafficPolicy %s: the Service is not reachable from outside (no node ports, no externalIPs)", svc.ExternalTrafficPolicy)
+		}
+	default:
+		return fmt.Errorf("externalTrafficPolicy %q: want Cluster or Local", svc.ExternalTrafficPolicy)
+	}
+	switch svc.SessionAffinity {
+	case "", string(v1.ServiceAffinityNone):
+		if svc.SessionAffinityTimeout != 0 {
+			return fmt.Errorf("sessionAffinityTimeout without sessionAffinity ClientIP")
+		}
+	case string(v1.ServiceAffinityClientIP):
+		if svc.SessionAffinityTimeout == 0 {
+			svc.SessionAffinityTimeout = DefaultSessionAffinityTimeout
+		}
+		if svc.SessionAffinityTimeout < 1 || svc.SessionAffinityTimeout > 86400 {
+			return fmt.Errorf("sessionAffinityTimeout %d: want 1 to 86400 seconds", svc.SessionAffinityTimeout)
+		}
+	default:
+		return fmt.Errorf("sessionAffinity %q: want None or ClientIP", svc.SessionAffinity)
+	}
+	healthCheck := svc.Type == v1.ServiceTypeLoadBalancer && svc.ExternalTrafficPolicy == string(v1.ServiceExternalTrafficPolicyLocal)
+	if !healthCheck {
+		if svc.HealthCheckNodePort != 0 {
+			return fmt.Errorf("healthCheckNodePort needs type LoadBalancer and externalTrafficPolicy Local")
+		}
+		return nil
+	}
+	return ips.nodePort(key+"/healthcheck", &svc.HealthCheckNodePort)
+}
+
+// completeOutside checks the outside network and applies its defaults.
+func (s *Spec) completeOutside(pods map[string]Role, nodes map[string]bool) error {
+	o := s.Outside
+	if o == nil {
+		return nil
+	}
+	if o.CIDR == "" {
+		o.CIDR = DefaultOutsideCIDR
+	}
+	cidr, err := netip.ParsePrefix(o.CIDR)
+	if err != nil || !cidr.Addr().Is4() || cidr.Bits() != 24 {
+		return fmt.Errorf("outside: cidr %q: want an IPv4 /24", o.CIDR)
+	}
+	for _, other := range []string{s.PodCIDR, s.WireCIDR, serviceRange.String()} {
+		if p, err := netip.ParsePrefix(other); err == nil && p.Overlaps(cidr) {
+			return fmt.Errorf("outside: cidr %s overlaps %s", cidr, p)
+		}
+	}
+	if o.IngressNode == "" {
+		o.IngressNode = s.Zones[0].Nodes[0].Name
+	}
+	if !nodes[o.IngressNode] {
+		return fmt.Errorf("outside: ingressNode %q is not a node", o.IngressNode)
+	}
+	if len(o.Clients) == 0 {
+		return fmt.Errorf("outside: no clients")
+	}
+	if len(o.Clients) > 240 {
+		return fmt.Errorf("outside: more than 240 clients")
+	}
+	seen := map[string]bool{}
+	for _, c := range o.Clients {
+		if !nameRE.MatchString(c.Name) || seen[c.Name] {
+			return fmt.Errorf("outside: client name %q invalid or repeated", c.Name)
+		}
+		if _, isPod := pods[c.Name]; isPod {
+			return fmt.Errorf("outside: client %s has the name of a pod", c.Name)
+		}
+		seen[c.Name] = true
 	}
 	return nil
 }

@@ -43,14 +43,7 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The manifest round-trips through the loader the agent uses.
-			data, err := EncodeManifest(objs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			back, warnings, err := kube.DecodeManifests("manifest", data)
-			if err != nil || len(warnings) > 0 {
-				t.Fatalf("decode manifest: %v %v", err, warnings)
-			}
+			back := roundTrip(t, objs)
 			if len(sc.Expect) == 0 {
 				t.Fatal("scenario has no expectation")
 			}
@@ -120,6 +113,50 @@ services: [{name: s, clusterIP: 10.0.0.1, ports: [{port: 80}]}]`, "clusterIP"},
 		{"expectation on a missing service", `
 zones: [{name: a, nodes: [{name: n1, pods: [{name: c, role: client}]}]}]
 scenarios: [{name: x, services: [], expect: [{client: c, service: s, backends: []}]}]`, "not in the scenario"},
+		{"bad type", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, type: ExternalName, ports: [{port: 80}]}]`, "type"},
+		{"nodePort on a ClusterIP", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, ports: [{port: 80, nodePort: 30080}]}]`, "nodePort with type ClusterIP"},
+		{"nodePort out of range", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, type: NodePort, ports: [{port: 80, nodePort: 80}]}]`, "outside 30000-32767"},
+		{"nodePort used twice", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, type: NodePort, ports: [{port: 80, nodePort: 30080}]}, {name: t, type: NodePort, ports: [{port: 80, nodePort: 30080}]}]`, "already used"},
+		{"loadBalancerIPs on a NodePort", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, type: NodePort, loadBalancerIPs: [192.0.2.1], ports: [{port: 80}]}]`, "need type LoadBalancer"},
+		{"external IP in the service range", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, externalIPs: [10.96.5.5], ports: [{port: 80}]}]`, "cluster IP range"},
+		{"externalTrafficPolicy on an internal service", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, externalTrafficPolicy: Local, ports: [{port: 80}]}]`, "not reachable from outside"},
+		{"affinity timeout without ClientIP", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, sessionAffinityTimeout: 30, ports: [{port: 80}]}]`, "without sessionAffinity ClientIP"},
+		{"health check port without eTP Local", `
+zones: [{name: a, nodes: [{name: n1}]}]
+services: [{name: s, type: LoadBalancer, healthCheckNodePort: 31000, ports: [{port: 80}]}]`, "healthCheckNodePort"},
+		{"wire MTU too small", `
+zones: [{name: a, nodes: [{name: n1, wireMTU: 100}]}]`, "wireMTU"},
+		{"outside overlaps the wire", `
+zones: [{name: a, nodes: [{name: n1}]}]
+outside: {cidr: 10.250.0.0/24, clients: [{name: x}]}`, "overlaps"},
+		{"outside without clients", `
+zones: [{name: a, nodes: [{name: n1}]}]
+outside: {}`, "no clients"},
+		{"outside ingress not a node", `
+zones: [{name: a, nodes: [{name: n1}]}]
+outside: {ingressNode: n9, clients: [{name: x}]}`, "not a node"},
+		{"outside client named like a pod", `
+zones: [{name: a, nodes: [{name: n1, pods: [{name: x}]}]}]
+outside: {clients: [{name: x}]}`, "name of a pod"},
+		{"bad kubeProxy", `
+zones: [{name: a, nodes: [{name: n1}]}]
+kubeProxy: sometimes`, "kubeProxy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseSpec([]byte(tc.yaml))
@@ -148,4 +185,87 @@ scenarios:
 	if !bytes.Contains(DemoYAML(), []byte("zone-hints")) {
 		t.Error("demo YAML not embedded")
 	}
+}
+
+// TestServiceTypesInObjects checks that what a spec says about reaching a
+// Service from outside reaches the Service object, survives the
+// manifest round trip the agent reads, and gives the decisions their
+// external frontends; node ports are assigned stably when left out.
+func TestServiceTypesInObjects(t *testing.T) {
+	s, err := ParseSpec([]byte(`
+zones:
+- {name: z1, nodes: [{name: n1, pods: [{name: b1}]}, {name: n2, pods: [{name: b2}]}]}
+outside: {ingressNode: n2, clients: [{name: ext1}, {name: ext2}]}
+services:
+- name: lb
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.7]
+  loadBalancerIPs: [198.51.100.8]
+  sessionAffinity: ClientIP
+  ports: [{name: http, port: 80}, {name: dns, protocol: UDP, port: 53, nodePort: 31053}]
+  endpoints: [{pod: b1}, {pod: b2}]
+- {name: np, type: NodePort, ports: [{port: 8080}], endpoints: [{pod: b2}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLayout(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := l.Objects(s.Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := roundTrip(t, objs)
+	lb := back.Services[0]
+	if lb.Spec.Type != v1.ServiceTypeLoadBalancer || lb.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal ||
+		lb.Spec.SessionAffinity != v1.ServiceAffinityClientIP || *lb.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds != DefaultSessionAffinityTimeout ||
+		lb.Spec.HealthCheckNodePort != 30001 || lb.Spec.Ports[0].NodePort != 30000 || lb.Spec.Ports[1].NodePort != 31053 ||
+		!slices.Equal(lb.Spec.ExternalIPs, []string{"198.51.100.7"}) || len(lb.Status.LoadBalancer.Ingress) != 1 || lb.Status.LoadBalancer.Ingress[0].IP != "198.51.100.8" {
+		t.Errorf("LoadBalancer Service: %+v %+v", lb.Spec, lb.Status)
+	}
+	if np := back.Services[1]; np.Spec.Ports[0].NodePort != 30002 {
+		t.Errorf("NodePort Service: node port %d, want 30002", np.Spec.Ports[0].NodePort)
+	}
+	if a := back.Nodes[1].Status.Addresses; len(a) != 1 || a[0].Type != v1.NodeInternalIP || a[0].Address != "10.250.0.3" {
+		t.Errorf("node n2 addresses %v", a)
+	}
+	ds, _ := l.Decide(back, "n1")
+	d := FindDecision(ds, "lb", v1.ProtocolTCP)
+	if d == nil {
+		t.Fatal("no decision for lb/TCP")
+	}
+	wantExternal := []string{"10.250.0.2:30000", "198.51.100.7:80", "198.51.100.8:80"}
+	var gotExternal []string
+	for _, fe := range d.External {
+		gotExternal = append(gotExternal, fe.String())
+	}
+	if d.NodePort.String() != "10.250.0.2:30000" || !slices.Equal(gotExternal, wantExternal) ||
+		!slices.Equal(d.ExternalBackends, []string{"b1"}) || !d.ExternalPolicyLocal || !slices.Equal(d.Backends, []string{"b1", "b2"}) {
+		t.Errorf("decision on n1: nodePort %s, external %v, external backends %v (local %v), backends %v; want %v, %v, [b1], true, [b1 b2]",
+			d.NodePort, gotExternal, d.ExternalBackends, d.ExternalPolicyLocal, d.Backends, "10.250.0.2:30000", wantExternal)
+	}
+	if r := l.Router; r == nil || r.Ingress.Name != "n2" || r.WireAddr.String() != "10.250.0.254/24" || r.Gateway.String() != "203.0.113.1" {
+		t.Errorf("router %+v", r)
+	}
+	if e := l.External("ext2"); e == nil || e.Addr.String() != "203.0.113.11" || e.RouterIf != "x1" {
+		t.Errorf("ext2: %+v", e)
+	}
+}
+
+// roundTrip encodes objs as the manifest and decodes it with the loader
+// the agent uses, which must not warn.
+func roundTrip(t *testing.T, objs *kube.Objects) *kube.Objects {
+	t.Helper()
+	data, err := EncodeManifest(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, warnings, err := kube.DecodeManifests("manifest", data)
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("decode manifest: %v %v", err, warnings)
+	}
+	return back
 }

@@ -22,6 +22,13 @@
 // off, so a wrong checksum written by the datapath is caught by the
 // receiver (see ChecksumErrors).
 //
+// Optionally (Spec.Outside) a router namespace on the wire joins a network
+// outside the cluster, whose clients (External) reach node addresses
+// through it: NodePorts, and the external and load-balancer IPs the
+// router sends to an ingress node. Nodes may get a smaller wire MTU and
+// kube-proxy's INVALID-drop rule; kube-proxy runs only where a test starts
+// it (Spec.KubeProxy "none": nowhere).
+//
 // Namespaces are named Prefix+"<pid>-<n>-<spec name>-..." and the state
 // directory (manifest, private bpffs mount, agent logs) is
 // StateRoot/<pid>-<n>; RemoveStale removes those of processes that are gone.
@@ -32,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -41,6 +49,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/topolb/topolb/internal/netns"
 	"github.com/topolb/topolb/kube"
 )
 
@@ -73,15 +82,16 @@ type Testbed struct {
 	log     *slog.Logger
 	servers []*backendServers
 
-	mu      sync.Mutex
-	objs    *kube.Objects
-	svcs    []ServiceSpec
-	agents  []*Agent
-	proxies []*KubeProxy
-	direct  *Direct
-	kube    *kubeSync
-	closed  bool
-	bpfRoot string
+	mu        sync.Mutex
+	objs      *kube.Objects
+	svcs      []ServiceSpec
+	agents    []*Agent
+	proxies   []*KubeProxy
+	processes []*Process
+	direct    *Direct
+	kube      *kubeSync
+	closed    bool
+	bpfRoot   string
 }
 
 var seq atomic.Uint32
@@ -158,23 +168,15 @@ func (tb *Testbed) mountBPFFS() error {
 }
 
 func (tb *Testbed) build(ctx context.Context) error {
-	fabric, err := newNS(tb.nsName("", "fabric"))
+	fabric, err := netns.Create(tb.nsName("", "fabric"))
 	if err != nil {
 		return err
 	}
 	tb.Fabric = fabric
-	nl := fabric.Netlink()
-	if err := nl.LinkAdd(newBridge(BridgeName)); err != nil {
-		return fmt.Errorf("fabric: add bridge: %w", err)
-	}
-	if err := fabric.LinkUp(BridgeName); err != nil {
+	if err := fabric.AddBridge(BridgeName); err != nil {
 		return err
 	}
-	if err := fabric.addAddr(BridgeName, tb.FabricAddr.String()); err != nil {
-		return err
-	}
-	br, err := nl.LinkByName(BridgeName)
-	if err != nil {
+	if err := fabric.AddAddr(BridgeName, tb.FabricAddr.String()); err != nil {
 		return err
 	}
 
@@ -182,7 +184,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if n.NS, err = newNS(tb.nsName("n-", n.Name)); err != nil {
+		if n.NS, err = netns.Create(tb.nsName("n-", n.Name)); err != nil {
 			return err
 		}
 		// Before any interface exists, so every interface inherits it:
@@ -197,35 +199,23 @@ func (tb *Testbed) build(ctx context.Context) error {
 			}
 		}
 		port := "n" + strconv.Itoa(n.Index)
-		if err := veth(n.NS, UplinkName, fabric, port); err != nil {
+		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU); err != nil {
 			return err
 		}
-		p, err := nl.LinkByName(port)
-		if err != nil {
+		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
 			return err
 		}
-		if err := nl.LinkSetMaster(p, br); err != nil {
-			return fmt.Errorf("fabric: attach %s to %s: %w", port, BridgeName, err)
-		}
-		if err := n.NS.addAddr(UplinkName, n.WireAddr.String()); err != nil {
+		if err := tb.setNetfilter(n); err != nil {
 			return err
 		}
-		if err := n.NS.addRoute("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
-			return err
-		}
-		// Like a real NIC, the wire's senders put finished checksums on
-		// the wire.
-		if err := n.NS.SetTxChecksum(UplinkName, false); err != nil {
-			return err
-		}
-		if err := fabric.SetTxChecksum(port, false); err != nil {
-			return err
-		}
+	}
+	if err := tb.buildOutside(); err != nil {
+		return err
 	}
 	for _, n := range tb.Nodes {
 		for _, o := range tb.Nodes {
 			if o != n {
-				if err := n.NS.addRoute(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
+				if err := n.NS.AddRouteDev(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
 					return err
 				}
 			}
@@ -239,36 +229,70 @@ func (tb *Testbed) build(ctx context.Context) error {
 	return nil
 }
 
-func (tb *Testbed) buildPod(p *Pod) (err error) {
-	n := p.Node
-	if p.NS, err = newNS(tb.nsName("p-", p.Name)); err != nil {
+// plugIntoWire connects ns to the switch: a veth with UplinkName in ns and
+// port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
+// a real NIC, both ends put finished checksums on the wire (transmit
+// checksum offload off), so receivers verify them.
+func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int) error {
+	if err := netns.Veth(ns, UplinkName, tb.Fabric, port); err != nil {
 		return err
 	}
-	if err := veth(n.NS, p.HostVeth, p.NS, PodIfName); err != nil {
+	if err := tb.Fabric.SetMaster(port, BridgeName); err != nil {
 		return err
 	}
-	host, err := n.NS.Netlink().LinkByName(p.HostVeth)
-	if err != nil {
+	if mtu != 0 {
+		if err := ns.SetMTU(UplinkName, mtu); err != nil {
+			return err
+		}
+		if err := tb.Fabric.SetMTU(port, mtu); err != nil {
+			return err
+		}
+	}
+	if err := ns.AddAddr(UplinkName, addr.String()); err != nil {
 		return err
 	}
-	if err := n.NS.Netlink().LinkSetAlias(host, p.Name); err != nil {
-		return fmt.Errorf("%s: alias %s: %w", n.NS.Name, p.HostVeth, err)
+	if err := ns.SetTxChecksum(UplinkName, false); err != nil {
+		return err
 	}
-	gw := n.Gateway.String()
+	return tb.Fabric.SetTxChecksum(port, false)
+}
+
+// wirePointToPoint connects guest (a pod, an outside client) to host (its
+// node, the router) the way the CNI ptp plugin does: a veth, gw on the
+// host side as a /32 (the same gw on every such veth of host), addr as a
+// /32 in the guest with a default route via gw, and a /32 route to addr on
+// the host. The host side finishes checksums in software; the guest keeps
+// its offloads and sends CHECKSUM_PARTIAL, as a real pod does.
+func wirePointToPoint(host *NS, hostIf string, guest *NS, guestIf string, gw, addr netip.Addr) error {
+	if err := netns.Veth(host, hostIf, guest, guestIf); err != nil {
+		return err
+	}
 	steps := []func() error{
-		func() error { return n.NS.addAddr(p.HostVeth, gw+"/32") },
-		func() error { return n.NS.addRoute(p.Addr.String()+"/32", p.HostVeth, "") },
-		func() error { return p.NS.addAddr(PodIfName, p.Addr.String()+"/32") },
-		func() error { return p.NS.addRoute(gw+"/32", PodIfName, "") },
-		func() error { return p.NS.addRoute("default", PodIfName, gw) },
-		// The node side computes checksums in software; the pod side
-		// keeps its offloads and sends CHECKSUM_PARTIAL.
-		func() error { return n.NS.SetTxChecksum(p.HostVeth, false) },
+		func() error { return host.AddAddr(hostIf, gw.String()+"/32") },
+		func() error { return host.AddRouteDev(addr.String()+"/32", hostIf, "") },
+		func() error { return guest.AddAddr(guestIf, addr.String()+"/32") },
+		func() error { return guest.AddRouteDev(gw.String()+"/32", guestIf, "") },
+		func() error { return guest.AddRouteDev("default", guestIf, gw.String()) },
+		func() error { return host.SetTxChecksum(hostIf, false) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func (tb *Testbed) buildPod(p *Pod) (err error) {
+	n := p.Node
+	if p.NS, err = netns.Create(tb.nsName("p-", p.Name)); err != nil {
+		return err
+	}
+	if err := wirePointToPoint(n.NS, p.HostVeth, p.NS, PodIfName, n.Gateway, p.Addr); err != nil {
+		return err
+	}
+	if err := n.NS.SetAlias(p.HostVeth, p.Name); err != nil {
+		return err
 	}
 	if p.Role == RoleBackend {
 		tcp, udp := tb.Spec.BackendPorts()
@@ -281,10 +305,18 @@ func (tb *Testbed) buildPod(p *Pod) (err error) {
 	return nil
 }
 
-// namespaces returns every namespace of the testbed that exists: pods,
-// nodes, fabric.
+// namespaces returns every namespace of the testbed that exists: outside
+// clients, router, pods, nodes, fabric.
 func (tb *Testbed) namespaces() []*NS {
 	var out []*NS
+	for _, e := range tb.Externals {
+		if e.NS != nil {
+			out = append(out, e.NS)
+		}
+	}
+	if tb.Router != nil && tb.Router.NS != nil {
+		out = append(out, tb.Router.NS)
+	}
 	for _, p := range tb.Pods {
 		if p.NS != nil {
 			out = append(out, p.NS)
@@ -301,8 +333,8 @@ func (tb *Testbed) namespaces() []*NS {
 	return out
 }
 
-// Close tears the testbed down: agents and kube-proxies (SIGKILL if
-// SIGTERM does not stop them), the in-process datapath, backend servers, pins, the bpffs mount,
+// Close tears the testbed down: processes in pods, agents and kube-proxies
+// (SIGKILL if SIGTERM does not stop them), the in-process datapath, backend servers, pins, the bpffs mount,
 // every namespace and the state directory. It is safe to call more than
 // once and keeps going after errors, which it returns joined.
 func (tb *Testbed) Close() error {
@@ -312,10 +344,15 @@ func (tb *Testbed) Close() error {
 		return nil
 	}
 	tb.closed = true
-	agents, proxies, direct, ks := tb.agents, tb.proxies, tb.direct, tb.kube
+	agents, proxies, processes, direct, ks := tb.agents, tb.proxies, tb.processes, tb.direct, tb.kube
 	tb.mu.Unlock()
 
 	var errs []error
+	for _, p := range processes {
+		if err := p.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, a := range agents {
 		if err := a.Stop(); err != nil {
 			errs = append(errs, err)
@@ -393,8 +430,8 @@ func RemoveStale(stateRoot string) error {
 		errs = append(errs, err)
 	}
 	for _, e := range entries {
-		pid, ok := ownerPID(e.Name())
-		if !ok || processAlive(pid) {
+		pid, ok := netns.OwnerPID(e.Name())
+		if !ok || netns.ProcessAlive(pid) {
 			continue
 		}
 		dir := filepath.Join(stateRoot, e.Name())
@@ -408,49 +445,8 @@ func RemoveStale(stateRoot string) error {
 			errs = append(errs, fmt.Errorf("remove stale state %s: %w", dir, err))
 		}
 	}
-	nss, err := os.ReadDir(NetnsDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := netns.RemoveStale(Prefix); err != nil {
 		errs = append(errs, err)
 	}
-	for _, e := range nss {
-		rest, ok := strings.CutPrefix(e.Name(), Prefix)
-		if !ok {
-			continue
-		}
-		pid, ok := ownerPID(rest)
-		if !ok || processAlive(pid) {
-			continue
-		}
-		if err := deleteNamedNS(filepath.Join(NetnsDir, e.Name())); err != nil {
-			errs = append(errs, fmt.Errorf("remove stale netns: %w", err))
-		}
-	}
 	return errors.Join(errs...)
-}
-
-// ownerPID parses the pid from "<pid>-...".
-func ownerPID(s string) (int, bool) {
-	pidStr, _, _ := strings.Cut(s, "-")
-	pid, err := strconv.Atoi(pidStr)
-	if err != nil || pid <= 0 || pid == os.Getpid() {
-		return 0, false
-	}
-	return pid, true
-}
-
-// processAlive reports whether pid exists and is not a zombie (a killed
-// process whose parent has not reaped it yet holds nothing).
-func processAlive(pid int) bool {
-	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
-		return false
-	}
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	// "pid (comm) S ...": the state follows the last ')'.
-	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z'
-	}
-	return true
 }

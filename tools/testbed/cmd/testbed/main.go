@@ -137,6 +137,14 @@ func printSummary(tb *testbed.Testbed) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Role, p.Node.Name, p.Addr, p.HostVeth, p.NS.Name)
 	}
 	w.Flush()
+	if r := tb.Router; r != nil {
+		fmt.Printf("\nrouter %s on the wire, outside subnet %s, external and LB IPs to %s: %s\n", r.WireAddr, r.Subnet, r.Ingress.Name, r.NS.Name)
+		fmt.Fprintln(w, "OUTSIDE CLIENT\tADDRESS\tROUTER VETH\tNAMESPACE")
+		for _, e := range tb.Externals {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Name, e.Addr, e.RouterIf, e.NS.Name)
+		}
+		w.Flush()
+	}
 	if c := tb.Clients(); len(c) > 0 {
 		fmt.Printf("\ntry: nsenter --net=%s curl -s http://10.96.0.10/\n", c[0].NS.Path)
 	}

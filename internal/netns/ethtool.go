@@ -1,0 +1,78 @@
+package netns
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ethtool value commands for transmit checksum offload
+// (include/uapi/linux/ethtool.h).
+const (
+	ethtoolGTXCSUM = 0x16
+	ethtoolSTXCSUM = 0x17
+)
+
+// ethtoolValue is struct ethtool_value.
+type ethtoolValue struct {
+	cmd  uint32
+	data uint32
+}
+
+// ifreqData is struct ifreq with its ifr_data member, padded to the
+// union's size.
+type ifreqData struct {
+	name [unix.IFNAMSIZ]byte
+	data unsafe.Pointer
+	_    [24 - unsafe.Sizeof(uintptr(0))]byte
+}
+
+// ethtool issues one SIOCETHTOOL value command on ifname inside the
+// namespace and returns the value the kernel wrote back.
+func (ns *NS) ethtool(ifname string, cmd, data uint32) (uint32, error) {
+	v := ethtoolValue{cmd: cmd, data: data}
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		var ifr ifreqData
+		copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
+		ifr.data = unsafe.Pointer(&v)
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+		runtime.KeepAlive(&v)
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	})
+	return v.data, err
+}
+
+// SetTxChecksum switches transmit checksum offload of ifname, as `ethtool
+// -K IFNAME tx on|off` does (ETHTOOL_STXCSUM). Off, the kernel finishes
+// checksums in software before a packet leaves, as a real NIC puts them on
+// the wire, so the receiver verifies what a datapath wrote.
+func (ns *NS) SetTxChecksum(ifname string, on bool) error {
+	var data uint32
+	if on {
+		data = 1
+	}
+	if _, err := ns.ethtool(ifname, ethtoolSTXCSUM, data); err != nil {
+		return fmt.Errorf("%s: set tx checksum offload of %s to %v: %w", ns.Name, ifname, on, err)
+	}
+	return nil
+}
+
+// TxChecksum reports whether transmit checksum offload is on for ifname
+// (ETHTOOL_GTXCSUM).
+func (ns *NS) TxChecksum(ifname string) (bool, error) {
+	v, err := ns.ethtool(ifname, ethtoolGTXCSUM, 0)
+	if err != nil {
+		return false, fmt.Errorf("%s: get tx checksum offload of %s: %w", ns.Name, ifname, err)
+	}
+	return v != 0, nil
+}
