@@ -17,6 +17,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/topolb/topolb/topology"
@@ -382,11 +383,17 @@ func (d *decoder) add(js []byte, loc location, depth int) error {
 		d.warn(loc, "skipping %s %s: it has no metadata.name", tm.APIVersion, tm.Kind)
 		return nil
 	}
-	e := entry{loc: loc}
 	key := objectKey{kind: tm.Kind, namespace: ns, name: tm.Metadata.Name}
+	if tm.Kind == "Node" {
+		key.namespace = ""
+	}
+	if reason := invalidName(key); reason != "" {
+		d.warn(loc, "skipping %s (the apiserver refuses such names)", reason)
+		return nil
+	}
+	e := entry{loc: loc}
 	switch tm.Kind {
 	case "Node":
-		key.namespace = ""
 		e.node = &v1.Node{}
 		if err := json.Unmarshal(js, e.node); err != nil {
 			return d.errorf(loc, "node %s: %w", tm.Metadata.Name, err)
@@ -416,6 +423,42 @@ func (d *decoder) add(js []byte, loc location, depth int) error {
 	d.seen[key] = len(d.entries)
 	d.entries = append(d.entries, e)
 	return nil
+}
+
+// maxQuotedName bounds how much of an invalid name a warning quotes.
+const maxQuotedName = 64
+
+// invalidName returns, for an object whose name or namespace the apiserver
+// would refuse, what is wrong with which (quoted and cut to maxQuotedName
+// bytes, so warnings stay bounded and printable); "" when both are valid.
+// Names are what `explain` and the logs print, so only names the cluster
+// itself could hold get that far.
+func invalidName(k objectKey) string {
+	var msgs []string
+	if k.namespace != "" {
+		if msgs = validation.IsDNS1123Label(k.namespace); len(msgs) > 0 {
+			return fmt.Sprintf("%s %s in namespace %s: metadata.namespace: %s", k.kind, quoteName(k.name), quoteName(k.namespace), msgs[0])
+		}
+	}
+	switch k.kind {
+	case "Service":
+		msgs = validation.IsDNS1035Label(k.name)
+	default:
+		msgs = validation.IsDNS1123Subdomain(k.name)
+	}
+	if len(msgs) > 0 {
+		return fmt.Sprintf("%s %s: metadata.name: %s", k.kind, quoteName(k.name), msgs[0])
+	}
+	return ""
+}
+
+// quoteName quotes s as a Go string, escaping control and non-UTF-8
+// bytes, cut to maxQuotedName bytes.
+func quoteName(s string) string {
+	if len(s) > maxQuotedName {
+		return strconv.Quote(s[:maxQuotedName]) + "..."
+	}
+	return strconv.Quote(s)
 }
 
 // isKept reports whether tm is a kind and version topolb reads.

@@ -585,3 +585,39 @@ func TestDecodeManifestsLinear(t *testing.T) {
 		})
 	}
 }
+
+func TestDecodeManifestsInvalidNames(t *testing.T) {
+	in := "apiVersion: v1\nkind: List\nitems:\n" +
+		"- {apiVersion: v1, kind: Service, metadata: {name: \"web\\x07\\e[31m\"}}\n" +
+		"- {apiVersion: v1, kind: Service, metadata: {name: Web}}\n" +
+		"- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: \"a b\"}}\n" +
+		"- {apiVersion: v1, kind: Node, metadata: {name: " + strings.Repeat("n", 300) + "}}\n" +
+		"- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: web.1}, addressType: IPv4}\n" +
+		"- {apiVersion: v1, kind: Node, metadata: {name: node-a1.example}}\n"
+	objs, warnings, err := DecodeManifests("f.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := manifestSummary(objs), []string{"Node node-a1.example", "EndpointSlice default/web.1"}; !slices.Equal(got, want) {
+		t.Errorf("objects %q, want %q", got, want)
+	}
+	wantPrefixes := []string{
+		`f.yaml:4: skipping Service "web\a\x1b[31m": metadata.name: a DNS-1035 label must consist of`,
+		`f.yaml:5: skipping Service "Web": metadata.name: a DNS-1035 label`,
+		`f.yaml:6: skipping Service "web" in namespace "a b": metadata.namespace: a lowercase RFC 1123 label`,
+		`f.yaml:7: skipping Node "` + strings.Repeat("n", maxQuotedName) + `"...: metadata.name: must be no more than 253 characters`,
+	}
+	if len(warnings) != len(wantPrefixes) {
+		t.Fatalf("warnings %q, want %d", warnings, len(wantPrefixes))
+	}
+	for i, w := range warnings {
+		if !strings.HasPrefix(w, wantPrefixes[i]) || !strings.HasSuffix(w, "(the apiserver refuses such names)") {
+			t.Errorf("warning %q, want it to start with %q", w, wantPrefixes[i])
+		}
+		for _, r := range w {
+			if r < ' ' {
+				t.Errorf("warning %q holds a control character", w)
+			}
+		}
+	}
+}
