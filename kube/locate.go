@@ -21,14 +21,7 @@ type locatedDoc struct {
 // positions; this second parse runs only for the few items a warning or an
 // error names.
 func (d *decoder) locate(loc location) (int, bool) {
-	if d.located == nil {
-		d.located = map[int]*locatedDoc{}
-	}
-	ld, ok := d.located[loc.doc]
-	if !ok {
-		ld = parseLocated(d.docs[loc.doc].body)
-		d.located[loc.doc] = ld
-	}
+	ld := d.parsed(loc.doc)
 	if ld == nil {
 		return 0, false
 	}
@@ -41,6 +34,20 @@ func (d *decoder) locate(loc location) (int, bool) {
 		n = deref(items.Content[i])
 	}
 	return n.Line, true
+}
+
+// parsed returns document i parsed with positions, parsing it the first
+// time, or nil.
+func (d *decoder) parsed(i int) *locatedDoc {
+	if d.located == nil {
+		d.located = map[int]*locatedDoc{}
+	}
+	ld, ok := d.located[i]
+	if !ok {
+		ld = parseLocated(d.docs[i].body)
+		d.located[i] = ld
+	}
+	return ld
 }
 
 // parseLocated parses body with positions, or returns nil.
@@ -74,4 +81,53 @@ func deref(n *yaml3.Node) *yaml3.Node {
 		return n.Alias
 	}
 	return n
+}
+
+// duplicate is a key written twice in one mapping, at 1-based lines of its
+// document.
+type duplicate struct {
+	key           string
+	first, second int
+}
+
+// duplicateKey finds the first key written twice in one mapping of document
+// i. ok is false when the document could not be parsed with positions (too
+// large, or refused by this parser); dup is nil when no mapping repeats a
+// key of its own (keys merged in with "<<" may be overridden; "<<" itself
+// is a key like any other).
+func (d *decoder) duplicateKey(i int) (dup *duplicate, ok bool) {
+	ld := d.parsed(i)
+	if ld == nil {
+		return nil, false
+	}
+	seen := map[*yaml3.Node]bool{}
+	var walk func(n *yaml3.Node) *duplicate
+	walk = func(n *yaml3.Node) *duplicate {
+		// Aliases are walked where their anchor is.
+		if n == nil || n.Kind == yaml3.AliasNode || seen[n] {
+			return nil
+		}
+		seen[n] = true
+		if n.Kind == yaml3.MappingNode {
+			keys := map[[2]string]int{}
+			for j := 0; j+1 < len(n.Content); j += 2 {
+				k := n.Content[j]
+				if k.Kind != yaml3.ScalarNode {
+					continue
+				}
+				id := [2]string{k.ShortTag(), k.Value}
+				if line, dup := keys[id]; dup {
+					return &duplicate{key: k.Value, first: line, second: k.Line}
+				}
+				keys[id] = k.Line
+			}
+		}
+		for _, c := range n.Content {
+			if dup := walk(c); dup != nil {
+				return dup
+			}
+		}
+		return nil
+	}
+	return walk(ld.root), true
 }

@@ -311,8 +311,23 @@ func (d *decoder) decodeDocument(i int) error {
 		return nil
 	}
 	js, err := yaml.YAMLToJSONStrict(doc.body)
+	if err != nil && strings.Contains(err.Error(), " already set in map") {
+		// Strict decoding also refuses a key that overrides one merged in
+		// with "<<", which YAML allows: only a key written twice in one
+		// mapping is refused.
+		if dup, ok := d.duplicateKey(i); ok && dup != nil {
+			return fmt.Errorf("%s:%d: key %q is given twice in one mapping (also at line %d); which value is meant is unclear, so the manifest is refused",
+				d.name, doc.line+dup.second-1, dup.key, doc.line+dup.first-1)
+		} else if ok {
+			js, err = yaml.YAMLToJSON(doc.body)
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("%s:%d: %s", d.name, doc.line+yamlErrorLine(err), cleanYAMLError(err))
+		line, ok := yamlErrorLine(err)
+		if !ok {
+			return fmt.Errorf("%s:%d: %s", d.name, doc.first, cleanYAMLError(err))
+		}
+		return fmt.Errorf("%s:%d: %s", d.name, doc.line+line, cleanYAMLError(err))
 	}
 	if string(js) == "null" {
 		return nil
@@ -548,14 +563,17 @@ var (
 )
 
 // yamlErrorLine returns the 0-based line offset a YAML error names inside
-// its document, or 0.
-func yamlErrorLine(err error) int {
+// its document, and whether it names one.
+func yamlErrorLine(err error) (int, bool) {
 	m := yamlLineRE.FindStringSubmatch(err.Error())
 	if m == nil {
-		return 0
+		return 0, false
 	}
-	n, _ := strconv.Atoi(m[1])
-	return n - 1
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		return 0, false
+	}
+	return n - 1, true
 }
 
 // cleanYAMLError turns a YAML error into a message without the library's

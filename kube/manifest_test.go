@@ -395,12 +395,34 @@ spec:
   clusterIP: 10.96.0.1
   clusterIP: 10.96.0.2
 `,
-			wantErr: `f.yaml:6: key "clusterIP" is given twice in one mapping; which value is meant is unclear, so the manifest is refused`,
+			wantErr: `f.yaml:6: key "clusterIP" is given twice in one mapping (also at line 5); which value is meant is unclear, so the manifest is refused`,
+		},
+		{
+			name: "a key merged in with << may be overridden",
+			in: `apiVersion: v1
+kind: List
+items:
+- &node {apiVersion: v1, kind: Node, metadata: {name: a1, labels: {zone: a}}}
+- {<<: *node, metadata: {name: b1}}
+`,
+			want: []string{"Node a1", "Node b1"},
+		},
+		{
+			name: "a key written twice next to a merge is still refused",
+			in: `apiVersion: v1
+kind: List
+items:
+- &node {apiVersion: v1, kind: Node, metadata: {name: a1}}
+- <<: *node
+  metadata: {name: b1}
+  metadata: {name: c1}
+`,
+			wantErr: `f.yaml:7: key "metadata" is given twice in one mapping (also at line 6); which value is meant is unclear, so the manifest is refused`,
 		},
 		{
 			name:    "a key given twice in a JSON object refuses the file",
 			in:      "---\n{\"apiVersion\": \"v1\", \"kind\": \"Node\",\n \"metadata\": {\"name\": \"a\", \"name\": \"b\"}}\n",
-			wantErr: `f.yaml:3: key "name" is given twice in one mapping; which value is meant is unclear, so the manifest is refused`,
+			wantErr: `f.yaml:3: key "name" is given twice in one mapping (also at line 3); which value is meant is unclear, so the manifest is refused`,
 		},
 	}
 	for _, tt := range tests {
