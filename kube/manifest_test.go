@@ -28,18 +28,47 @@ func manifestSummary(o *Objects) []string {
 	return out
 }
 
+// checkDecode decodes in as f.yaml and checks the result: the error exactly
+// when wantErr is set (and then no objects or warnings), else
+// manifestSummary() of the objects and the warnings exactly.
+func checkDecode(t *testing.T, in string, want, wantWarnings []string, wantErr string) {
+	t.Helper()
+	objs, warnings, err := DecodeManifests("f.yaml", []byte(in))
+	if wantErr != "" {
+		if err == nil || err.Error() != wantErr {
+			t.Fatalf("error %v, want %q", err, wantErr)
+		}
+		if objs != nil || warnings != nil {
+			t.Errorf("got objects %v and warnings %q with the error, want neither", objs, warnings)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	if got := manifestSummary(objs); !slices.Equal(got, want) {
+		t.Errorf("objects %q, want %q", got, want)
+	}
+	if !slices.Equal(warnings, wantWarnings) {
+		t.Errorf("warnings %q, want %q", warnings, wantWarnings)
+	}
+}
+
+// decodeCase is a manifest and what DecodeManifests must make of it.
+type decodeCase struct {
+	name string
+	in   string
+	// want is manifestSummary() of the result; nil when an error is expected.
+	want []string
+	// wantWarnings are the warnings exactly; nil means none.
+	wantWarnings []string
+	// wantErr is the error message exactly ("" for no error); it must
+	// name the file and the line.
+	wantErr string
+}
+
 func TestDecodeManifests(t *testing.T) {
-	tests := []struct {
-		name string
-		in   string
-		// want is manifestSummary() of the result; nil when an error is expected.
-		want []string
-		// wantWarnings are the warnings exactly; nil means none.
-		wantWarnings []string
-		// wantErr is the error message exactly ("" for no error); it must
-		// name the file and the line.
-		wantErr string
-	}{
+	tests := []decodeCase{
 		{
 			name: "multi-doc with leading and trailing separators",
 			in: `---
@@ -235,27 +264,7 @@ spec:
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			objs, warnings, err := DecodeManifests("f.yaml", []byte(tt.in))
-			if tt.wantErr != "" {
-				if err == nil || err.Error() != tt.wantErr {
-					t.Fatalf("error %v, want %q", err, tt.wantErr)
-				}
-				if objs != nil || warnings != nil {
-					t.Errorf("got objects %v and warnings %q with the error, want neither", objs, warnings)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
-			}
-			if got := manifestSummary(objs); !slices.Equal(got, tt.want) {
-				t.Errorf("objects %q, want %q", got, tt.want)
-			}
-			if !slices.Equal(warnings, tt.wantWarnings) {
-				t.Errorf("warnings %q, want %q", warnings, tt.wantWarnings)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkDecode(t, tt.in, tt.want, tt.wantWarnings, tt.wantErr) })
 	}
 }
 
@@ -319,15 +328,7 @@ func TestLoadManifests(t *testing.T) {
 }
 
 func TestDecodeManifestsDuplicates(t *testing.T) {
-	tests := []struct {
-		name string
-		in   string
-		// want is manifestSummary() of the result; nil when an error is
-		// expected.
-		want         []string
-		wantWarnings []string
-		wantErr      string
-	}{
+	tests := []decodeCase{
 		{
 			name: "the last definition of an object wins, both lines named",
 			in: `apiVersion: v1
@@ -426,24 +427,7 @@ items:
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			objs, warnings, err := DecodeManifests("f.yaml", []byte(tt.in))
-			if tt.wantErr != "" {
-				if err == nil || err.Error() != tt.wantErr {
-					t.Fatalf("error %v, want %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
-			}
-			if got := manifestSummary(objs); !slices.Equal(got, tt.want) {
-				t.Errorf("objects %q, want %q", got, tt.want)
-			}
-			if !slices.Equal(warnings, tt.wantWarnings) {
-				t.Errorf("warnings %q, want %q", warnings, tt.wantWarnings)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkDecode(t, tt.in, tt.want, tt.wantWarnings, tt.wantErr) })
 	}
 	// The kept definition is the later one, field by field.
 	objs, _, err := DecodeManifests("f.yaml", []byte(tests[0].in))
@@ -456,13 +440,7 @@ items:
 }
 
 func TestDecodeManifestsDocumentMarkers(t *testing.T) {
-	tests := []struct {
-		name string
-		in   string
-		want []string
-		// wantWarnings are the warnings exactly; nil means none.
-		wantWarnings []string
-	}{
+	tests := []decodeCase{
 		{
 			name: "a document that starts on its marker's line is not lost",
 			in:   "apiVersion: v1\nkind: Node\nmetadata: {name: a1}\n--- {apiVersion: v1, kind: Node, metadata: {name: b1}}\n--- {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n",
@@ -493,18 +471,7 @@ func TestDecodeManifestsDocumentMarkers(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			objs, warnings, err := DecodeManifests("f.yaml", []byte(tt.in))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := manifestSummary(objs); !slices.Equal(got, tt.want) {
-				t.Errorf("objects %q, want %q", got, tt.want)
-			}
-			if !slices.Equal(warnings, tt.wantWarnings) {
-				t.Errorf("warnings %q, want %q", warnings, tt.wantWarnings)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkDecode(t, tt.in, tt.want, tt.wantWarnings, tt.wantErr) })
 	}
 }
 

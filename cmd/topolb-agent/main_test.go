@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -236,9 +235,8 @@ func (b *bed) programmed() map[string][]string {
 func (b *bed) metric(name string) float64 {
 	body, err := b.get("9965/metrics")
 	must(b.t, err)
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			must(b.t, err)
 			return f
