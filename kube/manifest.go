@@ -150,8 +150,8 @@ func fileKind(m os.FileMode) string {
 // that is not an object, a field of the wrong type, a bound above exceeded)
 // refuses the whole file and returns no objects. Warnings, with the
 // objects:
-//   - other kinds and API versions, and objects without a name, are
-//     skipped;
+//   - other kinds and API versions, objects without a name, and objects
+//     whose name or namespace the apiserver would refuse are skipped;
 //   - an object given twice (same kind, namespace and name) is taken from
 //     its last definition in the file; the warning names both lines.
 //
