@@ -56,6 +56,9 @@ type Config struct {
 	Metrics *Metrics
 	// Events, if set, receives mode changes and programming failures.
 	Events EventSink
+	// HealthTimeout is how long a change may wait, or a sync run, before
+	// Health reports the agent unhealthy; 0 means DefaultHealthTimeout.
+	HealthTimeout time.Duration
 }
 
 // Agent holds the cluster state for one node and programs the datapath.
@@ -65,6 +68,9 @@ type Agent struct {
 	cfg Config
 	dp  Datapath
 	log *slog.Logger
+	// live records the sync loop's progress for Health; now is its clock.
+	live liveness
+	now  func() time.Time
 
 	mu    sync.RWMutex
 	state *topology.State
@@ -100,7 +106,7 @@ func New(cfg Config, dp Datapath) *Agent {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Agent{
-		cfg: cfg, dp: dp, log: log,
+		cfg: cfg, dp: dp, log: log, now: time.Now,
 		state:     &topology.State{Nodes: map[string]topology.Node{}, Services: map[types.NamespacedName]*v1.Service{}, Slices: map[types.NamespacedName][]*discovery.EndpointSlice{}},
 		slices:    map[types.NamespacedName]*discovery.EndpointSlice{},
 		bySvc:     map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice{},
@@ -134,6 +140,7 @@ func (a *Agent) Synced() bool {
 // notification it waits coalesce so that a burst of events becomes one sync.
 // Services whose write failed are retried every retry interval.
 func (a *Agent) Run(ctx context.Context, t *kube.Tracker, coalesce, retry time.Duration) {
+	a.live.watch(t)
 	tick := time.NewTicker(retry)
 	defer tick.Stop()
 	for {
@@ -171,6 +178,8 @@ func (a *Agent) hasFailed() bool {
 // deleted, so a restarting agent never makes the datapath worse.
 func (a *Agent) Apply(b kube.Batch) SyncResult {
 	start := time.Now()
+	a.live.begin(a.now())
+	defer func() { a.live.end(a.now()) }()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 

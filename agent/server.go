@@ -74,12 +74,18 @@ func backendStrings(bes []maps.Backend) []string {
 	return out
 }
 
-// HealthHandler serves /healthz (the process is alive), /readyz (the first
-// full sync has been written) and /debug/state.
+// HealthHandler serves /healthz (the sync loop keeps up, see Health: 200,
+// else 503, with the Health as JSON), /readyz (the first full sync has been
+// written) and /debug/state.
 func (a *Agent) HealthHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
+		h := a.Health()
+		w.Header().Set("Content-Type", "application/json")
+		if !h.Healthy {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(h)
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Synced() {

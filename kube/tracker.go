@@ -113,6 +113,9 @@ func record[K comparable, T comparable](t *Tracker, m map[K]*change[T], key K, p
 	c.current = cur
 	if equal(c.previous, c.current) {
 		delete(m, key)
+		if t.emptyLocked() {
+			t.since = time.Time{}
+		}
 		return
 	}
 	t.signalLocked()
@@ -126,6 +129,21 @@ func (t *Tracker) signalLocked() {
 	case t.notify <- struct{}{}:
 	default:
 	}
+}
+
+// OldestPending returns when the oldest change not yet drained was
+// observed, or the zero time when nothing is pending.
+func (t *Tracker) OldestPending() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.emptyLocked() {
+		return time.Time{}
+	}
+	return t.since
+}
+
+func (t *Tracker) emptyLocked() bool {
+	return !t.resync && len(t.services) == 0 && len(t.slices) == 0 && len(t.nodes) == 0
 }
 
 // Drain returns the pending changes and starts a new batch.

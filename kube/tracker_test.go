@@ -97,3 +97,38 @@ func TestTrackerSignalsOncePerBatch(t *testing.T) {
 		t.Errorf("resync not drained: %+v", b)
 	}
 }
+
+func TestTrackerOldestPending(t *testing.T) {
+	tr := NewTracker()
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tr.now = func() time.Time { return clock }
+	if got := tr.OldestPending(); !got.IsZero() {
+		t.Fatalf("empty tracker: pending since %v", got)
+	}
+	first := clock
+	tr.ServiceChanged(nil, svcObj("1", "10.96.0.1", nil))
+	clock = clock.Add(time.Minute)
+	tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.2", nil))
+	if got := tr.OldestPending(); !got.Equal(first) {
+		t.Errorf("pending since %v, want the first change's %v", got, first)
+	}
+	// A change that cancels the only pending one leaves nothing pending,
+	// and the next change starts the clock again.
+	tr.ServiceChanged(svcObj("2", "10.96.0.2", nil), nil)
+	if got := tr.OldestPending(); !got.IsZero() {
+		t.Errorf("after cancelling: pending since %v", got)
+	}
+	clock = clock.Add(time.Minute)
+	tr.NodeChanged(nil, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	if got := tr.OldestPending(); !got.Equal(clock) {
+		t.Errorf("pending since %v, want %v", got, clock)
+	}
+	tr.Drain()
+	if got := tr.OldestPending(); !got.IsZero() {
+		t.Errorf("after drain: pending since %v", got)
+	}
+	tr.Resync()
+	if got := tr.OldestPending(); !got.Equal(clock) {
+		t.Errorf("resync pending since %v, want %v", got, clock)
+	}
+}

@@ -12,7 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -37,7 +37,11 @@ type flags struct {
 	uplinks        string
 	bpffs          string
 	metricsAddress string
+	metricsNodeIP  bool
+	nodeIP         string
 	healthAddress  string
+	healthTimeout  time.Duration
+	allowEmpty     bool
 	maxFrontends   uint32
 	maxBackends    uint32
 	maxConntrack   uint32
@@ -58,7 +62,18 @@ this node which backends each service port may use (the same decision as
 'topolbctl explain'), and writes only those into pinned BPF maps. The tc
 program on pod interfaces and the XDP program on uplinks balance traffic
 from them. The datapath is pinned under --bpffs and outlives the agent: a
-restart adopts it and never flushes it.`,
+restart adopts it and never flushes it.
+
+With --from-file, a file that cannot be read or decoded changes nothing: the
+last good state stays in force, and the error names the file and line. So
+does a file that holds no objects or no Node named --node-name (what a file
+being rewritten in place looks like), unless --allow-empty-cluster says an
+empty cluster is meant. Write the file elsewhere and rename it over the old
+one to switch atomically.
+
+/healthz answers 503 when a change has waited longer than --health-timeout
+for the maps, or one sync has run longer (the sync loop is stuck); /readyz
+answers 200 once the first full sync is in the maps.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -69,11 +84,15 @@ restart adopts it and never flushes it.`,
 	fl.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration, else $KUBECONFIG)")
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
+	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
 	fl.StringVar(&f.uplinks, "uplinks", "auto", `comma-separated uplink interfaces for the XDP program, or "auto": the devices of the default routes`)
 	fl.StringVar(&f.bpffs, "bpffs", maps.DefaultPinPath, "directory on a bpf filesystem where maps and links are pinned")
-	fl.StringVar(&f.metricsAddress, "metrics-address", "127.0.0.1:9965", "address serving Prometheus metrics at /metrics (empty disables)")
+	fl.StringVar(&f.metricsAddress, "metrics-address", "127.0.0.1:9965", "address serving Prometheus metrics at /metrics (empty disables); localhost by default, since the metrics name every service and count its traffic")
+	fl.BoolVar(&f.metricsNodeIP, "metrics-on-node-ip", false, "serve /metrics on --node-ip at the port of --metrics-address instead, so Prometheus can scrape it over the network: opt in only where every client that reaches the node may read service names and traffic counters")
+	fl.StringVar(&f.nodeIP, "node-ip", os.Getenv("NODE_IP"), "this node's IP address, for --metrics-on-node-ip (default $NODE_IP)")
 	fl.StringVar(&f.healthAddress, "health-address", "127.0.0.1:9966", "address serving /healthz, /readyz and /debug/state (empty disables)")
+	fl.DurationVar(&f.healthTimeout, "health-timeout", agent.DefaultHealthTimeout, "/healthz fails when a change has waited longer than this for the maps, or one sync has run longer (kube-proxy: 2 × its 30 s sync period)")
 	fl.Uint32Var(&f.maxFrontends, "max-frontends", maps.DefaultMaxFrontends, "capacity of the services map (frontends)")
 	fl.Uint32Var(&f.maxBackends, "max-backends", maps.DefaultMaxBackends, "capacity of the backends map (sum of backends over frontends)")
 	fl.Uint32Var(&f.maxConntrack, "max-conntrack", maps.DefaultMaxConntrack, "capacity of the LRU conntrack map")
@@ -101,6 +120,13 @@ func run(ctx context.Context, f flags) (err error) {
 	if f.fromFile != "" && f.kubeconfig != "" {
 		return errors.New("--from-file and --kubeconfig are mutually exclusive")
 	}
+	if f.allowEmpty && f.fromFile == "" {
+		return errors.New("--allow-empty-cluster applies to --from-file only")
+	}
+	metricsAddress, err := metricsListenAddress(f)
+	if err != nil {
+		return err
+	}
 
 	var client kubernetes.Interface
 	if f.fromFile == "" {
@@ -114,7 +140,7 @@ func run(ctx context.Context, f flags) (err error) {
 		}
 	}
 
-	if err := ensureBPFFS(log, f.bpffs); err != nil {
+	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
 		return err
 	}
 	dp, err := maps.Load(maps.Options{
@@ -147,7 +173,7 @@ func run(ctx context.Context, f flags) (err error) {
 	metrics := agent.NewMetrics(reg)
 	cfg := agent.Config{
 		NodeName: f.nodeName, Options: topology.DefaultOptions(),
-		Logger: log.With("component", "agent"), Metrics: metrics,
+		Logger: log.With("component", "agent"), Metrics: metrics, HealthTimeout: f.healthTimeout,
 	}
 	if client != nil && f.events {
 		ev := agent.NewKubeEvents(client, f.nodeName)
@@ -157,10 +183,10 @@ func run(ctx context.Context, f flags) (err error) {
 	a := agent.New(cfg, dp)
 	reg.MustRegister(agent.NewDatapathCollector(dp, a.BackendZones))
 
-	if f.metricsAddress != "" {
+	if metricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if err := serve(ctx, log, "metrics", f.metricsAddress, mux); err != nil {
+		if err := serve(ctx, log, "metrics", metricsAddress, mux); err != nil {
 			return err
 		}
 	}
@@ -173,15 +199,21 @@ func run(ctx context.Context, f flags) (err error) {
 	tracker := kube.NewTracker()
 	if f.fromFile != "" {
 		w := &kube.FileWatcher{
-			Path: f.fromFile, Tracker: tracker,
-			OnLoad: func(warnings []string) {
-				log.Info("manifests loaded", "file", f.fromFile)
+			Path: f.fromFile, Tracker: tracker, NodeName: f.nodeName, AllowEmpty: f.allowEmpty,
+			OnLoad: func(objs *kube.Objects, warnings []string) {
+				log.Info("manifest applied", "file", f.fromFile, "nodes", len(objs.Nodes), "services", len(objs.Services),
+					"endpointSlices", len(objs.Slices), "warnings", len(warnings))
 				for _, w := range warnings {
 					log.Warn("manifest", "warning", w)
 				}
 			},
 			OnError: func(err error) {
-				log.Error("manifests not loaded; the previous state stays in force", "file", f.fromFile, "err", err)
+				if errors.Is(err, kube.ErrNotApplied) {
+					log.Warn("manifest not applied; the last good state stays in force (--allow-empty-cluster applies such a file)",
+						"file", f.fromFile, "reason", err)
+					return
+				}
+				log.Error("manifest not loaded; the last good state stays in force", "file", f.fromFile, "err", err)
 			},
 		}
 		go w.Run(ctx)
@@ -219,24 +251,63 @@ func serve(ctx context.Context, log *slog.Logger, what, addr string, h http.Hand
 	return nil
 }
 
-// ensureBPFFS mounts a bpf filesystem at /sys/fs/bpf when pinPath lies under
-// it and none is mounted there yet, as a node without systemd's bpffs mount
-// needs.
-func ensureBPFFS(log *slog.Logger, pinPath string) error {
-	const root = "/sys/fs/bpf"
-	if pinPath != root && !strings.HasPrefix(pinPath, root+"/") {
-		return nil
+// metricsListenAddress returns where /metrics is served: --metrics-address,
+// or with --metrics-on-node-ip, --node-ip at its port.
+func metricsListenAddress(f flags) (string, error) {
+	if !f.metricsNodeIP {
+		return f.metricsAddress, nil
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", root, err)
+	_, port, err := net.SplitHostPort(f.metricsAddress)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-on-node-ip takes the port of --metrics-address %q: %w", f.metricsAddress, err)
 	}
-	if st.Type == unix.BPF_FS_MAGIC {
-		return nil
+	ip := net.ParseIP(f.nodeIP)
+	if ip == nil {
+		return "", fmt.Errorf("--metrics-on-node-ip needs this node's IP in --node-ip or $NODE_IP, got %q", f.nodeIP)
 	}
-	if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("mount bpffs at %s: %w", root, err)
+	return net.JoinHostPort(ip.String(), port), nil
+}
+
+// bpffsRoot is where a node's bpf filesystem is mounted.
+const bpffsRoot = "/sys/fs/bpf"
+
+// ensureBPFFS checks that pinPath is, or will be created, on a bpf
+// filesystem, and mounts one at root only where a node has none:
+//   - pinPath exists: it must be on a bpf filesystem. In a pod it is the
+//     node's /sys/fs/bpf/topolb, bind-mounted by the kubelet, while the
+//     pod's own /sys/fs/bpf is an empty directory of the container's sysfs:
+//     nothing is mounted over it (that would hide the pins, and needs
+//     CAP_SYS_ADMIN).
+//   - otherwise its nearest existing ancestor must be on one (maps.Load
+//     creates the rest), or be root itself, where a bpf filesystem is then
+//     mounted, as a node without systemd's bpffs mount needs.
+func ensureBPFFS(log *slog.Logger, pinPath, root string) error {
+	dir := filepath.Clean(pinPath)
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(dir, &st)
+		if err == nil && st.Type == unix.BPF_FS_MAGIC {
+			return nil
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		switch {
+		case err == nil && dir == filepath.Clean(pinPath):
+			return fmt.Errorf("pin path %s exists but is not on a bpf filesystem (in a pod: mount the node's %s/topolb there; on a node: mount -t bpf bpf %s)", pinPath, root, root)
+		case err == nil && dir == filepath.Clean(root):
+			if err := unix.Mount("bpf", root, "bpf", 0, "mode=0700"); err != nil {
+				return fmt.Errorf("mount bpffs at %s for pin path %s: %w", root, pinPath, err)
+			}
+			log.Info("mounted bpf filesystem", "path", root)
+			return nil
+		case err == nil:
+			return fmt.Errorf("pin path %s: %s is not on a bpf filesystem", pinPath, dir)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return fmt.Errorf("pin path %s: no existing directory on its path", pinPath)
+		}
+		dir = parent
 	}
-	log.Info("mounted bpf filesystem", "path", root)
-	return nil
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -61,6 +60,7 @@ type bed struct {
 	client   *nettest.NS
 	pin      string
 	manifest string
+	log      string // the current agent's log file
 }
 
 var (
@@ -140,8 +140,16 @@ func (b *bed) writeManifest(hint1, hint2 string) {
 	must(b.t, os.Rename(tmp, b.manifest))
 }
 
-// start runs the agent in the node namespace; it is killed in t.Cleanup.
+// start runs the agent in the node namespace and waits until it is ready;
+// it is killed in t.Cleanup.
 func (b *bed) start() *exec.Cmd {
+	cmd := b.startUnready()
+	b.waitReady()
+	return cmd
+}
+
+// startUnready runs the agent without waiting for it to be ready.
+func (b *bed) startUnready() *exec.Cmd {
 	cmd := exec.Command("nsenter", "--net="+b.node.Path, b.bin,
 		"--node-name", "n1", "--from-file", b.manifest, "--bpffs", b.pin,
 		"--uplinks", "", "--pod-interfaces", "auto",
@@ -149,6 +157,7 @@ func (b *bed) start() *exec.Cmd {
 		"--max-frontends", "1024", "--max-backends", "4096", "--max-conntrack", "4096")
 	logf, err := os.Create(filepath.Join(b.t.TempDir(), "agent.log"))
 	must(b.t, err)
+	b.log = logf.Name()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	must(b.t, cmd.Start())
@@ -160,8 +169,30 @@ func (b *bed) start() *exec.Cmd {
 			b.t.Logf("agent log:\n%s", out)
 		}
 	})
-	b.waitReady()
 	return cmd
+}
+
+// waitLog waits until the current agent's log has a line containing all of
+// parts, and returns it.
+func (b *bed) waitLog(parts ...string) string {
+	b.t.Helper()
+	var found string
+	waitFor(b.t, fmt.Sprintf("agent log line with %q", parts), func() bool {
+		data, err := os.ReadFile(b.log)
+		must(b.t, err)
+		for _, line := range strings.Split(string(data), "\n") {
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(line, p)
+			}
+			if ok {
+				found = line
+				return true
+			}
+		}
+		return false
+	})
+	return found
 }
 
 func (b *bed) get(path string) (string, error) {
@@ -204,9 +235,8 @@ func (b *bed) programmed() map[string][]string {
 func (b *bed) metric(name string) float64 {
 	body, err := b.get("9965/metrics")
 	must(b.t, err)
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			must(b.t, err)
 			return f
@@ -340,4 +370,63 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestBadManifestKeepsDatapath rewrites the running agent's manifest with
+// what a hostile-but-fair user produces (emptied in place, as `cmd > file`
+// does first; invalid YAML; without this node), then restarts the agent on
+// an empty file: each time the pinned frontend keeps its backend and
+// requests keep landing on it, and the log says why the file was not
+// applied. Then a good file applies again.
+func TestBadManifestKeepsDatapath(t *testing.T) {
+	b := newBed(t)
+	cmd := b.start()
+	want := fmt.Sprint(b.programmed())
+	check := func(what string) {
+		t.Helper()
+		if got := fmt.Sprint(b.programmed()); got != want {
+			t.Errorf("%s: programmed %s, want %s", what, got, want)
+		}
+		resp, err := b.client.HTTPClient(2 * time.Second).Get("http://10.96.0.10/")
+		if err != nil {
+			t.Errorf("%s: request to the service: %v", what, err)
+			return
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(body) != "b1" {
+			t.Errorf("%s: request landed on %q (%v), want b1", what, body, err)
+		}
+	}
+
+	must(t, os.Truncate(b.manifest, 0))
+	b.waitLog("manifest not applied", "it holds no Node, Service or EndpointSlice")
+	check("emptied in place")
+
+	must(t, os.WriteFile(b.manifest, []byte("apiVersion: v1\nkind: [Node\n"), 0o644))
+	b.waitLog("manifest not loaded", b.manifest+":2: did not find expected")
+	check("invalid YAML")
+
+	must(t, os.WriteFile(b.manifest, []byte(strings.ReplaceAll(fmt.Sprintf(manifest, "", ""), "name: n1", "name: n9")), 0o644))
+	b.waitLog("manifest not applied", "no Node named as this node (n1)")
+	check("without this node")
+
+	// A new agent started on an empty file adopts the pinned datapath and
+	// removes nothing: it is alive, not ready, and the frontend serves.
+	must(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	must(t, os.Truncate(b.manifest, 0))
+	b.startUnready()
+	b.waitLog("manifest not applied", "it holds no Node, Service or EndpointSlice")
+	if _, err := b.get("9966/healthz"); err != nil {
+		t.Errorf("healthz of an agent waiting for a good manifest: %v", err)
+	}
+	if _, err := b.get("9966/readyz"); err == nil {
+		t.Error("ready without a manifest applied")
+	}
+	check("restarted on an empty file")
+
+	b.writeManifest("", ", hints: {forZones: [{name: zone-b}]}")
+	b.waitReady()
+	waitFor(t, "the good manifest applied", func() bool { return len(b.programmed()["10.96.0.10:80/TCP"]) == 2 })
 }

@@ -27,7 +27,9 @@ func (s *source) addFlags(cmd *cobra.Command) {
 }
 
 // load reads the objects and prints warnings to stderr. A malformed manifest
-// is a usage error (exit 2).
+// is a usage error (exit 2). A manifest is read by the loader the agent's
+// --from-file uses, so both decide from the same objects; one the agent
+// would refuse to apply as empty is decided here too, with a warning.
 func (s *source) load(ctx context.Context, stderr io.Writer) (*kube.Objects, error) {
 	if s.fromFile != "" {
 		objs, warnings, err := kube.LoadManifests(s.fromFile)
@@ -35,6 +37,9 @@ func (s *source) load(ctx context.Context, stderr io.Writer) (*kube.Objects, err
 			return nil, usageError(err)
 		}
 		warn(stderr, warnings)
+		if objs.Empty() {
+			warn(stderr, []string{s.fromFile + ": it holds no Node, Service or EndpointSlice: topolb-agent --from-file would keep its last good state instead of applying it (unless --allow-empty-cluster)"})
+		}
 		return objs, nil
 	}
 	cfg, err := kube.RESTConfig(s.kubeconfig)

@@ -66,8 +66,10 @@ const (
 // `add: [...]` from deploy/daemonset.yaml runs it: uid 0 with only the listed
 // capabilities in its bounding, permitted and effective sets, and no new
 // privileges. In a node namespace of its own (a pod veth for tc, a default
-// route device for XDP, a private bpffs) it must load, attach both hooks,
-// pin, write the service into the maps and report ready. Then, for each
+// route device for XDP, a private bpffs) and with the pod's mounts (only the
+// node's pin directory, at the DaemonSet's mountPath, over a /sys/fs/bpf
+// that is not a bpf filesystem) it must load, attach both hooks, pin, write
+// the service into the maps and report ready. Then, for each
 // listed capability, the agent runs without it and must fail with an error
 // that names the step and the denied permission: a capability the agent
 // does not need belongs out of the manifest.
@@ -79,8 +81,14 @@ func TestCapabilities(t *testing.T) {
 			t.Skipf("needs %s (make deps installs it): %v", tool, err)
 		}
 	}
+	for _, tool := range []string{"unshare", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (util-linux): %v", tool, err)
+		}
+	}
 	_, c := agentDaemonSet(t)
 	listed := manifestCapabilities(t, c)
+	mountPath := podPinMount(t)
 	all := knownCapabilities(t)
 	own := decodeCapabilities(t, procStatusField(t, "self", "CapBnd"))
 	for _, name := range listed {
@@ -100,7 +108,7 @@ func TestCapabilities(t *testing.T) {
 
 	t.Run("listed", func(t *testing.T) {
 		n := newCapsNode(t)
-		p := startRestricted(t, n.ns, agent, listed, nil, capsAgentArgs(n, manifest))
+		p := startInPod(t, n, mountPath, agent, listed, nil, capsAgentArgs(mountPath, manifest))
 		if err := p.waitReady(t, 60*time.Second); err != nil {
 			t.Fatalf("agent with %s: %v\nstderr:\n%s", strings.Join(listed, ","), err, p.stderr.String())
 		}
@@ -124,7 +132,7 @@ func TestCapabilities(t *testing.T) {
 		t.Run("without_"+drop, func(t *testing.T) {
 			n := newCapsNode(t)
 			keep := slices.DeleteFunc(slices.Clone(listed), func(c string) bool { return c == drop })
-			p := startRestricted(t, n.ns, agent, keep, nil, capsAgentArgs(n, manifest))
+			p := startInPod(t, n, mountPath, agent, keep, nil, capsAgentArgs(mountPath, manifest))
 			code, err := p.waitExit(t, 60*time.Second)
 			if err != nil {
 				t.Fatalf("agent without %s: %v: if it works without it, remove %s from deploy/daemonset.yaml\nstderr:\n%s",
@@ -265,10 +273,11 @@ func newCapsNode(t *testing.T) *capsNode {
 	return &capsNode{ns: ns, pinPath: filepath.Join(dir, "topolb")}
 }
 
-// capsAgentArgs runs the agent on node-a in standalone mode, with the
-// default (automatic) uplinks and pod interfaces, as the DaemonSet does.
-func capsAgentArgs(n *capsNode, manifest string) []string {
-	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + n.pinPath,
+// capsAgentArgs runs the agent on node-a in standalone mode, pinning at
+// pinPath, with the default (automatic) uplinks and pod interfaces, as the
+// DaemonSet does.
+func capsAgentArgs(pinPath, manifest string) []string {
+	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath,
 		"--health-address=127.0.0.1:9966", "--metrics-address=",
 		"--max-frontends=" + strconv.Itoa(capsMaxFrontends), "--max-backends=" + strconv.Itoa(capsMaxBackends),
 		"--max-conntrack=" + strconv.Itoa(capsMaxConntrack)}
@@ -289,14 +298,47 @@ type agentProc struct {
 // root then equal the bounding set, as in a container.
 func startRestricted(t *testing.T, ns *nettest.NS, agent string, keep, env, agentArgs []string) *agentProc {
 	t.Helper()
+	return startWrapped(t, ns, nil, agent, keep, env, agentArgs)
+}
+
+// podMounts sets up, in a mount namespace of the agent's own, the mounts
+// deploy/daemonset.yaml gives the pod: the node's pin directory ($1,
+// created as the kubelet's DirectoryOrCreate does) bind-mounted at $2 under
+// /sys/fs/bpf, which in the pod is the container's sysfs directory and no
+// bpf filesystem: a tmpfs stands in for it. Then it runs the rest of its
+// arguments.
+const podMounts = `set -e
+mkdir -p "$1"
+mount -t tmpfs -o size=1m,mode=0755 tmpfs /sys/fs/bpf
+mkdir -p "$2"
+mount --bind "$1" "$2"
+shift 2
+exec "$@"`
+
+// startInPod is startRestricted with the pod's mounts (podMounts): the
+// agent sees the node's pin directory n.pinPath at mountPath only.
+func startInPod(t *testing.T, n *capsNode, mountPath, agent string, keep, env, agentArgs []string) *agentProc {
+	t.Helper()
+	if mountPath != "/sys/fs/bpf" && !strings.HasPrefix(mountPath, "/sys/fs/bpf/") {
+		t.Fatalf("deploy/daemonset.yaml mounts the pin directory at %s, outside /sys/fs/bpf: update podMounts", mountPath)
+	}
+	wrap := []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", podMounts, "sh", n.pinPath, mountPath}
+	return startWrapped(t, n.ns, wrap, agent, keep, env, agentArgs)
+}
+
+// startWrapped is startRestricted with wrap (a command that runs the rest
+// of its arguments) between nsenter and capsh.
+func startWrapped(t *testing.T, ns *nettest.NS, wrap []string, agent string, keep, env, agentArgs []string) *agentProc {
+	t.Helper()
 	var drop []string
 	for _, c := range knownCapabilities(t) {
 		if !slices.Contains(keep, c) {
 			drop = append(drop, c)
 		}
 	}
-	args := append([]string{"--net=" + ns.Path, "capsh", "--drop=" + strings.Join(drop, ","), "--no-new-privs",
-		"--shell=" + agent, "--"}, agentArgs...)
+	args := append([]string{"--net=" + ns.Path}, wrap...)
+	args = append(append(args, "capsh", "--drop="+strings.Join(drop, ","), "--no-new-privs",
+		"--shell="+agent, "--"), agentArgs...)
 	p := &agentProc{cmd: exec.Command("nsenter", args...), ns: ns, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout = p.stderr
 	p.cmd.Stderr = p.stderr

@@ -71,11 +71,11 @@ func TestServerSideDryRun(t *testing.T) {
 			if name == "daemonset.yaml" {
 				// Only privileged containers may propagate mounts back to
 				// the host: validation must refuse this.
-				fixed := "mountPropagation: HostToContainer"
+				fixed := "          mountPath: " + nodePinDir + "\n"
 				if !bytes.Contains(data, []byte(fixed)) {
 					t.Fatalf("deploy/daemonset.yaml no longer contains %q: update this test", fixed)
 				}
-				data = bytes.ReplaceAll(data, []byte(fixed), []byte("mountPropagation: Bidirectional"))
+				data = bytes.ReplaceAll(data, []byte(fixed), []byte(fixed+"          mountPropagation: Bidirectional\n"))
 			}
 			if err := os.WriteFile(filepath.Join(broken, name), data, 0o644); err != nil {
 				t.Fatal(err)
