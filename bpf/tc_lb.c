@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* tcx ingress on the host side of pod veths: pod -> service DNAT, and
- * reverse NAT of replies from local backends. Pods send CHECKSUM_PARTIAL
- * packets, so checksums are updated with the skb csum helpers, which know
- * the difference (BPF_F_PSEUDO_HDR). */
+/* tcx ingress on the host side of pod veths: pod -> frontend DNAT for
+ * frontends of scope internal, and reverse NAT of replies from local
+ * backends. Pods send CHECKSUM_PARTIAL packets, so checksums are updated
+ * with the skb csum helpers, which know the difference (BPF_F_PSEUDO_HDR). */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-#define LB_DNAT_DEFAULT 1
+#define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
 
 /* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
@@ -18,7 +18,7 @@
  * it; with none left the packet passes. */
 #define TC_PASS TC_ACT_UNSPEC
 
-#define IP_CSUM_OFF (ETH_HLEN_ + 10)
+#define IP_CSUM_OFF (ETH_HLEN + offsetof(struct iphdr, check))
 
 /* tc_rewrite applies nat to the skb. The csum helpers do the checksum
  * work (they know CHECKSUM_PARTIAL from a full checksum); the new address
@@ -27,16 +27,16 @@
 static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet *pkt,
 				      const struct nat *nat)
 {
-	__u32 l4_off = pkt->l4_off & 0x7f; /* <= 14 + 60: tells the verifier */
+	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
 	__u32 l4_csum_off, mangled0 = 0;
 	struct iphdr *ip;
 	void *data, *data_end, *l4;
 	__be16 *port;
 
 	if (pkt->proto == IP_PROTO_TCP) {
-		l4_csum_off = l4_off + 16;
+		l4_csum_off = l4_off + offsetof(struct tcphdr, check);
 	} else {
-		l4_csum_off = l4_off + 6;
+		l4_csum_off = l4_off + offsetof(struct udphdr, check);
 		/* UDP checksum 0 means "none" and stays 0. */
 		mangled0 = BPF_F_MARK_MANGLED_0;
 	}
@@ -55,11 +55,12 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet
 	/* The helpers invalidated packet pointers: reload and re-check. */
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	ip = data + ETH_HLEN_;
+	ip = data + ETH_HLEN;
 	l4 = data + l4_off;
 	if ((void *)(ip + 1) > data_end || l4 + sizeof(struct udphdr) > data_end)
 		return -1;
-	port = nat->dst ? l4 + 2 : l4;
+	/* TCP and UDP ports sit at the same offsets (parse.h). */
+	port = l4 + (nat->dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
 	*port = nat->new_port;
 	if (nat->dst)
 		ip->daddr = nat->new_addr;
