@@ -36,6 +36,10 @@ type Datapath struct {
 	sweepMu sync.Mutex
 	// ncpu is the number of possible CPUs: the length of per-CPU values.
 	ncpu int
+	// writeFault, when set, is asked before every map write of a change
+	// and fails it with the error it returns (the map name is the
+	// argument). Nil outside tests, which use it to check rollback.
+	writeFault func(what string) error
 
 	tcColl, xdpColl *ebpf.Collection
 	tcProg, xdpProg *ebpf.Program

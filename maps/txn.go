@@ -17,6 +17,9 @@ type txn struct {
 
 func (t *txn) put(m *ebpf.Map, what string, key, value any) error {
 	t.writes++
+	if err := t.fault(what); err != nil {
+		return fmt.Errorf("write %s: %w", what, err)
+	}
 	if err := m.Update(key, value, ebpf.UpdateAny); err != nil {
 		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
 			return fmt.Errorf("write %s: %w: %w", what, ErrMapFull, err)
@@ -30,11 +33,22 @@ func (t *txn) put(m *ebpf.Map, what string, key, value any) error {
 // del deletes key; a missing key is not an error.
 func (t *txn) del(m *ebpf.Map, what string, key any) error {
 	t.writes++
+	if err := t.fault(what); err != nil {
+		return fmt.Errorf("delete %s: %w", what, err)
+	}
 	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete %s: %w", what, err)
 	}
 	t.d.log.Log(context.Background(), levelTrace, "map delete", "map", what, "key", key)
 	return nil
+}
+
+// fault returns the failure a test injected for the next write to what.
+func (t *txn) fault(what string) error {
+	if t.d.writeFault == nil {
+		return nil
+	}
+	return t.d.writeFault(what)
 }
 
 func (t *txn) putSlot(s *service, i uint32, buf uint8, m *member) error {
