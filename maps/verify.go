@@ -50,7 +50,11 @@ type Drift struct {
 }
 
 func (d Drift) String() string {
-	return fmt.Sprintf("%s %s id %d: %s", d.Kind, d.Frontend, d.ID, d.Detail)
+	fe := "-"
+	if d.Frontend != (Frontend{}) {
+		fe = d.Frontend.String()
+	}
+	return fmt.Sprintf("%s %s id %d: %s", d.Kind, fe, d.ID, d.Detail)
 }
 
 // Verify compares the kernel maps with the mirror and returns every
@@ -126,6 +130,13 @@ func (d *Datapath) verifyFrontend(k *kernelState, s *service, owners map[uint32]
 		default:
 			b, id, gen := backendFromValue(got)
 			add(DriftSlotWrong, m.id, "slot %d holds %s id %d gen %d, programmed %s id %d gen %d", i, b.Addr, id, gen, m.be.Addr, m.id, m.gen)
+		}
+	}
+	// A kernel count beyond the table sends packets to slots the mirror
+	// does not have.
+	for i := uint32(len(s.table)); ok && v.Id == s.id && i < v.Count; i++ {
+		if _, found := k.slots[backendKey(s.id, i, v.Buffer)]; !found {
+			add(DriftSlotMissing, 0, "count %d covers slot %d, which does not exist", v.Count, i)
 		}
 	}
 	for _, m := range sortedMembers(s) {
