@@ -82,7 +82,9 @@ struct ct_key {
 	__u8 pad[3];  /* zero */
 };
 
-/* tlb_conntrack value, one per direction. 56 bytes.
+/* tlb_conntrack value, one per direction. 56 bytes. What the hit path
+ * reads comes first (one cache line with the key in most placements);
+ * what only the rare paths and the forwarding step read follows.
  * CT_FORWARD: addr:port is the destination to write (the backend);
  *   with CT_F_SNAT, nat_addr:nat_port is the source to write.
  * CT_REVERSE: addr:port is the source to write (the frontend);
@@ -93,18 +95,18 @@ struct ct_value {
 	__be16 port;        /* network byte order */
 	__u8 dir;           /* enum ct_dir */
 	__u8 state;         /* enum ct_state; the same in both directions */
-	__be32 nat_addr;    /* network byte order; with CT_F_SNAT */
-	__be16 nat_port;    /* network byte order; with CT_F_SNAT */
-	__u8 flags;         /* enum ct_flag bits */
-	__u8 redirect;      /* enum ct_redirect */
-	__u32 svc_id;       /* host byte order */
 	__u32 backend_id;   /* host byte order */
 	__u32 backend_gen;  /* host byte order; valid while tlb_backend_stats[backend_id].gen matches */
+	__u64 expires;      /* host byte order; CLOCK_MONOTONIC(_COARSE) ns */
+	__u8 flags;         /* enum ct_flag bits */
+	__u8 redirect;      /* enum ct_redirect */
+	__be16 nat_port;    /* network byte order; with CT_F_SNAT */
+	__be32 nat_addr;    /* network byte order; with CT_F_SNAT */
+	__u32 svc_id;       /* host byte order */
 	__u32 ifindex;      /* host byte order; with a redirect */
 	__u8 smac[6];       /* with CT_REDIRECT_XDP */
 	__u8 dmac[6];       /* with CT_REDIRECT_XDP */
 	__u32 pad;          /* zero */
-	__u64 expires;      /* host byte order; CLOCK_MONOTONIC(_COARSE) ns */
 };
 
 /* tlb_affinity key: a client of one frontend. 8 bytes. */

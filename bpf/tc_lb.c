@@ -3,8 +3,8 @@
 
 /* tcx ingress on the host side of pod veths: pod -> frontend DNAT for
  * frontends of scope internal, and reverse NAT of replies from local
- * backends. Pods send CHECKSUM_PARTIAL packets, so checksums are updated
- * with the skb csum helpers, which know the difference (BPF_F_PSEUDO_HDR). */
+ * backends. Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated
+ * with the skb csum helper, which knows the difference (BPF_F_PSEUDO_HDR). */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -12,18 +12,20 @@
 
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
+#include "csum.h"
 
 /* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
  * so tcx programs attached after this one (a CNI's, for example) still see
  * it; with none left the packet passes. */
 #define TC_PASS TC_ACT_UNSPEC
 
-#define IP_CSUM_OFF (ETH_HLEN + offsetof(struct iphdr, check))
 
-/* tc_rewrite applies nat to the skb. The csum helpers do the checksum
- * work (they know CHECKSUM_PARTIAL from a full checksum); the new address
- * and port are then written directly, which is cheaper than two
- * bpf_skb_store_bytes calls. Returns 0 on success. */
+/* tc_rewrite applies nat to the skb. The L4 checksum is updated with the
+ * csum helper, which knows CHECKSUM_PARTIAL from a full checksum and keeps
+ * skb->csum right; the IPv4 header checksum is always a full one, so it is
+ * updated in place (csum.h), which keeps the header's sum, and so skb->csum,
+ * unchanged. The new address and port are then written directly, which is
+ * cheaper than bpf_skb_store_bytes. Returns 0 on success. */
 static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet *pkt,
 				      const struct nat *nat)
 {
@@ -48,9 +50,6 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet
 	    bpf_l4_csum_replace(skb, l4_csum_off, nat->old_port, nat->new_port,
 				mangled0 | sizeof(nat->new_port)))
 		return -1;
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, nat->old_addr, nat->new_addr,
-				sizeof(nat->new_addr)))
-		return -1;
 
 	/* The helpers invalidated packet pointers: reload and re-check. */
 	data = (void *)(long)skb->data;
@@ -62,6 +61,7 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet
 	/* TCP and UDP ports sit at the same offsets (parse.h). */
 	port = l4 + (nat->dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
 	*port = nat->new_port;
+	ip->check = csum_replace4(ip->check, nat->old_addr, nat->new_addr);
 	if (nat->dst)
 		ip->daddr = nat->new_addr;
 	else

@@ -125,18 +125,18 @@ type tcCtValue struct {
 	Port       uint16
 	Dir        uint8
 	State      uint8
-	NatAddr    uint32
-	NatPort    uint16
-	Flags      uint8
-	Redirect   uint8
-	SvcId      uint32
 	BackendId  uint32
 	BackendGen uint32
+	Expires    uint64
+	Flags      uint8
+	Redirect   uint8
+	NatPort    uint16
+	NatAddr    uint32
+	SvcId      uint32
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	Pad        uint32
-	Expires    uint64
 }
 
 type tcIfaceKind uint32
