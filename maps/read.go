@@ -235,16 +235,12 @@ func (d *Datapath) Counters() (Counters, error) {
 // readStats reads every named counter of tlb_stats.
 func (d *Datapath) readStats() (map[Stat]uint64, error) {
 	out := make(map[Stat]uint64, numStats)
-	for r := 0; r < numStats; r++ {
-		var per []uint64
-		if err := d.stats.Lookup(uint32(r), &per); err != nil {
-			return nil, fmt.Errorf("read stat %s: %w", Stat(r), err)
+	for r := Stat(0); int(r) < numStats; r++ {
+		n, err := readStat(d.stats, r)
+		if err != nil {
+			return nil, err
 		}
-		var n uint64
-		for _, v := range per {
-			n += v
-		}
-		out[Stat(r)] = n
+		out[r] = n
 	}
 	return out, nil
 }

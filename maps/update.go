@@ -414,77 +414,110 @@ func (d *Datapath) updateOne(t *txn, s *service, p *plan) error {
 	if err := d.allocate(p); err != nil {
 		return err
 	}
-	var in, out *member
-	switch {
-	case len(p.fresh) == 1:
-		in = p.fresh[0]
-	case len(p.undrain) == 1:
-		in = p.undrain[0]
-	}
-	if len(p.drain) == 1 {
-		out = p.drain[0]
-	} else if g := p.activeGone(); len(g) == 1 {
-		out = g[0]
-	}
-	buf, n := s.buffer, uint32(len(s.table))
-	var (
-		c       change
-		table   []*member
-		flipped = true
-	)
+	in, out := p.joining(), p.leaving()
+	var c change
 	if out != nil && p.next[out].Draining {
 		c.pre = append(c.pre, d.registryStep(t, s, p, out, true))
 	}
 	if in != nil && in.fresh {
 		c.pre = append(c.pre, d.freshStep(t, s, in))
 	}
+	var (
+		table   []*member
+		flipped = true
+	)
 	switch {
-	case out == nil: // one in
-		if n >= s.high[buf] {
-			if err := d.ensureKernelRoom(t, 1, s); err != nil {
-				d.releaseFresh(p)
-				return err
-			}
+	case out == nil:
+		var err error
+		if table, err = d.stageAppend(t, s, p, in, &c); err != nil {
+			d.releaseFresh(p)
+			return err
 		}
-		c.pre = append([]step{{do: func() error {
-			if err := t.putSlot(s, n, buf, p.nextValue(in)); err != nil {
-				return err
-			}
-			d.setHigh(s, buf, max(s.high[buf], n+1))
-			return nil
-		}}}, c.pre...)
-		c.commit = func() error { return t.putService(s, n+1, buf, p.tg.set) }
-		table = append(slices.Clone(s.table), in)
-	case in == nil: // one out
-		i, last := slices.Index(s.table, out), n-1
-		table = slices.Clone(s.table)
-		if uint32(i) != last {
-			c.pre = append(c.pre, d.slotStep(t, s, uint32(i), out, s.table[last]))
-			table[i] = s.table[last]
-		}
-		table = table[:last]
-		c.commit = func() error { return t.putService(s, last, buf, p.tg.set) }
-	default: // one replaces the other in its slot
-		i := slices.Index(s.table, out)
-		if p.tg.set != s.set {
-			c.pre = append(c.pre, step{
-				do:    func() error { return t.putService(s, n, buf, p.tg.set) },
-				undo:  func() error { return t.putService(s, n, buf, s.set) },
-				queue: func() { d.dirty[s.fe] = true },
-			})
-		} else {
-			flipped = false
-		}
-		c.commit = func() error { return t.putSlot(s, uint32(i), buf, p.nextValue(in)) }
-		table = slices.Clone(s.table)
-		table[i] = in
+	case in == nil:
+		table = d.stageRemove(t, s, p, out, &c)
+	default:
+		table, flipped = d.stageReplace(t, s, p, in, out, &c)
 	}
 	c.post = d.finishSteps(t, s, p)
-	committed, err := d.run(&c, func() { d.commitMirror(s, p, table, buf, flipped) })
+	committed, err := d.run(&c, func() { d.commitMirror(s, p, table, s.buffer, flipped) })
 	if !committed {
 		d.releaseFresh(p)
 	}
 	return err
+}
+
+// joining is the backend entering the table, if any: fresh or undrained.
+func (p *plan) joining() *member {
+	switch {
+	case len(p.fresh) == 1:
+		return p.fresh[0]
+	case len(p.undrain) == 1:
+		return p.undrain[0]
+	}
+	return nil
+}
+
+// leaving is the backend leaving the table, if any: draining or gone.
+func (p *plan) leaving() *member {
+	if len(p.drain) == 1 {
+		return p.drain[0]
+	}
+	if g := p.activeGone(); len(g) == 1 {
+		return g[0]
+	}
+	return nil
+}
+
+// stageAppend stages in at slot count (invisible until the flip to
+// count+1) and returns the new table.
+func (d *Datapath) stageAppend(t *txn, s *service, p *plan, in *member, c *change) ([]*member, error) {
+	buf, n := s.buffer, uint32(len(s.table))
+	if n >= s.high[buf] {
+		if err := d.ensureKernelRoom(t, 1, s); err != nil {
+			return nil, err
+		}
+	}
+	c.pre = append([]step{{do: func() error {
+		if err := t.putSlot(s, n, buf, p.nextValue(in)); err != nil {
+			return err
+		}
+		d.setHigh(s, buf, max(s.high[buf], n+1))
+		return nil
+	}}}, c.pre...)
+	c.commit = func() error { return t.putService(s, n+1, buf, p.tg.set) }
+	return append(slices.Clone(s.table), in), nil
+}
+
+// stageRemove moves the last slot into out's hole and flips to count-1;
+// it returns the new table.
+func (d *Datapath) stageRemove(t *txn, s *service, p *plan, out *member, c *change) []*member {
+	i, last := slices.Index(s.table, out), len(s.table)-1
+	table := slices.Clone(s.table)
+	if i != last {
+		c.pre = append(c.pre, d.slotStep(t, s, uint32(i), out, s.table[last]))
+		table[i] = s.table[last]
+	}
+	c.commit = func() error { return t.putService(s, uint32(last), s.buffer, p.tg.set) }
+	return table[:last]
+}
+
+// stageReplace overwrites out's slot with in (the commit), writing the
+// service entry first when the settings change; it returns the new table
+// and whether the service entry is written.
+func (d *Datapath) stageReplace(t *txn, s *service, p *plan, in, out *member, c *change) ([]*member, bool) {
+	i, n := slices.Index(s.table, out), uint32(len(s.table))
+	flipped := p.tg.set != s.set
+	if flipped {
+		c.pre = append(c.pre, step{
+			do:    func() error { return t.putService(s, n, s.buffer, p.tg.set) },
+			undo:  func() error { return t.putService(s, n, s.buffer, s.set) },
+			queue: func() { d.dirty[s.fe] = true },
+		})
+	}
+	c.commit = func() error { return t.putSlot(s, uint32(i), s.buffer, p.nextValue(in)) }
+	table := slices.Clone(s.table)
+	table[i] = in
+	return table, flipped
 }
 
 // updateInPlace applies changes that keep the table's members and

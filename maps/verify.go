@@ -196,6 +196,35 @@ func (d *Datapath) Repair() (RepairReport, error) {
 		return rep, err
 	}
 	rep.Found = d.verify(k)
+	reprogram, errs := d.fixDrift(t, k, &rep)
+	for _, s := range d.sortedFrontends() {
+		if !reprogram[s.fe] {
+			continue
+		}
+		if err := d.reprogram(t, s); err != nil {
+			errs = append(errs, fmt.Errorf("reprogram %s: %w", s.fe, err))
+			continue
+		}
+		rep.Reprogrammed = append(rep.Reprogrammed, s.fe)
+	}
+	rep.Writes = t.writes
+	if k, err = d.snapshot(); err != nil {
+		errs = append(errs, err)
+	} else {
+		rep.Remaining = d.verify(k)
+	}
+	if len(rep.Found) > 0 {
+		d.log.Warn("datapath drift repaired", "found", len(rep.Found), "reprogrammed", len(rep.Reprogrammed),
+			"deleted", len(rep.Deleted), "registry", rep.Registry, "retired", len(rep.Retired), "writes", rep.Writes,
+			"remaining", len(rep.Remaining))
+	}
+	return rep, errors.Join(errs...)
+}
+
+// fixDrift repairs what it can entry by entry (stranger frontends,
+// orphan registry entries, generations, registry entries) and returns the
+// frontends to reprogram whole, with the errors of writes that failed.
+func (d *Datapath) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Frontend]bool, []error) {
 	var errs []error
 	reprogram := map[Frontend]bool{}
 	owners := d.owners()
@@ -223,40 +252,20 @@ func (d *Datapath) Repair() (RepairReport, error) {
 			rep.Regenerated = append(rep.Regenerated, dr.ID)
 			reprogram[s.fe] = true
 		case DriftRegistry:
-			if !reprogram[dr.Frontend] {
-				s := d.fes[dr.Frontend]
-				if err := t.putRegistry(s, s.byID(dr.ID)); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				rep.Registry++
+			if reprogram[dr.Frontend] {
+				continue // the reprogram rewrites it
 			}
+			s := d.fes[dr.Frontend]
+			if err := t.putRegistry(s, s.byID(dr.ID)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			rep.Registry++
 		default:
 			reprogram[dr.Frontend] = true
 		}
 	}
-	for _, s := range d.sortedFrontends() {
-		if !reprogram[s.fe] {
-			continue
-		}
-		if err := d.reprogram(t, s); err != nil {
-			errs = append(errs, fmt.Errorf("reprogram %s: %w", s.fe, err))
-			continue
-		}
-		rep.Reprogrammed = append(rep.Reprogrammed, s.fe)
-	}
-	rep.Writes = t.writes
-	if k, err = d.snapshot(); err != nil {
-		errs = append(errs, err)
-	} else {
-		rep.Remaining = d.verify(k)
-	}
-	if len(rep.Found) > 0 {
-		d.log.Warn("datapath drift repaired", "found", len(rep.Found), "reprogrammed", len(rep.Reprogrammed),
-			"deleted", len(rep.Deleted), "registry", rep.Registry, "retired", len(rep.Retired), "writes", rep.Writes,
-			"remaining", len(rep.Remaining))
-	}
-	return rep, errors.Join(errs...)
+	return reprogram, errs
 }
 
 // deleteUnexpected removes a frontend only the kernel has, and its slots
