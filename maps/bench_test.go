@@ -2,6 +2,7 @@ package maps
 
 import (
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -24,6 +25,7 @@ var (
 	benchRounds   = flag.Int("bench-rounds", 7, "interleaved rounds (baseline, case) per row; medians are reported")
 	benchHotRep   = flag.Int("bench-hot-repeat", 1000, "runs per test-run syscall in keys=hot rows")
 	benchSizes    = flag.String("bench-sizes", "1,100000", "numbers of services")
+	benchKeys     = flag.String("bench-keys", "hot,cold", "key patterns to measure (hot, cold)")
 	benchOut      = flag.String("bench-out", "../BENCHMARKS.md", "file whose generated datapath block receives the results (empty: print only)")
 	// benchFlowsFlag established flows, spread over random services, are
 	// what the keys=cold rows cycle through in random order.
@@ -129,38 +131,55 @@ func source(b []byte) netip.AddrPort {
 }
 
 func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benchRow {
+	// Each service has two backends. The tc rows run with the services as
+	// internal frontends; for the xdp_hit rows they are replaced by
+	// external frontends on other addresses, so each hook's rows see n
+	// frontends and 2n backend ids, as main's benchmark did.
 	d := newDatapath(b, Options{
 		MaxFrontends: uint32(services + 2),
-		MaxBackends:  uint32(2*services + 4),
-		MaxConntrack: DefaultMaxConntrack, // holds the 2*benchFlows entries of the cold rows
+		MaxBackends:  uint32(4*services + 4),
+		// Holds the 2·benchFlows entries of one phase's cold rows
+		// (tc flows, then XDP flows) without evicting; main measured with
+		// the same size.
+		MaxConntrack: max(DefaultMaxConntrack, uint32(4**benchFlowsFlag)),
 	})
 	f := &benchFrames{
 		tmpl: tcpFrame("10.0.0.1:1", "10.96.0.0:80", tcpACK, "0123456789").bytes(),
 		rng:  rand.New(rand.NewPCG(1, uint64(services))),
 	}
 	vips := make([]netip.AddrPort, services)
-	for i := range vips {
-		vips[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), uint16(80+i>>16))
-		bs := []Backend{
+	extVIPs := make([]netip.AddrPort, services)
+	backends := func(i int) []Backend {
+		return []Backend{
 			be(fmt.Sprintf("10.%d.%d.%d:8080", 128+i>>16, byte(i>>8), byte(i))),
 			be(fmt.Sprintf("10.%d.%d.%d:8081", 128+i>>16, byte(i>>8), byte(i))),
 		}
-		mustSet(b, d, Frontend{Addr: vips[i], Proto: TCP}, bs...)
 	}
-	// The hot flow's frontend translates to itself, so one frame can be
-	// run many times per syscall (test runs do not restore a rewritten
-	// frame between repeats) and still take the full hit path: conntrack
-	// hit, validation, counting, the checksum helpers and the writes. Its
-	// port equals the target port, so tc skips one of its three checksum
-	// helper calls, as for every Service whose port is its targetPort.
+	for i := range vips {
+		port := uint16(80 + i>>16)
+		vips[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), port)
+		extVIPs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)}), port)
+		mustSet(b, d, Frontend{Addr: vips[i], Proto: TCP}, backends(i)...)
+	}
+	// A hot flow's frontend translates to itself, so one frame can be run
+	// many times per syscall (test runs do not restore a rewritten frame
+	// between repeats) and still take the full hit path: conntrack hit,
+	// validation, counting, the checksum helpers and the writes. Its port
+	// equals the target port, so tc skips one of its three checksum helper
+	// calls, as for every Service whose port is its targetPort.
 	hotFE := netip.MustParseAddrPort("10.95.0.1:80")
+	hotExt := netip.MustParseAddrPort("192.0.2.1:80")
 	mustSet(b, d, Frontend{Addr: hotFE, Proto: TCP}, Backend{Addr: hotFE})
+	mustSet(b, d, Frontend{Addr: hotExt, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt})
 	hotClient := netip.MustParseAddrPort("10.0.0.1:1000")
 
 	runs := *benchRuns
 	flows := *benchFlowsFlag
 	var rows []benchRow
 	row := func(name, keys string, prog, baseProg *ebpf.Program, frames [][]byte, repeat int) {
+		if !slices.Contains(strings.Split(*benchKeys, ","), keys) {
+			return
+		}
 		r := measurePair(b, prog, baseProg, frames, repeat, runs)
 		r.name, r.keys, r.services = name, keys, services
 		fmt.Printf("BENCH datapath case=%s keys=%s services=%d ns_per_pkt=%.2f baseline_ns=%.2f ratio=%.2f noise=%.0f%%\n",
@@ -177,7 +196,8 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	row("xdp_non_service", "cold", d.xdpProg, xdpBase, nonService, 1)
 
 	// Establish the flows (untimed; conntrack holds them all), then time
-	// their later packets and their replies.
+	// their later packets and their replies. tc flows first, then, in a
+	// cleared table of the same size, XDP flows to external frontends.
 	establish := func(prog *ebpf.Program, ok uint32, frame []byte) []byte {
 		ret, out := run(b, prog, frame)
 		if ret != ok {
@@ -193,33 +213,82 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	}
 	hot := f.mk(hotClient, hotFE)
 	hotReply := establish(d.tcProg, tcOK, hot)
-	before, err := d.Counters()
-	if err != nil {
-		b.Fatal(err)
+	allHits := func(measure func()) {
+		before, err := d.Counters()
+		if err != nil {
+			b.Fatal(err)
+		}
+		measure()
+		// Every timed packet must have been a hit: a miss would
+		// re-balance (a new flow) or pass, and measure another path.
+		after, err := d.Counters()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range []Stat{StatConntrackCreated, StatConntrackExpired, StatConntrackStaleBackend, StatDropNoBackend, StatDropMapFull} {
+			if n := after.Stats[s] - before.Stats[s]; n != 0 {
+				b.Fatalf("%s moved by %d while measuring hits and replies: not every packet was a hit", s, n)
+			}
+		}
 	}
-	row("tc_hit", "hot", d.tcProg, tcBase, [][]byte{hot}, *benchHotRep)
-	row("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
-	row("tc_reply", "hot", d.tcProg, tcBase, [][]byte{hotReply}, *benchHotRep)
-	row("tc_reply", "cold", d.tcProg, tcBase, replies, 1)
-	row("xdp_reply", "hot", d.xdpProg, xdpBase, [][]byte{hotReply}, *benchHotRep)
-	row("xdp_reply", "cold", d.xdpProg, xdpBase, replies, 1)
+	allHits(func() {
+		row("tc_hit", "hot", d.tcProg, tcBase, [][]byte{hot}, *benchHotRep)
+		row("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
+		row("tc_reply", "hot", d.tcProg, tcBase, [][]byte{hotReply}, *benchHotRep)
+		row("tc_reply", "cold", d.tcProg, tcBase, replies, 1)
+		row("xdp_reply", "hot", d.xdpProg, xdpBase, [][]byte{hotReply}, *benchHotRep)
+		row("xdp_reply", "cold", d.xdpProg, xdpBase, replies, 1)
+	})
 
-	after, err := d.Counters()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if after.Drops != before.Drops {
-		b.Fatalf("drops while measuring hits: %+v", after.Drops)
-	}
-
-	// Last, so its evictions cannot turn hits into misses: every run of
-	// new_flow is a 5-tuple never seen before.
+	// After the tc hit rows, so its evictions cannot turn their hits into
+	// misses: every run of new_flow is a 5-tuple never seen before.
 	newFlows := make([][]byte, runs)
 	for i := range newFlows {
 		newFlows[i] = f.mk(f.client(), vips[f.rng.IntN(services)])
 	}
 	row("tc_new_flow", "cold", d.tcProg, tcBase, newFlows, 1)
+
+	clearConntrack(b, d)
+	for i := range vips {
+		if _, err := d.DeleteFrontend(Frontend{Addr: vips[i], Proto: TCP}); err != nil {
+			b.Fatal(err)
+		}
+		mustSet(b, d, Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal}, backends(i)...)
+	}
+	xdpHits := make([][]byte, flows)
+	for i := range xdpHits {
+		xdpHits[i] = f.mk(f.client(), extVIPs[f.rng.IntN(services)])
+		establish(d.xdpProg, xdpPass, xdpHits[i])
+	}
+	hotXDP := f.mk(hotClient, hotExt)
+	establish(d.xdpProg, xdpPass, hotXDP)
+	allHits(func() {
+		row("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{hotXDP}, *benchHotRep)
+		row("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
+	})
+
 	return rows
+}
+
+// clearConntrack deletes every conntrack entry.
+func clearConntrack(b *testing.B, d *Datapath) {
+	var (
+		keys []tcCtKey
+		k    tcCtKey
+		v    tcCtValue
+	)
+	it := d.conntrack.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		b.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := d.conntrack.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			b.Fatal(err)
+		}
+	}
 }
 
 // measurePair runs prog and baseProg over frames (cycled in a shuffled
