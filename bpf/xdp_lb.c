@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* XDP on the node's uplinks: reverse NAT of replies that backends on other
- * nodes send back over the wire. Frames from the wire carry full checksums,
- * so the incremental update in csum.h is correct here (it would not be for
- * CHECKSUM_PARTIAL pod traffic, which is why DNAT lives in tc). Rewritten
- * frames go up the stack with XDP_PASS; redirecting them straight to the pod
- * veth is a later, optional fast path. */
+/* XDP on the node's uplinks: DNAT for frontends of scope external (traffic
+ * arriving from outside the node), and reverse NAT of replies that
+ * backends on other nodes send back over the wire. Frames from the wire
+ * carry full checksums, so the incremental update in csum.h is correct
+ * here (it would not be for CHECKSUM_PARTIAL pod traffic, which is why
+ * pods are served by tc). Rewritten frames go up the stack with XDP_PASS;
+ * redirecting them (ct_value.redirect) is the forwarding step's job. */
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
-#define LB_DNAT_DEFAULT 0
+#define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
 #include "lb.h"
 #include "csum.h"
 
@@ -21,8 +22,8 @@ static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_HLEN_;
-	void *l4 = data + (pkt->l4_off & 0x7f);
+	struct iphdr *ip = data + ETH_HLEN;
+	void *l4 = data + (pkt->l4_off & L4_OFF_MASK);
 	__u16 *check;
 	__be16 *port;
 
