@@ -1,45 +1,134 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Constants shared by both hooks. Anything the Go side must agree on is an
- * enum, so bpf2go exports it from BTF instead of a hand-synced copy. */
+/* Constants shared by every hook. Anything the Go side must agree on is an
+ * enum: bpf2go exports it from BTF (-type), so Go never holds a hand copy.
+ * The enums no map key or value names are put into BTF by btf_anchor
+ * (anchors.h). */
 #ifndef TOPOLB_CONSTS_H
 #define TOPOLB_CONSTS_H
 
 #include <linux/types.h>
 
-#define ETH_HLEN_ 14
 #define ETH_P_IPV4 0x0800
 #define IP_PROTO_TCP 6
 #define IP_PROTO_UDP 17
+/* IPv4 frag_off bits, host byte order. */
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
+/* TCP flag bits (byte 13 of the header). */
+#define TCP_F_FIN 0x01
+#define TCP_F_SYN 0x02
+#define TCP_F_RST 0x04
+#define TCP_F_ACK 0x10
 
-/* Default map sizes; the loader overrides max_entries from Options. */
-#define DEFAULT_MAX_FRONTENDS 100000
-#define DEFAULT_MAX_BACKENDS 1000000
-#define DEFAULT_MAX_CONNTRACK 262144
+#define NSEC_PER_SEC 1000000000ULL
 
-/* Global counters, one per-CPU slot each (map tlb_stats). */
-enum stat_reason {
-	STAT_DROP_NO_BACKEND = 0,  /* service frontend with zero permitted backends */
-	STAT_DROP_MAP_FULL = 1,    /* conntrack insert failed */
-	STAT_DROP_PARSE_ERROR = 2, /* malformed IPv4/TCP/UDP header */
-	STAT_DROP_REWRITE = 3,     /* a tc rewrite helper failed (should not happen) */
-	STAT_REVERSE_NAT = 4,      /* replies rewritten back to the service address */
-	STAT_FRAGMENT = 5,         /* IPv4 fragments, passed untouched */
-	STAT_MAX = 6,
+/* Default map sizes; the loader overrides max_entries from Options.
+ * WEIGHTED_SLOTS is the minimum table size of a frontend whose active
+ * backends have unequal weights (see maps/table.go). STAT_SLOTS is the
+ * size of tlb_stats: room for reasons added later without a new layout. */
+enum map_size {
+	DEFAULT_MAX_FRONTENDS = 100000,
+	DEFAULT_MAX_BACKENDS = 1000000,
+	DEFAULT_MAX_CONNTRACK = 262144,
+	DEFAULT_MAX_AFFINITY = 65536,
+	DEFAULT_MAX_IFACES = 4096,
+	WEIGHTED_SLOTS = 512,
+	STAT_SLOTS = 64,
 };
 
-/* Bits of backend_value.flags. Informational for the datapath: the agent
- * only ever programs backends this node may use. */
+/* Conntrack lifetimes in seconds, by state (docs/datapath.md has the
+ * references), and how stale an expiry may get before a packet refreshes
+ * it. */
+enum ct_timeout {
+	CT_TIMEOUT_TCP_SYN = 60,
+	CT_TIMEOUT_TCP_ESTABLISHED = 86400,
+	CT_TIMEOUT_TCP_CLOSING = 10,
+	CT_TIMEOUT_UDP = 60,
+	CT_REFRESH_INTERVAL = 1,
+};
+
+/* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned
+ * tlb_stats keeps its meaning across agent versions. */
+enum stat_reason {
+	STAT_DROP_NO_BACKEND = 0,   /* frontend with no active backend */
+	STAT_DROP_MAP_FULL = 1,     /* conntrack insert failed */
+	STAT_DROP_PARSE_ERROR = 2,  /* malformed IPv4/TCP/UDP header */
+	STAT_DROP_REWRITE = 3,      /* a tc rewrite helper failed (should not happen) */
+	STAT_REVERSE_NAT = 4,       /* replies rewritten back to the service address */
+	STAT_FRAGMENT = 5,          /* IPv4 fragments, passed untouched */
+	STAT_CT_CREATED = 6,        /* flows created (each is two conntrack entries) */
+	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow overwrote (expired, stale, reopened) */
+	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
+	STAT_CT_STALE_BACKEND = 9,  /* packets whose backend is gone: re-balanced */
+	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow or a draining backend: new flow */
+	STAT_TCP_MIDFLOW_MISS = 11, /* TCP without SYN to a frontend, no flow: silently re-balanced */
+	STAT_AFFINITY_HIT = 12,     /* new flows sent to the client's remembered backend */
+	STAT_AFFINITY_NEW = 13,     /* new flows of affinity frontends that chose afresh */
+	STAT_DROP_REJECT = 14,      /* no active backend on a reject frontend (dropped until rejects are generated) */
+	STAT_CT_SWEPT = 15,         /* conntrack entries the agent's sweeps deleted (written by user space) */
+	STAT_MAX = 16,
+};
+
+/* Bits of backend_value.flags and registry_value.flags. Informational for
+ * the datapath. */
 enum backend_flag {
 	BACKEND_F_NODE_LOCAL = 1,
 	BACKEND_F_ZONE_LOCAL = 2,
+};
+
+/* registry_value.state. A registry entry counts only while its gen equals
+ * its id's tlb_backend_stats gen: releasing an id bumps that gen, which
+ * retires the entry without writing it. */
+enum backend_state {
+	BACKEND_FREE = 0,     /* id never assigned (zero value) */
+	BACKEND_ACTIVE = 1,   /* in its frontend's slot table */
+	BACKEND_DRAINING = 2, /* not in the slot table; its flows keep it */
+};
+
+/* Bits of svc_value.flags. */
+enum svc_flag {
+	SVC_F_AFFINITY = 1, /* ClientIP session affinity, svc_value.affinity_timeout */
+	SVC_F_REJECT = 2,   /* no active backend: reject instead of drop (stored; not yet generated) */
+};
+
+/* svc_key.scope: which hooks see a frontend. */
+enum scope {
+	SCOPE_INTERNAL = 0, /* from pods (tc) and host processes (socket hooks) */
+	SCOPE_EXTERNAL = 1, /* arriving on an uplink (XDP) */
 };
 
 /* ct_value.dir */
 enum ct_dir {
 	CT_FORWARD = 1, /* client -> frontend: rewrite destination to backend */
 	CT_REVERSE = 2, /* backend -> client: rewrite source to frontend */
+};
+
+/* ct_value.state */
+enum ct_state {
+	CT_TCP_SYN_SENT = 1,    /* TCP, no reply seen yet */
+	CT_TCP_ESTABLISHED = 2, /* TCP, a reply seen */
+	CT_TCP_CLOSING = 3,     /* TCP, FIN or RST seen in either direction */
+	CT_UDP = 4,
+};
+
+/* Bits of ct_value.flags. */
+enum ct_flag {
+	CT_F_SNAT = 1, /* nat_addr/nat_port hold the second pair (source-NATed flow) */
+};
+
+/* ct_value.redirect: where a translated packet goes (written by the
+ * forwarding step; CT_REDIRECT_STACK until then). */
+enum ct_redirect {
+	CT_REDIRECT_STACK = 0, /* up the host stack */
+	CT_REDIRECT_PEER = 1,  /* bpf_redirect_peer into a local pod (ifindex) */
+	CT_REDIRECT_NEIGH = 2, /* bpf_redirect_neigh to another node (ifindex) */
+	CT_REDIRECT_XDP = 3,   /* XDP_TX / XDP_REDIRECT with the stored MACs */
+};
+
+/* iface_value.kind */
+enum iface_kind {
+	IFACE_POD = 1,    /* host side of a pod veth (tc) */
+	IFACE_UPLINK = 2, /* an uplink (XDP) */
 };
 
 /* Verdicts of the shared core (lb.h); each hook maps them to its own. */

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Incremental Internet checksum updates (RFC 1624, eqn. 3) for the XDP
- * hook, which has no skb and therefore no csum helpers. Only valid for
- * packets whose checksum fields hold a full checksum — true for frames from
- * the wire, and the reason tc (not XDP) handles CHECKSUM_PARTIAL pod traffic.
+/* Incremental Internet checksum updates (RFC 1624, eqn. 3). Only valid for
+ * checksum fields that hold a full checksum: every field of frames from
+ * the wire (the XDP hook, which has no skb and no csum helpers) and the
+ * IPv4 header checksum of every packet (tc too). Not a CHECKSUM_PARTIAL L4
+ * checksum, which holds only the pseudo-header sum: that is why pod
+ * traffic is translated by tc, whose L4 csum helper knows the difference.
  *
  * One's-complement sums do not depend on byte order as long as every word
  * is taken as it sits in memory, so values are used raw, unswapped. */

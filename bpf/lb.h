@@ -1,30 +1,37 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The load-balancing core both hooks call: conntrack, backend choice and
+/* The load-balancing core every hook calls: conntrack, backend choice and
  * the NAT decision. It never touches the packet; the hook applies the
- * rewrite with the checksum method that fits it. */
+ * rewrite with the checksum method that fits it.
+ *
+ * Map lookups per packet (docs/datapath.md, "The hit path"):
+ *   established forward packet: tlb_conntrack, tlb_backend_stats
+ *   reply:                      tlb_conntrack, tlb_stats
+ * Everything else (state changes, refreshing expiry and the peer entry,
+ * the registry check of a SYN, new flows) is the rare path. */
 #ifndef TOPOLB_LB_H
 #define TOPOLB_LB_H
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "anchors.h"
 #include "consts.h"
 #include "structs.h"
 #include "maps.h"
 #include "parse.h"
 
-#ifndef LB_DNAT_DEFAULT
-#error "entry file must define LB_DNAT_DEFAULT before including lb.h"
+#ifndef LB_SCOPE_DEFAULT
+#error "entry file must define LB_SCOPE_DEFAULT before including lb.h"
 #endif
 
 /* Node configuration, fixed at load time (the verifier prunes dead
  * branches). */
 
-/* cfg_dnat enables service DNAT on this hook. tc: on. XDP on uplinks: off
- * until NodePort lands; XDP only reverse-NATs replies there. */
-volatile const __u8 cfg_dnat = LB_DNAT_DEFAULT;
+/* cfg_scope is the frontend scope this hook balances (enum scope): tc on
+ * pod veths SCOPE_INTERNAL, XDP on uplinks SCOPE_EXTERNAL. */
+volatile const __u8 cfg_scope = LB_SCOPE_DEFAULT;
 /* cfg_hash_seed seeds the flow hash; must match on every program of a node
- * so both hooks would pick the same slot. */
+ * so every hook would pick the same slot. */
 volatile const __u32 cfg_hash_seed = 0x746c6221;
 
 /* A rewrite of one address and one port, both network byte order. */
@@ -37,27 +44,17 @@ struct nat {
 	__u8 pad[3];
 };
 
-static __always_inline void stat_inc(enum stat_reason reason)
+static __always_inline void stat_add(__u32 reason, __u64 n)
 {
-	__u32 key = reason;
-	__u64 *v = bpf_map_lookup_elem(&tlb_stats, &key);
+	__u64 *v = bpf_map_lookup_elem(&tlb_stats, &reason);
 
 	if (v)
-		*v += 1;
+		*v += n;
 }
 
-static __always_inline void count_forward(__u32 svc_id, __u32 backend_id, __u32 bytes)
+static __always_inline void stat_inc(__u32 reason)
 {
-	struct traffic *t = bpf_map_lookup_elem(&tlb_svc_stats, &svc_id);
-	__u64 *p;
-
-	if (t) {
-		t->packets += 1;
-		t->bytes += bytes;
-	}
-	p = bpf_map_lookup_elem(&tlb_be_stats, &backend_id);
-	if (p)
-		*p += 1;
+	stat_add(reason, 1);
 }
 
 #define rol32(v, s) (((v) << (s)) | ((v) >> (32 - (s))))
@@ -85,53 +82,162 @@ static __always_inline __u32 flow_hash(const struct packet *pkt)
 			    cfg_hash_seed);
 }
 
-/* ct_lookup returns LB_REWRITE with nat filled in when pkt is a reply of a
- * tracked flow, or belongs to one whose backend is still permitted;
- * LB_CONTINUE otherwise. */
-static __always_inline int ct_lookup(const struct packet *pkt, struct nat *nat)
+static __always_inline int is_syn(const struct packet *pkt)
 {
-	struct ct_key key = {
-		.saddr = pkt->saddr,
-		.daddr = pkt->daddr,
-		.sport = pkt->sport,
-		.dport = pkt->dport,
-		.proto = pkt->proto,
-	};
-	struct registry_value *reg;
-	struct ct_value *ct;
+	return (pkt->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
+}
 
-	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
-	if (!ct)
-		return LB_CONTINUE;
-
-	if (ct->dir == CT_REVERSE) {
-		/* Replies are always translated back, even after the backend
-		 * lost its permission: the client must only ever see the
-		 * service address. */
-		nat->dst = 0;
-		nat->old_addr = pkt->saddr;
-		nat->old_port = pkt->sport;
-		nat->new_addr = ct->addr;
-		nat->new_port = ct->port;
-		stat_inc(STAT_REVERSE_NAT);
-		return LB_REWRITE;
+/* ct_lifetime is how long an entry in state lives without packets, in ns. */
+static __always_inline __u64 ct_lifetime(__u8 state)
+{
+	switch (state) {
+	case CT_TCP_ESTABLISHED:
+		return CT_TIMEOUT_TCP_ESTABLISHED * NSEC_PER_SEC;
+	case CT_TCP_CLOSING:
+		return CT_TIMEOUT_TCP_CLOSING * NSEC_PER_SEC;
+	case CT_UDP:
+		return CT_TIMEOUT_UDP * NSEC_PER_SEC;
+	default:
+		return CT_TIMEOUT_TCP_SYN * NSEC_PER_SEC;
 	}
-	if (!cfg_dnat || ct->dir != CT_FORWARD)
-		return LB_CONTINUE;
+}
 
-	/* The flow keeps its backend only while the registry still lists
-	 * that exact (service, backend) pair under the id. */
+/* ct_first_state is the state of a flow created by pkt. */
+static __always_inline __u8 ct_first_state(const struct packet *pkt)
+{
+	if (pkt->proto != IP_PROTO_TCP)
+		return CT_UDP;
+	if (pkt->tcp_flags & (TCP_F_FIN | TCP_F_RST))
+		return CT_TCP_CLOSING;
+	return CT_TCP_SYN_SENT;
+}
+
+/* ct_next_state is the state after pkt, seen in direction dir: FIN or RST
+ * either way closes, the first reply establishes. States never go back. */
+static __always_inline __u8 ct_next_state(__u8 state, __u8 dir, const struct packet *pkt)
+{
+	if (pkt->proto != IP_PROTO_TCP)
+		return state;
+	if (pkt->tcp_flags & (TCP_F_FIN | TCP_F_RST))
+		return CT_TCP_CLOSING;
+	if (state == CT_TCP_SYN_SENT && dir == CT_REVERSE)
+		return CT_TCP_ESTABLISHED;
+	return state;
+}
+
+/* ct_peer_key fills the key of the other direction's entry of the flow
+ * that pkt matched as ct. */
+static __always_inline void ct_peer_key(const struct packet *pkt, const struct ct_value *ct,
+					struct ct_key *peer)
+{
+	int snat = ct->flags & CT_F_SNAT;
+
+	peer->proto = pkt->proto;
+	if (ct->dir == CT_FORWARD) {
+		peer->saddr = ct->addr;
+		peer->sport = ct->port;
+		peer->daddr = snat ? ct->nat_addr : pkt->saddr;
+		peer->dport = snat ? ct->nat_port : pkt->sport;
+	} else {
+		peer->saddr = snat ? ct->nat_addr : pkt->daddr;
+		peer->sport = snat ? ct->nat_port : pkt->dport;
+		peer->daddr = ct->addr;
+		peer->dport = ct->port;
+	}
+}
+
+/* ct_touch applies pkt's state change to the flow and refreshes its
+ * expiry when it is more than CT_REFRESH_INTERVAL stale, in both
+ * directions' entries: a one-way stream keeps its other half. Rare: the
+ * peer is looked up at most once a second per flow, plus state changes. */
+static __always_inline void ct_touch(const struct packet *pkt, struct ct_value *ct, __u64 now)
+{
+	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
+	__u64 expires = now + ct_lifetime(state);
+	struct ct_key peer_key = {};
+	struct ct_value *peer;
+
+	if (state == ct->state && expires <= ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC)
+		return;
+	ct->state = state;
+	ct->expires = expires;
+	ct_peer_key(pkt, ct, &peer_key);
+	peer = bpf_map_lookup_elem(&tlb_conntrack, &peer_key);
+	if (peer) {
+		peer->state = state;
+		peer->expires = expires;
+	}
+}
+
+/* syn_reopens reports whether a SYN on an established flow starts a new
+ * one: when the flow is closing, or its backend is no longer active in its
+ * frontend's set (draining). */
+static __always_inline int syn_reopens(const struct ct_value *ct)
+{
+	struct registry_value *reg;
+
+	if (ct->state == CT_TCP_CLOSING)
+		return 1;
 	reg = bpf_map_lookup_elem(&tlb_registry, &ct->backend_id);
-	if (!reg || reg->svc_id != ct->svc_id || reg->addr != ct->addr ||
-	    reg->port != ct->port)
+	return !reg || reg->state != BACKEND_ACTIVE || reg->gen != ct->backend_gen ||
+	       reg->svc_id != ct->svc_id;
+}
+
+/* ct_forward_hit translates a packet of an established flow. Returns
+ * LB_CONTINUE when the flow cannot be honoured (expired, backend gone, a
+ * SYN reopening it): the packet is then balanced as a new flow. */
+static __always_inline int ct_forward_hit(const struct packet *pkt, struct ct_value *ct,
+					  struct nat *nat)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct backend_stats *rec;
+
+	if (now > ct->expires) {
+		stat_inc(STAT_CT_EXPIRED);
 		return LB_CONTINUE;
+	}
+	/* The one lookup that both validates and counts. */
+	rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
+	if (!rec || rec->gen != ct->backend_gen) {
+		stat_inc(STAT_CT_STALE_BACKEND);
+		return LB_CONTINUE;
+	}
+	if (is_syn(pkt) && syn_reopens(ct)) {
+		stat_inc(STAT_CT_SYN_REOPEN);
+		return LB_CONTINUE;
+	}
+	ct_touch(pkt, ct, now);
+	rec->packets += 1;
+	rec->bytes += pkt->l3_len;
 
 	nat->dst = 1;
 	nat->old_addr = pkt->daddr;
 	nat->old_port = pkt->dport;
 	nat->new_addr = ct->addr;
 	nat->new_port = ct->port;
-	count_forward(ct->svc_id, ct->backend_id, pkt->l3_len);
+	return LB_REWRITE;
+}
+
+/* ct_reverse_hit translates a reply back to the frontend address. Replies
+ * are translated even after the backend left the set: the client must only
+ * ever see the service address. */
+static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_value *ct,
+					  struct nat *nat)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (now > ct->expires) {
+		stat_inc(STAT_CT_EXPIRED);
+		return LB_CONTINUE;
+	}
+	ct_touch(pkt, ct, now);
+	stat_inc(STAT_REVERSE_NAT);
+
+	nat->dst = 0;
+	nat->old_addr = pkt->saddr;
+	nat->old_port = pkt->sport;
+	nat->new_addr = ct->addr;
+	nat->new_port = ct->port;
 	return LB_REWRITE;
 }
 
@@ -153,10 +259,74 @@ static __always_inline int pick_backend(const struct svc_value *svc, __u32 hash,
 	return 0;
 }
 
-/* ct_create records both directions of a new flow. */
-static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
-				     const struct backend_value *be)
+/* affinity_pick copies the client's remembered backend into be when the
+ * memory has not expired and that backend is still active in this
+ * frontend's set under the same id and generation. Returns 0 then. */
+static __always_inline int affinity_pick(const struct packet *pkt, const struct svc_value *svc,
+					 __u64 now, struct backend_value *be)
 {
+	struct affinity_key key = { .client = pkt->saddr, .svc_id = svc->id };
+	struct affinity_value *a = bpf_map_lookup_elem(&tlb_affinity, &key);
+	struct registry_value *reg;
+	struct backend_stats *rec;
+	__u64 expires;
+
+	if (!a || now > a->expires)
+		return -1;
+	reg = bpf_map_lookup_elem(&tlb_registry, &a->backend_id);
+	if (!reg || reg->svc_id != svc->id || reg->state != BACKEND_ACTIVE ||
+	    reg->gen != a->backend_gen)
+		return -1;
+	/* A released id keeps its registry entry; its generation tells. */
+	rec = bpf_map_lookup_elem(&tlb_backend_stats, &a->backend_id);
+	if (!rec || rec->gen != a->backend_gen)
+		return -1;
+	be->addr = reg->addr;
+	be->port = reg->port;
+	be->flags = reg->flags;
+	be->id = a->backend_id;
+	be->gen = a->backend_gen;
+	expires = now + (__u64)svc->affinity_timeout * NSEC_PER_SEC;
+	if (expires > a->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC)
+		a->expires = expires;
+	return 0;
+}
+
+/* affinity_remember records be as the client's backend for svc. */
+static __always_inline void affinity_remember(const struct packet *pkt, const struct svc_value *svc,
+					      __u64 now, const struct backend_value *be)
+{
+	struct affinity_key key = { .client = pkt->saddr, .svc_id = svc->id };
+	struct affinity_value v = {
+		.backend_id = be->id,
+		.backend_gen = be->gen,
+		.expires = now + (__u64)svc->affinity_timeout * NSEC_PER_SEC,
+	};
+
+	/* Losing the memory only costs stickiness; the flow goes on. */
+	bpf_map_update_elem(&tlb_affinity, &key, &v, BPF_ANY);
+}
+
+/* ct_put inserts an entry, or overwrites an existing one. Returns the
+ * number of entries overwritten (0 or 1), or -1 when the map refused. */
+static __always_inline int ct_put(const struct ct_key *key, const struct ct_value *v)
+{
+	/* NOEXIST fails cheaply on an existing key, which tells replaced
+	 * entries apart without a lookup on the common path. */
+	if (!bpf_map_update_elem(&tlb_conntrack, key, v, BPF_NOEXIST))
+		return 0;
+	if (bpf_map_update_elem(&tlb_conntrack, key, v, BPF_ANY))
+		return -1;
+	return 1;
+}
+
+/* ct_create records both directions of a new flow. Returns the number of
+ * existing entries it overwrote, or -1 when the map refused. */
+static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
+				     const struct backend_value *be, __u64 now)
+{
+	__u8 state = ct_first_state(pkt);
+	__u64 expires = now + ct_lifetime(state);
 	struct ct_key fwd_key = {
 		.saddr = pkt->saddr,
 		.daddr = pkt->daddr,
@@ -168,8 +338,11 @@ static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
 		.addr = be->addr,
 		.port = be->port,
 		.dir = CT_FORWARD,
+		.state = state,
 		.svc_id = svc_id,
 		.backend_id = be->id,
+		.backend_gen = be->gen,
+		.expires = expires,
 	};
 	struct ct_key rev_key = {
 		.saddr = be->addr,
@@ -182,85 +355,142 @@ static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
 		.addr = pkt->daddr,
 		.port = pkt->dport,
 		.dir = CT_REVERSE,
+		.state = state,
 		.svc_id = svc_id,
 		.backend_id = be->id,
+		.backend_gen = be->gen,
+		.expires = expires,
 	};
+	int rev_replaced, fwd_replaced;
 
-	/* Reverse first: a reply can never race ahead of an entry that is
-	 * not there yet, but a forward entry without its reverse would
-	 * leak backend addresses to the client. */
-	if (bpf_map_update_elem(&tlb_conntrack, &rev_key, &rev, BPF_ANY))
+	/* Reverse first: a forward entry without its reverse would leak
+	 * backend addresses to the client. */
+	rev_replaced = ct_put(&rev_key, &rev);
+	if (rev_replaced < 0)
 		return -1;
-	if (bpf_map_update_elem(&tlb_conntrack, &fwd_key, &fwd, BPF_ANY))
+	fwd_replaced = ct_put(&fwd_key, &fwd);
+	if (fwd_replaced < 0)
 		return -1;
+	return rev_replaced + fwd_replaced;
+}
+
+/* choose_backend picks the backend of a new flow to svc: the client's
+ * remembered one for affinity frontends, else slot hash % count. Returns 0
+ * on success. */
+static __always_inline int choose_backend(const struct packet *pkt, const struct svc_key *key,
+					  struct svc_value *svc, __u64 now,
+					  struct backend_value *be)
+{
+	struct svc_value *v;
+	__u32 hash;
+
+	if (svc->flags & SVC_F_AFFINITY) {
+		if (!affinity_pick(pkt, svc, now, be)) {
+			stat_inc(STAT_AFFINITY_HIT);
+			return 0;
+		}
+		stat_inc(STAT_AFFINITY_NEW);
+	}
+	hash = flow_hash(pkt);
+	if (!pick_backend(svc, hash, be))
+		goto chosen;
+	/* The buffer we read may have been retired between the two lookups;
+	 * the service entry then points at the new one. */
+	v = bpf_map_lookup_elem(&tlb_services, key);
+	if (!v || v->count == 0)
+		return -1;
+	*svc = *v;
+	if (pick_backend(svc, hash, be))
+		return -1;
+chosen:
+	if (svc->flags & SVC_F_AFFINITY)
+		affinity_remember(pkt, svc, now, be);
 	return 0;
 }
 
-/* lb_new_flow load-balances the first packet of a flow to a frontend.
- * Returns LB_PASS when pkt is not addressed to a frontend. */
-static __always_inline int lb_new_flow(const struct packet *pkt, struct nat *nat)
+/* lb_new_flow balances the first packet of a flow to a frontend of this
+ * hook's scope. had_entry says the packet matched a conntrack entry that
+ * could not be honoured. Returns LB_PASS when pkt is not addressed to a
+ * frontend. */
+static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, struct nat *nat)
 {
 	struct svc_key key = {
 		.vip = pkt->daddr,
 		.port = pkt->dport,
 		.proto = pkt->proto,
+		.scope = cfg_scope,
 	};
 	struct backend_value be;
+	struct backend_stats *rec;
 	struct svc_value svc, *v;
-	__u32 hash;
+	int replaced;
+	__u64 now;
 
 	v = bpf_map_lookup_elem(&tlb_services, &key);
 	if (!v)
 		return LB_PASS;
 	svc = *v;
+	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
+		stat_inc(STAT_TCP_MIDFLOW_MISS);
 	if (svc.count == 0) {
+		stat_inc(svc.flags & SVC_F_REJECT ? STAT_DROP_REJECT : STAT_DROP_NO_BACKEND);
+		return LB_DROP;
+	}
+
+	now = bpf_ktime_get_coarse_ns();
+	if (choose_backend(pkt, &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
-
-	hash = flow_hash(pkt);
-	if (pick_backend(&svc, hash, &be)) {
-		/* The buffer we read may have been retired between the two
-		 * lookups; the service entry then points at the new one. */
-		v = bpf_map_lookup_elem(&tlb_services, &key);
-		if (!v || v->count == 0) {
-			stat_inc(STAT_DROP_NO_BACKEND);
-			return LB_DROP;
-		}
-		svc = *v;
-		if (pick_backend(&svc, hash, &be)) {
-			stat_inc(STAT_DROP_NO_BACKEND);
-			return LB_DROP;
-		}
-	}
-
-	if (ct_create(pkt, svc.id, &be)) {
+	replaced = ct_create(pkt, svc.id, &be, now);
+	if (replaced < 0) {
 		stat_inc(STAT_DROP_MAP_FULL);
 		return LB_DROP;
 	}
+	stat_inc(STAT_CT_CREATED);
+	if (replaced)
+		stat_add(STAT_CT_REPLACED, replaced);
 
+	rec = bpf_map_lookup_elem(&tlb_backend_stats, &be.id);
+	if (rec) {
+		rec->flows += 1;
+		rec->packets += 1;
+		rec->bytes += pkt->l3_len;
+	}
 	nat->dst = 1;
 	nat->old_addr = pkt->daddr;
 	nat->old_port = pkt->dport;
 	nat->new_addr = be.addr;
 	nat->new_port = be.port;
-	count_forward(svc.id, be.id, pkt->l3_len);
 	return LB_REWRITE;
 }
 
 /* lb_process decides what happens to a parsed TCP/UDP packet. */
 static __always_inline int lb_process(const struct packet *pkt, struct nat *nat)
 {
-	int ret = ct_lookup(pkt, nat);
+	struct ct_key key = {
+		.saddr = pkt->saddr,
+		.daddr = pkt->daddr,
+		.sport = pkt->sport,
+		.dport = pkt->dport,
+		.proto = pkt->proto,
+	};
+	struct ct_value *ct;
+	int ret;
 
+	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
+	if (!ct)
+		return lb_new_flow(pkt, 0, nat);
+	if (ct->dir == CT_REVERSE)
+		ret = ct_reverse_hit(pkt, ct, nat);
+	else
+		ret = ct_forward_hit(pkt, ct, nat);
 	if (ret != LB_CONTINUE)
 		return ret;
-	if (!cfg_dnat)
-		return LB_PASS;
-	return lb_new_flow(pkt, nat);
+	return lb_new_flow(pkt, 1, nat);
 }
 
-/* lb_classify runs the parser and the core; shared prologue of both hooks. */
+/* lb_classify runs the parser and the core; shared prologue of every hook. */
 static __always_inline int lb_classify(void *data, void *data_end, __u32 frame_len,
 				       struct packet *pkt, struct nat *nat)
 {

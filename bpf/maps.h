@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Map definitions shared by both hooks. Both objects declare the same maps;
- * the loader creates them once, pins them and hands them to the second
- * object, so tc and XDP see one conntrack. max_entries are defaults that the
- * loader replaces with Options. */
+/* Map definitions shared by every hook. Each object declares the same maps;
+ * the loader creates them once, pins them and hands them to the other
+ * objects, so every hook sees one conntrack. max_entries are defaults that
+ * the loader replaces with Options. */
 #ifndef TOPOLB_MAPS_H
 #define TOPOLB_MAPS_H
 
@@ -33,13 +33,21 @@ struct {
 	__type(value, struct backend_value);
 } tlb_backends SEC(".maps");
 
-/* backend id -> (service, backend) currently permitted under that id. */
+/* backend id -> (service, backend, state) the id stands for. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, DEFAULT_MAX_BACKENDS);
 	__type(key, __u32);
 	__type(value, struct registry_value);
 } tlb_registry SEC(".maps");
+
+/* backend id -> generation and forward counters, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DEFAULT_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend_stats);
+} tlb_backend_stats SEC(".maps");
 
 /* Both directions of every flow. */
 struct {
@@ -49,32 +57,41 @@ struct {
 	__type(value, struct ct_value);
 } tlb_conntrack SEC(".maps");
 
-/* Forward packets and bytes per service id. */
+/* ClientIP session affinity: (client, service) -> backend. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, DEFAULT_MAX_FRONTENDS + 1);
-	__type(key, __u32);
-	__type(value, struct traffic);
-} tlb_svc_stats SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_AFFINITY);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_value);
+} tlb_affinity SEC(".maps");
 
-/* Forward packets per backend id. */
+/* ifindex -> what the interface is, for redirects. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, DEFAULT_MAX_BACKENDS);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, DEFAULT_MAX_IFACES);
 	__type(key, __u32);
-	__type(value, __u64);
-} tlb_be_stats SEC(".maps");
+	__type(value, struct iface_value);
+} tlb_ifaces SEC(".maps");
 
-/* Named global counters. */
+/* Socket hooks: (socket, backend) -> frontend, for recvmsg/getpeername. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
+	__type(key, struct sock_revnat_key);
+	__type(value, struct sock_revnat_value);
+} tlb_sock_revnat SEC(".maps");
+
+/* Named global counters, indexed by enum stat_reason. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX);
-	__type(key, enum stat_reason);
+	__uint(max_entries, STAT_SLOTS);
+	__type(key, __u32);
 	__type(value, __u64);
 } tlb_stats SEC(".maps");
+_Static_assert(STAT_MAX <= STAT_SLOTS, "tlb_stats has a slot for every reason");
 
-/* Layout version of everything above, checked before pinned maps are
- * adopted. */
+/* Layout version and fingerprint of everything above, checked before
+ * pinned maps are adopted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

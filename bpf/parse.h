@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Header parsing shared by both hooks. Works on [data, data_end) only; the
+/* Header parsing shared by every hook. Works on [data, data_end) only; the
  * tc entry makes sure the headers are in the linear area first. */
 #ifndef TOPOLB_PARSE_H
 #define TOPOLB_PARSE_H
@@ -10,11 +10,30 @@
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
 
 #include "consts.h"
 
+/* IPv4 header length bounds: IHL counts 32-bit words, 5 to 15. TCP's data
+ * offset counts the same words, at least 5. */
+#define IP_WORD_LEN 4
+#define IP_MIN_IHL 5
+#define IP_MAX_HLEN 60
+#define TCP_MIN_DOFF 5
+/* The largest tot_len; tot_len 0 above it marks a BIG TCP GSO packet. */
+#define IP_MAX_TOT_LEN 0xffff
 /* Longest Ethernet + IPv4 (with options) + TCP header prefix we read. */
-#define MAX_PARSE_LEN (ETH_HLEN_ + 60 + sizeof(struct tcphdr))
+#define MAX_PARSE_LEN (ETH_HLEN + IP_MAX_HLEN + sizeof(struct tcphdr))
+/* packet.l4_off is at most ETH_HLEN + IP_MAX_HLEN; masking with this
+ * tells the verifier so before it is added to a packet pointer. */
+#define L4_OFF_MASK 0x7f
+_Static_assert(ETH_HLEN + IP_MAX_HLEN <= L4_OFF_MASK, "L4_OFF_MASK must cover every L4 offset");
+/* The flag bits (enum TCP_F_*) in tcp_flag_word() after bpf_ntohl. */
+#define TCP_FLAGS_SHIFT 16
+/* TCP and UDP put their ports at the same offsets: the rewrite relies on
+ * it. */
+_Static_assert(__builtin_offsetof(struct tcphdr, source) == __builtin_offsetof(struct udphdr, source), "source port offsets");
+_Static_assert(__builtin_offsetof(struct tcphdr, dest) == __builtin_offsetof(struct udphdr, dest), "destination port offsets");
 
 enum parse_result {
 	PARSE_OK = 0,       /* TCP or UDP, unfragmented, headers complete */
@@ -31,9 +50,9 @@ struct packet {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
-	__u8 pad;
-	__u16 l4_off;  /* offset of the L4 header from the start of the frame */
-	__u32 l3_len;  /* IPv4 total length, for byte counters */
+	__u8 tcp_flags; /* TCP_F_* bits; 0 for UDP */
+	__u16 l4_off;   /* offset of the L4 header from the start of the frame */
+	__u32 l3_len;   /* IPv4 total length, for byte counters */
 };
 
 /* parse_packet fills pkt from the frame. frame_len is the full frame length
@@ -42,7 +61,7 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 					struct packet *pkt)
 {
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN_;
+	struct iphdr *ip = data + ETH_HLEN;
 	__u32 ihl_len, tot_len, l3_avail;
 
 	if ((void *)(eth + 1) > data_end)
@@ -51,16 +70,16 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 		return PARSE_SKIP;
 	if ((void *)(ip + 1) > data_end)
 		return PARSE_ERROR;
-	if (ip->version != 4 || ip->ihl < 5)
+	if (ip->version != 4 || ip->ihl < IP_MIN_IHL)
 		return PARSE_ERROR;
-	ihl_len = ip->ihl * 4;
+	ihl_len = ip->ihl * IP_WORD_LEN;
 	if ((void *)ip + ihl_len > data_end)
 		return PARSE_ERROR;
 
-	l3_avail = frame_len - ETH_HLEN_;
+	l3_avail = frame_len - ETH_HLEN;
 	tot_len = bpf_ntohs(ip->tot_len);
 	/* tot_len 0 is BIG TCP's marker for a >64KiB GSO packet. */
-	if (tot_len == 0 && l3_avail > 0xffff)
+	if (tot_len == 0 && l3_avail > IP_MAX_TOT_LEN)
 		tot_len = l3_avail;
 	if (tot_len < ihl_len || tot_len > l3_avail)
 		return PARSE_ERROR;
@@ -71,8 +90,8 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 	pkt->saddr = ip->saddr;
 	pkt->daddr = ip->daddr;
 	pkt->proto = ip->protocol;
-	pkt->pad = 0;
-	pkt->l4_off = ETH_HLEN_ + ihl_len;
+	pkt->tcp_flags = 0;
+	pkt->l4_off = ETH_HLEN + ihl_len;
 	pkt->l3_len = tot_len;
 
 	if (ip->protocol == IP_PROTO_TCP) {
@@ -80,10 +99,11 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 
 		if ((void *)(tcp + 1) > data_end || tot_len < ihl_len + sizeof(*tcp))
 			return PARSE_ERROR;
-		if (tcp->doff < 5)
+		if (tcp->doff < TCP_MIN_DOFF)
 			return PARSE_ERROR;
 		pkt->sport = tcp->source;
 		pkt->dport = tcp->dest;
+		pkt->tcp_flags = bpf_ntohl(tcp_flag_word(tcp)) >> TCP_FLAGS_SHIFT;
 		return PARSE_OK;
 	}
 	if (ip->protocol == IP_PROTO_UDP) {

@@ -1,42 +1,44 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* tcx ingress on the host side of pod veths: pod -> service DNAT, and
- * reverse NAT of replies from local backends. Pods send CHECKSUM_PARTIAL
- * packets, so checksums are updated with the skb csum helpers, which know
- * the difference (BPF_F_PSEUDO_HDR). */
+/* tcx ingress on the host side of pod veths: pod -> frontend DNAT for
+ * frontends of scope internal, and reverse NAT of replies from local
+ * backends. Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated
+ * with the skb csum helper, which knows the difference (BPF_F_PSEUDO_HDR). */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-#define LB_DNAT_DEFAULT 1
+#define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
+#include "csum.h"
 
 /* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
  * so tcx programs attached after this one (a CNI's, for example) still see
  * it; with none left the packet passes. */
 #define TC_PASS TC_ACT_UNSPEC
 
-#define IP_CSUM_OFF (ETH_HLEN_ + 10)
 
-/* tc_rewrite applies nat to the skb. The csum helpers do the checksum
- * work (they know CHECKSUM_PARTIAL from a full checksum); the new address
- * and port are then written directly, which is cheaper than two
- * bpf_skb_store_bytes calls. Returns 0 on success. */
+/* tc_rewrite applies nat to the skb. The L4 checksum is updated with the
+ * csum helper, which knows CHECKSUM_PARTIAL from a full checksum and keeps
+ * skb->csum right; the IPv4 header checksum is always a full one, so it is
+ * updated in place (csum.h), which keeps the header's sum, and so skb->csum,
+ * unchanged. The new address and port are then written directly, which is
+ * cheaper than bpf_skb_store_bytes. Returns 0 on success. */
 static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet *pkt,
 				      const struct nat *nat)
 {
-	__u32 l4_off = pkt->l4_off & 0x7f; /* <= 14 + 60: tells the verifier */
+	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
 	__u32 l4_csum_off, mangled0 = 0;
 	struct iphdr *ip;
 	void *data, *data_end, *l4;
 	__be16 *port;
 
 	if (pkt->proto == IP_PROTO_TCP) {
-		l4_csum_off = l4_off + 16;
+		l4_csum_off = l4_off + offsetof(struct tcphdr, check);
 	} else {
-		l4_csum_off = l4_off + 6;
+		l4_csum_off = l4_off + offsetof(struct udphdr, check);
 		/* UDP checksum 0 means "none" and stays 0. */
 		mangled0 = BPF_F_MARK_MANGLED_0;
 	}
@@ -48,19 +50,18 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet
 	    bpf_l4_csum_replace(skb, l4_csum_off, nat->old_port, nat->new_port,
 				mangled0 | sizeof(nat->new_port)))
 		return -1;
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, nat->old_addr, nat->new_addr,
-				sizeof(nat->new_addr)))
-		return -1;
 
 	/* The helpers invalidated packet pointers: reload and re-check. */
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	ip = data + ETH_HLEN_;
+	ip = data + ETH_HLEN;
 	l4 = data + l4_off;
 	if ((void *)(ip + 1) > data_end || l4 + sizeof(struct udphdr) > data_end)
 		return -1;
-	port = nat->dst ? l4 + 2 : l4;
+	/* TCP and UDP ports sit at the same offsets (parse.h). */
+	port = l4 + (nat->dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
 	*port = nat->new_port;
+	ip->check = csum_replace4(ip->check, nat->old_addr, nat->new_addr);
 	if (nat->dst)
 		ip->daddr = nat->new_addr;
 	else

@@ -1,19 +1,22 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* XDP on the node's uplinks: reverse NAT of replies that backends on other
- * nodes send back over the wire. Frames from the wire carry full checksums,
- * so the incremental update in csum.h is correct here (it would not be for
- * CHECKSUM_PARTIAL pod traffic, which is why DNAT lives in tc). Rewritten
- * frames go up the stack with XDP_PASS; redirecting them straight to the pod
- * veth is a later, optional fast path. */
+/* XDP on the node's uplinks: DNAT for frontends of scope external (traffic
+ * arriving from outside the node), and reverse NAT of replies that
+ * backends on other nodes send back over the wire. Frames from the wire
+ * carry full checksums, so the incremental update in csum.h is correct
+ * here (it would not be for CHECKSUM_PARTIAL pod traffic, which is why
+ * pods are served by tc). Rewritten frames go up the stack with XDP_PASS;
+ * redirecting them (ct_value.redirect) is the forwarding step's job. */
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
-#define LB_DNAT_DEFAULT 0
+#define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
 #include "lb.h"
 #include "csum.h"
+
+#define UDP_CSUM_ALL_ONES 0xffff
 
 /* xdp_rewrite applies nat in place. Returns 0 on success. */
 static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *pkt,
@@ -21,8 +24,8 @@ static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_HLEN_;
-	void *l4 = data + (pkt->l4_off & 0x7f);
+	struct iphdr *ip = data + ETH_HLEN;
+	void *l4 = data + (pkt->l4_off & L4_OFF_MASK);
 	__u16 *check;
 	__be16 *port;
 
@@ -46,13 +49,13 @@ static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *
 	}
 
 	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
-	 * 0xffff (RFC 768). */
+	 * its one's-complement twin, all ones (RFC 768). */
 	if (pkt->proto != IP_PROTO_UDP || *check != 0) {
 		__u16 sum = csum_replace4(*check, nat->old_addr, nat->new_addr);
 
 		sum = csum_replace2(sum, nat->old_port, nat->new_port);
 		if (pkt->proto == IP_PROTO_UDP && sum == 0)
-			sum = 0xffff;
+			sum = UDP_CSUM_ALL_ONES;
 		*check = sum;
 	}
 	*port = nat->new_port;

@@ -54,12 +54,12 @@ func (d *Datapath) AttachXDP(ifname string) error {
 func (d *Datapath) attach(ifname string, h hook) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.tcColl == nil {
-		return errors.New("datapath closed")
+	if d.closed() {
+		return ErrClosed
 	}
-	prog := d.tcProg
+	prog, kind := d.tcProg, tcIfaceKindIFACE_POD
 	if h == hookXDP {
-		prog = d.xdpProg
+		prog, kind = d.xdpProg, tcIfaceKindIFACE_UPLINK
 	}
 	if err := os.MkdirAll(d.linksDir(), 0o700); err != nil {
 		return err
@@ -71,7 +71,10 @@ func (d *Datapath) attach(ifname string, h hook) error {
 		}
 		pin := d.linkPin(h, ifname)
 		if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
-			return err
+			if err != nil {
+				return err
+			}
+			return d.putIface(iface, kind)
 		}
 		var l link.Link
 		switch h {
@@ -92,8 +95,18 @@ func (d *Datapath) attach(ifname string, h hook) error {
 			return fmt.Errorf("pin link: %w", err)
 		}
 		d.log.Info("attached", "hook", h, "interface", ifname, "ifindex", iface.Index)
-		return nil
+		return d.putIface(iface, kind)
 	})
+}
+
+// putIface records what an interface is in tlb_ifaces, for redirects.
+func (d *Datapath) putIface(iface *net.Interface, kind tcIfaceKind) error {
+	v := tcIfaceValue{Kind: uint8(kind)}
+	copy(v.Mac[:], iface.HardwareAddr)
+	if err := d.ifaces.Update(uint32(iface.Index), &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("record interface %s in tlb_ifaces: %w", iface.Name, err)
+	}
+	return nil
 }
 
 // readopt updates a link pinned at pin to prog when it is still attached to
@@ -154,10 +167,16 @@ func (d *Datapath) detach(ifname string) error {
 			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
 			continue
 		}
+		ifindex := linkIfindex(l)
 		if err := l.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
 		}
 		l.Close()
+		if ifindex > 0 && !d.closed() {
+			if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+			}
+		}
 		d.log.Info("detached", "hook", h, "interface", ifname)
 	}
 	return errors.Join(errs...)

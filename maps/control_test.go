@@ -13,8 +13,8 @@ import (
 )
 
 // TestChecksumHarnessCatchesXDPOnPodVeth is the negative control of
-// TestRealTraffic: the XDP program, with DNAT switched on, does on the
-// client's veth what tc does there. Pods send CHECKSUM_PARTIAL packets,
+// TestRealTraffic: the XDP program, switched to the internal scope, does on
+// the client's veth what tc does there. Pods send CHECKSUM_PARTIAL packets,
 // whose checksum field holds only the pseudo-header sum; XDP cannot tell
 // and updates it as a full checksum, so the port rewrite corrupts it. The
 // testbed must see that as checksum errors at the backends — otherwise its
@@ -33,14 +33,10 @@ func TestChecksumHarnessCatchesXDPOnPodVeth(t *testing.T) {
 		t.Fatal(err)
 	}
 	sizeMaps(spec, d.opts)
-	if err := spec.Variables[xdpVarCfgDnat].Set(uint8(1)); err != nil {
+	if err := spec.Variables[xdpVarCfgScope].Set(uint8(ScopeInternal)); err != nil {
 		t.Fatal(err)
 	}
-	replacements := map[string]*ebpf.Map{}
-	for _, name := range sharedMaps {
-		replacements[name] = d.tcColl.Maps[name]
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,9 @@ package maps
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net/netip"
+	"time"
 )
 
 // This file is the only place that knows the wire layout of map keys and
@@ -65,65 +67,149 @@ func svcKey(fe Frontend) (tcSvcKey, error) {
 	if fe.Proto != TCP && fe.Proto != UDP {
 		return tcSvcKey{}, fmt.Errorf("frontend %s: protocol %d not supported (TCP or UDP only)", fe.Addr, uint8(fe.Proto))
 	}
+	if fe.Scope != ScopeInternal && fe.Scope != ScopeExternal {
+		return tcSvcKey{}, fmt.Errorf("frontend %s: unknown scope %d", fe.Addr, uint8(fe.Scope))
+	}
 	return tcSvcKey{
 		Vip:   be32(fe.Addr.Addr().Unmap()),
 		Port:  be16(fe.Addr.Port()),
 		Proto: uint8(fe.Proto),
+		Scope: uint8(fe.Scope),
 	}, nil
 }
 
 // frontend converts a map key back; the inverse of svcKey.
 func frontend(k tcSvcKey) Frontend {
-	return Frontend{Addr: addrPortFromWire(k.Vip, k.Port), Proto: Protocol(k.Proto)}
+	return Frontend{Addr: addrPortFromWire(k.Vip, k.Port), Proto: Protocol(k.Proto), Scope: Scope(k.Scope)}
 }
 
 // normalize validates b and maps 4-in-6 addresses to plain IPv4, so equal
-// backends compare equal.
+// backends compare equal. A draining backend's weight is 0, an active
+// one's at least 1.
 func normalize(b Backend) (Backend, error) {
 	if err := validIPv4("backend", b.Addr); err != nil {
 		return Backend{}, err
 	}
 	b.Addr = netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
+	switch {
+	case b.Draining:
+		b.Weight = 0
+	case b.Weight == 0:
+		b.Weight = 1
+	}
 	return b, nil
 }
 
-// Bits of backend_value.flags (enum backend_flag in bpf/consts.h).
-const (
-	backendNodeLocal = 1
-	backendZoneLocal = 2
-)
-
-// backendValue converts a normalized backend and its id.
-func backendValue(b Backend, id uint32) tcBackendValue {
-	v := tcBackendValue{
-		Addr: be32(b.Addr.Addr()),
-		Port: be16(b.Addr.Port()),
-		Id:   id,
+// affinitySeconds converts an affinity timeout to the datapath's whole
+// seconds, rounding up; 0 means off.
+func affinitySeconds(d time.Duration) (uint32, error) {
+	switch {
+	case d < 0:
+		return 0, fmt.Errorf("affinity timeout %s is negative", d)
+	case d == 0:
+		return 0, nil
 	}
-	if b.NodeLocal {
-		v.Flags |= backendNodeLocal
+	s := (d + time.Second - 1) / time.Second
+	if s > math.MaxUint32 {
+		return 0, fmt.Errorf("affinity timeout %s is too long", d)
 	}
-	if b.ZoneLocal {
-		v.Flags |= backendZoneLocal
-	}
-	return v
+	return uint32(s), nil
 }
 
-// backendFromValue is the inverse of backendValue.
-func backendFromValue(v tcBackendValue) (Backend, uint32) {
-	return Backend{
-		Addr:      addrPortFromWire(v.Addr, v.Port),
-		NodeLocal: v.Flags&backendNodeLocal != 0,
-		ZoneLocal: v.Flags&backendZoneLocal != 0,
-	}, v.Id
+// svcFlags are a service's svc_value.flags.
+func svcFlags(affinity uint32, reject bool) uint8 {
+	var f uint8
+	if affinity > 0 {
+		f |= uint8(tcSvcFlagSVC_F_AFFINITY)
+	}
+	if reject {
+		f |= uint8(tcSvcFlagSVC_F_REJECT)
+	}
+	return f
+}
+
+// backendFlags are a backend's flags bits (enum backend_flag).
+func backendFlags(b Backend) uint8 {
+	var f uint8
+	if b.NodeLocal {
+		f |= uint8(tcBackendFlagBACKEND_F_NODE_LOCAL)
+	}
+	if b.ZoneLocal {
+		f |= uint8(tcBackendFlagBACKEND_F_ZONE_LOCAL)
+	}
+	return f
+}
+
+// withFlags returns b with NodeLocal and ZoneLocal set from flags.
+func withFlags(b Backend, flags uint8) Backend {
+	b.NodeLocal = flags&uint8(tcBackendFlagBACKEND_F_NODE_LOCAL) != 0
+	b.ZoneLocal = flags&uint8(tcBackendFlagBACKEND_F_ZONE_LOCAL) != 0
+	return b
+}
+
+// backendValue is the slot value of member m.
+func backendValue(m *member) tcBackendValue {
+	return tcBackendValue{
+		Addr:  be32(m.be.Addr.Addr()),
+		Port:  be16(m.be.Addr.Port()),
+		Flags: backendFlags(m.be),
+		Id:    m.id,
+		Gen:   m.gen,
+	}
+}
+
+// backendFromValue decodes a slot value: the backend (without weight) and
+// its id and generation.
+func backendFromValue(v tcBackendValue) (b Backend, id, gen uint32) {
+	return withFlags(Backend{Addr: addrPortFromWire(v.Addr, v.Port)}, v.Flags), v.Id, v.Gen
 }
 
 func backendKey(svcID, slot uint32, buffer uint8) tcBackendKey {
 	return tcBackendKey{SvcId: svcID, Slot: slot, Buffer: buffer}
 }
 
-// registryValue is what the registry holds for a permitted (service,
-// backend) pair; the zero value marks a free id.
-func registryValue(svcID uint32, addr netip.AddrPort) tcRegistryValue {
-	return tcRegistryValue{SvcId: svcID, Addr: be32(addr.Addr()), Port: be16(addr.Port())}
+// registryValue is the registry entry of member m of service svcID.
+func registryValue(svcID uint32, m *member) tcRegistryValue {
+	state := tcBackendStateBACKEND_ACTIVE
+	if m.be.Draining {
+		state = tcBackendStateBACKEND_DRAINING
+	}
+	return tcRegistryValue{
+		SvcId: svcID,
+		Addr:  be32(m.be.Addr.Addr()),
+		Port:  be16(m.be.Addr.Port()),
+		State: uint8(state),
+		Flags: backendFlags(m.be),
+		Gen:   m.gen,
+	}
+}
+
+// stateName names a registry state for drift reports.
+func stateName(s uint8) string {
+	switch tcBackendState(s) {
+	case tcBackendStateBACKEND_FREE:
+		return "free"
+	case tcBackendStateBACKEND_ACTIVE:
+		return "active"
+	case tcBackendStateBACKEND_DRAINING:
+		return "draining"
+	default:
+		return fmt.Sprintf("state(%d)", s)
+	}
+}
+
+// svcValue is the tlb_services value of service id with count slots in
+// buffer, flip generation gen and settings set.
+func svcValue(id, count, gen uint32, buffer uint8, set settings) tcSvcValue {
+	return tcSvcValue{Id: id, Count: count, Generation: gen, AffinityTimeout: set.affinity,
+		Buffer: buffer, Flags: svcFlags(set.affinity, set.reject)}
+}
+
+// settingsFromValue decodes a service's settings.
+func settingsFromValue(v tcSvcValue) settings {
+	set := settings{reject: v.Flags&uint8(tcSvcFlagSVC_F_REJECT) != 0}
+	if v.Flags&uint8(tcSvcFlagSVC_F_AFFINITY) != 0 {
+		set.affinity = v.AffinityTimeout
+	}
+	return set
 }

@@ -13,18 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// layoutVersion names the layout of every pinned map and the slot scheme
-// the mirror relies on. Bump it on any incompatible change: Load then
-// refuses to adopt maps pinned by an older datapath.
-const layoutVersion = 1
-
 // levelTrace is the verbosity of per-map-write logs (developers only).
 const levelTrace = slog.LevelDebug - 4
 
-// sharedMaps are created once, pinned, and shared by both programs.
+// sharedMaps are created once, pinned, and shared by every program.
 var sharedMaps = []string{
-	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbConntrack,
-	tcMapTlbSvcStats, tcMapTlbBeStats, tcMapTlbStats, tcMapTlbMeta,
+	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
+	tcMapTlbConntrack, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
+	tcMapTlbStats, tcMapTlbMeta,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -34,12 +30,22 @@ type Datapath struct {
 	mu   sync.Mutex
 	opts Options
 	log  *slog.Logger
+	// lock is the pin directory, held with flock(LOCK_EX) until Close.
+	lock *os.File
+	// sweepMu serialises SweepConntrack, which runs without mu.
+	sweepMu sync.Mutex
+	// ncpu is the number of possible CPUs: the length of per-CPU values.
+	ncpu int
+	// writeFault, when set, is asked before every map write of a change
+	// and fails it with the error it returns (the map name is the
+	// argument). Nil outside tests, which use it to check rollback.
+	writeFault func(what string) error
 
 	tcColl, xdpColl *ebpf.Collection
 	tcProg, xdpProg *ebpf.Program
 
-	services, backends, registry, conntrack *ebpf.Map
-	svcStats, beStats, stats, meta          *ebpf.Map
+	services, backends, registry, backendStats *ebpf.Map
+	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
 
 	mirror
 }
@@ -57,6 +63,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxConntrack == 0 {
 		o.MaxConntrack = DefaultMaxConntrack
 	}
+	if o.MaxAffinity == 0 {
+		o.MaxAffinity = DefaultMaxAffinity
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -67,12 +76,14 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Load loads the programs and their maps. Maps already pinned at
-// opts.PinPath with the same layout are adopted: the mirror is rebuilt from
-// them and stale slots are garbage-collected, so an agent restart keeps
-// every flow. Otherwise the maps are created and pinned. Pinned maps of
-// another layout or size make Load fail with an error wrapping
-// ErrLayoutMismatch.
+// Load loads the programs and their maps. It first takes an exclusive lock
+// on opts.PinPath: a second Datapath on the same directory fails at once
+// with an error wrapping ErrLocked, before touching any pin. Maps already
+// pinned there with the same layout are adopted: the mirror is rebuilt
+// from them and stale entries are garbage-collected, so an agent restart
+// keeps every flow. Otherwise the maps are created and pinned. Pinned maps
+// of another layout version, fingerprint or size make Load fail with an
+// error wrapping ErrLayoutMismatch.
 func Load(opts Options) (_ *Datapath, err error) {
 	opts, err = opts.withDefaults()
 	if err != nil {
@@ -84,11 +95,14 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err := checkBPFFS(opts.PinPath); err != nil {
 		return nil, err
 	}
-	if err := checkPinnedLayout(opts.PinPath); err != nil {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("possible CPUs: %w", err)
+	}
+	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu}
+	if d.lock, err = lockDir(opts.PinPath); err != nil {
 		return nil, err
 	}
-
-	d := &Datapath{opts: opts, log: opts.Logger}
 	defer func() {
 		if err != nil {
 			d.Close()
@@ -99,49 +113,18 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, err
 	}
-	sizeMaps(tcSpec, opts)
-	for _, name := range sharedMaps {
-		tcSpec.Maps[name].Pinning = ebpf.PinByName
-	}
-	d.tcColl, err = ebpf.NewCollectionWithOptions(tcSpec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: opts.PinPath},
-	})
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return nil, fmt.Errorf("adopt maps at %s: %w: %w", opts.PinPath, ErrLayoutMismatch, err)
-	}
+	fingerprint, err := layoutFingerprint(tcSpec)
 	if err != nil {
-		return nil, fmt.Errorf("load tc program: %w", err)
+		return nil, fmt.Errorf("layout fingerprint: %w", err)
 	}
-
-	xdpSpec, err := loadXdp()
-	if err != nil {
+	if err := checkPinnedLayout(opts.PinPath, fingerprint); err != nil {
 		return nil, err
 	}
-	sizeMaps(xdpSpec, opts)
-	replacements := make(map[string]*ebpf.Map, len(sharedMaps))
-	for _, name := range sharedMaps {
-		replacements[name] = d.tcColl.Maps[name]
+	if err := d.loadObjects(tcSpec); err != nil {
+		return nil, err
 	}
-	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: replacements})
-	if err != nil {
-		return nil, fmt.Errorf("load xdp program: %w", err)
-	}
-
-	m := d.tcColl.Maps
-	d.services, d.backends, d.registry, d.conntrack = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbConntrack]
-	d.svcStats, d.beStats, d.stats, d.meta = m[tcMapTlbSvcStats], m[tcMapTlbBeStats], m[tcMapTlbStats], m[tcMapTlbMeta]
-	d.tcProg = d.tcColl.Programs[tcProgTcLb]
-	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
-
-	var meta tcMeta
-	if err := d.meta.Lookup(uint32(0), &meta); err != nil {
-		return nil, fmt.Errorf("read layout version: %w", err)
-	}
-	if meta.LayoutVersion == 0 {
-		meta.LayoutVersion = layoutVersion
-		if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
-			return nil, fmt.Errorf("write layout version: %w", err)
-		}
+	if err := d.initMeta(fingerprint); err != nil {
+		return nil, err
 	}
 
 	d.mirror = newMirror(opts)
@@ -150,8 +133,88 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, fmt.Errorf("adopt pinned maps: %w", err)
 	}
 	d.log.Info("datapath loaded", "pinPath", opts.PinPath, "frontends", len(d.fes),
-		"backends", d.active, "staleSlotsRemoved", stats.staleSlots, "registryRepaired", stats.registryFixes)
+		"slots", d.slots, "staleSlotsRemoved", stats.staleSlots,
+		"registryRepaired", stats.registryFixes, "rewritten", stats.rewritten)
 	return d, nil
+}
+
+// lockDir takes an exclusive, non-blocking flock on the directory dir.
+// The lock lives as long as the returned file.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open pin path to lock it: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock %s: %w (is another topolb agent running with this --bpffs?)", dir, ErrLocked)
+		}
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// loadObjects creates (or adopts) the pinned maps with the tc object and
+// hands them to the XDP object.
+func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
+	sizeMaps(tcSpec, d.opts)
+	for _, name := range sharedMaps {
+		tcSpec.Maps[name].Pinning = ebpf.PinByName
+	}
+	d.tcColl, err = ebpf.NewCollectionWithOptions(tcSpec, ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: d.opts.PinPath},
+	})
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("adopt maps at %s: %w: %w", d.opts.PinPath, ErrLayoutMismatch, err)
+	}
+	if err != nil {
+		return fmt.Errorf("load tc program: %w", err)
+	}
+
+	xdpSpec, err := loadXdp()
+	if err != nil {
+		return err
+	}
+	sizeMaps(xdpSpec, d.opts)
+	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
+	if err != nil {
+		return fmt.Errorf("load xdp program: %w", err)
+	}
+
+	m := d.tcColl.Maps
+	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
+	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
+	d.tcProg = d.tcColl.Programs[tcProgTcLb]
+	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
+	return nil
+}
+
+// sharedMapSet returns the loaded shared maps by name, for objects that
+// must use them instead of creating their own.
+func (d *Datapath) sharedMapSet() map[string]*ebpf.Map {
+	out := make(map[string]*ebpf.Map, len(sharedMaps))
+	for _, name := range sharedMaps {
+		out[name] = d.tcColl.Maps[name]
+	}
+	return out
+}
+
+// initMeta stamps fresh maps with this layout; adopted maps already carry
+// it (checkPinnedLayout).
+func (d *Datapath) initMeta(fingerprint uint64) error {
+	var meta tcMeta
+	if err := d.meta.Lookup(uint32(0), &meta); err != nil {
+		return fmt.Errorf("read layout version: %w", err)
+	}
+	if meta.LayoutVersion != 0 {
+		return nil
+	}
+	meta = tcMeta{LayoutVersion: layoutVersion, Fingerprint: fingerprint}
+	if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write layout version: %w", err)
+	}
+	return nil
 }
 
 // sizeMaps applies the load-time sizes to a spec.
@@ -159,9 +222,10 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) {
 	spec.Maps[tcMapTlbServices].MaxEntries = opts.MaxFrontends
 	spec.Maps[tcMapTlbBackends].MaxEntries = 2 * opts.MaxBackends
 	spec.Maps[tcMapTlbRegistry].MaxEntries = opts.MaxBackends
+	spec.Maps[tcMapTlbBackendStats].MaxEntries = opts.MaxBackends
 	spec.Maps[tcMapTlbConntrack].MaxEntries = opts.MaxConntrack
-	spec.Maps[tcMapTlbSvcStats].MaxEntries = opts.MaxFrontends + 1
-	spec.Maps[tcMapTlbBeStats].MaxEntries = opts.MaxBackends
+	spec.Maps[tcMapTlbSockRevnat].MaxEntries = opts.MaxConntrack
+	spec.Maps[tcMapTlbAffinity].MaxEntries = opts.MaxAffinity
 }
 
 // checkBPFFS refuses pin paths outside a bpf filesystem, where pinning
@@ -178,9 +242,9 @@ func checkBPFFS(path string) error {
 	return nil
 }
 
-// checkPinnedLayout compares the layout version of a pinned meta map, if
-// any, before anything else is adopted.
-func checkPinnedLayout(pinPath string) error {
+// checkPinnedLayout compares the layout version and fingerprint of a
+// pinned meta map, if any, before anything else is adopted.
+func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 	path := filepath.Join(pinPath, tcMapTlbMeta)
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
@@ -194,15 +258,22 @@ func checkPinnedLayout(pinPath string) error {
 	if err := m.Lookup(uint32(0), &meta); err != nil {
 		return fmt.Errorf("read pinned layout version: %w: %w", ErrLayoutMismatch, err)
 	}
-	if meta.LayoutVersion != 0 && meta.LayoutVersion != layoutVersion {
+	switch {
+	case meta.LayoutVersion == 0:
+		return nil
+	case meta.LayoutVersion != layoutVersion:
 		return fmt.Errorf("maps at %s have layout version %d, this datapath uses %d: %w",
 			pinPath, meta.LayoutVersion, layoutVersion, ErrLayoutMismatch)
+	case meta.Fingerprint != fingerprint:
+		return fmt.Errorf("maps at %s have layout fingerprint %#x, this datapath %#x (same version %d: a layout change without a version bump): %w",
+			pinPath, meta.Fingerprint, fingerprint, layoutVersion, ErrLayoutMismatch)
 	}
 	return nil
 }
 
-// Close releases the programs and map file descriptors. Pinned maps and
-// links stay: the datapath keeps forwarding without the process.
+// Close releases the programs, the map file descriptors and the lock on
+// the pin path. Pinned maps and links stay: the datapath keeps forwarding
+// without the process.
 func (d *Datapath) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -213,6 +284,13 @@ func (d *Datapath) Close() error {
 	if d.tcColl != nil {
 		d.tcColl.Close()
 		d.tcColl = nil
+	}
+	if d.lock != nil {
+		err := d.lock.Close()
+		d.lock = nil
+		if err != nil {
+			return fmt.Errorf("release pin path lock: %w", err)
+		}
 	}
 	return nil
 }
@@ -246,3 +324,6 @@ func (d *Datapath) Unpin() error {
 	}
 	return errors.Join(errs...)
 }
+
+// closed reports, with mu held, whether Close ran.
+func (d *Datapath) closed() bool { return d.tcColl == nil }

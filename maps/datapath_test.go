@@ -15,22 +15,30 @@ const (
 	drop
 )
 
+// stats are expected changes of named counters; a counter not listed must
+// not change.
+type stats map[Stat]uint64
+
 // pktCase is one packet through one hook.
 type pktCase struct {
 	name string
-	hook hook
-	in   frame
-	want verdict
+	// before runs ahead of the packet: programs a change, plants map
+	// entries. Counters are read after it.
+	before func(t *testing.T, d *Datapath)
+	hook   hook
+	in     frame
+	want   verdict
 	// out is the expected output frame; nil means byte-for-byte
 	// unchanged. Ignored for drops.
 	out *frame
 	// fwd is the frontend whose forward counters the packet must bump;
-	// the zero Frontend means none.
-	fwd Frontend
-	// Expected changes of the global counters.
-	drops      Drops
-	reverseNAT uint64
-	fragments  uint64
+	// the zero Frontend means none. newFlow says it also counts a new
+	// flow there.
+	fwd     Frontend
+	newFlow bool
+	stats   stats
+	// after runs after the packet's checks: inspects map entries.
+	after func(t *testing.T, d *Datapath)
 }
 
 func (c pktCase) runOn(t *testing.T, d *Datapath) {
@@ -67,12 +75,16 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 func l3Len(b []byte) uint64 { return uint64(binary.BigEndian.Uint16(b[16:])) }
 
 // runTable runs rows in order (conntrack state carries over) and checks
-// every row's counter deltas, then the per-frontend totals.
+// every row's verdict, output and counter deltas, then the per-frontend
+// totals.
 func runTable(t *testing.T, d *Datapath, rows []pktCase) {
 	t.Helper()
 	fwd := make(map[Frontend]Traffic)
 	for _, c := range rows {
 		t.Run(c.name, func(t *testing.T) {
+			if c.before != nil {
+				c.before(t, d)
+			}
 			before, err := d.Counters()
 			if err != nil {
 				t.Fatal(err)
@@ -82,37 +94,27 @@ func runTable(t *testing.T, d *Datapath, rows []pktCase) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotDrops := Drops{
-				NoBackend:    after.Drops.NoBackend - before.Drops.NoBackend,
-				MapFull:      after.Drops.MapFull - before.Drops.MapFull,
-				ParseError:   after.Drops.ParseError - before.Drops.ParseError,
-				RewriteError: after.Drops.RewriteError - before.Drops.RewriteError,
-			}
-			if gotDrops != c.drops {
-				t.Errorf("drops delta = %+v, want %+v", gotDrops, c.drops)
-			}
-			if got := after.ReverseNAT - before.ReverseNAT; got != c.reverseNAT {
-				t.Errorf("reverse NAT delta = %d, want %d", got, c.reverseNAT)
-			}
-			if got := after.Fragments - before.Fragments; got != c.fragments {
-				t.Errorf("fragments delta = %d, want %d", got, c.fragments)
+			for s := Stat(0); int(s) < numStats; s++ {
+				if got := after.Stats[s] - before.Stats[s]; got != c.stats[s] {
+					t.Errorf("%s delta = %d, want %d", s, got, c.stats[s])
+				}
 			}
 			for f, tr := range after.Frontends {
-				delta := Traffic{tr.Packets - before.Frontends[f].Packets, tr.Bytes - before.Frontends[f].Bytes}
-				want := Traffic{}
-				if f == c.fwd {
-					want = Traffic{1, l3Len(c.in.bytes())}
+				b, ok := before.Frontends[f]
+				if !ok {
+					continue
 				}
-				if delta != want {
+				delta := Traffic{Flows: tr.Flows - b.Flows, Packets: tr.Packets - b.Packets, Bytes: tr.Bytes - b.Bytes}
+				if want := c.traffic(f); delta != want {
 					t.Errorf("frontend %s traffic delta = %+v, want %+v", f, delta, want)
 				}
 			}
+			if c.after != nil {
+				c.after(t, d)
+			}
 		})
 		if c.fwd != (Frontend{}) {
-			tr := fwd[c.fwd]
-			tr.Packets++
-			tr.Bytes += l3Len(c.in.bytes())
-			fwd[c.fwd] = tr
+			fwd[c.fwd] = fwd[c.fwd].plus(c.traffic(c.fwd))
 		}
 	}
 	got, err := d.Counters()
@@ -120,17 +122,32 @@ func runTable(t *testing.T, d *Datapath, rows []pktCase) {
 		t.Fatal(err)
 	}
 	for f, want := range fwd {
+		if _, ok := got.Frontends[f]; !ok {
+			continue // deleted by a row
+		}
 		if got.Frontends[f] != want {
 			t.Errorf("frontend %s total = %+v, want %+v", f, got.Frontends[f], want)
 		}
-		var perBackend uint64
-		for _, n := range got.Backends[f] {
-			perBackend += n
+		var perBackend Traffic
+		for _, n := range got.BackendTraffic[f] {
+			perBackend = perBackend.plus(n)
 		}
-		if perBackend != want.Packets {
-			t.Errorf("frontend %s: backend packets sum %d, want %d", f, perBackend, want.Packets)
+		if perBackend.Packets > want.Packets {
+			t.Errorf("frontend %s: backend packets sum %d exceeds the frontend's %d", f, perBackend.Packets, want.Packets)
 		}
 	}
+}
+
+// traffic is the forward traffic c must add to frontend f.
+func (c pktCase) traffic(f Frontend) Traffic {
+	if f != c.fwd || c.fwd == (Frontend{}) {
+		return Traffic{}
+	}
+	tr := Traffic{Packets: 1, Bytes: l3Len(c.in.bytes())}
+	if c.newFlow {
+		tr.Flows = 1
+	}
+	return tr
 }
 
 func ptr(f frame) *frame { return &f }
@@ -142,13 +159,25 @@ const (
 	vipTCP   = "10.96.0.10:80"
 	vipUDP   = "10.96.0.10:53"
 	vipEmpty = "10.96.0.11:80"
+	vipExt   = "192.0.2.10:80"
 	beTCP    = "10.1.1.2:8080"
 	beUDP    = "10.1.1.3:5353"
+	beExt    = "10.1.1.4:8080"
 )
+
+// newTCP is the counters a new TCP flow moves: created, and a midflow
+// miss when its first packet has no SYN.
+func newFlowStats(extra stats) stats {
+	s := stats{StatConntrackCreated: 1}
+	for k, v := range extra {
+		s[k] += v
+	}
+	return s
+}
 
 // malformedRows are dropped by both hooks with a parse error.
 func malformedRows(h hook) []pktCase {
-	perr := Drops{ParseError: 1}
+	perr := stats{StatDropParseError: 1}
 	syn := tcpFrame(client, vipTCP, tcpSYN, "")
 	truncTCP := syn
 	truncTCP.truncate, truncTCP.totLen = 14+20+10, 30
@@ -165,16 +194,16 @@ func malformedRows(h hook) []pktCase {
 		// tc test runs refuse IPv4 frames without a full IPv4 header
 		// (EINVAL), so only XDP can be shown these.
 		rows = []pktCase{
-			{name: "truncated_ip_header", hook: h, in: frame{src: syn.src, dst: syn.dst, proto: protoTCP, truncate: 14 + 10}, want: drop, drops: perr},
-			{name: "ethernet_only", hook: h, in: frame{src: syn.src, dst: syn.dst, proto: protoTCP, truncate: 14}, want: drop, drops: perr},
+			{name: "truncated_ip_header", hook: h, in: frame{src: syn.src, dst: syn.dst, proto: protoTCP, truncate: 14 + 10}, want: drop, stats: perr},
+			{name: "ethernet_only", hook: h, in: frame{src: syn.src, dst: syn.dst, proto: protoTCP, truncate: 14}, want: drop, stats: perr},
 		}
 	}
 	return append(rows, []pktCase{
-		{name: "ihl_below_5", hook: h, in: shortIHL, want: drop, drops: perr},
-		{name: "total_length_beyond_frame", hook: h, in: longTot, want: drop, drops: perr},
-		{name: "truncated_tcp_header", hook: h, in: truncTCP, want: drop, drops: perr},
-		{name: "tcp_data_offset_below_5", hook: h, in: doff, want: drop, drops: perr},
-		{name: "truncated_udp_header", hook: h, in: truncUDP, want: drop, drops: perr},
+		{name: "ihl_below_5", hook: h, in: shortIHL, want: drop, stats: perr},
+		{name: "total_length_beyond_frame", hook: h, in: longTot, want: drop, stats: perr},
+		{name: "truncated_tcp_header", hook: h, in: truncTCP, want: drop, stats: perr},
+		{name: "tcp_data_offset_below_5", hook: h, in: doff, want: drop, stats: perr},
+		{name: "truncated_udp_header", hook: h, in: truncUDP, want: drop, stats: perr},
 	}...)
 }
 
@@ -195,9 +224,14 @@ func untouchedRows(h hook) []pktCase {
 		{name: "ipv6_ethertype", hook: h, in: frame{etherType: 0x86dd, payload: bytes.Repeat([]byte{0x60}, 60)}, want: pass},
 		{name: "arp", hook: h, in: frame{etherType: 0x0806, payload: make([]byte, 28)}, want: pass},
 		{name: "vlan_tagged", hook: h, in: frame{etherType: 0x8100, payload: make([]byte, 46)}, want: pass},
-		{name: "first_fragment_to_service", hook: h, in: firstFrag, want: pass, fragments: 1},
-		{name: "later_fragment_to_service", hook: h, in: laterFrag, want: pass, fragments: 1},
+		{name: "first_fragment_to_service", hook: h, in: firstFrag, want: pass, stats: stats{StatFragment: 1}},
+		{name: "later_fragment_to_service", hook: h, in: laterFrag, want: pass, stats: stats{StatFragment: 1}},
 	}
+}
+
+// extFE is the external-scope frontend of the tables.
+func extFE() Frontend {
+	return Frontend{Addr: netip.MustParseAddrPort(vipExt), Proto: TCP, Scope: ScopeExternal}
 }
 
 func setupTable(t *testing.T) *Datapath {
@@ -205,6 +239,7 @@ func setupTable(t *testing.T) *Datapath {
 	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
 	mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
 	mustSet(t, d, fe(vipEmpty, TCP))
+	mustSet(t, d, extFE(), be(beExt))
 	return d
 }
 
@@ -227,17 +262,20 @@ func TestTCProgram(t *testing.T) {
 	rst := tcpFrame(client3, vipTCP, tcpRST, "")
 
 	rows := []pktCase{
-		{name: "tcp_syn_new_flow", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE},
+		{name: "tcp_syn_new_flow", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
 		{name: "tcp_ack_odd_payload_conntrack_hit", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE},
+		{name: "tcp_reply_from_local_backend", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "tcp_fin", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "tcp_reply_from_local_backend", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), reverseNAT: 1},
-		{name: "udp_odd_payload", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE},
-		{name: "udp_zero_checksum_stays_zero", hook: hookTC, in: udpNoSum, out: ptr(udpNoSum.withAddrs("", beUDP)), fwd: udpFE},
-		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), reverseNAT: 1},
-		{name: "ip_options", hook: hookTC, in: opts, out: ptr(opts.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "ethernet_padding_kept", hook: hookTC, in: padded, out: ptr(padded.withAddrs("", beUDP)), fwd: udpFE},
-		{name: "tcp_rst_without_flow", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "zero_backends_dropped", hook: hookTC, in: tcpFrame(client, vipEmpty, tcpSYN, ""), want: drop, drops: Drops{NoBackend: 1}},
+		{name: "udp_odd_payload", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "udp_zero_checksum_stays_zero", hook: hookTC, in: udpNoSum, out: ptr(udpNoSum.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "ip_options", hook: hookTC, in: opts, out: ptr(opts.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "ethernet_padding_kept", hook: hookTC, in: padded, out: ptr(padded.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tcp_rst_without_flow_is_a_midflow_miss", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(stats{StatTCPMidflowMiss: 1})},
+		{name: "zero_backends_dropped", hook: hookTC, in: tcpFrame(client, vipEmpty, tcpSYN, ""), want: drop, stats: stats{StatDropNoBackend: 1}},
+		{name: "zero_backends_reject_frontend", hook: hookTC, in: tcpFrame(client, vipEmpty, tcpSYN, ""), want: drop, stats: stats{StatDropReject: 1},
+			before: func(t *testing.T, d *Datapath) { mustSetService(t, d, fe(vipEmpty, TCP), Service{Reject: true}) }},
+		{name: "external_frontend_not_matched_by_tc", hook: hookTC, in: tcpFrame(client, vipExt, tcpSYN, ""), want: pass},
 	}
 	rows = append(rows, untouchedRows(hookTC)...)
 	rows = append(rows, malformedRows(hookTC)...)
@@ -246,7 +284,7 @@ func TestTCProgram(t *testing.T) {
 
 func TestXDPProgram(t *testing.T) {
 	d := setupTable(t)
-	tcpFE, udpFE := fe(vipTCP, TCP), fe(vipUDP, UDP)
+	tcpFE, udpFE, ext := fe(vipTCP, TCP), fe(vipUDP, UDP), extFE()
 
 	syn := tcpFrame(client, vipTCP, tcpSYN, "")
 	synAck := tcpFrame(beTCP, client, tcpSYN|tcpACK, "")
@@ -260,24 +298,57 @@ func TestXDPProgram(t *testing.T) {
 	udpReplyNoSum.noUDPSum = true
 	padded := udpReply
 	padded.pad = 9
+	extSyn := tcpFrame(client3, vipExt, tcpSYN, "")
+	extAck := tcpFrame(client3, vipExt, tcpACK, "GET / odd")
+	extReply := tcpFrame(beExt, client3, tcpSYN|tcpACK, "")
 
 	rows := []pktCase{
-		// Flows are set up by tc on the client's veth, as on a node.
-		{name: "tc_tcp_syn", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "tc_udp", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE},
-		{name: "tc_udp_second_flow", hook: hookTC, in: udp2, out: ptr(udp2.withAddrs("", beUDP)), fwd: udpFE},
-		{name: "tcp_reply_from_remote_backend", hook: hookXDP, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), reverseNAT: 1},
-		{name: "tcp_reply_with_ip_options", hook: hookXDP, in: synAckOpts, out: ptr(synAckOpts.withAddrs(vipTCP, "")), reverseNAT: 1},
-		{name: "tcp_reply_odd_payload", hook: hookXDP, in: ackData, out: ptr(ackData.withAddrs(vipTCP, "")), reverseNAT: 1},
-		{name: "udp_reply", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), reverseNAT: 1},
-		{name: "udp_reply_zero_checksum_stays_zero", hook: hookXDP, in: udpReplyNoSum, out: ptr(udpReplyNoSum.withAddrs(vipUDP, "")), reverseNAT: 1},
-		{name: "udp_reply_ethernet_padding", hook: hookXDP, in: padded, out: ptr(padded.withAddrs(vipUDP, "")), reverseNAT: 1},
-		// No DNAT on uplinks (yet): a frame to a frontend passes as is.
-		{name: "service_traffic_from_wire_untouched", hook: hookXDP, in: tcpFrame(client3, vipTCP, tcpSYN, ""), want: pass},
-		{name: "zero_backends_untouched_on_wire", hook: hookXDP, in: tcpFrame(client3, vipEmpty, tcpSYN, ""), want: pass},
+		// Flows to internal frontends are set up by tc on the client's
+		// veth, as on a node.
+		{name: "tc_tcp_syn", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tc_udp", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tc_udp_second_flow", hook: hookTC, in: udp2, out: ptr(udp2.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tcp_reply_from_remote_backend", hook: hookXDP, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "tcp_reply_with_ip_options", hook: hookXDP, in: synAckOpts, out: ptr(synAckOpts.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "tcp_reply_odd_payload", hook: hookXDP, in: ackData, out: ptr(ackData.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply_zero_checksum_stays_zero", hook: hookXDP, in: udpReplyNoSum, out: ptr(udpReplyNoSum.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply_ethernet_padding", hook: hookXDP, in: padded, out: ptr(padded.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		// Internal frontends are not matched on the wire.
+		{name: "internal_frontend_not_matched_by_xdp", hook: hookXDP, in: tcpFrame(client3, vipTCP, tcpSYN, ""), want: pass},
+		{name: "internal_empty_frontend_not_matched_by_xdp", hook: hookXDP, in: tcpFrame(client3, vipEmpty, tcpSYN, ""), want: pass},
 		{name: "reply_to_unknown_flow_untouched", hook: hookXDP, in: tcpFrame(beTCP, client3, tcpSYN|tcpACK, ""), want: pass},
+		// External frontends are balanced on the wire.
+		{name: "external_syn", hook: hookXDP, in: extSyn, out: ptr(extSyn.withAddrs("", beExt)), fwd: ext, newFlow: true, stats: newFlowStats(nil)},
+		{name: "external_ack_hit", hook: hookXDP, in: extAck, out: ptr(extAck.withAddrs("", beExt)), fwd: ext},
+		{name: "external_reply_from_local_backend", hook: hookTC, in: extReply, out: ptr(extReply.withAddrs(vipExt, "")), stats: stats{StatReverseNAT: 1}},
 	}
 	rows = append(rows, untouchedRows(hookXDP)...)
 	rows = append(rows, malformedRows(hookXDP)...)
 	runTable(t, d, rows)
+}
+
+// TestScopeSeparation programs one address:port in both scopes with
+// different backends: each hook sees only its own.
+func TestScopeSeparation(t *testing.T) {
+	d := newDatapath(t, Options{})
+	internal := fe(vipTCP, TCP)
+	external := Frontend{Addr: internal.Addr, Proto: TCP, Scope: ScopeExternal}
+	mustSet(t, d, internal, be(beTCP))
+	mustSet(t, d, external, be(beExt))
+	inSyn := tcpFrame(client, vipTCP, tcpSYN, "")
+	outSyn := tcpFrame(client2, vipTCP, tcpSYN, "")
+	runTable(t, d, []pktCase{
+		{name: "tc_uses_the_internal_set", hook: hookTC, in: inSyn, out: ptr(inSyn.withAddrs("", beTCP)), fwd: internal, newFlow: true, stats: newFlowStats(nil)},
+		{name: "xdp_uses_the_external_set", hook: hookXDP, in: outSyn, out: ptr(outSyn.withAddrs("", beExt)), fwd: external, newFlow: true, stats: newFlowStats(nil)},
+		{name: "internal_deleted_tc_passes", hook: hookTC, in: tcpFrame(client3, vipTCP, tcpSYN, ""), want: pass,
+			before: func(t *testing.T, d *Datapath) {
+				if _, err := d.DeleteFrontend(internal); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	})
+	if fes := d.Frontends(); len(fes) != 1 || len(fes[external]) != 1 {
+		t.Errorf("frontends after deleting the internal one: %v", fes)
+	}
 }

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
 
-// Frontends returns the programmed frontends and their backends (in slot
-// order) from the userspace mirror, without touching the kernel.
+// Frontends returns the programmed frontends and their backends from the
+// userspace mirror, without touching the kernel: active backends in order
+// of their first slot (Weight = slots held), then draining ones by
+// address (Weight 0).
 func (d *Datapath) Frontends() map[Frontend][]Backend {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -20,34 +23,67 @@ func (d *Datapath) Frontends() map[Frontend][]Backend {
 	return out
 }
 
-// Capacity reports how many frontends and backends are programmed, and the
-// limits Load was given.
+// Services returns what each frontend serves according to the mirror;
+// Backends as in Frontends.
+func (d *Datapath) Services() map[Frontend]Service {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[Frontend]Service, len(d.fes))
+	for fe, s := range d.fes {
+		out[fe] = Service{Backends: s.backends(), Affinity: time.Duration(s.set.affinity) * time.Second, Reject: s.set.reject}
+	}
+	return out
+}
+
+// Capacity reports how many frontends and backend slots are programmed,
+// and the limits Load was given. Slots are what bounds the backends of
+// equal-weight frontends; see Usage for ids.
 func (d *Datapath) Capacity() (frontends, frontendsMax, backends, backendsMax int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.fes), int(d.opts.MaxFrontends), d.active, int(d.opts.MaxBackends)
+	return len(d.fes), int(d.opts.MaxFrontends), d.slots, int(d.opts.MaxBackends)
 }
 
-// Dump reads the frontends and their active backends (in slot order) back
-// from the kernel maps: what the datapath actually uses.
-func (d *Datapath) Dump() (map[Frontend][]Backend, error) {
+// Usage is the occupancy of the datapath's bounded resources.
+type Usage struct {
+	Frontends, MaxFrontends int
+	// Slots are the entries of every frontend's active table (one per
+	// active backend with equal weights); at most MaxBackends.
+	Slots int
+	// BackendIDs are held by active and draining backends and by ids
+	// waiting to be retired; at most MaxBackends.
+	BackendIDs  int
+	MaxBackends int
+	// Pending counts cleanups queued after failed writes (ids to retire,
+	// registry entries and frontends to rewrite), retried on every change.
+	Pending int
+}
+
+// Usage reports the datapath's occupancy.
+func (d *Datapath) Usage() Usage {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	svcs, err := d.readServices()
+	return Usage{
+		Frontends: len(d.fes), MaxFrontends: int(d.opts.MaxFrontends),
+		Slots:       d.slots,
+		BackendIDs:  int(d.opts.MaxBackends) - d.beIDs.available(),
+		MaxBackends: int(d.opts.MaxBackends),
+		Pending:     d.pending(),
+	}
+}
+
+// Dump reads the frontends and their backends back from the kernel maps,
+// in the order Frontends uses: what the datapath actually does.
+func (d *Datapath) Dump() (map[Frontend][]Backend, error) {
+	prog, err := d.Programmed()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[Frontend][]Backend, len(svcs))
-	for _, sv := range svcs {
-		fe := frontend(sv.key)
-		bs := make([]Backend, 0, sv.value.Count)
-		for i := uint32(0); i < sv.value.Count; i++ {
-			var v tcBackendValue
-			if err := d.backends.Lookup(backendKey(sv.value.Id, i, sv.value.Buffer), &v); err != nil {
-				return nil, fmt.Errorf("dump %s slot %d: %w", fe, i, err)
-			}
-			b, _ := backendFromValue(v)
-			bs = append(bs, b)
+	out := make(map[Frontend][]Backend, len(prog))
+	for fe, ps := range prog {
+		bs := make([]Backend, len(ps.Backends))
+		for i, b := range ps.Backends {
+			bs[i] = b.Backend
 		}
 		out[fe] = bs
 	}
@@ -74,229 +110,137 @@ func (d *Datapath) readServices() ([]svcEntry, error) {
 	return out, nil
 }
 
-// Counters reads the datapath counters, summed over CPUs.
-func (d *Datapath) Counters() (Counters, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	c := Counters{
-		Frontends: make(map[Frontend]Traffic, len(d.fes)),
-		Backends:  make(map[Frontend]map[netip.AddrPort]uint64, len(d.fes)),
-	}
-	var err error
-	stat := func(r tcStatReason) uint64 {
-		var per []uint64
-		if e := d.stats.Lookup(uint32(r), &per); e != nil {
-			err = errors.Join(err, fmt.Errorf("read stat %d: %w", r, e))
-		}
-		return sum(per)
-	}
-	c.Drops = Drops{
-		NoBackend:    stat(tcStatReasonSTAT_DROP_NO_BACKEND),
-		MapFull:      stat(tcStatReasonSTAT_DROP_MAP_FULL),
-		ParseError:   stat(tcStatReasonSTAT_DROP_PARSE_ERROR),
-		RewriteError: stat(tcStatReasonSTAT_DROP_REWRITE),
-	}
-	c.ReverseNAT = stat(tcStatReasonSTAT_REVERSE_NAT)
-	c.Fragments = stat(tcStatReasonSTAT_FRAGMENT)
-	if err != nil {
-		return Counters{}, err
-	}
-	for fe, s := range d.fes {
-		t, err := d.svcCounter(s.id)
-		if err != nil {
-			return Counters{}, err
-		}
-		base := d.svcBase[s.id]
-		c.Frontends[fe] = Traffic{Packets: t.Packets - base.Packets, Bytes: t.Bytes - base.Bytes}
-		per := make(map[netip.AddrPort]uint64, len(s.slots))
-		for _, sl := range s.slots {
-			p, err := d.backendCounter(sl.id)
-			if err != nil {
-				return Counters{}, err
-			}
-			per[sl.be.Addr] = p - d.beBase[sl.id]
-		}
-		c.Backends[fe] = per
-	}
-	return c, nil
+// record is one backend id's tlb_backend_stats entry, summed over CPUs.
+type record struct {
+	gen     uint32 // CPU 0's; mixed reports whether the CPUs disagree
+	mixed   bool
+	traffic Traffic
 }
 
-func sum(vs []uint64) uint64 {
-	var n uint64
-	for _, v := range vs {
-		n += v
+func sumRecord(per []tcBackendStats) record {
+	var r record
+	for i, v := range per {
+		if i == 0 {
+			r.gen = v.Gen
+		} else if v.Gen != r.gen {
+			r.mixed = true
+		}
+		r.traffic = r.traffic.plus(Traffic{Flows: v.Flows, Packets: v.Packets, Bytes: v.Bytes})
 	}
-	return n
+	return r
 }
 
-func (d *Datapath) svcCounter(id uint32) (Traffic, error) {
-	var per []tcTraffic
-	if err := d.svcStats.Lookup(id, &per); err != nil {
-		return Traffic{}, fmt.Errorf("read service counter %d: %w", id, err)
+// readRecord reads one id's generation and counters.
+func (d *Datapath) readRecord(id uint32) (gen uint32, tr Traffic, err error) {
+	var per []tcBackendStats
+	if err := d.backendStats.Lookup(id, &per); err != nil {
+		return 0, Traffic{}, fmt.Errorf("read backend record %d: %w", id, err)
 	}
-	var t Traffic
-	for _, v := range per {
-		t.Packets += v.Packets
-		t.Bytes += v.Bytes
-	}
-	return t, nil
+	r := sumRecord(per)
+	return r.gen, r.traffic, nil
 }
 
-func (d *Datapath) backendCounter(id uint32) (uint64, error) {
-	var per []uint64
-	if err := d.beStats.Lookup(id, &per); err != nil {
-		return 0, fmt.Errorf("read backend counter %d: %w", id, err)
-	}
-	return sum(per), nil
-}
+// recordBatch is the number of ids read per batch lookup.
+const recordBatch = 1024
 
-// readSvcCounter and readBackendCounter return the counter an id is about
-// to inherit; zero if it cannot be read (counters are best effort).
-func (d *Datapath) readSvcCounter(id uint32) Traffic {
-	t, _ := d.svcCounter(id)
-	return t
-}
-
-func (d *Datapath) readBackendCounter(id uint32) uint64 {
-	n, _ := d.backendCounter(id)
-	return n
-}
-
-type adoptStats struct {
-	staleSlots    int
-	registryFixes int
-}
-
-// adopt rebuilds the mirror from the kernel maps (after an agent restart
-// the maps are pinned and still forwarding) and collects garbage: slots
-// outside every service's active range, and registry entries no active
-// slot refers to.
-func (d *Datapath) adopt() (adoptStats, error) {
-	var st adoptStats
-	svcs, err := d.readServices()
-	if err != nil {
-		return st, err
-	}
-	t := &txn{d: d}
-	byID := make(map[uint32]*service, len(svcs))
-	usedSvc := make(map[uint32]bool, len(svcs))
-	var broken []*service
-	for _, sv := range svcs {
-		s := &service{key: sv.key, id: sv.value.Id, gen: sv.value.Generation,
-			buffer: sv.value.Buffer & 1, index: make(map[netip.AddrPort]int)}
-		ok := true
-		for i := uint32(0); i < sv.value.Count; i++ {
-			var v tcBackendValue
-			if err := d.backends.Lookup(backendKey(s.id, i, s.buffer), &v); err != nil {
-				if !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return st, fmt.Errorf("read slot: %w", err)
-				}
-				ok = false
-				continue
-			}
-			b, id := backendFromValue(v)
-			if _, dup := s.index[b.Addr]; dup {
-				ok = false
-				continue
-			}
-			s.index[b.Addr] = len(s.slots)
-			s.slots = append(s.slots, slot{be: b, id: id})
-		}
-		if !ok || sv.value.Buffer > 1 {
-			broken = append(broken, s)
-		}
-		usedSvc[s.id] = true
-		byID[s.id] = s
-		d.fes[frontend(sv.key)] = s
-	}
-
-	// Backend slots: keep the active range, count everything else as
-	// garbage. high[] is set so trim below deletes exactly the garbage.
-	var (
-		k       tcBackendKey
-		v       tcBackendValue
-		orphans []tcBackendKey
-	)
-	it := d.backends.Iterate()
-	for it.Next(&k, &v) {
-		s := byID[k.SvcId]
-		if s == nil || k.Buffer > 1 {
-			orphans = append(orphans, k)
-			continue
-		}
-		if k.Slot+1 > s.high[k.Buffer] {
-			d.setHigh(s, k.Buffer, k.Slot+1)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("read backends: %w", err)
-	}
-	for _, k := range orphans {
-		if err := t.del(d.backends, "backends", k); err != nil {
-			return st, err
-		}
-		st.staleSlots++
-	}
-	before := d.kernelSlots
-	for _, s := range d.fes {
-		d.trim(t, s, 1-s.buffer, 0)
-		d.trim(t, s, s.buffer, uint32(len(s.slots)))
-	}
-	st.staleSlots += before - d.kernelSlots
-
-	// Backend ids: every active slot owns one.
-	owner := make(map[uint32]bool)
-	for _, s := range d.fes {
-		for _, sl := range s.slots {
-			owner[sl.id] = true
-		}
-	}
-	// Registry: entries must match their slot; all others are cleared.
-	want := make(map[uint32]tcRegistryValue, len(owner))
-	for _, s := range d.fes {
-		for _, sl := range s.slots {
-			want[sl.id] = registryValue(s.id, sl.be.Addr)
-		}
-	}
-	const chunk = 4096
-	keys := make([]uint32, chunk)
-	vals := make([]tcRegistryValue, chunk)
+// readRecords reads the records of ids [0, upto] with batch lookups.
+func (d *Datapath) readRecords(upto uint32) ([]record, error) {
+	out := make([]record, 0, upto+1)
+	keys := make([]uint32, recordBatch)
+	vals := make([]tcBackendStats, recordBatch*d.ncpu)
 	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := d.registry.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < n; i++ {
-			w, ok := want[keys[i]]
-			if vals[i] != w && (ok || vals[i] != tcRegistryValue{}) {
-				if err := t.put(d.registry, "registry", keys[i], w); err != nil {
-					return st, err
-				}
-				st.registryFixes++
+	for uint32(len(out)) <= upto {
+		n, err := d.backendStats.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n && uint32(len(out)) <= upto; i++ {
+			if keys[i] != uint32(len(out)) {
+				return nil, fmt.Errorf("read backend records: batch returned id %d, expected %d", keys[i], len(out))
 			}
+			out = append(out, sumRecord(vals[i*d.ncpu:(i+1)*d.ncpu]))
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			break
 		}
 		if err != nil {
-			return st, fmt.Errorf("read registry: %w", err)
+			return nil, fmt.Errorf("read backend records: %w", err)
 		}
 	}
+	return out, nil
+}
 
+// maxMemberID is the largest id a member holds, and whether any does.
+func (d *Datapath) maxMemberID() (uint32, bool) {
+	var (
+		maxID uint32
+		any   bool
+	)
 	for _, s := range d.fes {
-		d.active += len(s.slots)
-	}
-	d.svcIDs.rebuild(1, usedSvc)
-	d.beIDs.rebuild(0, owner)
-
-	// Services whose slots were incomplete (a crash mid-change cannot
-	// cause this, corruption could) are rewritten from what was found into
-	// the other buffer, so the datapath sees a whole set again.
-	for _, s := range broken {
-		if err := d.rewrite(t, s, s.backends()); err != nil {
-			return st, fmt.Errorf("repair %s: %w", frontend(s.key), err)
+		for _, m := range s.members {
+			maxID, any = max(maxID, m.id), true
 		}
 	}
-	if t.writes > 0 {
-		d.log.Info("garbage-collected pinned maps", "writes", t.writes, "repaired", len(broken))
+	return maxID, any
+}
+
+// Counters reads the datapath counters, summed over CPUs.
+func (d *Datapath) Counters() (Counters, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed() {
+		return Counters{}, ErrClosed
 	}
-	return st, nil
+	stats, err := d.readStats()
+	if err != nil {
+		return Counters{}, err
+	}
+	c := Counters{
+		Frontends:      make(map[Frontend]Traffic, len(d.fes)),
+		Backends:       make(map[Frontend]map[netip.AddrPort]uint64, len(d.fes)),
+		BackendTraffic: make(map[Frontend]map[netip.AddrPort]Traffic, len(d.fes)),
+		Stats:          stats,
+		Drops: Drops{
+			NoBackend:    stats[StatDropNoBackend],
+			MapFull:      stats[StatDropMapFull],
+			ParseError:   stats[StatDropParseError],
+			RewriteError: stats[StatDropRewrite],
+		},
+		ReverseNAT: stats[StatReverseNAT],
+		Fragments:  stats[StatFragment],
+	}
+	var recs []record
+	if maxID, ok := d.maxMemberID(); ok {
+		if recs, err = d.readRecords(maxID); err != nil {
+			return Counters{}, err
+		}
+	}
+	for fe, s := range d.fes {
+		total := s.released
+		per := make(map[netip.AddrPort]uint64, len(s.members))
+		perT := make(map[netip.AddrPort]Traffic, len(s.members))
+		for _, m := range s.members {
+			var tr Traffic
+			if int(m.id) < len(recs) && recs[m.id].gen == m.gen {
+				tr = recs[m.id].traffic.minus(m.base)
+			}
+			total = total.plus(tr)
+			per[m.be.Addr] = tr.Packets
+			perT[m.be.Addr] = tr
+		}
+		c.Frontends[fe] = total
+		c.Backends[fe] = per
+		c.BackendTraffic[fe] = perT
+	}
+	return c, nil
+}
+
+// readStats reads every named counter of tlb_stats.
+func (d *Datapath) readStats() (map[Stat]uint64, error) {
+	out := make(map[Stat]uint64, numStats)
+	for r := Stat(0); int(r) < numStats; r++ {
+		n, err := readStat(d.stats, r)
+		if err != nil {
+			return nil, err
+		}
+		out[r] = n
+	}
+	return out, nil
 }

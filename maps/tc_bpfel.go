@@ -13,12 +13,49 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type tcAffinityKey struct {
+	_      structs.HostLayout
+	Client uint32
+	SvcId  uint32
+}
+
+type tcAffinityValue struct {
+	_          structs.HostLayout
+	BackendId  uint32
+	BackendGen uint32
+	Expires    uint64
+}
+
+type tcBackendFlag uint32
+
+const (
+	tcBackendFlagBACKEND_F_NODE_LOCAL tcBackendFlag = 1
+	tcBackendFlagBACKEND_F_ZONE_LOCAL tcBackendFlag = 2
+)
+
 type tcBackendKey struct {
 	_      structs.HostLayout
 	SvcId  uint32
 	Slot   uint32
 	Buffer uint8
 	Pad    [3]uint8
+}
+
+type tcBackendState uint32
+
+const (
+	tcBackendStateBACKEND_FREE     tcBackendState = 0
+	tcBackendStateBACKEND_ACTIVE   tcBackendState = 1
+	tcBackendStateBACKEND_DRAINING tcBackendState = 2
+)
+
+type tcBackendStats struct {
+	_       structs.HostLayout
+	Gen     uint32
+	Pad     uint32
+	Flows   uint64
+	Packets uint64
+	Bytes   uint64
 }
 
 type tcBackendValue struct {
@@ -28,7 +65,21 @@ type tcBackendValue struct {
 	Flags uint8
 	Pad   uint8
 	Id    uint32
+	Gen   uint32
 }
+
+type tcCtDir uint32
+
+const (
+	tcCtDirCT_FORWARD tcCtDir = 1
+	tcCtDirCT_REVERSE tcCtDir = 2
+)
+
+type tcCtFlag uint32
+
+const (
+	tcCtFlagCT_F_SNAT tcCtFlag = 1
+)
 
 type tcCtKey struct {
 	_     structs.HostLayout
@@ -40,20 +91,85 @@ type tcCtKey struct {
 	Pad   [3]uint8
 }
 
+type tcCtRedirect uint32
+
+const (
+	tcCtRedirectCT_REDIRECT_STACK tcCtRedirect = 0
+	tcCtRedirectCT_REDIRECT_PEER  tcCtRedirect = 1
+	tcCtRedirectCT_REDIRECT_NEIGH tcCtRedirect = 2
+	tcCtRedirectCT_REDIRECT_XDP   tcCtRedirect = 3
+)
+
+type tcCtState uint32
+
+const (
+	tcCtStateCT_TCP_SYN_SENT    tcCtState = 1
+	tcCtStateCT_TCP_ESTABLISHED tcCtState = 2
+	tcCtStateCT_TCP_CLOSING     tcCtState = 3
+	tcCtStateCT_UDP             tcCtState = 4
+)
+
+type tcCtTimeout uint32
+
+const (
+	tcCtTimeoutCT_TIMEOUT_TCP_SYN         tcCtTimeout = 60
+	tcCtTimeoutCT_TIMEOUT_TCP_ESTABLISHED tcCtTimeout = 86400
+	tcCtTimeoutCT_TIMEOUT_TCP_CLOSING     tcCtTimeout = 10
+	tcCtTimeoutCT_TIMEOUT_UDP             tcCtTimeout = 60
+	tcCtTimeoutCT_REFRESH_INTERVAL        tcCtTimeout = 1
+)
+
 type tcCtValue struct {
-	_         structs.HostLayout
-	Addr      uint32
-	Port      uint16
-	Dir       uint8
-	Pad       uint8
-	SvcId     uint32
-	BackendId uint32
+	_          structs.HostLayout
+	Addr       uint32
+	Port       uint16
+	Dir        uint8
+	State      uint8
+	BackendId  uint32
+	BackendGen uint32
+	Expires    uint64
+	Flags      uint8
+	Redirect   uint8
+	NatPort    uint16
+	NatAddr    uint32
+	SvcId      uint32
+	Ifindex    uint32
+	Smac       [6]uint8
+	Dmac       [6]uint8
+	Pad        uint32
 }
+
+type tcIfaceKind uint32
+
+const (
+	tcIfaceKindIFACE_POD    tcIfaceKind = 1
+	tcIfaceKindIFACE_UPLINK tcIfaceKind = 2
+)
+
+type tcIfaceValue struct {
+	_    structs.HostLayout
+	Kind uint8
+	Pad  uint8
+	Mac  [6]uint8
+}
+
+type tcMapSize uint32
+
+const (
+	tcMapSizeDEFAULT_MAX_FRONTENDS tcMapSize = 100000
+	tcMapSizeDEFAULT_MAX_BACKENDS  tcMapSize = 1000000
+	tcMapSizeDEFAULT_MAX_CONNTRACK tcMapSize = 262144
+	tcMapSizeDEFAULT_MAX_AFFINITY  tcMapSize = 65536
+	tcMapSizeDEFAULT_MAX_IFACES    tcMapSize = 4096
+	tcMapSizeWEIGHTED_SLOTS        tcMapSize = 512
+	tcMapSizeSTAT_SLOTS            tcMapSize = 64
+)
 
 type tcMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
 	Pad           uint32
+	Fingerprint   uint64
 }
 
 type tcRegistryValue struct {
@@ -61,7 +177,31 @@ type tcRegistryValue struct {
 	SvcId uint32
 	Addr  uint32
 	Port  uint16
-	Pad   uint16
+	State uint8
+	Flags uint8
+	Gen   uint32
+}
+
+type tcScope uint32
+
+const (
+	tcScopeSCOPE_INTERNAL tcScope = 0
+	tcScopeSCOPE_EXTERNAL tcScope = 1
+)
+
+type tcSockRevnatKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   uint32
+	Port   uint16
+	Pad    uint16
+}
+
+type tcSockRevnatValue struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
 }
 
 type tcStatReason uint32
@@ -73,7 +213,24 @@ const (
 	tcStatReasonSTAT_DROP_REWRITE     tcStatReason = 3
 	tcStatReasonSTAT_REVERSE_NAT      tcStatReason = 4
 	tcStatReasonSTAT_FRAGMENT         tcStatReason = 5
-	tcStatReasonSTAT_MAX              tcStatReason = 6
+	tcStatReasonSTAT_CT_CREATED       tcStatReason = 6
+	tcStatReasonSTAT_CT_REPLACED      tcStatReason = 7
+	tcStatReasonSTAT_CT_EXPIRED       tcStatReason = 8
+	tcStatReasonSTAT_CT_STALE_BACKEND tcStatReason = 9
+	tcStatReasonSTAT_CT_SYN_REOPEN    tcStatReason = 10
+	tcStatReasonSTAT_TCP_MIDFLOW_MISS tcStatReason = 11
+	tcStatReasonSTAT_AFFINITY_HIT     tcStatReason = 12
+	tcStatReasonSTAT_AFFINITY_NEW     tcStatReason = 13
+	tcStatReasonSTAT_DROP_REJECT      tcStatReason = 14
+	tcStatReasonSTAT_CT_SWEPT         tcStatReason = 15
+	tcStatReasonSTAT_MAX              tcStatReason = 16
+)
+
+type tcSvcFlag uint32
+
+const (
+	tcSvcFlagSVC_F_AFFINITY tcSvcFlag = 1
+	tcSvcFlagSVC_F_REJECT   tcSvcFlag = 2
 )
 
 type tcSvcKey struct {
@@ -81,40 +238,37 @@ type tcSvcKey struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type tcSvcValue struct {
-	_          structs.HostLayout
-	Id         uint32
-	Count      uint32
-	Generation uint32
-	Buffer     uint8
-	Flags      uint8
-	Pad        uint16
-}
-
-type tcTraffic struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
+	_               structs.HostLayout
+	Id              uint32
+	Count           uint32
+	Generation      uint32
+	AffinityTimeout uint32
+	Buffer          uint8
+	Flags           uint8
+	Pad             uint16
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapTlbBackends  = "tlb_backends"
-	tcMapTlbBeStats   = "tlb_be_stats"
-	tcMapTlbConntrack = "tlb_conntrack"
-	tcMapTlbMeta      = "tlb_meta"
-	tcMapTlbRegistry  = "tlb_registry"
-	tcMapTlbServices  = "tlb_services"
-	tcMapTlbStats     = "tlb_stats"
-	tcMapTlbSvcStats  = "tlb_svc_stats"
-	tcProgTcLb        = "tc_lb"
-	tcVarCfgDnat      = "cfg_dnat"
-	tcVarCfgHashSeed  = "cfg_hash_seed"
+	tcMapTlbAffinity     = "tlb_affinity"
+	tcMapTlbBackendStats = "tlb_backend_stats"
+	tcMapTlbBackends     = "tlb_backends"
+	tcMapTlbConntrack    = "tlb_conntrack"
+	tcMapTlbIfaces       = "tlb_ifaces"
+	tcMapTlbMeta         = "tlb_meta"
+	tcMapTlbRegistry     = "tlb_registry"
+	tcMapTlbServices     = "tlb_services"
+	tcMapTlbSockRevnat   = "tlb_sock_revnat"
+	tcMapTlbStats        = "tlb_stats"
+	tcProgTcLb           = "tc_lb"
+	tcVarCfgHashSeed     = "cfg_hash_seed"
+	tcVarCfgScope        = "cfg_scope"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -166,22 +320,24 @@ type tcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
-	TlbBackends  *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbBeStats   *ebpf.MapSpec `ebpf:"tlb_be_stats"`
-	TlbConntrack *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbMeta      *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry  *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices  *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbStats     *ebpf.MapSpec `ebpf:"tlb_stats"`
-	TlbSvcStats  *ebpf.MapSpec `ebpf:"tlb_svc_stats"`
+	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // tcVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CfgDnat     *ebpf.VariableSpec `ebpf:"cfg_dnat"`
 	CfgHashSeed *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope    *ebpf.VariableSpec `ebpf:"cfg_scope"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -204,26 +360,30 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
-	TlbBackends  *ebpf.Map `ebpf:"tlb_backends"`
-	TlbBeStats   *ebpf.Map `ebpf:"tlb_be_stats"`
-	TlbConntrack *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbMeta      *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry  *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices  *ebpf.Map `ebpf:"tlb_services"`
-	TlbStats     *ebpf.Map `ebpf:"tlb_stats"`
-	TlbSvcStats  *ebpf.Map `ebpf:"tlb_svc_stats"`
+	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *tcMaps) Close() error {
 	return _TcClose(
+		m.TlbAffinity,
+		m.TlbBackendStats,
 		m.TlbBackends,
-		m.TlbBeStats,
 		m.TlbConntrack,
+		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
 		m.TlbServices,
+		m.TlbSockRevnat,
 		m.TlbStats,
-		m.TlbSvcStats,
 	)
 }
 
@@ -231,8 +391,8 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CfgDnat     *ebpf.Variable `ebpf:"cfg_dnat"`
 	CfgHashSeed *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope    *ebpf.Variable `ebpf:"cfg_scope"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

@@ -204,12 +204,16 @@ func TestRealTraffic(t *testing.T) {
 	// A restarted agent re-adopts maps and links: traffic keeps flowing
 	// and re-attaching updates the pinned links instead of failing.
 	t.Run("restart", func(t *testing.T) {
+		// One owner at a time: the old process lets go of the pin path
+		// before the new one takes it.
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
 		d2, err := Load(Options{PinPath: pin, NetNS: tb.node1.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer d2.Close()
-		d.Close()
 		for _, ifname := range []string{"hc", "hb1", "hb2"} {
 			must(t, d2.AttachTC(ifname))
 		}

@@ -1,157 +1,279 @@
 package maps
 
 import (
-	"context"
-	"errors"
+	"cmp"
 	"fmt"
 	"net/netip"
-
-	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
+	"slices"
 )
 
-// How a backend set changes (see the package tests for the exact writes):
+// How a frontend changes. Every change is staged (writes the datapath
+// cannot see yet), committed by one map write (the flip of the service
+// entry, or one slot), and finished (writes that may fail without harm;
+// they are queued and retried). Where weights are equal, one backend
+// changing costs at most three writes:
 //
-//   - One backend added: write slot[count], write its registry entry, flip
-//     the service entry to count+1. 3 writes.
-//   - One backend removed: clear its registry entry (its flows move at
-//     once), move the last slot into the hole, flip to count-1. 3 writes (2
-//     when it was the last slot). The old last slot stays as a stale entry
-//     beyond count, invisible to the datapath, until it is overwritten by
-//     the next add, or removed by the next full rewrite, DeleteFrontend,
-//     capacity pressure or Load.
-//   - One backend replaced by another: overwrite its slot, then hand its id
-//     to the newcomer in the registry. 2 writes, no flip needed.
-//   - Only the flags of one backend changed: rewrite its slot. 1 write.
-//   - Anything else: write the whole new set into the inactive buffer, flip
-//     the service entry to it, then clear the registry entries of removed
-//     backends and delete the old buffer.
+//   - Added (active): write slot[count], write its registry entry, flip
+//     count+1.
+//   - Draining again → active: write slot[count], flip, then its registry
+//     entry says active.
+//   - Active → draining: its registry entry says draining, the last slot
+//     moves into its hole, flip count-1. Its flows keep it; SYNs reusing
+//     their tuple and affinity move elsewhere.
+//   - Active → gone: the last slot moves into its hole, flip count-1, then
+//     its id's generation is bumped (tlb_backend_stats), which releases the
+//     id: every flow pinned to it is re-balanced on its next packet. Its
+//     registry entry is left as it is; the bumped generation retires it.
+//   - Draining → gone: the generation bump alone.
+//   - One backend in, one out: the newcomer overwrites the leaver's slot
+//     (the commit), with the registry writes and bump around it.
+//   - Only NodeLocal/ZoneLocal of one backend: its slots, then its
+//     registry entry.
+//   - Anything else, and any change of a weighted table: the whole table is
+//     written into the inactive buffer, then the service entry flips to it.
 //
 // In every case a reader sees either the old set or the new one. A write
-// that fails before the flip is undone where it is visible and leaves the
-// previous set serving.
+// that fails before the commit is undone and leaves the previous set
+// serving; an undo that fails is queued (an id to retire, a registry entry
+// or a frontend to rewrite), logged, and retried at the start of the next
+// change.
 
-// txn counts the map writes of one API call and wraps their errors.
-type txn struct {
-	d      *Datapath
-	writes int
+// SetBackends is SetService(fe, Service{Backends: backends}): no session
+// affinity, drop when no backend is active.
+func (d *Datapath) SetBackends(fe Frontend, backends []Backend) (writes int, err error) {
+	return d.SetService(fe, Service{Backends: backends})
 }
 
-func (t *txn) put(m *ebpf.Map, what string, key, value any) error {
-	t.writes++
-	if err := m.Update(key, value, ebpf.UpdateAny); err != nil {
-		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
-			return fmt.Errorf("write %s: %w: %w", what, ErrMapFull, err)
-		}
-		return fmt.Errorf("write %s: %w", what, err)
-	}
-	t.d.log.Log(context.Background(), levelTrace, "map write", "map", what, "key", key, "value", value)
-	return nil
-}
-
-// del deletes key; a missing key is not an error.
-func (t *txn) del(m *ebpf.Map, what string, key any) error {
-	t.writes++
-	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete %s: %w", what, err)
-	}
-	t.d.log.Log(context.Background(), levelTrace, "map delete", "map", what, "key", key)
-	return nil
-}
-
-func (t *txn) putSlot(s *service, i uint32, buf uint8, sl slot) error {
-	return t.put(t.d.backends, "backends", backendKey(s.id, i, buf), backendValue(sl.be, sl.id))
-}
-
-func (t *txn) putRegistry(id, svcID uint32, addr netip.AddrPort) error {
-	return t.put(t.d.registry, "registry", id, registryValue(svcID, addr))
-}
-
-func (t *txn) clearRegistry(id uint32) error {
-	return t.put(t.d.registry, "registry", id, tcRegistryValue{})
-}
-
-func (t *txn) flip(s *service, count uint32, buf uint8) error {
-	return t.put(t.d.services, "services", s.key, s.value(count, s.gen+1, buf))
-}
-
-// SetBackends makes backends the permitted set of fe, creating fe if
-// needed, with the fewest map writes that keep every intermediate state
-// valid (see the comment at the top of update.go). It returns the number
-// of map writes issued. The same set again costs 0 writes; order and
-// duplicates do not matter. An empty set keeps the frontend and makes the
-// datapath drop its traffic (counted as Drops.NoBackend).
+// SetService makes s what fe serves, creating fe if needed, with the
+// fewest map writes that keep every intermediate state valid (see the
+// comment at the top of update.go). It returns the number of map writes
+// issued. The same service again costs 0 writes; order and duplicates
+// of backends do not matter. No active backend keeps the frontend and
+// makes the datapath drop new flows to it (Drops.NoBackend, or
+// StatDropReject with Reject).
 //
 // Invalid input writes nothing. ErrMapFull is returned, before any write,
-// when the change would exceed MaxFrontends or MaxBackends.
-func (d *Datapath) SetBackends(fe Frontend, backends []Backend) (writes int, err error) {
+// when the change would exceed MaxFrontends or MaxBackends (ids or slots).
+// An error with writes > 0 either left the previous set serving (nothing
+// committed) or, when the change took effect but a finishing write
+// failed, queued that write for retry; the error says which step failed.
+func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 	key, err := svcKey(fe)
 	if err != nil {
 		return 0, err
 	}
 	fe = frontend(key)
-	want, err := normalizeSet(backends)
+	tg, err := normalizeService(s)
 	if err != nil {
 		return 0, fmt.Errorf("frontend %s: %w", fe, err)
 	}
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.tcColl == nil {
-		return 0, errors.New("datapath closed")
+	if d.closed() {
+		return 0, ErrClosed
 	}
 	t := &txn{d: d}
-	d.retryZombies(t)
-	s := d.fes[fe]
-	if s == nil {
-		err = d.create(t, fe, key, want)
+	d.retryPending(t)
+	if svc := d.fes[fe]; svc == nil {
+		err = d.create(t, fe, key, tg)
 	} else {
-		err = d.update(t, s, want)
+		err = d.update(t, svc, tg)
 	}
 	if err != nil {
-		return t.writes, fmt.Errorf("set backends of %s: %w", fe, err)
+		return t.writes, fmt.Errorf("set service %s: %w", fe, err)
 	}
 	return t.writes, nil
 }
 
-// normalizeSet validates and de-duplicates a backend set, keeping order.
-func normalizeSet(in []Backend) ([]Backend, error) {
-	out := make([]Backend, 0, len(in))
-	seen := make(map[netip.AddrPort]int, len(in))
-	for _, b := range in {
+// target is a validated Service.
+type target struct {
+	active   []Backend // caller's order, duplicates dropped
+	draining []Backend
+	set      settings
+}
+
+// normalizeService validates s and splits its backends by state. The same
+// address twice with different settings is an error.
+func normalizeService(s Service) (target, error) {
+	aff, err := affinitySeconds(s.Affinity)
+	if err != nil {
+		return target{}, err
+	}
+	tg := target{set: settings{affinity: aff, reject: s.Reject}}
+	seen := make(map[netip.AddrPort]Backend, len(s.Backends))
+	for _, b := range s.Backends {
 		b, err := normalize(b)
 		if err != nil {
-			return nil, err
+			return target{}, err
 		}
-		if i, ok := seen[b.Addr]; ok {
-			if out[i] != b {
-				return nil, fmt.Errorf("backend %s listed twice with different flags", b.Addr)
+		if prev, ok := seen[b.Addr]; ok {
+			if prev != b {
+				return target{}, fmt.Errorf("backend %s listed twice with different settings", b.Addr)
 			}
 			continue
 		}
-		seen[b.Addr] = len(out)
-		out = append(out, b)
+		seen[b.Addr] = b
+		if b.Draining {
+			tg.draining = append(tg.draining, b)
+		} else {
+			tg.active = append(tg.active, b)
+		}
 	}
-	return out, nil
+	return tg, nil
 }
 
-func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, want []Backend) error {
+// plan is what a change does to each backend of a frontend.
+type plan struct {
+	tg     target
+	counts []uint32 // slots of tg.active[i]
+	equal  bool     // all active weights equal: one slot each
+	// next holds the Backend each staying member becomes (Weight = its
+	// slot count, 0 when draining).
+	next    map[*member]Backend
+	added   []Backend // active, not programmed yet (Weight = slot count)
+	fresh   []*member // added, once ids are allocated
+	undrain []*member // draining -> active
+	drain   []*member // active -> draining
+	gone    []*member // programmed, not in the target (active or draining)
+	// reflagged members change only NodeLocal/ZoneLocal; reweighted says
+	// some staying active member's slot count changes.
+	reflagged  []*member
+	reweighted bool
+}
+
+// planChange compares s with tg. A draining backend of tg that s does not
+// program is ignored.
+func planChange(s *service, tg target) *plan {
+	p := &plan{tg: tg, next: make(map[*member]Backend)}
+	w := make([]uint32, len(tg.active))
+	for i, b := range tg.active {
+		w[i] = b.Weight
+	}
+	p.counts, p.equal = slotCounts(w)
+	want := make(map[netip.AddrPort]Backend, len(tg.active)+len(tg.draining))
+	for i, b := range tg.active {
+		b.Weight = p.counts[i]
+		want[b.Addr] = b
+		if _, ok := s.members[b.Addr]; !ok {
+			p.added = append(p.added, b)
+		}
+	}
+	for _, b := range tg.draining {
+		want[b.Addr] = b
+	}
+	for _, m := range s.members {
+		b, ok := want[m.be.Addr]
+		switch {
+		case !ok:
+			p.gone = append(p.gone, m)
+			continue
+		case m.be.Draining && !b.Draining:
+			p.undrain = append(p.undrain, m)
+		case !m.be.Draining && b.Draining:
+			p.drain = append(p.drain, m)
+		default:
+			if b.Weight != m.be.Weight {
+				p.reweighted = true
+			}
+			if backendFlags(b) != backendFlags(m.be) {
+				p.reflagged = append(p.reflagged, m)
+			}
+		}
+		p.next[m] = b
+	}
+	for _, l := range [][]*member{p.undrain, p.drain, p.gone, p.reflagged} {
+		slices.SortFunc(l, func(a, b *member) int { return a.be.Addr.Compare(b.be.Addr) })
+	}
+	return p
+}
+
+// activeGone counts the gone members that were active.
+func (p *plan) activeGone() []*member {
+	var out []*member
+	for _, m := range p.gone {
+		if !m.be.Draining {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// tableSame reports whether the slot table keeps its members and counts.
+func (p *plan) tableSame() bool {
+	return len(p.added) == 0 && len(p.undrain) == 0 && len(p.drain) == 0 &&
+		len(p.activeGone()) == 0 && !p.reweighted
+}
+
+// empty reports whether the change writes nothing.
+func (p *plan) empty(s *service) bool {
+	return p.tableSame() && len(p.gone) == 0 && len(p.reflagged) == 0 && p.tg.set == s.set
+}
+
+// tableLen is the number of slots of the target table.
+func (p *plan) tableLen() int {
+	n := 0
+	for _, c := range p.counts {
+		n += int(c)
+	}
+	return n
+}
+
+func (d *Datapath) checkCapacity(s *service, p *plan) error {
+	if len(p.added) > d.beIDs.available() {
+		return fmt.Errorf("%d more backend ids needed, %d free of %d: %w", len(p.added), d.beIDs.available(), d.opts.MaxBackends, ErrMapFull)
+	}
+	if grow := p.tableLen() - len(s.table); d.slots+grow > int(d.opts.MaxBackends) {
+		return fmt.Errorf("%d + %d slots exceed %d: %w", d.slots, grow, d.opts.MaxBackends, ErrMapFull)
+	}
+	return nil
+}
+
+// allocate gives every added backend an id; the members carry the id's
+// current generation and counters. On error nothing is allocated.
+func (d *Datapath) allocate(p *plan) error {
+	for _, b := range p.added {
+		id, ok := d.beIDs.alloc()
+		if !ok {
+			d.releaseFresh(p)
+			return fmt.Errorf("no free backend id: %w", ErrMapFull)
+		}
+		gen, base, err := d.readRecord(id)
+		if err != nil {
+			d.beIDs.release(id)
+			d.releaseFresh(p)
+			return err
+		}
+		p.fresh = append(p.fresh, &member{be: b, id: id, gen: gen, base: base, fresh: true})
+	}
+	return nil
+}
+
+// releaseFresh returns the ids of an uncommitted change, except those
+// queued to retire (their registry entry could not be undone).
+func (d *Datapath) releaseFresh(p *plan) {
+	for _, m := range p.fresh {
+		if m.fresh {
+			d.beIDs.release(m.id)
+		}
+	}
+	p.fresh = nil
+}
+
+func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
 	if len(d.fes) >= int(d.opts.MaxFrontends) {
 		return fmt.Errorf("%d frontends: %w", d.opts.MaxFrontends, ErrMapFull)
-	}
-	if d.active+len(want) > int(d.opts.MaxBackends) {
-		return fmt.Errorf("%d + %d backends exceed %d: %w", d.active, len(want), d.opts.MaxBackends, ErrMapFull)
 	}
 	id, ok := d.svcIDs.alloc()
 	if !ok {
 		return fmt.Errorf("no free service id: %w", ErrMapFull)
 	}
-	s := &service{key: key, id: id, index: make(map[netip.AddrPort]int)}
-	// A new frontend is a full rewrite of an empty one: buffer 0 is written,
-	// then "flipped" by creating the service entry.
-	s.buffer = 1
-	base := d.readSvcCounter(id)
-	if err := d.rewrite(t, s, want); err != nil {
+	// A new frontend is a rewrite of an empty one: buffer 0 is written,
+	// then "flipped" to by creating the service entry.
+	s := &service{fe: fe, key: key, id: id, buffer: 1, members: make(map[netip.AddrPort]*member)}
+	p := planChange(s, tg)
+	committed, err := d.rewrite(t, s, p)
+	if !committed {
 		// Nothing is visible; delete what was written under the id
 		// before the id can be handed out again.
 		d.trim(t, s, 0, 0)
@@ -160,283 +282,380 @@ func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, want []Backend) err
 		}
 		return err
 	}
-	d.svcBase[id] = base
 	d.fes[fe] = s
+	return err
+}
+
+func (d *Datapath) update(t *txn, s *service, tg target) error {
+	p := planChange(s, tg)
+	if p.empty(s) {
+		return nil
+	}
+	var err error
+	switch {
+	case p.tableSame():
+		err = d.updateInPlace(t, s, p)
+	case p.equal && s.equalWeights() && len(p.reflagged) == 0 &&
+		len(p.added)+len(p.undrain) <= 1 && len(p.drain)+len(p.activeGone()) <= 1:
+		err = d.updateOne(t, s, p)
+	default:
+		_, err = d.rewrite(t, s, p)
+	}
+	return err
+}
+
+// nextValue is m's slot value once the change is committed.
+func (p *plan) nextValue(m *member) *member {
+	if b, ok := p.next[m]; ok {
+		return &member{be: b, id: m.id, gen: m.gen}
+	}
+	return m
+}
+
+// registryStep writes m's registry entry as the plan leaves it; when
+// taken before the commit its undo restores the current entry.
+func (d *Datapath) registryStep(t *txn, s *service, p *plan, m *member, before bool) step {
+	st := step{
+		do:    func() error { return t.putRegistry(s, p.nextValue(m)) },
+		queue: func() { d.fixRegistry[m.id] = true },
+	}
+	if before {
+		st.undo = func() error { return t.putRegistry(s, m) }
+	}
+	return st
+}
+
+// freshStep writes a new member's registry entry before the commit; its
+// undo clears it, and when that fails the id is retired instead.
+func (d *Datapath) freshStep(t *txn, s *service, m *member) step {
+	return step{
+		do:   func() error { return t.putRegistry(s, m) },
+		undo: func() error { return t.clearRegistry(m.id) },
+		queue: func() {
+			m.fresh = false // not returned to the allocator: retired
+			d.retire = append(d.retire, retiring{m.id, m.gen + 1})
+		},
+	}
+}
+
+// releaseStep bumps m's generation after the commit, which releases its
+// id: flows pinned to it are re-balanced on their next packet.
+func (d *Datapath) releaseStep(t *txn, m *member) step {
+	return step{
+		do: func() error {
+			if err := t.putGeneration(m.id, m.gen+1); err != nil {
+				return err
+			}
+			d.beIDs.release(m.id)
+			return nil
+		},
+		queue: func() { d.retire = append(d.retire, retiring{m.id, m.gen + 1}) },
+	}
+}
+
+// slotStep rewrites slot i of the active buffer from old to next, both
+// visible: its undo writes old back; when that fails the frontend is
+// reprogrammed on the next change.
+func (d *Datapath) slotStep(t *txn, s *service, i uint32, old, next *member) step {
+	return step{
+		do:    func() error { return t.putSlot(s, i, s.buffer, next) },
+		undo:  func() error { return t.putSlot(s, i, s.buffer, old) },
+		queue: func() { d.dirty[s.fe] = true },
+	}
+}
+
+// finishSteps are the writes after the commit every path shares:
+// registry entries of backends turning active or changing flags, and
+// releasing the ids of gone backends.
+func (d *Datapath) finishSteps(t *txn, s *service, p *plan) []step {
+	var post []step
+	for _, m := range append(slices.Clone(p.undrain), p.reflagged...) {
+		post = append(post, d.registryStep(t, s, p, m, false))
+	}
+	for _, m := range p.gone {
+		post = append(post, d.releaseStep(t, m))
+	}
+	return post
+}
+
+// commitMirror records a committed change: table is the new active
+// buffer buf, flipped says the service entry was written.
+func (d *Datapath) commitMirror(s *service, p *plan, table []*member, buf uint8, flipped bool) {
+	for m, b := range p.next {
+		m.be = b
+	}
+	for _, m := range p.gone {
+		if gen, tr, err := d.readRecord(m.id); err == nil && gen == m.gen {
+			s.released = s.released.plus(tr.minus(m.base))
+		}
+		delete(s.members, m.be.Addr)
+	}
+	for _, m := range p.fresh {
+		m.fresh = false
+		s.members[m.be.Addr] = m
+	}
+	p.fresh = nil
+	d.slots += len(table) - len(s.table)
+	s.table = table
+	s.buffer = buf
+	s.set = p.tg.set
+	if flipped {
+		s.gen++
+	}
+}
+
+// updateOne applies at most one backend joining and one leaving an
+// equal-weight table (the three-write paths), with the finishing writes
+// of draining backends.
+func (d *Datapath) updateOne(t *txn, s *service, p *plan) error {
+	if err := d.checkCapacity(s, p); err != nil {
+		return err
+	}
+	if err := d.allocate(p); err != nil {
+		return err
+	}
+	in, out := p.joining(), p.leaving()
+	var c change
+	if out != nil && p.next[out].Draining {
+		c.pre = append(c.pre, d.registryStep(t, s, p, out, true))
+	}
+	if in != nil && in.fresh {
+		c.pre = append(c.pre, d.freshStep(t, s, in))
+	}
+	var (
+		table   []*member
+		flipped = true
+	)
+	switch {
+	case out == nil:
+		var err error
+		if table, err = d.stageAppend(t, s, p, in, &c); err != nil {
+			d.releaseFresh(p)
+			return err
+		}
+	case in == nil:
+		table = d.stageRemove(t, s, p, out, &c)
+	default:
+		table, flipped = d.stageReplace(t, s, p, in, out, &c)
+	}
+	c.post = d.finishSteps(t, s, p)
+	committed, err := d.run(&c, func() { d.commitMirror(s, p, table, s.buffer, flipped) })
+	if !committed {
+		d.releaseFresh(p)
+	}
+	return err
+}
+
+// joining is the backend entering the table, if any: fresh or undrained.
+func (p *plan) joining() *member {
+	switch {
+	case len(p.fresh) == 1:
+		return p.fresh[0]
+	case len(p.undrain) == 1:
+		return p.undrain[0]
+	}
 	return nil
 }
 
-func (d *Datapath) update(t *txn, s *service, want []Backend) error {
-	wanted := make(map[netip.AddrPort]Backend, len(want))
-	for _, b := range want {
-		wanted[b.Addr] = b
+// leaving is the backend leaving the table, if any: draining or gone.
+func (p *plan) leaving() *member {
+	if len(p.drain) == 1 {
+		return p.drain[0]
 	}
-	var removed, changed []int
-	for i, sl := range s.slots {
-		b, ok := wanted[sl.be.Addr]
-		switch {
-		case !ok:
-			removed = append(removed, i)
-		case b != sl.be:
-			changed = append(changed, i)
-		}
+	if g := p.activeGone(); len(g) == 1 {
+		return g[0]
 	}
-	var added []Backend
-	for _, b := range want {
-		if _, ok := s.index[b.Addr]; !ok {
-			added = append(added, b)
-		}
-	}
-	if len(removed)+len(added)+len(changed) == 0 {
-		return nil
-	}
-	if grow := len(added) - len(removed); d.active+grow > int(d.opts.MaxBackends) {
-		return fmt.Errorf("%d + %d backends exceed %d: %w", d.active, grow, d.opts.MaxBackends, ErrMapFull)
-	}
-
-	switch {
-	case len(added) == 1 && len(removed) == 0 && len(changed) == 0:
-		return d.addOne(t, s, added[0])
-	case len(added) == 0 && len(removed) == 1 && len(changed) == 0:
-		return d.removeOne(t, s, removed[0])
-	case len(added) == 1 && len(removed) == 1 && len(changed) == 0:
-		return d.replaceOne(t, s, removed[0], added[0])
-	case len(added) == 0 && len(removed) == 0 && len(changed) == 1:
-		i := changed[0]
-		sl := slot{be: wanted[s.slots[i].be.Addr], id: s.slots[i].id}
-		if err := t.putSlot(s, uint32(i), s.buffer, sl); err != nil {
-			return err
-		}
-		s.slots[i] = sl
-		return nil
-	default:
-		return d.rewrite(t, s, want)
-	}
+	return nil
 }
 
-// addOne appends b as slot count of the active buffer and flips count.
-func (d *Datapath) addOne(t *txn, s *service, b Backend) error {
-	n := uint32(len(s.slots))
-	buf := s.buffer
+// stageAppend stages in at slot count (invisible until the flip to
+// count+1) and returns the new table.
+func (d *Datapath) stageAppend(t *txn, s *service, p *plan, in *member, c *change) ([]*member, error) {
+	buf, n := s.buffer, uint32(len(s.table))
 	if n >= s.high[buf] {
 		if err := d.ensureKernelRoom(t, 1, s); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	id, ok := d.beIDs.alloc()
-	if !ok {
-		return fmt.Errorf("no free backend id: %w", ErrMapFull)
-	}
-	base := d.readBackendCounter(id)
-	sl := slot{be: b, id: id}
-	if err := t.putSlot(s, n, buf, sl); err != nil {
-		d.beIDs.release(id)
-		return err
-	}
-	if n+1 > s.high[buf] {
-		d.setHigh(s, buf, n+1)
-	}
-	if err := t.putRegistry(id, s.id, b.Addr); err != nil {
-		d.beIDs.release(id)
-		return err
-	}
-	if err := t.flip(s, n+1, buf); err != nil {
-		t.clearRegistry(id)
-		d.beIDs.release(id)
-		return err
-	}
-	s.gen++
-	s.index[b.Addr] = len(s.slots)
-	s.slots = append(s.slots, sl)
-	d.beBase[id] = base
-	d.active++
-	return nil
+	c.pre = append([]step{{do: func() error {
+		if err := t.putSlot(s, n, buf, p.nextValue(in)); err != nil {
+			return err
+		}
+		d.setHigh(s, buf, max(s.high[buf], n+1))
+		return nil
+	}}}, c.pre...)
+	c.commit = func() error { return t.putService(s, n+1, buf, p.tg.set) }
+	return append(slices.Clone(s.table), in), nil
 }
 
-// removeOne drops slot i: registry first so its flows move at once, then
-// the last slot fills the hole, then the flip shrinks count.
-func (d *Datapath) removeOne(t *txn, s *service, i int) error {
-	last := len(s.slots) - 1
-	victim, moved := s.slots[i], s.slots[last]
-	buf := s.buffer
-	if err := t.clearRegistry(victim.id); err != nil {
-		return err
-	}
+// stageRemove moves the last slot into out's hole and flips to count-1;
+// it returns the new table.
+func (d *Datapath) stageRemove(t *txn, s *service, p *plan, out *member, c *change) []*member {
+	i, last := slices.Index(s.table, out), len(s.table)-1
+	table := slices.Clone(s.table)
 	if i != last {
-		if err := t.putSlot(s, uint32(i), buf, moved); err != nil {
-			t.putRegistry(victim.id, s.id, victim.be.Addr)
-			return err
-		}
+		c.pre = append(c.pre, d.slotStep(t, s, uint32(i), out, s.table[last]))
+		table[i] = s.table[last]
 	}
-	if err := t.flip(s, uint32(last), buf); err != nil {
-		if i != last {
-			t.putSlot(s, uint32(i), buf, victim)
-		}
-		t.putRegistry(victim.id, s.id, victim.be.Addr)
-		return err
-	}
-	s.gen++
-	s.slots[i] = moved
-	s.index[moved.be.Addr] = i
-	s.slots = s.slots[:last]
-	delete(s.index, victim.be.Addr)
-	d.beIDs.release(victim.id)
-	delete(d.beBase, victim.id)
-	d.active--
-	return nil
+	c.commit = func() error { return t.putService(s, uint32(last), s.buffer, p.tg.set) }
+	return table[:last]
 }
 
-// replaceOne puts b into slot i and hands it the old backend's id.
-func (d *Datapath) replaceOne(t *txn, s *service, i int, b Backend) error {
-	victim := s.slots[i]
-	sl := slot{be: b, id: victim.id}
-	base := d.readBackendCounter(sl.id)
-	if err := t.putSlot(s, uint32(i), s.buffer, sl); err != nil {
-		return err
+// stageReplace overwrites out's slot with in (the commit), writing the
+// service entry first when the settings change; it returns the new table
+// and whether the service entry is written.
+func (d *Datapath) stageReplace(t *txn, s *service, p *plan, in, out *member, c *change) ([]*member, bool) {
+	i, n := slices.Index(s.table, out), uint32(len(s.table))
+	flipped := p.tg.set != s.set
+	if flipped {
+		c.pre = append(c.pre, step{
+			do:    func() error { return t.putService(s, n, s.buffer, p.tg.set) },
+			undo:  func() error { return t.putService(s, n, s.buffer, s.set) },
+			queue: func() { d.dirty[s.fe] = true },
+		})
 	}
-	if err := t.putRegistry(sl.id, s.id, b.Addr); err != nil {
-		t.putSlot(s, uint32(i), s.buffer, victim)
-		return err
-	}
-	s.slots[i] = sl
-	delete(s.index, victim.be.Addr)
-	s.index[b.Addr] = i
-	d.beBase[sl.id] = base
-	return nil
+	c.commit = func() error { return t.putSlot(s, uint32(i), s.buffer, p.nextValue(in)) }
+	table := slices.Clone(s.table)
+	table[i] = in
+	return table, flipped
 }
 
-// rewrite writes want into the inactive buffer, flips the service entry to
-// it and cleans up afterwards. For a new frontend s has no slots and the
-// flip creates the service entry.
-func (d *Datapath) rewrite(t *txn, s *service, want []Backend) error {
+// updateInPlace applies changes that keep the table's members and
+// counts: flags, settings, draining backends leaving.
+func (d *Datapath) updateInPlace(t *txn, s *service, p *plan) error {
+	var c change
+	for _, m := range p.reflagged {
+		for i, x := range s.table {
+			if x == m {
+				c.pre = append(c.pre, d.slotStep(t, s, uint32(i), m, p.nextValue(m)))
+			}
+		}
+	}
+	flipped := p.tg.set != s.set
+	if flipped {
+		n := uint32(len(s.table))
+		c.commit = func() error { return t.putService(s, n, s.buffer, p.tg.set) }
+	}
+	c.post = d.finishSteps(t, s, p)
+	_, err := d.run(&c, func() { d.commitMirror(s, p, s.table, s.buffer, flipped) })
+	return err
+}
+
+// expandTable lists the members of the target table, slot by slot: each
+// active backend of the target repeated by its slot count.
+func expandTable(s *service, p *plan) []*member {
+	fresh := make(map[netip.AddrPort]*member, len(p.fresh))
+	for _, m := range p.fresh {
+		fresh[m.be.Addr] = m
+	}
+	table := make([]*member, 0, p.tableLen())
+	for i, b := range p.tg.active {
+		m := s.members[b.Addr]
+		if m == nil {
+			m = fresh[b.Addr]
+		}
+		for k := uint32(0); k < p.counts[i]; k++ {
+			table = append(table, m)
+		}
+	}
+	return table
+}
+
+// rewrite writes the target table into the inactive buffer and flips the
+// service entry to it. For a new frontend s has no members and the flip
+// creates the service entry.
+func (d *Datapath) rewrite(t *txn, s *service, p *plan) (committed bool, err error) {
+	if err := d.checkCapacity(s, p); err != nil {
+		return false, err
+	}
+	if err := d.allocate(p); err != nil {
+		return false, err
+	}
 	nb, ob := 1-s.buffer, s.buffer
-	m := uint32(len(want))
-	wanted := make(map[netip.AddrPort]bool, len(want))
-	for _, b := range want {
-		wanted[b.Addr] = true
-	}
-
-	// Ids: kept backends keep theirs; newcomers take removed backends' ids
-	// first, so one registry write both retires the old backend and admits
-	// the new one.
-	var retired []slot
-	for _, sl := range s.slots {
-		if !wanted[sl.be.Addr] {
-			retired = append(retired, sl)
-		}
-	}
-	type grant struct {
-		id   uint32
-		prev *slot // previous owner of a reused id; nil for a fresh id
-		addr netip.AddrPort
-		base uint64
-	}
-	var grants []grant
-	releaseFresh := func() {
-		for _, g := range grants {
-			if g.prev == nil {
-				d.beIDs.release(g.id)
-			}
-		}
-	}
-	slots := make([]slot, m)
-	reused := 0
-	for i, b := range want {
-		if j, ok := s.index[b.Addr]; ok {
-			slots[i] = slot{be: b, id: s.slots[j].id}
-			continue
-		}
-		g := grant{addr: b.Addr}
-		if reused < len(retired) {
-			g.id, g.prev = retired[reused].id, &retired[reused]
-			reused++
-		} else {
-			id, ok := d.beIDs.alloc()
-			if !ok {
-				releaseFresh()
-				return fmt.Errorf("no free backend id: %w", ErrMapFull)
-			}
-			g.id = id
-		}
-		g.base = d.readBackendCounter(g.id)
-		grants = append(grants, g)
-		slots[i] = slot{be: b, id: g.id}
-	}
-
+	table := expandTable(s, p)
+	m := uint32(len(table))
 	if m > s.high[nb] {
 		if err := d.ensureKernelRoom(t, int(m-s.high[nb]), s); err != nil {
-			releaseFresh()
-			return err
+			d.releaseFresh(p)
+			return false, err
 		}
 	}
-	// undo restores the first n registry grants; slots written into the
-	// inactive buffer are invisible and stay as stale entries.
-	undo := func(n int) {
-		for _, g := range grants[:n] {
-			if g.prev != nil {
-				t.putRegistry(g.id, s.id, g.prev.be.Addr)
-			} else {
-				t.clearRegistry(g.id)
+	var c change
+	c.pre = append(c.pre, step{do: func() error {
+		for i, x := range table {
+			if err := t.putSlot(s, uint32(i), nb, p.nextValue(x)); err != nil {
+				return err
 			}
+			d.setHigh(s, nb, max(s.high[nb], uint32(i)+1))
 		}
-		releaseFresh()
+		return nil
+	}})
+	for _, x := range p.fresh {
+		c.pre = append(c.pre, d.freshStep(t, s, x))
 	}
-	for i, sl := range slots {
-		if err := t.putSlot(s, uint32(i), nb, sl); err != nil {
-			undo(0)
-			return err
-		}
-		if uint32(i)+1 > s.high[nb] {
-			d.setHigh(s, nb, uint32(i)+1)
-		}
+	for _, x := range p.drain {
+		c.pre = append(c.pre, d.registryStep(t, s, p, x, true))
 	}
-	for k, g := range grants {
-		if err := t.putRegistry(g.id, s.id, g.addr); err != nil {
-			undo(k)
-			return err
-		}
-	}
-	if err := t.flip(s, m, nb); err != nil {
-		undo(len(grants))
-		return err
-	}
-
-	// The new set serves from here on: commit the mirror, then clean up.
-	d.active += len(slots) - len(s.slots)
-	s.gen++
-	s.buffer = nb
-	s.slots = slots
-	s.index = make(map[netip.AddrPort]int, len(slots))
-	for i, sl := range slots {
-		s.index[sl.be.Addr] = i
-	}
-	for _, g := range grants {
-		d.beBase[g.id] = g.base
-	}
-
-	// Flows pinned to retired backends must move now: a failure here is
-	// reported, and retried on the next change.
-	var errs []error
-	for _, sl := range retired[reused:] {
-		if err := t.clearRegistry(sl.id); err != nil {
-			d.zombies = append(d.zombies, sl.id)
-			errs = append(errs, err)
-			continue
-		}
-		d.beIDs.release(sl.id)
-		delete(d.beBase, sl.id)
+	c.commit = func() error { return t.putService(s, m, nb, p.tg.set) }
+	c.post = d.finishSteps(t, s, p)
+	committed, err = d.run(&c, func() { d.commitMirror(s, p, table, nb, true) })
+	if !committed {
+		d.releaseFresh(p)
+		return false, err
 	}
 	// Stale slots are invisible; failing to delete them only costs memory
 	// until the next cleanup.
 	d.trim(t, s, ob, 0)
 	d.trim(t, s, nb, m)
-	return errors.Join(errs...)
+	return true, err
+}
+
+// reprogram writes s as the mirror holds it into the inactive buffer,
+// rewrites its members' registry entries and flips to it: the repair of a
+// frontend whose kernel entries drifted.
+func (d *Datapath) reprogram(t *txn, s *service) error {
+	p := &plan{tg: target{set: s.set}}
+	nb, ob := 1-s.buffer, s.buffer
+	m := uint32(len(s.table))
+	if m > s.high[nb] {
+		if err := d.ensureKernelRoom(t, int(m-s.high[nb]), s); err != nil {
+			return err
+		}
+	}
+	for i, x := range s.table {
+		if err := t.putSlot(s, uint32(i), nb, x); err != nil {
+			return err
+		}
+		d.setHigh(s, nb, max(s.high[nb], uint32(i)+1))
+	}
+	for _, x := range sortedMembers(s) {
+		if err := t.putRegistry(s, x); err != nil {
+			return err
+		}
+	}
+	if err := t.putService(s, m, nb, s.set); err != nil {
+		return err
+	}
+	d.commitMirror(s, p, s.table, nb, true)
+	d.trim(t, s, ob, 0)
+	d.trim(t, s, nb, m)
+	return nil
+}
+
+func sortedMembers(s *service) []*member {
+	out := make([]*member, 0, len(s.members))
+	for _, m := range s.members {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *member) int { return cmp.Compare(a.id, b.id) })
+	return out
 }
 
 // trim deletes the kernel entries of buffer buf at slots [from, high).
 func (d *Datapath) trim(t *txn, s *service, buf uint8, from uint32) {
 	for i := s.high[buf]; i > from; i-- {
 		if err := t.del(d.backends, "backends", backendKey(s.id, i-1, buf)); err != nil {
-			d.log.Warn("stale backend slot not deleted", "frontend", frontend(s.key), "slot", i-1, "buffer", buf, "err", err)
+			d.log.Warn("stale backend slot not deleted", "frontend", s.fe, "slot", i-1, "buffer", buf, "err", err)
 			return
 		}
 		d.setHigh(s, buf, i-1)
@@ -444,9 +663,9 @@ func (d *Datapath) trim(t *txn, s *service, buf uint8, from uint32) {
 }
 
 // ensureKernelRoom makes room for need more entries in the backends map by
-// deleting stale slots of other services, oldest-first by no particular
-// order. The map holds 2*MaxBackends, and active slots never exceed
-// MaxBackends, so this always succeeds when the deletes do.
+// deleting stale slots of other services, in no particular order. The map
+// holds 2*MaxBackends, and active slots never exceed MaxBackends, so this
+// always succeeds when the deletes do.
 func (d *Datapath) ensureKernelRoom(t *txn, need int, except *service) error {
 	limit := 2 * int(d.opts.MaxBackends)
 	if d.kernelSlots+need <= limit {
@@ -457,13 +676,13 @@ func (d *Datapath) ensureKernelRoom(t *txn, need int, except *service) error {
 			continue
 		}
 		d.trim(t, s, 1-s.buffer, 0)
-		d.trim(t, s, s.buffer, uint32(len(s.slots)))
+		d.trim(t, s, s.buffer, uint32(len(s.table)))
 		if d.kernelSlots+need <= limit {
 			return nil
 		}
 	}
 	if except != nil {
-		d.trim(t, except, except.buffer, uint32(len(except.slots)))
+		d.trim(t, except, except.buffer, uint32(len(except.table)))
 	}
 	if d.kernelSlots+need <= limit {
 		return nil
@@ -471,23 +690,51 @@ func (d *Datapath) ensureKernelRoom(t *txn, need int, except *service) error {
 	return fmt.Errorf("backends map holds %d of %d entries, %d more needed: %w", d.kernelSlots, limit, need, ErrMapFull)
 }
 
-// retryZombies clears registry entries a previous call failed to clear.
-func (d *Datapath) retryZombies(t *txn) {
-	left := d.zombies[:0]
-	for _, id := range d.zombies {
-		if err := t.clearRegistry(id); err != nil {
-			left = append(left, id)
+// retryPending retries the queued cleanups of earlier changes. Failures
+// stay queued and are logged; they do not fail the change at hand.
+func (d *Datapath) retryPending(t *txn) {
+	if d.pending() == 0 {
+		return
+	}
+	left := d.retire[:0]
+	for _, r := range d.retire {
+		if err := t.putGeneration(r.id, r.gen); err != nil {
+			d.log.Warn("retiring backend id failed again", "id", r.id, "err", err)
+			left = append(left, r)
 			continue
 		}
-		d.beIDs.release(id)
-		delete(d.beBase, id)
+		d.beIDs.release(r.id)
 	}
-	d.zombies = left
+	d.retire = left
+	owners := d.owners()
+	for id := range d.fixRegistry {
+		s := owners[id]
+		if s == nil {
+			delete(d.fixRegistry, id)
+			continue
+		}
+		if err := t.putRegistry(s, s.byID(id)); err != nil {
+			d.log.Warn("registry rewrite failed again", "id", id, "err", err)
+			continue
+		}
+		delete(d.fixRegistry, id)
+	}
+	for fe := range d.dirty {
+		s := d.fes[fe]
+		if s != nil {
+			if err := d.reprogram(t, s); err != nil {
+				d.log.Warn("reprogramming frontend failed again", "frontend", fe, "err", err)
+				continue
+			}
+		}
+		delete(d.dirty, fe)
+	}
 }
 
-// DeleteFrontend removes fe: its traffic passes untouched from then on, and
-// flows pinned to its backends are no longer translated. Deleting an
-// unknown frontend is not an error (0 writes).
+// DeleteFrontend removes fe: new flows to it pass untouched from then on,
+// and the ids of its backends are released, so flows pinned to them are
+// no longer translated. Deleting an unknown frontend is not an error (0
+// writes).
 func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 	key, err := svcKey(fe)
 	if err != nil {
@@ -496,38 +743,35 @@ func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 	fe = frontend(key)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.tcColl == nil {
-		return 0, errors.New("datapath closed")
+	if d.closed() {
+		return 0, ErrClosed
 	}
 	t := &txn{d: d}
-	d.retryZombies(t)
+	d.retryPending(t)
 	s := d.fes[fe]
 	if s == nil {
 		return t.writes, nil
 	}
-	if err := t.del(d.services, "services", s.key); err != nil {
-		return t.writes, fmt.Errorf("delete frontend %s: %w", fe, err)
+	c := change{commit: func() error { return t.del(d.services, "services", s.key) }}
+	for _, m := range sortedMembers(s) {
+		c.post = append(c.post, d.releaseStep(t, m))
 	}
-	delete(d.fes, fe)
-	d.active -= len(s.slots)
-	var errs []error
-	for _, sl := range s.slots {
-		if err := t.clearRegistry(sl.id); err != nil {
-			d.zombies = append(d.zombies, sl.id)
-			errs = append(errs, err)
-			continue
-		}
-		d.beIDs.release(sl.id)
-		delete(d.beBase, sl.id)
+	committed, err := d.run(&c, func() {
+		delete(d.fes, fe)
+		delete(d.dirty, fe)
+		d.slots -= len(s.table)
+	})
+	if !committed {
+		return t.writes, fmt.Errorf("delete frontend %s: %w", fe, err)
 	}
 	d.trim(t, s, 0, 0)
 	d.trim(t, s, 1, 0)
-	// Slots that could not be deleted stay counted until Load collects them.
+	// Slots that could not be deleted keep the service id until Load
+	// collects them.
 	if s.high == [2]uint32{} {
 		d.svcIDs.release(s.id)
-		delete(d.svcBase, s.id)
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return t.writes, fmt.Errorf("delete frontend %s: %w", fe, err)
 	}
 	return t.writes, nil

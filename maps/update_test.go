@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -31,9 +32,17 @@ func kernelSlots(t *testing.T, d *Datapath) int {
 	return n
 }
 
-// checkConsistent asserts that the kernel holds what the mirror says.
+// checkConsistent asserts that the kernel holds what the mirror says:
+// Verify finds no drift and Dump reads back what Frontends reports.
 func checkConsistent(t *testing.T, d *Datapath) {
 	t.Helper()
+	drift, err := d.Verify()
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	for _, dr := range drift {
+		t.Errorf("drift: %s", dr)
+	}
 	dump, err := d.Dump()
 	if err != nil {
 		t.Fatalf("Dump: %v", err)
@@ -43,16 +52,24 @@ func checkConsistent(t *testing.T, d *Datapath) {
 	}
 }
 
-func addrs(bs []Backend) []string {
-	var out []string
+// addrsOf lists the addresses of bs with the given Draining, sorted.
+func addrsOf(bs []Backend, draining bool) []string {
+	out := []string{}
 	for _, b := range bs {
-		out = append(out, b.Addr.String())
+		if b.Draining == draining {
+			out = append(out, b.Addr.String())
+		}
 	}
 	slices.Sort(out)
 	return out
 }
 
-func TestSetBackendsWrites(t *testing.T) {
+func drained(b Backend) Backend {
+	b.Draining = true
+	return b
+}
+
+func TestSetServiceWrites(t *testing.T) {
 	d := newDatapath(t, Options{})
 	f := fe(vipTCP, TCP)
 	a, b, c, dd, e := be("10.1.0.1:80"), be("10.1.0.2:80"), be("10.1.0.3:80"), be("10.1.0.4:80"), be("10.1.0.5:80")
@@ -60,26 +77,40 @@ func TestSetBackendsWrites(t *testing.T) {
 	local.NodeLocal, local.ZoneLocal = true, true
 	f2, g := be("10.1.0.6:80"), be("10.1.0.7:80")
 
+	// active and draining list the addresses the step must leave
+	// programmed, written out from the step's intent. writes -1 is a full
+	// rewrite, checked by the stale count.
 	steps := []struct {
-		name   string
-		set    []Backend
-		writes int // -1: a full rewrite, checked by the stale count only
+		name             string
+		svc              Service
+		writes           int
+		active, draining []string
 	}{
-		{"create_with_three", []Backend{a, b, c}, 3 + 3 + 1},
-		{"same_set_other_order_and_duplicates", []Backend{c, a, b, a}, 0},
-		{"add_one", []Backend{a, b, c, dd}, 3},
-		{"remove_middle", []Backend{a, c, dd}, 3},
-		{"remove_last_slot", []Backend{a, dd}, 2},
-		{"replace_one", []Backend{e, dd}, 2},
-		{"flags_of_one", []Backend{e, local}, 1},
-		{"add_after_remove_reuses_stale_slot", []Backend{e, local, b}, 3},
-		{"two_added_is_a_rewrite", []Backend{e, local, b, f2, g}, -1},
-		{"to_empty", nil, -1},
-		{"from_empty_add_one", []Backend{a}, 3},
+		{"create_with_three", Service{Backends: []Backend{a, b, c}}, 3 + 3 + 1, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.3:80"}, nil},
+		{"same_set_other_order_and_duplicates", Service{Backends: []Backend{c, a, b, a}}, 0, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.3:80"}, nil},
+		{"add_one", Service{Backends: []Backend{a, b, c, dd}}, 3, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.3:80", "10.1.0.4:80"}, nil},
+		{"remove_middle", Service{Backends: []Backend{a, c, dd}}, 3, []string{"10.1.0.1:80", "10.1.0.3:80", "10.1.0.4:80"}, nil},
+		{"drain_middle", Service{Backends: []Backend{a, drained(dd), c}}, 3, []string{"10.1.0.1:80", "10.1.0.3:80"}, []string{"10.1.0.4:80"}},
+		{"draining_again_is_a_no_op", Service{Backends: []Backend{drained(dd), c, a}}, 0, []string{"10.1.0.1:80", "10.1.0.3:80"}, []string{"10.1.0.4:80"}},
+		{"draining_unknown_is_ignored", Service{Backends: []Backend{drained(dd), c, a, drained(g)}}, 0, []string{"10.1.0.1:80", "10.1.0.3:80"}, []string{"10.1.0.4:80"}},
+		{"undrain", Service{Backends: []Backend{dd, a, c}}, 3, []string{"10.1.0.1:80", "10.1.0.3:80", "10.1.0.4:80"}, nil},
+		{"drain_last_slot", Service{Backends: []Backend{drained(dd), a, c}}, 2, []string{"10.1.0.1:80", "10.1.0.3:80"}, []string{"10.1.0.4:80"}},
+		{"draining_gone", Service{Backends: []Backend{a, c}}, 1, []string{"10.1.0.1:80", "10.1.0.3:80"}, nil},
+		{"remove_last_slot", Service{Backends: []Backend{a}}, 2, []string{"10.1.0.1:80"}, nil},
+		{"add_back", Service{Backends: []Backend{a, dd}}, 3, []string{"10.1.0.1:80", "10.1.0.4:80"}, nil},
+		{"replace_one_gone", Service{Backends: []Backend{e, dd}}, 3, []string{"10.1.0.4:80", "10.1.0.5:80"}, nil},
+		{"rolling_update_replace_one_draining", Service{Backends: []Backend{drained(e), dd, b}}, 3, []string{"10.1.0.2:80", "10.1.0.4:80"}, []string{"10.1.0.5:80"}},
+		{"flags_of_one", Service{Backends: []Backend{drained(e), local, b}}, 2, []string{"10.1.0.2:80", "10.1.0.4:80"}, []string{"10.1.0.5:80"}},
+		{"affinity_on", Service{Backends: []Backend{drained(e), local, b}, Affinity: DefaultAffinityTimeout}, 1, []string{"10.1.0.2:80", "10.1.0.4:80"}, []string{"10.1.0.5:80"}},
+		{"add_with_settings_change", Service{Backends: []Backend{drained(e), local, b, a}}, 3, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.4:80"}, []string{"10.1.0.5:80"}},
+		{"two_added_is_a_rewrite", Service{Backends: []Backend{drained(e), local, b, a, f2, g}}, -1, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.4:80", "10.1.0.6:80", "10.1.0.7:80"}, []string{"10.1.0.5:80"}},
+		{"weights_are_a_rewrite", Service{Backends: []Backend{local, withWeight(b, 2), a}}, -1, []string{"10.1.0.1:80", "10.1.0.2:80", "10.1.0.4:80"}, nil},
+		{"to_empty", Service{}, -1, nil, nil},
+		{"from_empty_add_one", Service{Backends: []Backend{a}}, 3, []string{"10.1.0.1:80"}, nil},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
-			n, err := d.SetBackends(f, s.set)
+			n, err := d.SetService(f, s.svc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,20 +120,26 @@ func TestSetBackendsWrites(t *testing.T) {
 			t.Logf("%d writes", n)
 			checkConsistent(t, d)
 			got := d.Frontends()[f]
-			want, _ := normalizeSet(s.set)
-			if !slices.Equal(addrs(got), addrs(want)) {
-				t.Errorf("backends = %v, want %v", got, want)
+			if a := addrsOf(got, false); !slices.Equal(a, append([]string{}, s.active...)) {
+				t.Errorf("active = %v, want %v", a, s.active)
+			}
+			if dr := addrsOf(got, true); !slices.Equal(dr, append([]string{}, s.draining...)) {
+				t.Errorf("draining = %v, want %v", dr, s.draining)
 			}
 			if s.writes < 0 {
+				slots := 0
+				for _, x := range got {
+					slots += int(x.Weight)
+				}
 				// A rewrite leaves no stale slot behind.
-				if k := kernelSlots(t, d); k != len(want) {
-					t.Errorf("backends map holds %d entries after a rewrite, want %d", k, len(want))
+				if k := kernelSlots(t, d); k != slots {
+					t.Errorf("backends map holds %d entries after a rewrite, want %d", k, slots)
 				}
 			}
 		})
 	}
-	if got := d.Frontends()[f][0]; got != a {
-		t.Errorf("flags lost: %+v", got)
+	if got := d.Frontends()[f]; len(got) != 1 || got[0] != withWeight(a, 1) {
+		t.Errorf("backend read back as %+v, want %+v", got, withWeight(a, 1))
 	}
 
 	n, err := d.DeleteFrontend(f)
@@ -116,29 +153,73 @@ func TestSetBackendsWrites(t *testing.T) {
 	if k := kernelSlots(t, d); k != 0 {
 		t.Errorf("backends map holds %d entries after delete", k)
 	}
-	if fr, _, bk, _ := d.Capacity(); fr != 0 || bk != 0 {
-		t.Errorf("Capacity = %d frontends, %d backends after delete", fr, bk)
+	if u := d.Usage(); u.Frontends != 0 || u.Slots != 0 || u.BackendIDs != 0 || u.Pending != 0 {
+		t.Errorf("Usage after delete = %+v", u)
 	}
 }
 
-func TestSetBackendsFlagsRoundTrip(t *testing.T) {
+func withWeight(b Backend, w uint32) Backend {
+	b.Weight = w
+	return b
+}
+
+func TestSetServiceRoundTrip(t *testing.T) {
 	d := newDatapath(t, Options{})
 	f := fe(vipUDP, UDP)
-	want := []Backend{
-		{Addr: netip.MustParseAddrPort("10.1.0.1:53"), NodeLocal: true},
-		{Addr: netip.MustParseAddrPort("10.1.0.2:53"), ZoneLocal: true},
-		{Addr: netip.MustParseAddrPort("10.1.0.3:53"), NodeLocal: true, ZoneLocal: true},
-		{Addr: netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.1.0.4"), 53)},
+	in := Service{
+		Backends: []Backend{
+			{Addr: netip.MustParseAddrPort("10.1.0.1:53"), NodeLocal: true},
+			{Addr: netip.MustParseAddrPort("10.1.0.2:53"), ZoneLocal: true},
+			{Addr: netip.MustParseAddrPort("10.1.0.3:53"), NodeLocal: true, ZoneLocal: true},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.1.0.4"), 53)},
+		},
+		Affinity: 90*time.Second + time.Millisecond, // rounded up to 91 s
+		Reject:   true,
 	}
-	mustSet(t, d, f, want...)
-	dump, err := d.Dump()
+	mustSetService(t, d, f, in)
+	in.Backends[0].Draining = true
+	mustSetService(t, d, f, in)
+	// What the datapath stores, written out: weights as slot counts, the
+	// 4-in-6 address plain.
+	want := []Backend{
+		{Addr: netip.MustParseAddrPort("10.1.0.1:53"), NodeLocal: true, Draining: true},
+		{Addr: netip.MustParseAddrPort("10.1.0.2:53"), ZoneLocal: true, Weight: 1},
+		{Addr: netip.MustParseAddrPort("10.1.0.3:53"), NodeLocal: true, ZoneLocal: true, Weight: 1},
+		{Addr: netip.MustParseAddrPort("10.1.0.4:53"), Weight: 1},
+	}
+	prog, err := d.Programmed()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want[3].Addr = netip.MustParseAddrPort("10.1.0.4:53")
-	if !slices.Equal(dump[f], want) {
-		t.Errorf("Dump = %v, want %v", dump[f], want)
+	ps := prog[f]
+	var got []Backend
+	for _, b := range ps.Backends {
+		got = append(got, b.Backend)
 	}
+	byAddr := func(a, b Backend) int { return a.Addr.Compare(b.Addr) }
+	slices.SortFunc(got, byAddr)
+	slices.SortFunc(want, byAddr)
+	if !slices.Equal(got, want) {
+		t.Errorf("Programmed backends = %v, want %v", got, want)
+	}
+	if ps.Affinity != 91*time.Second || !ps.Reject || ps.Slots != 3 || len(ps.Problems) != 0 {
+		t.Errorf("Programmed = %+v", ps)
+	}
+	svc := d.Services()[f]
+	slices.SortFunc(svc.Backends, byAddr)
+	if svc.Affinity != 91*time.Second || !svc.Reject || !slices.Equal(svc.Backends, want) {
+		t.Errorf("Services = %+v", svc)
+	}
+	checkConsistent(t, d)
+}
+
+func mustSetService(t testing.TB, d *Datapath, f Frontend, s Service) int {
+	t.Helper()
+	n, err := d.SetService(f, s)
+	if err != nil {
+		t.Fatalf("SetService(%s): %v", f, err)
+	}
+	return n
 }
 
 func TestInvalidInputWritesNothing(t *testing.T) {
@@ -148,24 +229,27 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 	cases := []struct {
 		name string
 		fe   Frontend
-		bs   []Backend
+		svc  Service
 	}{
-		{"ipv6_frontend", fe("[fd00::1]:80", TCP), nil},
-		{"icmp_frontend", fe(vipTCP, 1), nil},
-		{"sctp_frontend", fe(vipTCP, 132), nil},
-		{"port_zero_frontend", fe("10.96.0.10:0", TCP), nil},
-		{"unset_frontend", Frontend{Proto: TCP}, nil},
-		{"unspecified_frontend", fe("0.0.0.0:80", TCP), nil},
-		{"ipv6_backend", good, []Backend{be("[fd00::2]:80")}},
-		{"port_zero_backend", good, []Backend{be("10.1.1.9:0")}},
-		{"unset_backend", good, []Backend{{}}},
-		{"conflicting_duplicates", good, []Backend{be("10.1.1.9:80"), {Addr: netip.MustParseAddrPort("10.1.1.9:80"), NodeLocal: true}}},
+		{"ipv6_frontend", fe("[fd00::1]:80", TCP), Service{}},
+		{"icmp_frontend", fe(vipTCP, 1), Service{}},
+		{"sctp_frontend", fe(vipTCP, 132), Service{}},
+		{"port_zero_frontend", fe("10.96.0.10:0", TCP), Service{}},
+		{"unset_frontend", Frontend{Proto: TCP}, Service{}},
+		{"unspecified_frontend", fe("0.0.0.0:80", TCP), Service{}},
+		{"unknown_scope", Frontend{Addr: netip.MustParseAddrPort(vipTCP), Proto: TCP, Scope: 7}, Service{}},
+		{"ipv6_backend", good, Service{Backends: []Backend{be("[fd00::2]:80")}}},
+		{"port_zero_backend", good, Service{Backends: []Backend{be("10.1.1.9:0")}}},
+		{"unset_backend", good, Service{Backends: []Backend{{}}}},
+		{"conflicting_duplicates", good, Service{Backends: []Backend{be("10.1.1.9:80"), {Addr: netip.MustParseAddrPort("10.1.1.9:80"), NodeLocal: true}}}},
+		{"duplicate_draining_and_active", good, Service{Backends: []Backend{be("10.1.1.9:80"), drained(be("10.1.1.9:80"))}}},
+		{"negative_affinity", good, Service{Backends: []Backend{be(beTCP)}, Affinity: -time.Second}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			n, err := d.SetBackends(c.fe, c.bs)
+			n, err := d.SetService(c.fe, c.svc)
 			if err == nil || n != 0 {
-				t.Fatalf("SetBackends = %d, %v; want an error and 0 writes", n, err)
+				t.Fatalf("SetService = %d, %v; want an error and 0 writes", n, err)
 			}
 			if errors.Is(err, ErrMapFull) {
 				t.Errorf("invalid input reported as ErrMapFull: %v", err)
@@ -195,6 +279,14 @@ func TestMapFullKeepsPreviousSet(t *testing.T) {
 	if n, err := d.SetBackends(f2, []Backend{be("10.1.0.3:80"), be("10.1.0.4:80"), be("10.1.0.5:80")}); !errors.Is(err, ErrMapFull) || n != 0 {
 		t.Errorf("fifth backend: %d, %v; want ErrMapFull, 0 writes", n, err)
 	}
+	// Draining keeps an id: three ids plus two new ones is five.
+	if n, err := d.SetService(f2, Service{Backends: []Backend{drained(be("10.1.0.3:80")), be("10.1.0.4:80"), be("10.1.0.5:80")}}); !errors.Is(err, ErrMapFull) || n != 0 {
+		t.Errorf("fifth id: %d, %v; want ErrMapFull, 0 writes", n, err)
+	}
+	// A weighted table over two backends takes more slots than exist.
+	if n, err := d.SetBackends(f1, []Backend{withWeight(be("10.1.0.1:80"), 1), withWeight(be("10.1.0.2:80"), 1000)}); !errors.Is(err, ErrMapFull) || n != 0 {
+		t.Errorf("weighted table: %d, %v; want ErrMapFull, 0 writes", n, err)
+	}
 	checkConsistent(t, d)
 	if got := d.Frontends(); fmt.Sprint(got) != fmt.Sprint(before) {
 		t.Errorf("state changed after ErrMapFull: %v, was %v", got, before)
@@ -203,16 +295,24 @@ func TestMapFullKeepsPreviousSet(t *testing.T) {
 		t.Errorf("Capacity = %d/%d frontends, %d/%d backends", fr, frMax, bk, bkMax)
 	}
 	// Swapping within capacity still works, and churn never runs the
-	// double-buffered map out of room.
+	// double-buffered map out of room. A change takes the ids of its new
+	// backends before it releases the old ones: with f2 gone, f1 can swap
+	// two backends for two others.
+	if _, err := d.DeleteFrontend(f2); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 50; i++ {
-		set := []Backend{be(fmt.Sprintf("10.2.%d.1:80", i)), be(fmt.Sprintf("10.2.%d.2:80", i)), be(fmt.Sprintf("10.2.%d.3:80", i))}
-		mustSet(t, d, f1, set[:1+i%3]...)
+		set := []Backend{be(fmt.Sprintf("10.2.%d.1:80", i)), be(fmt.Sprintf("10.2.%d.2:80", i))}
+		mustSet(t, d, f1, set[:1+i%2]...)
 	}
 	checkConsistent(t, d)
+	if u := d.Usage(); u.Slots != 2 || u.BackendIDs != 2 {
+		t.Errorf("Usage after churn = %+v, want 2 slots and 2 ids", u)
+	}
 }
 
-// sendNew runs the first packet of flow src -> f through tc and returns
-// where it went (the zero AddrPort when it was not rewritten).
+// sendTC runs one packet of flow src -> f through tc and returns where it
+// went (the zero AddrPort when it was not rewritten).
 func sendTC(t *testing.T, d *Datapath, src string, f Frontend) netip.AddrPort {
 	t.Helper()
 	var in frame
@@ -235,7 +335,7 @@ func sendTC(t *testing.T, d *Datapath, src string, f Frontend) netip.AddrPort {
 	return p.dst
 }
 
-func TestConntrackFollowsPermission(t *testing.T) {
+func TestConntrackFollowsBackendState(t *testing.T) {
 	d := newDatapath(t, Options{})
 	f := fe(vipTCP, TCP)
 	a, b, c := be("10.1.0.1:80"), be("10.1.0.2:80"), be("10.1.0.3:80")
@@ -267,11 +367,15 @@ func TestConntrackFollowsPermission(t *testing.T) {
 	if got := sendTC(t, d, src, f); got != a.Addr {
 		t.Errorf("after a rewrite keeping %s the flow moved to %s", a.Addr, got)
 	}
+	mustSetService(t, d, f, Service{Backends: []Backend{c, b, be("10.1.0.4:80"), drained(a)}})
+	if got := sendTC(t, d, src, f); got != a.Addr {
+		t.Errorf("after draining %s the flow moved to %s", a.Addr, got)
+	}
 
 	mustSet(t, d, f, c, b, be("10.1.0.4:80"))
 	moved := sendTC(t, d, src, f)
 	if moved == a.Addr || moved == (netip.AddrPort{}) {
-		t.Fatalf("after removing its backend the flow went to %q", moved)
+		t.Fatalf("after its backend was gone the flow went to %q", moved)
 	}
 	mustSet(t, d, f, c, b, be("10.1.0.4:80"), a)
 	if got := sendTC(t, d, src, f); got != moved {
@@ -282,13 +386,12 @@ func TestConntrackFollowsPermission(t *testing.T) {
 	var set []Backend
 	for _, x := range d.Frontends()[f] {
 		if x.Addr != moved {
-			set = append(set, x)
+			set = append(set, be(x.Addr.String()))
 		}
 	}
-	replacement := be("10.1.0.9:80")
-	set = append(set, replacement)
-	if n := mustSet(t, d, f, set...); n != 2 {
-		t.Errorf("replace took %d writes, want 2", n)
+	set = append(set, be("10.1.0.9:80"))
+	if n := mustSet(t, d, f, set...); n != 3 {
+		t.Errorf("replace took %d writes, want 3", n)
 	}
 	if got := sendTC(t, d, src, f); got == moved {
 		t.Errorf("flow still goes to replaced backend %s", moved)
@@ -311,12 +414,14 @@ func TestUpdatesAreAtomic(t *testing.T) {
 	f := fe(vipUDP, UDP)
 	s1 := []Backend{be("10.1.0.1:53"), be("10.1.0.2:53"), be("10.1.0.3:53")}
 	s2 := []Backend{be("10.1.0.4:53"), be("10.1.0.5:53")}
-	s3 := append(slices.Clone(s1), be("10.1.0.6:53")) // s1 plus one: the O(1) add
+	s3 := append(slices.Clone(s1), be("10.1.0.6:53")) // s1 plus one: the three-write add
 	mustSet(t, d, f, s1...)
 
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var flips int
+	var (
+		stop  atomic.Bool
+		wg    sync.WaitGroup
+		flips atomic.Int64
+	)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -326,7 +431,7 @@ func TestUpdatesAreAtomic(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			flips++
+			flips.Add(1)
 		}
 	}()
 
@@ -354,8 +459,15 @@ func TestUpdatesAreAtomic(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d set changes during the run", flips)
-	c, _ := d.Counters()
+	n := flips.Load()
+	t.Logf("%d set changes during the run", n)
+	if n < 8 {
+		t.Fatalf("only %d set changes happened during the run: the race was not exercised", n)
+	}
+	c, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if c.Drops != (Drops{}) {
 		t.Errorf("drops during churn: %+v", c.Drops)
 	}
@@ -366,34 +478,57 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 	pin := filepath.Join(bpffs(t), "topolb")
 	opts := Options{PinPath: pin, MaxFrontends: 64, MaxBackends: 256, MaxConntrack: 1024}
 	d1 := newDatapath(t, opts)
-	f1, f2 := fe(vipTCP, TCP), fe(vipUDP, UDP)
+	f1, f2, f3 := fe(vipTCP, TCP), fe(vipUDP, UDP), Frontend{Addr: netip.MustParseAddrPort(vipTCP), Proto: TCP, Scope: ScopeExternal}
 	mustSet(t, d1, f1, be("10.1.0.1:80"), be("10.1.0.2:80"), be("10.1.0.3:80"), be("10.1.0.4:80"))
-	mustSet(t, d1, f2, be("10.1.0.9:53"))
+	mustSetService(t, d1, f2, Service{Backends: []Backend{be("10.1.0.9:53"), be("10.1.0.8:53")}, Affinity: time.Minute})
+	mustSet(t, d1, f3, withWeight(be("10.1.0.5:80"), 3), be("10.1.0.6:80"))
+	mustSetService(t, d1, f2, Service{Backends: []Backend{be("10.1.0.9:53"), drained(be("10.1.0.8:53"))}, Affinity: time.Minute})
 	flowDst := sendTC(t, d1, client, f1)
-	var keep []Backend
-	for _, x := range d1.Frontends()[f1] {
-		if x.Addr != flowDst && len(keep) < 2 {
-			keep = append(keep, x)
-		}
-	}
-	keep = append(keep, Backend{Addr: flowDst})
-	mustSet(t, d1, f1, append(keep[:2:2], d1.Frontends()[f1]...)...) // no-op
 	// Remove one backend other than the flow's: leaves a stale slot.
 	var remaining []Backend
+	removed := false
 	for _, x := range d1.Frontends()[f1] {
-		if x.Addr != keep[0].Addr {
-			remaining = append(remaining, x)
+		if x.Addr != flowDst && !removed {
+			removed = true
+			continue
 		}
+		remaining = append(remaining, be(x.Addr.String()))
 	}
 	mustSet(t, d1, f1, remaining...)
-	if k := kernelSlots(t, d1); k != 4+1 {
-		t.Fatalf("expected one stale slot before reload, map holds %d", k)
-	}
 	want := d1.Frontends()
+	live := 0
+	for _, bs := range want {
+		for _, b := range bs {
+			live += int(b.Weight)
+		}
+	}
+	if live != 3+1+4 {
+		t.Fatalf("%d live slots, want 8", live)
+	}
+	if k := kernelSlots(t, d1); k <= live {
+		t.Fatalf("expected stale slots before reload, map holds %d entries for %d live slots", k, live)
+	}
+	wantSvc := d1.Services()
+
+	t.Run("second_load_refused_while_locked", func(t *testing.T) {
+		before := kernelSlots(t, d1)
+		d, err := Load(opts)
+		if !errors.Is(err, ErrLocked) {
+			if d != nil {
+				d.Close()
+			}
+			t.Fatalf("second Load on a locked pin path: %v, want ErrLocked", err)
+		}
+		t.Log(err)
+		if after := kernelSlots(t, d1); after != before {
+			t.Errorf("refused Load changed the backends map: %d entries, was %d", after, before)
+		}
+		checkConsistent(t, d1)
+	})
+
 	if err := d1.Close(); err != nil {
 		t.Fatal(err)
 	}
-
 	d2, err := Load(opts)
 	if err != nil {
 		t.Fatalf("reload: %v", err)
@@ -402,9 +537,12 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 	if got := d2.Frontends(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("adopted mirror = %v, want %v", got, want)
 	}
+	if got := d2.Services(); fmt.Sprint(got) != fmt.Sprint(wantSvc) {
+		t.Errorf("adopted services = %v, want %v", got, wantSvc)
+	}
 	checkConsistent(t, d2)
-	if k := kernelSlots(t, d2); k != 4 {
-		t.Errorf("stale slot not collected at load: map holds %d entries, want 4", k)
+	if k := kernelSlots(t, d2); k != live {
+		t.Errorf("stale slots not collected at load: map holds %d entries, want %d", k, live)
 	}
 	if got := sendTC(t, d2, client, f1); got != flowDst {
 		t.Errorf("flow moved across reload: %s, was %s", got, flowDst)
@@ -415,7 +553,13 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 	if n := mustSet(t, d2, f1, append(remaining, be("10.1.0.5:80"))...); n != 3 {
 		t.Errorf("add after reload took %d writes, want 3", n)
 	}
+	if n := mustSetService(t, d2, f2, Service{Backends: []Backend{be("10.1.0.9:53")}, Affinity: time.Minute}); n != 1 {
+		t.Errorf("adopted draining backend gone: %d writes, want 1", n)
+	}
 	checkConsistent(t, d2)
+	if err := d2.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("other_sizes_refused", func(t *testing.T) {
 		other := opts
@@ -427,18 +571,39 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 			t.Fatalf("Load with other sizes: %v, want ErrLayoutMismatch", err)
 		}
 	})
-	t.Run("other_layout_version_refused", func(t *testing.T) {
-		if err := d2.meta.Update(uint32(0), tcMeta{LayoutVersion: layoutVersion + 1}, ebpf.UpdateAny); err != nil {
-			t.Fatal(err)
-		}
-		defer d2.meta.Update(uint32(0), tcMeta{LayoutVersion: layoutVersion}, ebpf.UpdateAny)
-		if d, err := Load(opts); !errors.Is(err, ErrLayoutMismatch) {
-			if d != nil {
-				d.Close()
+	for _, c := range []struct {
+		name string
+		meta tcMeta
+	}{
+		{"other_layout_version_refused", tcMeta{LayoutVersion: layoutVersion + 1}},
+		{"same_version_other_fingerprint_refused", tcMeta{LayoutVersion: layoutVersion, Fingerprint: 0x5eed}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			meta, err := ebpf.LoadPinnedMap(filepath.Join(pin, tcMapTlbMeta), nil)
+			if err != nil {
+				t.Fatal(err)
 			}
-			t.Fatalf("Load over another layout version: %v, want ErrLayoutMismatch", err)
-		}
-	})
+			defer meta.Close()
+			var orig tcMeta
+			if err := meta.Lookup(uint32(0), &orig); err != nil {
+				t.Fatal(err)
+			}
+			if err := meta.Update(uint32(0), c.meta, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := meta.Update(uint32(0), orig, ebpf.UpdateAny); err != nil {
+					t.Error(err)
+				}
+			}()
+			if d, err := Load(opts); !errors.Is(err, ErrLayoutMismatch) {
+				if d != nil {
+					d.Close()
+				}
+				t.Fatalf("Load over %+v: %v, want ErrLayoutMismatch", c.meta, err)
+			}
+		})
+	}
 }
 
 func TestLoadRejectsNonBPFFS(t *testing.T) {

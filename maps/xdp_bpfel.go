@@ -13,12 +13,34 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type xdpAffinityKey struct {
+	_      structs.HostLayout
+	Client uint32
+	SvcId  uint32
+}
+
+type xdpAffinityValue struct {
+	_          structs.HostLayout
+	BackendId  uint32
+	BackendGen uint32
+	Expires    uint64
+}
+
 type xdpBackendKey struct {
 	_      structs.HostLayout
 	SvcId  uint32
 	Slot   uint32
 	Buffer uint8
 	Pad    [3]uint8
+}
+
+type xdpBackendStats struct {
+	_       structs.HostLayout
+	Gen     uint32
+	Pad     uint32
+	Flows   uint64
+	Packets uint64
+	Bytes   uint64
 }
 
 type xdpBackendValue struct {
@@ -28,6 +50,7 @@ type xdpBackendValue struct {
 	Flags uint8
 	Pad   uint8
 	Id    uint32
+	Gen   uint32
 }
 
 type xdpCtKey struct {
@@ -41,19 +64,37 @@ type xdpCtKey struct {
 }
 
 type xdpCtValue struct {
-	_         structs.HostLayout
-	Addr      uint32
-	Port      uint16
-	Dir       uint8
-	Pad       uint8
-	SvcId     uint32
-	BackendId uint32
+	_          structs.HostLayout
+	Addr       uint32
+	Port       uint16
+	Dir        uint8
+	State      uint8
+	BackendId  uint32
+	BackendGen uint32
+	Expires    uint64
+	Flags      uint8
+	Redirect   uint8
+	NatPort    uint16
+	NatAddr    uint32
+	SvcId      uint32
+	Ifindex    uint32
+	Smac       [6]uint8
+	Dmac       [6]uint8
+	Pad        uint32
+}
+
+type xdpIfaceValue struct {
+	_    structs.HostLayout
+	Kind uint8
+	Pad  uint8
+	Mac  [6]uint8
 }
 
 type xdpMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
 	Pad           uint32
+	Fingerprint   uint64
 }
 
 type xdpRegistryValue struct {
@@ -61,60 +102,62 @@ type xdpRegistryValue struct {
 	SvcId uint32
 	Addr  uint32
 	Port  uint16
-	Pad   uint16
+	State uint8
+	Flags uint8
+	Gen   uint32
 }
 
-type xdpStatReason uint32
+type xdpSockRevnatKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   uint32
+	Port   uint16
+	Pad    uint16
+}
 
-const (
-	xdpStatReasonSTAT_DROP_NO_BACKEND  xdpStatReason = 0
-	xdpStatReasonSTAT_DROP_MAP_FULL    xdpStatReason = 1
-	xdpStatReasonSTAT_DROP_PARSE_ERROR xdpStatReason = 2
-	xdpStatReasonSTAT_DROP_REWRITE     xdpStatReason = 3
-	xdpStatReasonSTAT_REVERSE_NAT      xdpStatReason = 4
-	xdpStatReasonSTAT_FRAGMENT         xdpStatReason = 5
-	xdpStatReasonSTAT_MAX              xdpStatReason = 6
-)
+type xdpSockRevnatValue struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
 
 type xdpSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type xdpSvcValue struct {
-	_          structs.HostLayout
-	Id         uint32
-	Count      uint32
-	Generation uint32
-	Buffer     uint8
-	Flags      uint8
-	Pad        uint16
-}
-
-type xdpTraffic struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
+	_               structs.HostLayout
+	Id              uint32
+	Count           uint32
+	Generation      uint32
+	AffinityTimeout uint32
+	Buffer          uint8
+	Flags           uint8
+	Pad             uint16
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapTlbBackends  = "tlb_backends"
-	xdpMapTlbBeStats   = "tlb_be_stats"
-	xdpMapTlbConntrack = "tlb_conntrack"
-	xdpMapTlbMeta      = "tlb_meta"
-	xdpMapTlbRegistry  = "tlb_registry"
-	xdpMapTlbServices  = "tlb_services"
-	xdpMapTlbStats     = "tlb_stats"
-	xdpMapTlbSvcStats  = "tlb_svc_stats"
-	xdpProgXdpLb       = "xdp_lb"
-	xdpVarCfgDnat      = "cfg_dnat"
-	xdpVarCfgHashSeed  = "cfg_hash_seed"
+	xdpMapTlbAffinity     = "tlb_affinity"
+	xdpMapTlbBackendStats = "tlb_backend_stats"
+	xdpMapTlbBackends     = "tlb_backends"
+	xdpMapTlbConntrack    = "tlb_conntrack"
+	xdpMapTlbIfaces       = "tlb_ifaces"
+	xdpMapTlbMeta         = "tlb_meta"
+	xdpMapTlbRegistry     = "tlb_registry"
+	xdpMapTlbServices     = "tlb_services"
+	xdpMapTlbSockRevnat   = "tlb_sock_revnat"
+	xdpMapTlbStats        = "tlb_stats"
+	xdpProgXdpLb          = "xdp_lb"
+	xdpVarCfgHashSeed     = "cfg_hash_seed"
+	xdpVarCfgScope        = "cfg_scope"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -166,22 +209,24 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	TlbBackends  *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbBeStats   *ebpf.MapSpec `ebpf:"tlb_be_stats"`
-	TlbConntrack *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbMeta      *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry  *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices  *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbStats     *ebpf.MapSpec `ebpf:"tlb_stats"`
-	TlbSvcStats  *ebpf.MapSpec `ebpf:"tlb_svc_stats"`
+	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	CfgDnat     *ebpf.VariableSpec `ebpf:"cfg_dnat"`
 	CfgHashSeed *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope    *ebpf.VariableSpec `ebpf:"cfg_scope"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -204,26 +249,30 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	TlbBackends  *ebpf.Map `ebpf:"tlb_backends"`
-	TlbBeStats   *ebpf.Map `ebpf:"tlb_be_stats"`
-	TlbConntrack *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbMeta      *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry  *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices  *ebpf.Map `ebpf:"tlb_services"`
-	TlbStats     *ebpf.Map `ebpf:"tlb_stats"`
-	TlbSvcStats  *ebpf.Map `ebpf:"tlb_svc_stats"`
+	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
+		m.TlbAffinity,
+		m.TlbBackendStats,
 		m.TlbBackends,
-		m.TlbBeStats,
 		m.TlbConntrack,
+		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
 		m.TlbServices,
+		m.TlbSockRevnat,
 		m.TlbStats,
-		m.TlbSvcStats,
 	)
 }
 
@@ -231,8 +280,8 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	CfgDnat     *ebpf.Variable `ebpf:"cfg_dnat"`
 	CfgHashSeed *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope    *ebpf.Variable `ebpf:"cfg_scope"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.

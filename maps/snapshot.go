@@ -1,0 +1,234 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// kernelState is one read of the maps that describe frontends: what the
+// datapath does, independent of the mirror.
+type kernelState struct {
+	services map[tcSvcKey]tcSvcValue
+	slots    map[tcBackendKey]tcBackendValue
+	registry []tcRegistryValue // index: backend id
+	records  []record          // index: backend id, up to the largest id referenced
+}
+
+// snapshot reads services, every slot, the registry and the records of
+// every id a slot or a registry entry refers to.
+func (d *Datapath) snapshot() (*kernelState, error) {
+	k := &kernelState{
+		services: make(map[tcSvcKey]tcSvcValue),
+		slots:    make(map[tcBackendKey]tcBackendValue),
+	}
+	svcs, err := d.readServices()
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range svcs {
+		k.services[e.key] = e.value
+	}
+	var (
+		bk    tcBackendKey
+		bv    tcBackendValue
+		maxID uint32
+	)
+	it := d.backends.Iterate()
+	for it.Next(&bk, &bv) {
+		k.slots[bk] = bv
+		maxID = max(maxID, bv.Id)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read backends: %w", err)
+	}
+	if k.registry, err = d.readRegistry(); err != nil {
+		return nil, err
+	}
+	for id, r := range k.registry {
+		if r != (tcRegistryValue{}) {
+			maxID = max(maxID, uint32(id))
+		}
+	}
+	if mID, ok := d.maxMemberID(); ok {
+		maxID = max(maxID, mID)
+	}
+	if maxID >= d.opts.MaxBackends {
+		maxID = d.opts.MaxBackends - 1
+	}
+	if k.records, err = d.readRecords(maxID); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// readRegistry reads the whole registry array with batch lookups.
+func (d *Datapath) readRegistry() ([]tcRegistryValue, error) {
+	const chunk = 4096
+	out := make([]tcRegistryValue, 0, d.opts.MaxBackends)
+	keys := make([]uint32, chunk)
+	vals := make([]tcRegistryValue, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := d.registry.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if keys[i] != uint32(len(out)) {
+				return nil, fmt.Errorf("read registry: batch returned id %d, expected %d", keys[i], len(out))
+			}
+			out = append(out, vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read registry: %w", err)
+		}
+	}
+}
+
+// recordOf returns id's record, and false when it was not read.
+func (k *kernelState) recordOf(id uint32) (record, bool) {
+	if int(id) >= len(k.records) {
+		return record{}, false
+	}
+	return k.records[id], true
+}
+
+// current reports whether id's registry entry is in force: not free, and
+// of the id's current generation.
+func (k *kernelState) current(id uint32) bool {
+	if int(id) >= len(k.registry) {
+		return false
+	}
+	r := k.registry[id]
+	rec, ok := k.recordOf(id)
+	return r.State != uint8(tcBackendStateBACKEND_FREE) && ok && !rec.mixed && rec.gen == r.Gen
+}
+
+// ProgrammedService is one frontend as the kernel maps hold it.
+type ProgrammedService struct {
+	ID         uint32
+	Generation uint32 // flips so far
+	Buffer     uint8
+	Slots      uint32 // the table's size (svc_value.count)
+	Affinity   time.Duration
+	Reject     bool
+	// Backends are the active ones in order of their first slot, then the
+	// draining ones (current registry entries of this frontend) by
+	// address.
+	Backends []ProgrammedBackend
+	// Problems found while reading the frontend (a slot missing, an id
+	// with two addresses, a registry entry that disagrees); empty when it
+	// is whole.
+	Problems []string
+}
+
+// ProgrammedBackend is one backend as the kernel maps hold it.
+type ProgrammedBackend struct {
+	// Backend's Weight is the number of slots it holds (0 when
+	// draining); Draining is true for backends found only in the
+	// registry.
+	Backend
+	ID, Gen uint32
+	// State is what its registry entry says ("active", "draining",
+	// "free", ...); Current whether that entry is of the id's current
+	// generation.
+	State   string
+	Current bool
+}
+
+// Programmed reads every frontend back from the kernel: settings,
+// backends with their ids and slot counts, draining backends from the
+// registry, and the problems that make a frontend inconsistent.
+func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed() {
+		return nil, ErrClosed
+	}
+	k, err := d.snapshot()
+	if err != nil {
+		return nil, err
+	}
+	return k.programmed(), nil
+}
+
+func (k *kernelState) programmed() map[Frontend]ProgrammedService {
+	out := make(map[Frontend]ProgrammedService, len(k.services))
+	byID := make(map[uint32]Frontend, len(k.services))
+	for key, v := range k.services {
+		fe := frontend(key)
+		set := settingsFromValue(v)
+		ps := ProgrammedService{ID: v.Id, Generation: v.Generation, Buffer: v.Buffer, Slots: v.Count,
+			Affinity: time.Duration(set.affinity) * time.Second, Reject: set.reject}
+		if other, dup := byID[v.Id]; dup {
+			ps.Problems = append(ps.Problems, fmt.Sprintf("service id %d also used by %s", v.Id, other))
+		}
+		byID[v.Id] = fe
+		index := map[uint32]int{} // id -> index in ps.Backends
+		for i := uint32(0); i < v.Count; i++ {
+			sv, ok := k.slots[backendKey(v.Id, i, v.Buffer)]
+			if !ok {
+				ps.Problems = append(ps.Problems, fmt.Sprintf("slot %d of %d missing", i, v.Count))
+				continue
+			}
+			b, id, gen := backendFromValue(sv)
+			if j, seen := index[id]; seen {
+				pb := &ps.Backends[j]
+				if pb.Addr != b.Addr || pb.Gen != gen {
+					ps.Problems = append(ps.Problems, fmt.Sprintf("slot %d: id %d stands for %s gen %d and %s gen %d", i, id, pb.Addr, pb.Gen, b.Addr, gen))
+				}
+				pb.Weight++
+				continue
+			}
+			b.Weight = 1
+			index[id] = len(ps.Backends)
+			ps.Backends = append(ps.Backends, k.programmedBackend(b, id, gen, v.Id, &ps))
+		}
+		seenAddr := map[string]bool{}
+		for _, pb := range ps.Backends {
+			if seenAddr[pb.Addr.String()] {
+				ps.Problems = append(ps.Problems, fmt.Sprintf("backend %s holds two ids", pb.Addr))
+			}
+			seenAddr[pb.Addr.String()] = true
+		}
+		start := len(ps.Backends)
+		for id, r := range k.registry {
+			if r.SvcId != v.Id || r.State != uint8(tcBackendStateBACKEND_DRAINING) || !k.current(uint32(id)) {
+				continue
+			}
+			if _, active := index[uint32(id)]; active {
+				continue
+			}
+			b := withFlags(Backend{Addr: addrPortFromWire(r.Addr, r.Port), Draining: true}, r.Flags)
+			ps.Backends = append(ps.Backends, ProgrammedBackend{Backend: b, ID: uint32(id), Gen: r.Gen, State: stateName(r.State), Current: true})
+		}
+		slices.SortFunc(ps.Backends[start:], func(a, b ProgrammedBackend) int { return a.Addr.Compare(b.Addr) })
+		out[fe] = ps
+	}
+	return out
+}
+
+// programmedBackend completes an active backend read from a slot with its
+// registry entry and record, noting disagreements in ps.
+func (k *kernelState) programmedBackend(b Backend, id, gen, svcID uint32, ps *ProgrammedService) ProgrammedBackend {
+	pb := ProgrammedBackend{Backend: b, ID: id, Gen: gen, State: "none"}
+	rec, ok := k.recordOf(id)
+	if !ok || rec.gen != gen || rec.mixed {
+		ps.Problems = append(ps.Problems, fmt.Sprintf("backend %s id %d: slot generation %d, record %d (mixed %t)", b.Addr, id, gen, rec.gen, rec.mixed))
+	}
+	if int(id) < len(k.registry) {
+		r := k.registry[id]
+		pb.State, pb.Current = stateName(r.State), k.current(id)
+		want := tcRegistryValue{SvcId: svcID, Addr: be32(b.Addr.Addr()), Port: be16(b.Addr.Port()),
+			State: uint8(tcBackendStateBACKEND_ACTIVE), Flags: backendFlags(b), Gen: gen}
+		if r != want {
+			ps.Problems = append(ps.Problems, fmt.Sprintf("backend %s id %d: registry says service %d %s %s gen %d",
+				b.Addr, id, r.SvcId, addrPortFromWire(r.Addr, r.Port), stateName(r.State), r.Gen))
+		}
+	}
+	return pb
+}

@@ -1,0 +1,81 @@
+package maps
+
+import "fmt"
+
+// Stat is one named datapath counter of tlb_stats (enum stat_reason in
+// bpf/consts.h; the values come from BTF).
+type Stat uint32
+
+// Datapath counters.
+const (
+	// StatDropNoBackend: a new flow to a frontend without an active backend.
+	StatDropNoBackend = Stat(tcStatReasonSTAT_DROP_NO_BACKEND)
+	// StatDropMapFull: the conntrack entries of a new flow could not be stored.
+	StatDropMapFull = Stat(tcStatReasonSTAT_DROP_MAP_FULL)
+	// StatDropParseError: malformed IPv4, TCP or UDP header.
+	StatDropParseError = Stat(tcStatReasonSTAT_DROP_PARSE_ERROR)
+	// StatDropRewrite: a tc rewrite helper failed.
+	StatDropRewrite = Stat(tcStatReasonSTAT_DROP_REWRITE)
+	// StatReverseNAT: replies rewritten back to a service address.
+	StatReverseNAT = Stat(tcStatReasonSTAT_REVERSE_NAT)
+	// StatFragment: IPv4 fragments, passed untouched.
+	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
+	// StatConntrackCreated: flows created (two conntrack entries each).
+	StatConntrackCreated = Stat(tcStatReasonSTAT_CT_CREATED)
+	// StatConntrackReplaced: conntrack entries a new flow overwrote
+	// (expired, backend gone, reopened by a SYN): entries inserted are
+	// 2·StatConntrackCreated − StatConntrackReplaced.
+	StatConntrackReplaced = Stat(tcStatReasonSTAT_CT_REPLACED)
+	// StatConntrackExpired: packets whose flow had expired; balanced anew.
+	StatConntrackExpired = Stat(tcStatReasonSTAT_CT_EXPIRED)
+	// StatConntrackStaleBackend: packets whose backend is gone (its id was
+	// released); re-balanced.
+	StatConntrackStaleBackend = Stat(tcStatReasonSTAT_CT_STALE_BACKEND)
+	// StatConntrackSYNReopen: SYNs reusing the tuple of a closing flow or
+	// of a flow pinned to a draining backend; balanced as new flows.
+	StatConntrackSYNReopen = Stat(tcStatReasonSTAT_CT_SYN_REOPEN)
+	// StatTCPMidflowMiss: TCP packets without SYN to a frontend that had
+	// no conntrack entry at all (evicted or swept): a connection silently
+	// re-balanced.
+	StatTCPMidflowMiss = Stat(tcStatReasonSTAT_TCP_MIDFLOW_MISS)
+	// StatAffinityHit: new flows sent to the client's remembered backend.
+	StatAffinityHit = Stat(tcStatReasonSTAT_AFFINITY_HIT)
+	// StatAffinityNew: new flows of affinity frontends that chose afresh.
+	StatAffinityNew = Stat(tcStatReasonSTAT_AFFINITY_NEW)
+	// StatDropReject: like StatDropNoBackend, on a frontend that asked
+	// for rejects (not yet generated).
+	StatDropReject = Stat(tcStatReasonSTAT_DROP_REJECT)
+	// StatConntrackSwept: conntrack entries deleted by SweepConntrack
+	// (kept in the kernel so it survives agent restarts).
+	StatConntrackSwept = Stat(tcStatReasonSTAT_CT_SWEPT)
+
+	numStats = int(tcStatReasonSTAT_MAX)
+)
+
+// statNames are the stable names of the counters (metric label values).
+var statNames = map[Stat]string{
+	StatDropNoBackend:         "drop_no_backend",
+	StatDropMapFull:           "drop_map_full",
+	StatDropParseError:        "drop_parse_error",
+	StatDropRewrite:           "drop_rewrite_error",
+	StatReverseNAT:            "reverse_nat",
+	StatFragment:              "fragment",
+	StatConntrackCreated:      "conntrack_created",
+	StatConntrackReplaced:     "conntrack_replaced",
+	StatConntrackExpired:      "conntrack_expired_hit",
+	StatConntrackStaleBackend: "conntrack_stale_backend",
+	StatConntrackSYNReopen:    "conntrack_syn_reopen",
+	StatTCPMidflowMiss:        "tcp_midflow_miss",
+	StatAffinityHit:           "affinity_hit",
+	StatAffinityNew:           "affinity_new",
+	StatDropReject:            "drop_reject",
+	StatConntrackSwept:        "conntrack_swept",
+}
+
+// String returns the counter's stable name.
+func (s Stat) String() string {
+	if n, ok := statNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("stat(%d)", uint32(s))
+}
