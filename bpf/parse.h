@@ -14,8 +14,14 @@
 
 #include "consts.h"
 
-/* Longest IPv4 header (IHL 15). */
+/* IPv4 header length bounds: IHL counts 32-bit words, 5 to 15. TCP's data
+ * offset counts the same words, at least 5. */
+#define IP_WORD_LEN 4
+#define IP_MIN_IHL 5
 #define IP_MAX_HLEN 60
+#define TCP_MIN_DOFF 5
+/* The largest tot_len; tot_len 0 above it marks a BIG TCP GSO packet. */
+#define IP_MAX_TOT_LEN 0xffff
 /* Longest Ethernet + IPv4 (with options) + TCP header prefix we read. */
 #define MAX_PARSE_LEN (ETH_HLEN + IP_MAX_HLEN + sizeof(struct tcphdr))
 /* packet.l4_off is at most ETH_HLEN + IP_MAX_HLEN; masking with this
@@ -64,16 +70,16 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 		return PARSE_SKIP;
 	if ((void *)(ip + 1) > data_end)
 		return PARSE_ERROR;
-	if (ip->version != 4 || ip->ihl < 5)
+	if (ip->version != 4 || ip->ihl < IP_MIN_IHL)
 		return PARSE_ERROR;
-	ihl_len = ip->ihl * 4;
+	ihl_len = ip->ihl * IP_WORD_LEN;
 	if ((void *)ip + ihl_len > data_end)
 		return PARSE_ERROR;
 
 	l3_avail = frame_len - ETH_HLEN;
 	tot_len = bpf_ntohs(ip->tot_len);
 	/* tot_len 0 is BIG TCP's marker for a >64KiB GSO packet. */
-	if (tot_len == 0 && l3_avail > 0xffff)
+	if (tot_len == 0 && l3_avail > IP_MAX_TOT_LEN)
 		tot_len = l3_avail;
 	if (tot_len < ihl_len || tot_len > l3_avail)
 		return PARSE_ERROR;
@@ -93,7 +99,7 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 
 		if ((void *)(tcp + 1) > data_end || tot_len < ihl_len + sizeof(*tcp))
 			return PARSE_ERROR;
-		if (tcp->doff < 5)
+		if (tcp->doff < TCP_MIN_DOFF)
 			return PARSE_ERROR;
 		pkt->sport = tcp->source;
 		pkt->dport = tcp->dest;

@@ -16,6 +16,8 @@
 #include "lb.h"
 #include "csum.h"
 
+#define UDP_CSUM_ALL_ONES 0xffff
+
 /* xdp_rewrite applies nat in place. Returns 0 on success. */
 static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *pkt,
 				       const struct nat *nat)
@@ -47,13 +49,13 @@ static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *
 	}
 
 	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
-	 * 0xffff (RFC 768). */
+	 * its one's-complement twin, all ones (RFC 768). */
 	if (pkt->proto != IP_PROTO_UDP || *check != 0) {
 		__u16 sum = csum_replace4(*check, nat->old_addr, nat->new_addr);
 
 		sum = csum_replace2(sum, nat->old_port, nat->new_port);
 		if (pkt->proto == IP_PROTO_UDP && sum == 0)
-			sum = 0xffff;
+			sum = UDP_CSUM_ALL_ONES;
 		*check = sum;
 	}
 	*port = nat->new_port;
