@@ -6,7 +6,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/kube"
@@ -25,13 +23,17 @@ import (
 // Datapath is what the agent needs of the maps: maps.Datapath implements it;
 // unit tests use an in-memory fake.
 type Datapath interface {
-	// SetBackends makes fe's permitted backends exactly backends, with the
-	// fewest atomic writes, and returns how many writes it made.
-	SetBackends(fe maps.Frontend, backends []maps.Backend) (int, error)
+	// SetService makes fe serve s (its active and draining backends and
+	// settings) with the fewest atomic writes, and returns how many writes
+	// it made.
+	SetService(fe maps.Frontend, s maps.Service) (int, error)
 	// DeleteFrontend removes fe; deleting an absent frontend is no error.
 	DeleteFrontend(fe maps.Frontend) (int, error)
-	// Frontends returns what is programmed.
-	Frontends() map[maps.Frontend][]maps.Backend
+	// Services returns what this process holds as programmed (its mirror,
+	// including what it adopted at load).
+	Services() map[maps.Frontend]maps.Service
+	// Programmed reads every frontend back from the kernel maps.
+	Programmed() (map[maps.Frontend]maps.ProgrammedService, error)
 }
 
 // EventSink receives the decisions operators should hear about on the
@@ -74,24 +76,21 @@ type Agent struct {
 
 	mu    sync.RWMutex
 	state *topology.State
-	// slices holds every EndpointSlice by its own namespace and name.
-	slices map[types.NamespacedName]*discovery.EndpointSlice
-	// bySvc indexes slices by service, then slice name.
-	bySvc map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice
-	// owned holds the frontends programmed for each service.
-	owned map[types.NamespacedName]map[maps.Frontend]bool
-	// owner maps each programmed frontend to its service.
-	owner map[maps.Frontend]types.NamespacedName
+	// owner holds, for every frontend this agent programmed, the claim that
+	// owns it; owned indexes the same by service. waiting holds, per
+	// frontend, the services whose claim on it lost to the owner's
+	// (topology.CompareClaims), and waitsFor the reverse.
+	owner    map[topology.Key]topology.Frontend
+	owned    map[types.NamespacedName]map[topology.Key]bool
+	waiting  map[topology.Key]map[types.NamespacedName]bool
+	waitsFor map[types.NamespacedName]map[topology.Key]bool
 	// decisions holds the last decisions per service.
 	decisions map[types.NamespacedName][]topology.PortDecision
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
-	// waiting holds, per frontend, the services that want it while another
-	// service owns it.
-	waiting map[maps.Frontend]map[types.NamespacedName]bool
-	// rejected remembers the rejection reason logged per service, so each
-	// is logged once.
+	// rejected remembers the warnings logged per service (and, under "",
+	// about this node), so each set is logged once.
 	rejected map[types.NamespacedName]string
 	synced   bool
 	// totalWrites counts map writes since New.
@@ -107,14 +106,13 @@ func New(cfg Config, dp Datapath) *Agent {
 	}
 	return &Agent{
 		cfg: cfg, dp: dp, log: log, now: time.Now,
-		state:     &topology.State{Nodes: map[string]topology.Node{}, Services: map[types.NamespacedName]*v1.Service{}, Slices: map[types.NamespacedName][]*discovery.EndpointSlice{}},
-		slices:    map[types.NamespacedName]*discovery.EndpointSlice{},
-		bySvc:     map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice{},
-		owned:     map[types.NamespacedName]map[maps.Frontend]bool{},
-		owner:     map[maps.Frontend]types.NamespacedName{},
+		state:     topology.NewEmptyState(),
+		owner:     map[topology.Key]topology.Frontend{},
+		owned:     map[types.NamespacedName]map[topology.Key]bool{},
+		waiting:   map[topology.Key]map[types.NamespacedName]bool{},
+		waitsFor:  map[types.NamespacedName]map[topology.Key]bool{},
 		decisions: map[types.NamespacedName][]topology.PortDecision{},
 		failed:    map[types.NamespacedName]bool{},
-		waiting:   map[maps.Frontend]map[types.NamespacedName]bool{},
 		rejected:  map[types.NamespacedName]string{},
 	}
 }
@@ -204,13 +202,24 @@ func (a *Agent) Apply(b kube.Batch) SyncResult {
 	})
 
 	var res SyncResult
-	for _, nn := range names {
-		w, err := a.syncService(nn)
+	// A service that releases a frontend hands it to the services waiting
+	// for it, which are synced in the same batch. Each service is synced at
+	// most twice per batch: once for the batch, once for a handover.
+	synced := map[types.NamespacedName]int{}
+	for len(names) > 0 {
+		nn := names[0]
+		names = names[1:]
+		if synced[nn] >= 2 {
+			continue
+		}
+		synced[nn]++
+		w, released, err := a.syncService(nn)
 		res.Writes += w
 		res.Services++
 		if err != nil {
 			res.Errors = append(res.Errors, err)
 		}
+		names = append(names, released...)
 	}
 	if b.Resync && !a.synced {
 		res.Writes += a.removeStale()
@@ -225,212 +234,57 @@ func (a *Agent) Apply(b kube.Batch) SyncResult {
 }
 
 // fold applies the batch to the stored objects and returns the services
-// whose decisions may have changed.
+// whose decisions may have changed. Which Node changes matter to a service
+// is the decision engine's to say (topology.ServicePort.Reads).
 func (a *Agent) fold(b kube.Batch) map[types.NamespacedName]bool {
 	affected := map[types.NamespacedName]bool{}
 	for nn, svc := range b.Services {
 		if svc == nil {
-			delete(a.state.Services, nn)
+			a.state.DeleteService(nn)
 		} else {
-			a.state.Services[nn] = svc
+			a.state.SetService(svc)
 		}
 		affected[nn] = true
 	}
 	for key, es := range b.Slices {
-		if prev, ok := a.slices[key]; ok {
-			a.unindex(key, prev, affected)
-		}
+		var changed []types.NamespacedName
 		if es == nil {
-			delete(a.slices, key)
-			continue
+			changed = a.state.DeleteSlice(key)
+		} else {
+			changed = a.state.SetSlice(es)
 		}
-		a.slices[key] = es
-		if nn, ok := topology.SliceService(es); ok {
-			if a.bySvc[nn] == nil {
-				a.bySvc[nn] = map[types.NamespacedName]*discovery.EndpointSlice{}
-			}
-			a.bySvc[nn][key] = es
-			a.rebuildSlices(nn)
+		for _, nn := range changed {
 			affected[nn] = true
 		}
 	}
 	for name, n := range b.Nodes {
+		var prev, cur *topology.Node
+		if p, ok := a.state.Nodes[name]; ok {
+			prev = &p
+		}
 		if n == nil {
 			delete(a.state.Nodes, name)
 		} else {
-			a.state.Nodes[name] = topology.NodeFromObject(n, nil)
+			node := topology.NodeFromObject(n, nil)
+			a.state.Nodes[name] = node
+			cur = &node
 		}
-		a.nodeAffects(name, affected)
+		a.nodeAffects(name == a.cfg.NodeName, prev, cur, affected)
 	}
 	return affected
 }
 
-// unindex removes a slice from its service's index.
-func (a *Agent) unindex(key types.NamespacedName, es *discovery.EndpointSlice, affected map[types.NamespacedName]bool) {
-	nn, ok := topology.SliceService(es)
-	if !ok {
-		return
-	}
-	delete(a.bySvc[nn], key)
-	a.rebuildSlices(nn)
-	affected[nn] = true
-}
-
-// rebuildSlices recomputes the slice list of one service from its index.
-func (a *Agent) rebuildSlices(nn types.NamespacedName) {
-	idx := a.bySvc[nn]
-	if len(idx) == 0 {
-		delete(a.bySvc, nn)
-		delete(a.state.Slices, nn)
-		return
-	}
-	list := make([]*discovery.EndpointSlice, 0, len(idx))
-	for _, es := range idx {
-		list = append(list, es)
-	}
-	a.state.Slices[nn] = list
-}
-
-// nodeAffects marks the services a change of node name may affect: all of
-// them when it is this node (its zone or labels moved), else those whose
-// topology-keys compare other nodes' labels.
-func (a *Agent) nodeAffects(name string, affected map[types.NamespacedName]bool) {
-	for nn, svc := range a.state.Services {
-		if name == a.cfg.NodeName {
-			affected[nn] = true
-			continue
-		}
-		if _, ok := svc.Annotations[topology.AnnotationTopologyKeys]; ok {
-			affected[nn] = true
-		}
-	}
-}
-
-// syncService decides one service and programs its frontends. On error the
-// service's previous frontends keep serving and it is retried later.
-func (a *Agent) syncService(nn types.NamespacedName) (int, error) {
-	svc := a.state.Services[nn]
-	var ds []topology.PortDecision
-	if svc != nil {
-		var warnings []string
-		ds, warnings = a.state.DecideService(a.cfg.NodeName, nn, a.cfg.Options)
-		a.noteRejections(nn, warnings)
-	} else {
-		delete(a.rejected, nn)
-	}
-	a.reportModes(nn, svc, ds)
-
-	node, _ := a.state.Node(a.cfg.NodeName)
-	desired := map[maps.Frontend][]maps.Backend{}
-	for _, d := range ds {
-		proto, ok := protocol(d.Port.Protocol)
-		if !ok {
-			continue
-		}
-		for i, fe := range d.Port.Frontends() {
-			eps := d.Decision.Backends
-			if i > 0 { // externalIPs and load-balancer IPs
-				eps = d.Decision.ExternalBackends
+// nodeAffects marks the services whose last decisions read what changed
+// between two versions of a Node (nil: absent).
+func (a *Agent) nodeAffects(self bool, prev, cur *topology.Node, affected map[types.NamespacedName]bool) {
+	for nn, ds := range a.decisions {
+		for _, d := range ds {
+			if d.Port.Reads().Affected(self, prev, cur) {
+				affected[nn] = true
+				break
 			}
-			f := maps.Frontend{Addr: fe, Proto: proto}
-			if other, taken := a.owner[f]; taken && other != nn {
-				if !a.waiting[f][nn] {
-					a.log.Warn("frontend already used by another service; skipped until it is released", "service", nn, "frontend", f, "owner", other)
-				}
-				if a.waiting[f] == nil {
-					a.waiting[f] = map[types.NamespacedName]bool{}
-				}
-				a.waiting[f][nn] = true
-				continue
-			}
-			desired[f] = backends(eps, node)
 		}
 	}
-
-	writes := 0
-	var errs []error
-	owned := a.owned[nn]
-	if owned == nil {
-		owned = map[maps.Frontend]bool{}
-	}
-	for _, f := range sortedFrontends(desired) {
-		w, err := a.dp.SetBackends(f, desired[f])
-		writes += w
-		if err != nil {
-			errs = append(errs, fmt.Errorf("program %s: %w", f, err))
-			continue
-		}
-		owned[f] = true
-		a.owner[f] = nn
-	}
-	for f := range owned {
-		if _, keep := desired[f]; keep {
-			continue
-		}
-		w, err := a.dp.DeleteFrontend(f)
-		writes += w
-		if err != nil {
-			errs = append(errs, fmt.Errorf("delete %s: %w", f, err))
-			continue
-		}
-		delete(owned, f)
-		delete(a.owner, f)
-		// Services that wanted the frontend get it at the next retry.
-		for w := range a.waiting[f] {
-			a.failed[w] = true
-		}
-		delete(a.waiting, f)
-	}
-	if len(owned) == 0 {
-		delete(a.owned, nn)
-	} else {
-		a.owned[nn] = owned
-	}
-	// Keep the decisions, not the endpoint lists they were made from: the
-	// slices hold those already.
-	for i := range ds {
-		ds[i].Endpoints = nil
-	}
-	if a.cfg.Metrics != nil {
-		a.cfg.Metrics.serviceDecided(nn, a.decisions[nn], ds)
-	}
-	if len(ds) == 0 {
-		delete(a.decisions, nn)
-	} else {
-		a.decisions[nn] = ds
-	}
-	if err := errors.Join(errs...); err != nil {
-		a.failed[nn] = true
-		a.log.Error("service not fully programmed; previous backends keep serving", "service", nn, "err", err)
-		if a.cfg.Metrics != nil {
-			a.cfg.Metrics.programErrors(err)
-		}
-		if a.cfg.Events != nil && svc != nil {
-			a.cfg.Events.ProgramFailed(svc, err)
-		}
-		return writes, fmt.Errorf("service %s: %w", nn, err)
-	}
-	delete(a.failed, nn)
-	return writes, nil
-}
-
-// removeStale deletes programmed frontends no service owns (left by a
-// previous agent).
-func (a *Agent) removeStale() int {
-	writes := 0
-	for f := range a.dp.Frontends() {
-		if _, ok := a.owner[f]; ok {
-			continue
-		}
-		w, err := a.dp.DeleteFrontend(f)
-		writes += w
-		if err != nil {
-			a.log.Error("remove stale frontend", "frontend", f, "err", err)
-			continue
-		}
-		a.log.Info("removed stale frontend", "frontend", f)
-	}
-	return writes
 }
 
 // noteRejections logs what the decision engine could not use, once per
@@ -478,40 +332,3 @@ func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topol
 }
 
 func portKey(p topology.ServicePort) string { return p.Name + "/" + string(p.Protocol) }
-
-// protocol maps a service protocol to the datapath's; SCTP is not balanced.
-func protocol(p v1.Protocol) (maps.Protocol, bool) {
-	switch p {
-	case v1.ProtocolTCP:
-		return maps.TCP, true
-	case v1.ProtocolUDP:
-		return maps.UDP, true
-	}
-	return 0, false
-}
-
-// backends converts decided endpoints to datapath backends, marking those on
-// this node and in its zone.
-func backends(eps []topology.Endpoint, node topology.Node) []maps.Backend {
-	out := make([]maps.Backend, 0, len(eps))
-	zone := node.Zone()
-	for _, ep := range eps {
-		out = append(out, maps.Backend{
-			Addr:      ep.Addr,
-			NodeLocal: ep.NodeName != "" && ep.NodeName == node.Name,
-			ZoneLocal: zone != "" && ep.Zone == zone,
-		})
-	}
-	return out
-}
-
-func sortedFrontends(m map[maps.Frontend][]maps.Backend) []maps.Frontend {
-	out := make([]maps.Frontend, 0, len(m))
-	for f := range m {
-		out = append(out, f)
-	}
-	slices.SortFunc(out, func(x, y maps.Frontend) int {
-		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Proto, y.Proto))
-	})
-	return out
-}

@@ -21,65 +21,6 @@ import (
 	"github.com/topolb/topolb/topology"
 )
 
-// fakeDP is an in-memory Datapath that counts one write per changed
-// backend plus one flip per changed frontend, and can be told to fail.
-type fakeDP struct {
-	fes    map[dpmaps.Frontend][]dpmaps.Backend
-	fail   map[dpmaps.Frontend]error
-	writes int
-}
-
-func newFakeDP() *fakeDP {
-	return &fakeDP{fes: map[dpmaps.Frontend][]dpmaps.Backend{}, fail: map[dpmaps.Frontend]error{}}
-}
-
-func (f *fakeDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int, error) {
-	if err := f.fail[fe]; err != nil {
-		return 0, err
-	}
-	old := f.fes[fe]
-	if slices.Equal(old, bes) {
-		if _, ok := f.fes[fe]; ok {
-			return 0, nil
-		}
-	}
-	n := 1
-	for _, b := range bes {
-		if !slices.Contains(old, b) {
-			n++
-		}
-	}
-	for _, b := range old {
-		if !slices.Contains(bes, b) {
-			n++
-		}
-	}
-	f.fes[fe] = slices.Clone(bes)
-	f.writes += n
-	return n, nil
-}
-
-func (f *fakeDP) DeleteFrontend(fe dpmaps.Frontend) (int, error) {
-	if _, ok := f.fes[fe]; !ok {
-		return 0, nil
-	}
-	n := 1 + len(f.fes[fe])
-	delete(f.fes, fe)
-	f.writes += n
-	return n, nil
-}
-
-func (f *fakeDP) Frontends() map[dpmaps.Frontend][]dpmaps.Backend { return maps.Clone(f.fes) }
-
-// programmed renders the fake's contents as "frontend -> backends".
-func (f *fakeDP) programmed() map[string][]string {
-	out := map[string][]string{}
-	for fe, bes := range f.fes {
-		out[fe.String()] = backendStrings(bes)
-	}
-	return out
-}
-
 type fakeEvents struct{ modes, failures []string }
 
 func (e *fakeEvents) ModeChanged(svc *v1.Service, port string, from, to topology.Mode, _ string) {
@@ -139,7 +80,7 @@ func TestAgentApply(t *testing.T) {
 	// A frontend left by a previous agent must survive until the first
 	// full sync, then be removed.
 	stale := dpmaps.Frontend{Addr: netip.MustParseAddrPort("10.96.9.9:80"), Proto: dpmaps.TCP}
-	dp.fes[stale] = []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.0.9.9:80")}}
+	dp.fes[stale] = dpmaps.Service{Backends: []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.0.9.9:80")}}}
 
 	for _, n := range []*v1.Node{node("a1", "zone-a"), node("b1", "zone-b")} {
 		tr.NodeChanged(nil, n)
@@ -282,16 +223,16 @@ func TestAgentFrontendConflict(t *testing.T) {
 	tr.SliceChanged(nil, epSlice("second", "s", endpoint{"10.0.0.2", "a1", "zone-a", "", true}))
 	tr.Resync()
 	a.Apply(tr.Drain())
-	// Services are decided in name order: "first" owns the frontend and
-	// "second" cannot take it over.
+	// Neither Service has a creationTimestamp, so the claim order
+	// (topology.CompareClaims) falls back to the name: "first" owns the
+	// frontend and "second" cannot take it over.
 	if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.1:8080"}) {
 		t.Errorf("conflicting frontend: %v", got)
 	}
-	// Once "first" releases the frontend, "second" takes it at the next
-	// sync (the retry tick).
+	// Once "first" releases the frontend, "second" takes it in the same
+	// sync.
 	tr.ServiceChanged(service("first", "10.96.0.5", nil), nil)
 	a.Apply(tr.Drain())
-	a.Apply(kube.Batch{})
 	if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.2:8080"}) {
 		t.Errorf("released frontend not taken over: %v", got)
 	}

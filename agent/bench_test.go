@@ -48,8 +48,8 @@ func (s *signalDP) expect(addr netip.AddrPort) {
 	s.target = addr
 }
 
-func (s *signalDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int, error) {
-	n, err := s.Datapath.SetBackends(fe, bes)
+func (s *signalDP) SetService(fe dpmaps.Frontend, svc dpmaps.Service) (int, error) {
+	n, err := s.Datapath.SetService(fe, svc)
 	s.mu.Lock()
 	hit := s.target.IsValid() && fe.Addr == s.target
 	if hit {

@@ -26,7 +26,7 @@ type blockingDP struct {
 	release chan struct{} // closed to let writes through
 }
 
-func (b *blockingDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int, error) {
+func (b *blockingDP) SetService(fe dpmaps.Frontend, s dpmaps.Service) (int, error) {
 	b.mu.Lock()
 	armed := b.armed
 	b.armed = false
@@ -35,7 +35,7 @@ func (b *blockingDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int,
 		b.entered <- struct{}{}
 		<-b.release
 	}
-	return b.fakeDP.SetBackends(fe, bes)
+	return b.fakeDP.SetService(fe, s)
 }
 
 // getHealth fetches /healthz and decodes its body.

@@ -5,30 +5,58 @@ import (
 	"net/http"
 	"sort"
 
-	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
 
 // DebugState is the JSON served at /debug/state: the agent's current
-// decisions in the `topolbctl explain -o json` contract, and what the
-// datapath maps hold.
+// decisions in the `topolbctl explain -o json` contract (including the
+// frontends those decisions program), and what the datapath maps hold, read
+// back from the kernel — not from the agent's memory.
 type DebugState struct {
 	topology.Report
 	// Synced is true once the first full sync has been written.
 	Synced bool `json:"synced"`
-	// Programmed maps "ip:port/PROTO" frontends to their programmed
-	// backends, sorted.
+	// Programmed maps frontends, as "ip:port/PROTO" (internal scope) or
+	// "ip:port/PROTO/external", to the active backends the kernel maps
+	// hold for them, sorted. Nil when the maps could not be read.
 	Programmed map[string][]string `json:"programmed"`
+	// Datapath holds every frontend the kernel maps hold, keyed as
+	// Programmed, in full.
+	Datapath map[string]ProgrammedFrontend `json:"datapath"`
+	// DatapathError says why the maps could not be read; "" when they
+	// were.
+	DatapathError string `json:"datapathError,omitempty"`
 }
 
-// State returns the agent's current decisions and programmed frontends.
+// ProgrammedFrontend is one frontend as the kernel maps hold it.
+type ProgrammedFrontend struct {
+	// Backends are the active backends, sorted "ip:port".
+	Backends []string `json:"backends"`
+	// Slots gives each active backend's number of slots in the
+	// frontend's table (its weight as programmed).
+	Slots map[string]uint32 `json:"slots"`
+	// DrainingBackends are backends whose established flows are kept,
+	// sorted "ip:port".
+	DrainingBackends       []string `json:"drainingBackends"`
+	AffinityTimeoutSeconds int64    `json:"affinityTimeoutSeconds"`
+	Reject                 bool     `json:"reject"`
+	// Problems are inconsistencies found reading the frontend back (a
+	// missing slot, an id standing for two backends, ...): the periodic
+	// verification repairs them.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// State returns the agent's current decisions and what the kernel maps
+// hold.
 func (a *Agent) State() DebugState {
 	a.mu.RLock()
-	defer a.mu.RUnlock()
 	var ds []topology.PortDecision
 	for _, d := range a.decisions {
 		ds = append(ds, d...)
 	}
+	node, _ := a.state.Node(a.cfg.NodeName)
+	synced := a.synced
+	a.mu.RUnlock()
 	sort.Slice(ds, func(i, j int) bool {
 		x, y := ds[i].Port, ds[j].Port
 		if x.Service != y.Service {
@@ -39,38 +67,49 @@ func (a *Agent) State() DebugState {
 		}
 		return x.Protocol < y.Protocol
 	})
-	node, _ := a.state.Node(a.cfg.NodeName)
-	st := DebugState{Report: topology.NewReport(node, ds), Synced: a.synced, Programmed: map[string][]string{}}
-	for f, bes := range a.dp.Frontends() {
-		st.Programmed[f.String()] = backendStrings(bes)
+	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+	prog, err := a.dp.Programmed()
+	if err != nil {
+		st.DatapathError = err.Error()
+		return st
+	}
+	st.Programmed = make(map[string][]string, len(prog))
+	st.Datapath = make(map[string]ProgrammedFrontend, len(prog))
+	for f, ps := range prog {
+		pf := ProgrammedFrontend{Slots: map[string]uint32{}, Backends: []string{}, DrainingBackends: []string{},
+			AffinityTimeoutSeconds: int64(ps.Affinity.Seconds()), Reject: ps.Reject, Problems: ps.Problems}
+		for _, b := range ps.Backends {
+			if b.Draining {
+				pf.DrainingBackends = append(pf.DrainingBackends, b.Addr.String())
+				continue
+			}
+			pf.Backends = append(pf.Backends, b.Addr.String())
+			pf.Slots[b.Addr.String()] = b.Weight
+		}
+		sort.Strings(pf.Backends)
+		sort.Strings(pf.DrainingBackends)
+		st.Datapath[f.String()] = pf
+		st.Programmed[f.String()] = pf.Backends
 	}
 	return st
 }
 
-// BackendZones maps each programmed backend IP to its endpoint zone.
+// BackendZones maps each backend IP the decisions name to its endpoint
+// zone.
 func (a *Agent) BackendZones() map[string]string {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := map[string]string{}
 	for _, ds := range a.decisions {
 		for _, d := range ds {
-			for _, ep := range d.Decision.Backends {
-				out[ep.Addr.Addr().String()] = ep.Zone
-			}
-			for _, ep := range d.Decision.ExternalBackends {
-				out[ep.Addr.Addr().String()] = ep.Zone
+			for _, set := range [][]topology.Endpoint{d.Decision.Backends, d.Decision.ExternalBackends, d.Decision.ClusterBackends,
+				d.Decision.Draining, d.Decision.ExternalDraining, d.Decision.ClusterDraining} {
+				for _, ep := range set {
+					out[ep.Addr.Addr().String()] = ep.Zone
+				}
 			}
 		}
 	}
-	return out
-}
-
-func backendStrings(bes []maps.Backend) []string {
-	out := make([]string, 0, len(bes))
-	for _, b := range bes {
-		out = append(out, b.Addr.String())
-	}
-	sort.Strings(out)
 	return out
 }
 

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -9,6 +10,8 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/topolb/topolb/topology"
 )
 
 // change is the previous and current state of one object since the last
@@ -209,10 +212,12 @@ func sliceEqual(a, b *discovery.EndpointSlice) bool {
 		equality.Semantic.DeepEqual(a.Endpoints, b.Endpoints)
 }
 
-// nodeEqual compares a Node's labels, all topolb reads of it.
+// nodeEqual compares what topolb reads of a Node: its model in the
+// decision engine (labels, allocatable CPU, readiness, addresses), so a
+// field the engine starts to read can never be dropped here as a no-op.
 func nodeEqual(a, b *v1.Node) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
 	}
-	return equality.Semantic.DeepEqual(a.Labels, b.Labels)
+	return reflect.DeepEqual(topology.NodeFromObject(a, nil), topology.NodeFromObject(b, nil))
 }

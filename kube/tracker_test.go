@@ -5,6 +5,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -130,5 +131,41 @@ func TestTrackerOldestPending(t *testing.T) {
 	tr.Resync()
 	if got := tr.OldestPending(); !got.Equal(clock) {
 		t.Errorf("resync pending since %v, want %v", got, clock)
+	}
+}
+
+// TestTrackerNodeChanges: a Node change is kept exactly when it touches what
+// the decision engine reads of a Node.
+func TestTrackerNodeChanges(t *testing.T) {
+	base := func() *v1.Node {
+		return &v1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: "1", Labels: map[string]string{"topology.kubernetes.io/zone": "a"}},
+			Status: v1.NodeStatus{
+				Allocatable: v1.ResourceList{v1.ResourceCPU: resource.MustParse("4")},
+				Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
+				Addresses:   []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}},
+			},
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(n *v1.Node)
+		kept   bool
+	}{
+		{"heartbeat only", func(n *v1.Node) { n.ResourceVersion = "2"; n.Status.Conditions[0].LastHeartbeatTime = metav1.Now() }, false},
+		{"zone label", func(n *v1.Node) { n.Labels["topology.kubernetes.io/zone"] = "b" }, true},
+		{"allocatable CPU", func(n *v1.Node) { n.Status.Allocatable[v1.ResourceCPU] = resource.MustParse("8") }, true},
+		{"not ready", func(n *v1.Node) { n.Status.Conditions[0].Status = v1.ConditionFalse }, true},
+		{"address", func(n *v1.Node) { n.Status.Addresses[0].Address = "10.0.0.2" }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker()
+			cur := base()
+			tc.change(cur)
+			tr.NodeChanged(base(), cur)
+			if _, kept := tr.Drain().Nodes["n1"]; kept != tc.kept {
+				t.Errorf("change kept = %v, want %v", kept, tc.kept)
+			}
+		})
 	}
 }

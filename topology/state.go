@@ -13,37 +13,124 @@ import (
 )
 
 // State is a snapshot of the cluster objects decisions are made from. Both
-// `topolbctl explain` and the agent decide through it.
+// `topolbctl explain` (NewState, all at once) and the agent (the Set and
+// Delete methods, one change at a time) build and decide through it, so the
+// same objects give the same decisions in both.
 type State struct {
 	// Nodes holds every node by name.
 	Nodes map[string]Node
 	// Services holds every Service by namespace and name.
 	Services map[types.NamespacedName]*v1.Service
 	// Slices holds the EndpointSlices of each Service, by the Service's
-	// namespace and the slice's kubernetes.io/service-name label.
+	// namespace and the slice's kubernetes.io/service-name label, sorted by
+	// slice name. It is derived from the slices stored by SetSlice: change
+	// it through SetSlice and DeleteSlice only.
 	Slices map[types.NamespacedName][]*discovery.EndpointSlice
+
+	// slices holds every EndpointSlice by its own namespace and name: a
+	// slice of that name replaces the previous one, whichever Service
+	// either belongs to. bySvc indexes the same slices by Service, then
+	// slice name; Slices is derived from it.
+	slices map[types.NamespacedName]*discovery.EndpointSlice
+	bySvc  map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice
+}
+
+// NewEmptyState returns a State without objects.
+func NewEmptyState() *State {
+	return &State{
+		Nodes:    map[string]Node{},
+		Services: map[types.NamespacedName]*v1.Service{},
+		Slices:   map[types.NamespacedName][]*discovery.EndpointSlice{},
+		slices:   map[types.NamespacedName]*discovery.EndpointSlice{},
+		bySvc:    map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice{},
+	}
 }
 
 // NewState indexes cluster objects. keepLabel selects the node labels to
-// retain (nil keeps all). Slices without a service-name label are ignored.
+// retain (nil keeps all). Slices without a service-name label are ignored;
+// of two slices with one namespace and name, the later one is kept, as
+// SetSlice does.
 func NewState(nodes []*v1.Node, services []*v1.Service, epSlices []*discovery.EndpointSlice, keepLabel func(string) bool) *State {
-	s := &State{
-		Nodes:    make(map[string]Node, len(nodes)),
-		Services: make(map[types.NamespacedName]*v1.Service, len(services)),
-		Slices:   make(map[types.NamespacedName][]*discovery.EndpointSlice),
-	}
+	s := NewEmptyState()
 	for _, n := range nodes {
 		s.Nodes[n.Name] = NodeFromObject(n, keepLabel)
 	}
 	for _, svc := range services {
-		s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+		s.SetService(svc)
 	}
 	for _, es := range epSlices {
-		if nn, ok := SliceService(es); ok {
-			s.Slices[nn] = append(s.Slices[nn], es)
-		}
+		s.SetSlice(es)
 	}
 	return s
+}
+
+// SetService stores svc, replacing the Service of that namespace and name.
+func (s *State) SetService(svc *v1.Service) {
+	s.Services[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = svc
+}
+
+// DeleteService removes the Service nn; its slices stay (they may outlive
+// it, as in a cluster).
+func (s *State) DeleteService(nn types.NamespacedName) { delete(s.Services, nn) }
+
+// SetSlice stores es under its own namespace and name, replacing the slice
+// of that name, and returns the Services whose slice lists changed: the one
+// es belongs to, and the one the replaced slice belonged to if that
+// differs. A slice without a service-name label is stored (so a later
+// delete or relabel finds it) but belongs to no Service.
+func (s *State) SetSlice(es *discovery.EndpointSlice) []types.NamespacedName {
+	key := types.NamespacedName{Namespace: es.Namespace, Name: es.Name}
+	affected := s.DeleteSlice(key)
+	s.slices[key] = es
+	if nn, ok := SliceService(es); ok {
+		if s.bySvc[nn] == nil {
+			s.bySvc[nn] = map[types.NamespacedName]*discovery.EndpointSlice{}
+		}
+		s.bySvc[nn][key] = es
+		s.rebuildSlices(nn)
+		if !slices.Contains(affected, nn) {
+			affected = append(affected, nn)
+		}
+	}
+	return affected
+}
+
+// DeleteSlice removes the slice key (namespace and slice name) and returns
+// the Service whose slice list changed, if any.
+func (s *State) DeleteSlice(key types.NamespacedName) []types.NamespacedName {
+	if s.slices == nil {
+		// A State built as a literal (tests): start the index empty.
+		s.slices = map[types.NamespacedName]*discovery.EndpointSlice{}
+		s.bySvc = map[types.NamespacedName]map[types.NamespacedName]*discovery.EndpointSlice{}
+	}
+	prev, ok := s.slices[key]
+	if !ok {
+		return nil
+	}
+	delete(s.slices, key)
+	nn, ok := SliceService(prev)
+	if !ok {
+		return nil
+	}
+	delete(s.bySvc[nn], key)
+	s.rebuildSlices(nn)
+	return []types.NamespacedName{nn}
+}
+
+// rebuildSlices recomputes the slice list of Service nn, sorted by name.
+func (s *State) rebuildSlices(nn types.NamespacedName) {
+	idx := s.bySvc[nn]
+	if len(idx) == 0 {
+		delete(s.bySvc, nn)
+		delete(s.Slices, nn)
+		return
+	}
+	list := make([]*discovery.EndpointSlice, 0, len(idx))
+	for _, es := range idx {
+		list = append(list, es)
+	}
+	slices.SortFunc(list, func(a, b *discovery.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+	s.Slices[nn] = list
 }
 
 // SliceService returns the Service an EndpointSlice belongs to, from its

@@ -206,6 +206,12 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 			return false, nil
 		}
 	}
+	// Each scenario shows where new flows go: forget the previous
+	// scenario's (a reused UDP source port would keep its draining
+	// backend).
+	if err := tb.ForgetFlows(); err != nil {
+		return false, err
+	}
 	ok := true
 	for _, e := range sc.Expect {
 		client := tb.Pod(e.Client)

@@ -41,42 +41,69 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	if err := printReport(w, st.Report, "table"); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nprogrammed maps (first sync written: %v)\n", st.Synced)
-	frontends := make([]string, 0, len(st.Programmed))
-	for f := range st.Programmed {
-		frontends = append(frontends, f)
+	if st.DatapathError != "" {
+		return fmt.Errorf("the agent could not read its maps: %s", st.DatapathError)
 	}
-	sort.Strings(frontends)
-	decided := decidedBackends(st.Report)
-	for _, f := range frontends {
-		want, ok := decided[f]
-		if service != "" && !ok {
+	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v)\n", st.Synced)
+	decided := decidedFrontends(st.Report)
+	keys := make([]string, 0, len(st.Datapath)+len(decided))
+	for f := range st.Datapath {
+		keys = append(keys, f)
+	}
+	for f := range decided {
+		if _, ok := st.Datapath[f]; !ok {
+			keys = append(keys, f)
+		}
+	}
+	sort.Strings(keys)
+	for _, f := range keys {
+		want, isDecided := decided[f]
+		got, isProgrammed := st.Datapath[f]
+		if service != "" && !isDecided {
 			continue
 		}
-		mark := ""
+		var marks []string
 		switch {
-		case ok && !slices.Equal(want, st.Programmed[f]):
-			mark = fmt.Sprintf("   MISMATCH: decided %v", want)
-		case !ok:
-			mark = "   (not decided: stale or owned by no service)"
+		case !isProgrammed:
+			marks = append(marks, "MISSING: decided but not in the maps")
+		case !isDecided:
+			marks = append(marks, "(not decided: stale or owned by no service)")
+		default:
+			if !slices.Equal(want.Backends, got.Backends) {
+				marks = append(marks, fmt.Sprintf("MISMATCH: decided %v", want.Backends))
+			}
+			// Draining backends are programmed only when they were active
+			// here before (otherwise no flow of this node can use them), so
+			// the maps hold a subset of the decided ones.
+			if extra := slices.DeleteFunc(slices.Clone(got.DrainingBackends), func(b string) bool {
+				return slices.Contains(want.DrainingBackends, b)
+			}); len(extra) > 0 {
+				marks = append(marks, fmt.Sprintf("MISMATCH: draining %v, which the decision does not keep", extra))
+			}
 		}
-		fmt.Fprintf(w, "  %s -> [%s]%s\n", cell(f, maxName), cell(strings.Join(st.Programmed[f], " "), maxText), mark)
+		for _, p := range got.Problems {
+			marks = append(marks, "PROBLEM: "+cell(p, maxText))
+		}
+		line := fmt.Sprintf("  %s -> [%s]", cell(f, maxName), cell(strings.Join(got.Backends, " "), maxText))
+		if len(got.DrainingBackends) > 0 {
+			line += fmt.Sprintf(" draining [%s]", cell(strings.Join(got.DrainingBackends, " "), maxText))
+		}
+		if len(marks) > 0 {
+			line += "   " + strings.Join(marks, "; ")
+		}
+		fmt.Fprintln(w, line)
 	}
 	return nil
 }
 
-// decidedBackends maps "ip:port/PROTO" frontends to their decided backends.
-func decidedBackends(r topology.Report) map[string][]string {
-	out := map[string][]string{}
-	for _, s := range r.Services {
-		for i, fe := range s.Frontends {
-			bes := s.Backends
-			if i > 0 {
-				bes = s.ExternalBackends
-			}
-			if s.Protocol == "TCP" || s.Protocol == "UDP" {
-				out[fe+"/"+s.Protocol] = bes
-			}
+// decidedFrontends maps the frontends the report decides, keyed as the
+// agent keys what the kernel holds (agent.ReportKey), to their decided
+// sets.
+func decidedFrontends(r topology.Report) map[string]topology.FrontendReport {
+	out := map[string]topology.FrontendReport{}
+	for _, f := range r.Frontends {
+		if key, ok := agent.ReportKey(f); ok {
+			out[key] = f
 		}
 	}
 	return out

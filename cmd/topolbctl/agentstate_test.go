@@ -15,15 +15,28 @@ import (
 )
 
 // memDP is an in-memory datapath for a real agent.
-type memDP map[dpmaps.Frontend][]dpmaps.Backend
+type memDP map[dpmaps.Frontend]dpmaps.Service
 
-func (m memDP) SetBackends(fe dpmaps.Frontend, bes []dpmaps.Backend) (int, error) {
-	m[fe] = bes
+func (m memDP) SetService(fe dpmaps.Frontend, s dpmaps.Service) (int, error) {
+	m[fe] = s
 	return 1, nil
 }
 func (m memDP) DeleteFrontend(fe dpmaps.Frontend) (int, error) { delete(m, fe); return 1, nil }
-func (m memDP) Frontends() map[dpmaps.Frontend][]dpmaps.Backend {
-	return maps.Clone(map[dpmaps.Frontend][]dpmaps.Backend(m))
+func (m memDP) Services() map[dpmaps.Frontend]dpmaps.Service {
+	return maps.Clone(map[dpmaps.Frontend]dpmaps.Service(m))
+}
+
+// Programmed hands the services back as the kernel would hold them.
+func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
+	out := map[dpmaps.Frontend]dpmaps.ProgrammedService{}
+	for fe, s := range m {
+		ps := dpmaps.ProgrammedService{Affinity: s.Affinity, Reject: s.Reject}
+		for _, b := range s.Backends {
+			ps.Backends = append(ps.Backends, dpmaps.ProgrammedBackend{Backend: b})
+		}
+		out[fe] = ps
+	}
+	return out, nil
 }
 
 // TestExplainAgent runs a real agent over testdata/cluster.yaml, serves its
@@ -61,7 +74,7 @@ func TestExplainAgent(t *testing.T) {
 
 	// Something else rewrote the map behind the agent's back.
 	fe := dpmaps.Frontend{Addr: netip.MustParseAddrPort("10.96.0.10:80"), Proto: dpmaps.TCP}
-	dp[fe] = []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.244.3.9:8080")}}
+	dp[fe] = dpmaps.Service{Backends: []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.244.3.9:8080")}}}
 	stdout.Reset()
 	if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
@@ -71,6 +84,16 @@ func TestExplainAgent(t *testing.T) {
 	}
 	if strings.Contains(stdout.String(), "default/api") {
 		t.Errorf("--service filter ignored:\n%s", stdout.String())
+	}
+
+	// A frontend deleted behind the agent's back is decided but missing.
+	delete(dp, fe)
+	stdout.Reset()
+	if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "10.96.0.10:80/TCP -> []   MISSING: decided but not in the maps") {
+		t.Errorf("missing frontend not flagged:\n%s", stdout.String())
 	}
 
 	// An agent that is not there is an error, not an empty table.

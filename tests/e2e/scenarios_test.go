@@ -26,6 +26,12 @@ func TestScenarios(t *testing.T) {
 			for _, sc := range spec.Scenarios {
 				t.Run(sc.Name, func(t *testing.T) {
 					apply(t, tb, sc.Services)
+					// The scenario is about new flows: forget those of the
+					// one before (a reused UDP source port would keep its
+					// draining backend, as it should).
+					if err := tb.ForgetFlows(); err != nil {
+						t.Fatal(err)
+					}
 					for _, e := range sc.Expect {
 						o := testbed.MeasureOptions{Requests: 200, Parallel: 32}
 						if len(e.Backends) == 0 {

@@ -14,7 +14,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/topolb/topolb/topology"
+	"github.com/topolb/topolb/agent"
+	dpmaps "github.com/topolb/topolb/maps"
 )
 
 // Addresses the agents listen on inside their node's namespace; every node
@@ -189,12 +190,7 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 // AgentState is the agent's GET /debug/state: its current decisions, in
 // the JSON of `topolbctl explain -o json`, plus what it programmed.
 type AgentState struct {
-	topology.Report
-	// Synced is true once the first full sync has been written.
-	Synced bool `json:"synced"`
-	// Programmed maps "ip:port/PROTO" frontends to the backends the
-	// datapath maps hold for them, sorted.
-	Programmed map[string][]string `json:"programmed"`
+	agent.DebugState
 	// Raw is the whole document, including fields this type does not
 	// know.
 	Raw json.RawMessage `json:"-"`
@@ -230,7 +226,6 @@ func (a *Agent) Mismatch(st *AgentState) string {
 	for _, s := range st.Services {
 		got[s.Service+"/"+s.Port+"/"+s.Protocol] = s.Backends
 	}
-	programmed := maps.Clone(st.Programmed)
 	for _, d := range want {
 		key := d.Service + "/" + d.Port + "/" + string(d.Protocol)
 		g, ok := got[key]
@@ -241,21 +236,56 @@ func (a *Agent) Mismatch(st *AgentState) string {
 			return fmt.Sprintf("%s: agent decides %v, DecideNode %v", key, g, d.Addrs)
 		}
 		delete(got, key)
-		fe := d.Frontend.String() + "/" + string(d.Protocol)
-		if p, ok := programmed[fe]; !ok {
-			return fmt.Sprintf("%s: frontend %s not programmed", key, fe)
-		} else if !slices.Equal(sorted(p), d.Addrs) {
-			return fmt.Sprintf("%s: maps hold %v for %s, DecideNode %v", key, p, fe, d.Addrs)
-		}
-		delete(programmed, fe)
 	}
 	for key := range got {
 		return fmt.Sprintf("%s: agent decides a port that does not exist", key)
+	}
+	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name), st.Datapath)
+}
+
+// frontendMismatch compares the frontends an agent should program (want,
+// from the functions the agent programs through) with what its maps hold,
+// read back from the kernel, and says how they differ ("" when they agree).
+func frontendMismatch(want map[dpmaps.Frontend]dpmaps.Service, got map[string]agent.ProgrammedFrontend) string {
+	programmed := maps.Clone(got)
+	for fe, svc := range want {
+		var active, draining []string
+		for _, b := range svc.Backends {
+			if b.Draining {
+				draining = append(draining, b.Addr.String())
+			} else {
+				active = append(active, b.Addr.String())
+			}
+		}
+		p, ok := programmed[fe.String()]
+		switch {
+		case !ok:
+			return fmt.Sprintf("frontend %s not programmed", fe)
+		case !slices.Equal(sorted(p.Backends), sorted(active)):
+			return fmt.Sprintf("maps hold %v for %s, DecideNode %v", p.Backends, fe, sorted(active))
+		case !subset(p.DrainingBackends, draining):
+			// A backend that was never active here has no flows to keep:
+			// the datapath does not program it as draining.
+			return fmt.Sprintf("maps hold draining %v for %s, DecideNode at most %v", p.DrainingBackends, fe, sorted(draining))
+		case len(p.Problems) > 0:
+			return fmt.Sprintf("maps are inconsistent for %s: %v", fe, p.Problems)
+		}
+		delete(programmed, fe.String())
 	}
 	for fe := range programmed {
 		return fmt.Sprintf("frontend %s is programmed but no service has it", fe)
 	}
 	return ""
+}
+
+// subset reports whether every element of a is in b.
+func subset(a, b []string) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
 }
 
 func sorted(ss []string) []string {

@@ -4,8 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	v1 "k8s.io/api/core/v1"
-
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -81,20 +80,22 @@ func (tb *Testbed) AttachDirect() (_ *Direct, err error) {
 // Datapath returns the named node's datapath.
 func (d *Direct) Datapath(node string) *maps.Datapath { return d.nodes[node] }
 
-// Program writes, on every node, the backends DecideNode permits for every
-// frontend in objs, and deletes frontends that are gone.
+// Program writes, on every node, exactly the frontends the decision engine
+// assembles for it (topology.NodeFrontends: scopes, kinds, ownership), with
+// the datapath settings the agent would write (agent.DatapathService), and
+// deletes frontends that are gone.
 func (d *Direct) Program(objs *kube.Objects) error {
 	state := objs.State(nil)
 	var errs []error
 	for _, n := range d.tb.Nodes {
 		dp := d.nodes[n.Name]
-		want := desiredFrontends(state, n)
-		for fe, bes := range want {
-			if _, err := dp.SetBackends(fe, bes); err != nil {
+		want := desiredFrontends(state, n.Name)
+		for fe, svc := range want {
+			if _, err := dp.SetService(fe, svc); err != nil {
 				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 			}
 		}
-		for fe := range dp.Frontends() {
+		for fe := range dp.Services() {
 			if _, ok := want[fe]; !ok {
 				if _, err := dp.DeleteFrontend(fe); err != nil {
 					errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
@@ -105,27 +106,17 @@ func (d *Direct) Program(objs *kube.Objects) error {
 	return errors.Join(errs...)
 }
 
-// desiredFrontends turns a node's decisions into datapath frontends and
-// their internal backends.
-func desiredFrontends(state *topology.State, n *Node) map[maps.Frontend][]maps.Backend {
-	ds, _ := state.DecideNode(n.Name, topology.DefaultOptions())
-	want := map[maps.Frontend][]maps.Backend{}
-	for _, d := range ds {
-		var proto maps.Protocol
-		switch d.Port.Protocol {
-		case v1.ProtocolTCP:
-			proto = maps.TCP
-		case v1.ProtocolUDP:
-			proto = maps.UDP
-		default:
-			continue
-		}
-		bes := make([]maps.Backend, 0, len(d.Decision.Backends))
-		for _, ep := range d.Decision.Backends {
-			bes = append(bes, maps.Backend{Addr: ep.Addr, NodeLocal: ep.NodeName == n.Name, ZoneLocal: ep.Zone != "" && ep.Zone == n.Zone})
-		}
-		for _, fe := range d.Port.Frontends() {
-			want[maps.Frontend{Addr: fe, Proto: proto}] = bes
+// desiredFrontends is what the agent on node would program for state,
+// through the same functions.
+func desiredFrontends(state *topology.State, node string) map[maps.Frontend]maps.Service {
+	opts := topology.DefaultOptions()
+	ds, _ := state.DecideNode(node, opts)
+	n, _ := state.Node(node)
+	fes, _ := topology.NodeFrontends(n, ds, opts)
+	want := map[maps.Frontend]maps.Service{}
+	for _, f := range fes {
+		if fe, ok := agent.DatapathFrontend(f.Key()); ok {
+			want[fe] = agent.DatapathService(f, n)
 		}
 	}
 	return want

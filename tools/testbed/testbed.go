@@ -51,6 +51,7 @@ import (
 
 	"github.com/topolb/topolb/internal/netns"
 	"github.com/topolb/topolb/kube"
+	"github.com/topolb/topolb/maps"
 )
 
 // Prefix starts the name of every namespace the testbed creates.
@@ -151,6 +152,25 @@ func (tb *Testbed) nsName(kind, name string) string {
 // BPFFS returns the pin directory for a node's datapath, inside the
 // testbed's private bpffs mount.
 func (tb *Testbed) BPFFS(node string) string { return filepath.Join(tb.bpfRoot, node) }
+
+// ForgetFlows deletes every node's conntrack entries and affinities
+// (maps.FlushFlows), so the next request of any client is a new flow. A
+// measurement of a new state needs it: a UDP request that reuses the source
+// port of a request made before the change is the same flow, and keeps its
+// backend while that backend still serves (draining) — as it would with
+// kube-proxy. Nodes without a datapath are skipped.
+func (tb *Testbed) ForgetFlows() error {
+	var errs []error
+	for _, n := range tb.Nodes {
+		if _, err := os.Stat(filepath.Join(tb.BPFFS(n.Name), "tlb_conntrack")); err != nil {
+			continue
+		}
+		if _, err := maps.FlushFlows(tb.BPFFS(n.Name)); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // mountBPFFS creates the state directory and mounts a private bpf
 // filesystem in it, so pins never land in /sys/fs/bpf and a crashed run's

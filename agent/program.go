@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"math"
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
+)
+
+// The decision engine says what to program (topology.NodeFrontends and
+// topology.Claims: which frontends, in which scope, with which backend set
+// and settings, and who owns a contested frontend); this file only
+// translates its answer into the datapath's types. The agent and the
+// testbed's in-process datapath (tools/testbed/direct.go) both program
+// through these two functions, so neither can drift from the other.
+
+// weightScale turns the decision's fractions into the datapath's relative
+// integer weights: a millionth of a node's new flows is the finest share
+// that survives the conversion (the datapath's weighted tables are far
+// coarser, see docs/datapath.md).
+const weightScale = 1_000_000
+
+// DatapathFrontend returns the datapath's key for a frontend, and false
+// when the datapath does not balance its protocol (SCTP: decided, and
+// explained, but not translated).
+func DatapathFrontend(k topology.Key) (maps.Frontend, bool) {
+	fe := maps.Frontend{Addr: k.Addr}
+	switch k.Protocol {
+	case v1.ProtocolTCP:
+		fe.Proto = maps.TCP
+	case v1.ProtocolUDP:
+		fe.Proto = maps.UDP
+	default:
+		return maps.Frontend{}, false
+	}
+	if k.Scope == topology.ScopeExternal {
+		fe.Scope = maps.ScopeExternal
+	}
+	return fe, true
+}
+
+// DatapathService returns what the datapath programs for f on node:
+//   - its active backends, marked node- and zone-local, each with its
+//     weight (all 0, meaning equal, when the decision's weights are equal);
+//   - its draining backends, which keep their established flows;
+//   - ClientIP affinity with the owning port's timeout, or none;
+//   - Reject when an empty active set must be refused rather than dropped.
+func DatapathService(f topology.Frontend, node topology.Node) maps.Service {
+	s := maps.Service{
+		Backends: make([]maps.Backend, 0, len(f.Backends)+len(f.Draining)),
+		Reject:   f.WhenEmpty == topology.EmptyReject,
+	}
+	weights := integerWeights(f.Weights)
+	for i, ep := range f.Backends {
+		b := backend(ep, node)
+		if weights != nil {
+			b.Weight = weights[i]
+		}
+		s.Backends = append(s.Backends, b)
+	}
+	for _, ep := range f.Draining {
+		b := backend(ep, node)
+		b.Draining = true
+		s.Backends = append(s.Backends, b)
+	}
+	if a := f.Port.Affinity; a.ClientIP {
+		s.Affinity = time.Duration(a.TimeoutSeconds) * time.Second
+	}
+	return s
+}
+
+// backend converts one endpoint, marking it node-local and zone-local as
+// seen from node.
+func backend(ep topology.Endpoint, node topology.Node) maps.Backend {
+	zone := node.Zone()
+	return maps.Backend{
+		Addr:      ep.Addr,
+		NodeLocal: ep.NodeName != "" && ep.NodeName == node.Name,
+		ZoneLocal: zone != "" && ep.Zone == zone,
+	}
+}
+
+// integerWeights scales fractions to positive integers, or returns nil when
+// they are all equal (the datapath's one-slot-per-backend table, which keeps
+// single-endpoint changes to a few writes).
+func integerWeights(ws []float64) []uint32 {
+	equal := true
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > 1e-9 {
+			equal = false
+			break
+		}
+	}
+	if equal {
+		return nil
+	}
+	out := make([]uint32, len(ws))
+	for i, w := range ws {
+		out[i] = uint32(max(1, math.Round(w*weightScale)))
+	}
+	return out
+}
+
+// ReportKey returns the key under which DebugState.Programmed lists the
+// frontend an explain report decided ("ip:port/PROTO", with "/external"
+// for the external scope), and false for a protocol the datapath does not
+// balance. It is how a decision and the kernel's contents are compared
+// (`topolbctl explain --agent`, tests).
+func ReportKey(f topology.FrontendReport) (string, bool) {
+	addr, err := netip.ParseAddrPort(f.Address)
+	if err != nil {
+		return "", false
+	}
+	fe, ok := DatapathFrontend(topology.Key{Addr: addr, Protocol: v1.Protocol(f.Protocol), Scope: f.Scope})
+	if !ok {
+		return "", false
+	}
+	return fe.String(), true
+}

@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
+)
+
+// syncService decides one service, claims its frontends and programs them,
+// and returns the map writes it made and the services that may take over a
+// frontend it released. On error the service's previous frontends keep
+// serving and it is retried later.
+//
+// Ownership follows topology.CompareClaims, the rule `topolbctl explain`
+// applies to the whole node at once (topology.NodeFrontends): whichever
+// order the agent learns the claims in, the frontend ends with the same
+// owner. A claim that ranks before the current owner's takes the frontend
+// over; one that ranks after waits until the owner releases it.
+func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedName, error) {
+	svc := a.state.Services[nn]
+	node, nodeWarnings := a.node()
+	var ds []topology.PortDecision
+	var warnings []string
+	if svc != nil {
+		ds, warnings = a.state.DecideService(a.cfg.NodeName, nn, a.cfg.Options)
+		warnings = slices.DeleteFunc(warnings, func(w string) bool { return slices.Contains(nodeWarnings, w) })
+	}
+	a.reportModes(nn, svc, ds)
+
+	claims, w := a.claims(node, ds)
+	warnings = append(warnings, w...)
+	a.unwait(nn)
+	desired := map[topology.Key]topology.Frontend{}
+	for _, c := range claims {
+		if cur, ok := a.owner[c.Key()]; ok && cur.Port.Service != nn && topology.CompareClaims(cur, c) < 0 {
+			a.wait(c.Key(), nn)
+			warnings = append(warnings, fmt.Sprintf("%s %s/%s (%s) is owned by %s: not served for port %s until it is released",
+				c.Kind, c.Addr, c.Protocol, c.Scope, cur.Port.Service, c.Port.Name))
+			continue
+		}
+		desired[c.Key()] = c
+	}
+	a.noteRejections(nn, warnings)
+
+	writes, errs := a.program(nn, node, desired)
+	w2, released, errs2 := a.release(nn, desired)
+	writes += w2
+	errs = append(errs, errs2...)
+
+	a.remember(nn, ds)
+	if err := errors.Join(errs...); err != nil {
+		a.failed[nn] = true
+		a.log.Error("service not fully programmed; previous backends keep serving", "service", nn, "err", err)
+		if a.cfg.Metrics != nil {
+			a.cfg.Metrics.programErrors(err)
+		}
+		if a.cfg.Events != nil && svc != nil {
+			a.cfg.Events.ProgramFailed(svc, err)
+		}
+		return writes, released, fmt.Errorf("service %s: %w", nn, err)
+	}
+	delete(a.failed, nn)
+	return writes, released, nil
+}
+
+// node returns this node's model and the warnings about it, which it logs
+// once (under the empty name) rather than with every service decided.
+func (a *Agent) node() (topology.Node, []string) {
+	node, warnings := a.state.Node(a.cfg.NodeName)
+	a.noteRejections(types.NamespacedName{}, warnings)
+	return node, warnings
+}
+
+// claims returns the frontends the datapath can serve that the service's
+// decisions claim on node, one per key: of two ports of one Service
+// claiming one frontend, the first by CompareClaims.
+func (a *Agent) claims(node topology.Node, ds []topology.PortDecision) ([]topology.Frontend, []string) {
+	var warnings []string
+	byKey := map[topology.Key]topology.Frontend{}
+	for _, d := range ds {
+		cs, w := topology.Claims(node, d, a.cfg.Options)
+		warnings = append(warnings, w...)
+		for _, c := range cs {
+			if _, ok := DatapathFrontend(c.Key()); !ok {
+				continue
+			}
+			if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev, c) <= 0 {
+				continue
+			}
+			byKey[c.Key()] = c
+		}
+	}
+	out := make([]topology.Frontend, 0, len(byKey))
+	for _, c := range byKey {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, compareKeys)
+	return out, warnings
+}
+
+func compareKeys(x, y topology.Frontend) int {
+	return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Scope, y.Scope))
+}
+
+// program writes every desired frontend of nn. A frontend taken over from
+// another service makes that service wait for it.
+func (a *Agent) program(nn types.NamespacedName, node topology.Node, desired map[topology.Key]topology.Frontend) (int, []error) {
+	writes := 0
+	var errs []error
+	fronts := make([]topology.Frontend, 0, len(desired))
+	for _, c := range desired {
+		fronts = append(fronts, c)
+	}
+	slices.SortFunc(fronts, compareKeys)
+	for _, c := range fronts {
+		fe, _ := DatapathFrontend(c.Key())
+		w, err := a.dp.SetService(fe, DatapathService(c, node))
+		writes += w
+		if err != nil {
+			errs = append(errs, fmt.Errorf("program %s: %w", fe, err))
+			continue
+		}
+		if prev, ok := a.owner[c.Key()]; ok && prev.Port.Service != nn {
+			delete(a.owned[prev.Port.Service], c.Key())
+			a.wait(c.Key(), prev.Port.Service)
+			a.log.Warn("frontend taken over by the service that ranks first", "frontend", fe, "service", nn, "previous", prev.Port.Service)
+		}
+		a.owner[c.Key()] = c
+		if a.owned[nn] == nil {
+			a.owned[nn] = map[topology.Key]bool{}
+		}
+		a.owned[nn][c.Key()] = true
+	}
+	return writes, errs
+}
+
+// release deletes the frontends nn owns but no longer wants, and returns
+// the services waiting for them.
+func (a *Agent) release(nn types.NamespacedName, desired map[topology.Key]topology.Frontend) (int, []types.NamespacedName, []error) {
+	writes := 0
+	var errs []error
+	var released []types.NamespacedName
+	for key := range a.owned[nn] {
+		if _, keep := desired[key]; keep {
+			continue
+		}
+		fe, _ := DatapathFrontend(key)
+		w, err := a.dp.DeleteFrontend(fe)
+		writes += w
+		if err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", fe, err))
+			continue
+		}
+		delete(a.owned[nn], key)
+		delete(a.owner, key)
+		for w := range a.waiting[key] {
+			released = append(released, w)
+		}
+	}
+	if len(a.owned[nn]) == 0 {
+		delete(a.owned, nn)
+	}
+	slices.SortFunc(released, func(x, y types.NamespacedName) int { return cmp.Compare(x.String(), y.String()) })
+	return writes, released, errs
+}
+
+// wait records that nn wants key, which another service owns.
+func (a *Agent) wait(key topology.Key, nn types.NamespacedName) {
+	if a.waiting[key] == nil {
+		a.waiting[key] = map[types.NamespacedName]bool{}
+	}
+	a.waiting[key][nn] = true
+	if a.waitsFor[nn] == nil {
+		a.waitsFor[nn] = map[topology.Key]bool{}
+	}
+	a.waitsFor[nn][key] = true
+}
+
+// unwait forgets every frontend nn waits for; its sync records them again.
+func (a *Agent) unwait(nn types.NamespacedName) {
+	for key := range a.waitsFor[nn] {
+		delete(a.waiting[key], nn)
+		if len(a.waiting[key]) == 0 {
+			delete(a.waiting, key)
+		}
+	}
+	delete(a.waitsFor, nn)
+}
+
+// remember keeps the decisions (not the endpoint lists they were made from:
+// the slices hold those) and moves the service's metrics to them.
+func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
+	for i := range ds {
+		ds[i].Endpoints = nil
+	}
+	if a.cfg.Metrics != nil {
+		a.cfg.Metrics.serviceDecided(nn, a.decisions[nn], ds)
+	}
+	if len(ds) == 0 {
+		delete(a.decisions, nn)
+		return
+	}
+	a.decisions[nn] = ds
+}
+
+// removeStale deletes programmed frontends no service owns (left by a
+// previous agent).
+func (a *Agent) removeStale() int {
+	owned := map[maps.Frontend]bool{}
+	for key := range a.owner {
+		if fe, ok := DatapathFrontend(key); ok {
+			owned[fe] = true
+		}
+	}
+	writes := 0
+	for f := range a.dp.Services() {
+		if owned[f] {
+			continue
+		}
+		w, err := a.dp.DeleteFrontend(f)
+		writes += w
+		if err != nil {
+			a.log.Error("remove stale frontend", "frontend", f, "err", err)
+			continue
+		}
+		a.log.Info("removed stale frontend", "frontend", f)
+	}
+	return writes
+}
