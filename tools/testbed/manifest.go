@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -212,6 +213,9 @@ type Decision struct {
 	Backends []string
 	// Addrs are the permitted backend addresses as decided, sorted.
 	Addrs []string
+	// Weights are the backends' shares of new flows by pod when they are
+	// not all equal (zone-weighted routing); nil when they are.
+	Weights map[string]float64
 
 	// NodePort is the port's NodePort frontend on this node: the node's
 	// InternalIP (its wire address) and the nodePort. Invalid when the
@@ -255,6 +259,12 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 			Addrs:               r.Backends,
 			ExternalPolicyLocal: d.Port.ExternalPolicyLocal,
 		}
+		if unequal(d.Decision.Weights) {
+			dec.Weights = map[string]float64{}
+			for i, ep := range d.Decision.Backends {
+				dec.Weights[l.PodNames([]string{ep.Addr.String()})[0]] += d.Decision.Weights[i]
+			}
+		}
 		if ln := l.Node(node); ln != nil && d.Port.NodePort != 0 {
 			dec.NodePort = netip.AddrPortFrom(ln.WireAddr.Addr(), d.Port.NodePort)
 			dec.External = append(dec.External, dec.NodePort)
@@ -282,4 +292,14 @@ func FindDecision(ds []Decision, service string, proto v1.Protocol) *Decision {
 		}
 	}
 	return nil
+}
+
+// unequal reports whether weights differ (beyond float rounding).
+func unequal(ws []float64) bool {
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > 1e-9 {
+			return true
+		}
+	}
+	return false
 }
