@@ -231,6 +231,10 @@ type Decision struct {
 	// when the port is not externally accessible.
 	ExternalBackends []string
 	ExternalAddrs    []string
+	// ClusterAddrs are the addresses of the cluster set (the policy's
+	// choice for the node), which traffic from inside the node to an
+	// external frontend uses; nil when the port never uses it.
+	ClusterAddrs []string
 	// ExternalPolicyLocal is set under externalTrafficPolicy Local: external
 	// traffic goes to this node's endpoints only and keeps its source
 	// address.
@@ -272,6 +276,7 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 		for _, ip := range slices.Concat(d.Port.ExternalIPs, d.Port.LoadBalancerIPs) {
 			dec.External = append(dec.External, netip.AddrPortFrom(ip, d.Port.Port))
 		}
+		dec.ClusterAddrs = r.ClusterBackends
 		if r.ExternalBackends != nil {
 			dec.ExternalAddrs = r.ExternalBackends
 			dec.ExternalBackends = l.PodNames(r.ExternalBackends)
