@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -58,6 +59,9 @@ type Config struct {
 	Metrics *Metrics
 	// Events, if set, receives mode changes and programming failures.
 	Events EventSink
+	// HealthChecks, if set, serves the health check NodePorts of
+	// LoadBalancer Services with externalTrafficPolicy Local.
+	HealthChecks *HealthChecks
 	// HealthTimeout is how long a change may wait, or a sync run, before
 	// Health reports the agent unhealthy; 0 means DefaultHealthTimeout.
 	HealthTimeout time.Duration
@@ -70,6 +74,8 @@ type Agent struct {
 	cfg Config
 	dp  Datapath
 	log *slog.Logger
+	// up is the datapath upkeep (RunUpkeep), nil before it starts.
+	up atomic.Pointer[upkeep]
 	// live records the sync loop's progress for Health; now is its clock.
 	live liveness
 	now  func() time.Time
@@ -89,6 +95,8 @@ type Agent struct {
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
+	// healthChecked holds the services whose health check is served.
+	healthChecked map[types.NamespacedName]bool
 	// rejected remembers the warnings logged per service (and, under "",
 	// about this node), so each set is logged once.
 	rejected map[types.NamespacedName]string
@@ -114,6 +122,8 @@ func New(cfg Config, dp Datapath) *Agent {
 		decisions: map[types.NamespacedName][]topology.PortDecision{},
 		failed:    map[types.NamespacedName]bool{},
 		rejected:  map[types.NamespacedName]string{},
+
+		healthChecked: map[types.NamespacedName]bool{},
 	}
 }
 
@@ -275,8 +285,14 @@ func (a *Agent) fold(b kube.Batch) map[types.NamespacedName]bool {
 }
 
 // nodeAffects marks the services whose last decisions read what changed
-// between two versions of a Node (nil: absent).
+// between two versions of a Node (nil: absent), and, when this node's
+// addresses changed, those whose health check listens on them.
 func (a *Agent) nodeAffects(self bool, prev, cur *topology.Node, affected map[types.NamespacedName]bool) {
+	if self && (prev == nil || cur == nil || !slices.Equal(prev.Addresses, cur.Addresses)) {
+		for nn := range a.healthChecked {
+			affected[nn] = true
+		}
+	}
 	for nn, ds := range a.decisions {
 		for _, d := range ds {
 			if d.Port.Reads().Affected(self, prev, cur) {

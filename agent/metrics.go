@@ -114,58 +114,92 @@ func (m *Metrics) programErrors(err error) {
 	m.ProgramErrors.WithLabelValues(reason).Inc()
 }
 
-// DatapathCollector exports the datapath's counters and map occupancy,
-// read from the kernel maps at scrape time.
-type DatapathCollector struct {
-	DP *maps.Datapath
-	// Zones maps a backend address to its zone, for per-zone packet
-	// counts; it is called at scrape time.
-	Zones func() map[string]string
-
-	packets, bytes, backendPackets, drops, reverse, entries, capacity *prometheus.Desc
+// DatapathReader is what the collector reads of the datapath at scrape
+// time: maps.Datapath implements it.
+type DatapathReader interface {
+	Counters() (maps.Counters, error)
+	Usage() maps.Usage
 }
 
-// NewDatapathCollector returns a collector over dp.
-func NewDatapathCollector(dp *maps.Datapath, zones func() map[string]string) *DatapathCollector {
+// DatapathCollector exports, at scrape time, the datapath's counters and
+// map occupancy read from the kernel maps, and what the agent's upkeep
+// (conntrack sweep, verification) last found.
+type DatapathCollector struct {
+	DP    DatapathReader
+	Agent *Agent
+
+	packets, bytes, flows, backendPackets, drops, reverse, events           *prometheus.Desc
+	entries, capacity, ctEntries, ctCreated, ctExpired, ctEvicted           *prometheus.Desc
+	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
+}
+
+// NewDatapathCollector returns a collector over dp and a's decisions and
+// upkeep.
+func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
 	return &DatapathCollector{
-		DP: dp, Zones: zones,
-		packets:        prometheus.NewDesc("topolb_datapath_packets_total", "Packets sent to a service frontend.", []string{"frontend"}, nil),
-		bytes:          prometheus.NewDesc("topolb_datapath_bytes_total", "L3 bytes sent to a service frontend.", []string{"frontend"}, nil),
-		backendPackets: prometheus.NewDesc("topolb_datapath_backend_packets_total", "Packets sent to backends, by backend zone.", []string{"zone"}, nil),
-		drops:          prometheus.NewDesc("topolb_datapath_drops_total", "Packets dropped by the datapath, by reason.", []string{"reason"}, nil),
-		reverse:        prometheus.NewDesc("topolb_datapath_reverse_nat_total", "Replies rewritten back to a service address.", nil, nil),
-		entries:        prometheus.NewDesc("topolb_map_entries", "Entries in use in the datapath maps.", []string{"map"}, nil),
-		capacity:       prometheus.NewDesc("topolb_map_capacity", "Capacity of the datapath maps.", []string{"map"}, nil),
+		DP: dp, Agent: a,
+		packets:         d("topolb_datapath_packets_total", "Packets sent to a service frontend.", "frontend"),
+		bytes:           d("topolb_datapath_bytes_total", "L3 bytes sent to a service frontend.", "frontend"),
+		flows:           d("topolb_datapath_flows_total", "New flows balanced at a service frontend.", "frontend"),
+		backendPackets:  d("topolb_datapath_backend_packets_total", "Packets sent to backends, by backend zone.", "zone"),
+		drops:           d("topolb_datapath_drops_total", "Packets dropped by the datapath, by reason.", "reason"),
+		reverse:         d("topolb_datapath_reverse_nat_total", "Replies rewritten back to a service address."),
+		events:          d("topolb_datapath_events_total", "Every named datapath counter (drops, paths, conntrack and affinity events), by name.", "event"),
+		entries:         d("topolb_map_entries", "Entries in use in the datapath maps (frontends, backend slots, backend ids).", "map"),
+		capacity:        d("topolb_map_capacity", "Capacity of the datapath maps.", "map"),
+		ctEntries:       d("topolb_conntrack_entries", "Live conntrack entries at the last sweep (one per flow direction), by protocol and TCP state.", "kind"),
+		ctCreated:       d("topolb_conntrack_flows_created_total", "Flows the datapath created (two entries each), since its maps were created."),
+		ctExpired:       d("topolb_conntrack_expired_total", "Conntrack entries deleted by sweeps after they expired, since the maps were created."),
+		ctEvicted:       d("topolb_conntrack_evicted_total", "Conntrack entries the LRU evicted to make room (derived at each sweep); an evicted established flow is re-balanced silently."),
+		driftRepaired:   d("topolb_datapath_drift_repaired_total", "Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.", "kind"),
+		driftRemaining:  d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
+		upkeepErrors:    d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
+		pendingCleanups: d("topolb_datapath_pending_cleanups", "Map cleanups queued after failed writes, retried on every change."),
+		zoneShare:       d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.backendPackets, c.drops, c.reverse, c.entries, c.capacity} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
+		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted,
+		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
-	fe, feMax, be, beMax := c.DP.Capacity()
-	ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(fe), "frontends")
-	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(feMax), "frontends")
-	ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(be), "backends")
-	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(beMax), "backends")
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	u := c.DP.Usage()
+	gauge(c.entries, float64(u.Frontends), "frontends")
+	gauge(c.capacity, float64(u.MaxFrontends), "frontends")
+	gauge(c.entries, float64(u.Slots), "backends")
+	gauge(c.capacity, float64(u.MaxBackends), "backends")
+	gauge(c.entries, float64(u.BackendIDs), "backend_ids")
+	gauge(c.capacity, float64(u.MaxBackends), "backend_ids")
+	gauge(c.pendingCleanups, float64(u.Pending))
+	c.collectUpkeep(gauge, counter)
+
 	cnt, err := c.DP.Counters()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.drops, err)
 		return
 	}
 	for f, t := range cnt.Frontends {
-		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(t.Packets), f.String())
-		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(t.Bytes), f.String())
+		counter(c.packets, float64(t.Packets), f.String())
+		counter(c.bytes, float64(t.Bytes), f.String())
+		counter(c.flows, float64(t.Flows), f.String())
 	}
-	zones := map[string]string{}
-	if c.Zones != nil {
-		zones = c.Zones()
-	}
+	zones := c.Agent.BackendZones()
 	byZone := map[string]uint64{}
 	for _, bes := range cnt.Backends {
 		for addr, n := range bes {
@@ -173,13 +207,56 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for z, n := range byZone {
-		ch <- prometheus.MustNewConstMetric(c.backendPackets, prometheus.CounterValue, float64(n), z)
+		counter(c.backendPackets, float64(n), z)
 	}
 	for reason, n := range map[string]uint64{
 		"no_backend": cnt.Drops.NoBackend, "map_full": cnt.Drops.MapFull,
 		"parse_error": cnt.Drops.ParseError, "rewrite_error": cnt.Drops.RewriteError,
 	} {
-		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(n), reason)
+		counter(c.drops, float64(n), reason)
 	}
-	ch <- prometheus.MustNewConstMetric(c.reverse, prometheus.CounterValue, float64(cnt.ReverseNAT))
+	counter(c.reverse, float64(cnt.ReverseNAT))
+	for st, n := range cnt.Stats {
+		counter(c.events, float64(n), st.String())
+	}
+	c.collectShares(gauge, cnt, zones)
+}
+
+// collectUpkeep exports what the last sweep and verification found.
+func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, float64, ...string)) {
+	st := c.Agent.UpkeepStatus()
+	if st.Swept {
+		for kind, n := range st.Sweep.Live {
+			gauge(c.ctEntries, float64(n), kind.String())
+		}
+		counter(c.ctCreated, float64(st.Sweep.Created))
+		counter(c.ctExpired, float64(st.Sweep.Swept))
+		counter(c.ctEvicted, float64(st.Sweep.Evicted))
+	}
+	for kind, n := range st.Repairs {
+		counter(c.driftRepaired, float64(n), string(kind))
+	}
+	for kind, n := range st.Remaining {
+		gauge(c.driftRemaining, float64(n), string(kind))
+	}
+	counter(c.upkeepErrors, float64(st.Errors))
+}
+
+// collectShares exports, for every frontend with unequal weights, the
+// intended and the measured share of new flows per backend zone.
+func (c *DatapathCollector) collectShares(gauge func(*prometheus.Desc, float64, ...string), cnt maps.Counters, zones map[string]string) {
+	for fe, intended := range c.Agent.ZoneShares() {
+		var total uint64
+		measured := map[string]uint64{}
+		for addr, t := range cnt.BackendTraffic[fe] {
+			measured[zones[addr.Addr().String()]] += t.Flows
+			total += t.Flows
+		}
+		for zone, share := range intended {
+			gauge(c.zoneShare, share, fe.String(), zone, "intended")
+			if total > 0 {
+				gauge(c.zoneShare, float64(measured[zone])/float64(total), fe.String(), zone, "measured")
+			}
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 
+	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
 
@@ -140,4 +141,27 @@ func (a *Agent) HealthHandler() http.Handler {
 		_ = enc.Encode(a.State())
 	})
 	return mux
+}
+
+// ZoneShares returns, for every programmed frontend whose weights are not
+// all equal, the decided share of new flows per backend zone.
+func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := map[maps.Frontend]map[string]float64{}
+	for key, f := range a.owner {
+		if integerWeights(f.Weights) == nil {
+			continue
+		}
+		fe, ok := DatapathFrontend(key)
+		if !ok {
+			continue
+		}
+		shares := map[string]float64{}
+		for i, ep := range f.Backends {
+			shares[ep.Zone] += f.Weights[i]
+		}
+		out[fe] = shares
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/maps"
@@ -54,6 +55,7 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	errs = append(errs, errs2...)
 
 	a.remember(nn, ds)
+	a.syncHealthCheck(nn, svc, node)
 	if err := errors.Join(errs...); err != nil {
 		a.failed[nn] = true
 		a.log.Error("service not fully programmed; previous backends keep serving", "service", nn, "err", err)
@@ -232,4 +234,26 @@ func (a *Agent) removeStale() int {
 		a.log.Info("removed stale frontend", "frontend", f)
 	}
 	return writes
+}
+
+// syncHealthCheck serves, stops or updates nn's health check NodePort.
+func (a *Agent) syncHealthCheck(nn types.NamespacedName, svc *v1.Service, node topology.Node) {
+	hcs := a.cfg.HealthChecks
+	if hcs == nil {
+		return
+	}
+	var hc topology.HealthCheck
+	ok := false
+	if svc != nil {
+		hc, ok = topology.ServiceHealthCheck(svc, a.state.Slices[nn], a.cfg.NodeName)
+	}
+	if !ok {
+		if a.healthChecked[nn] {
+			hcs.Delete(nn)
+			delete(a.healthChecked, nn)
+		}
+		return
+	}
+	hcs.Set(nn, hc, topology.NodePortAddresses(node, a.cfg.Options))
+	a.healthChecked[nn] = true
 }

@@ -47,11 +47,15 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 	return nil
 }
 
-// trim drops the parts of objects topolb never reads.
+// trim drops the parts of objects topolb never reads. What it keeps must
+// cover everything the decision engine's model reads of them
+// (topology.NodeFromObject, topology.ServicePorts, topology.EndpointsForPort,
+// topology.ServiceHealthCheck): TestTrimKeepsTheModel checks that the model
+// built from a trimmed object equals the one built from the whole object.
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Node:
-		return &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true)}, nil
+		return trimNode(o), nil
 	case *v1.Service:
 		o.ObjectMeta = trimMeta(o.ObjectMeta, false)
 		return o, nil
@@ -62,8 +66,26 @@ func trim(obj any) (any, error) {
 	return obj, nil
 }
 
+// trimNode keeps a Node's labels and, of its status, the allocatable CPU,
+// the Ready condition's status (not its heartbeat times) and the
+// addresses.
+func trimNode(o *v1.Node) *v1.Node {
+	n := &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true)}
+	if cpu, ok := o.Status.Allocatable[v1.ResourceCPU]; ok {
+		n.Status.Allocatable = v1.ResourceList{v1.ResourceCPU: cpu}
+	}
+	for _, c := range o.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			n.Status.Conditions = []v1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	n.Status.Addresses = o.Status.Addresses
+	return n
+}
+
 func trimMeta(m metaObject, keepLabels bool) metaObject {
-	out := metaObject{Name: m.Name, Namespace: m.Namespace, ResourceVersion: m.ResourceVersion, UID: m.UID, Annotations: topolbAnnotations(m.Annotations)}
+	out := metaObject{Name: m.Name, Namespace: m.Namespace, ResourceVersion: m.ResourceVersion, UID: m.UID,
+		CreationTimestamp: m.CreationTimestamp, Annotations: topolbAnnotations(m.Annotations)}
 	if keepLabels {
 		out.Labels = m.Labels
 	}

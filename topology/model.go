@@ -11,6 +11,8 @@ package topology
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -322,4 +324,30 @@ func (o Options) nodePortRange() PortRange {
 // DefaultOptions returns the options kube-proxy v1.37 runs with.
 func DefaultOptions() Options {
 	return Options{PreferSameTrafficDistribution: true, NodePortRange: DefaultNodePortRange}
+}
+
+// ParseNodePortAddresses parses the CIDRs of --nodeport-addresses (the
+// agent's and explain's flag, as kube-proxy's), masked; nil for none.
+func ParseNodePortAddresses(cidrs []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range cidrs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--nodeport-addresses %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// ParsePortRange parses "MIN-MAX" (--service-node-port-range, as the
+// apiserver's flag), 1 <= MIN <= MAX <= 65535.
+func ParsePortRange(s string) (PortRange, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || min < 1 || min > max {
+		return PortRange{}, fmt.Errorf("--service-node-port-range %q: want MIN-MAX, 1 <= MIN <= MAX <= 65535", s)
+	}
+	return PortRange{Min: uint16(min), Max: uint16(max)}, nil
 }

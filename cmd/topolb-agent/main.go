@@ -51,6 +51,12 @@ type flags struct {
 	coalesce       time.Duration
 	retry          time.Duration
 	verbosity      int
+
+	nodePortAddresses []string
+	nodePortRange     string
+	healthCheckPorts  bool
+	sweepInterval     time.Duration
+	verifyInterval    time.Duration
 }
 
 func main() {
@@ -105,6 +111,11 @@ answers 200 once the first full sync is in the maps.`,
 	fl.DurationVar(&f.coalesce, "sync-coalesce", 2*time.Millisecond, "wait this long after a change so a burst of changes becomes one sync")
 	fl.DurationVar(&f.retry, "retry-interval", time.Second, "how often services whose programming failed are retried")
 	fl.IntVarP(&f.verbosity, "v", "v", 0, "log verbosity: 0 operators (mode changes, errors), 1 debug, 4 every map write")
+	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts (and health check NodePorts) on this node's addresses inside these CIDRs, as kube-proxy's flag (default: the Node's InternalIP and ExternalIP addresses)")
+	fl.StringVar(&f.nodePortRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "serve only nodePorts in this range, the apiserver's --service-node-port-range; others are warned about and not served")
+	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
+	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
+	fl.DurationVar(&f.verifyInterval, "verify-interval", agent.DefaultVerifyInterval, "how often the kernel maps are compared with what the agent programmed and repaired on drift (also once at start); 0 disables")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -132,6 +143,13 @@ func run(ctx context.Context, f flags) (err error) {
 	if err != nil {
 		return err
 	}
+	opts := topology.DefaultOptions()
+	if opts.NodePortAddresses, err = topology.ParseNodePortAddresses(f.nodePortAddresses); err != nil {
+		return err
+	}
+	if opts.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
+		return err
+	}
 
 	var client kubernetes.Interface
 	if f.fromFile == "" {
@@ -153,6 +171,11 @@ func run(ctx context.Context, f flags) (err error) {
 		Logger: log.With("component", "datapath"),
 	})
 	if err != nil {
+		if errors.Is(err, maps.ErrLocked) {
+			// Nothing was touched: the agent that holds the lock keeps
+			// the datapath.
+			return fmt.Errorf("another agent owns %s; this one exits without touching its links or maps: %w", f.bpffs, err)
+		}
 		if errors.Is(err, os.ErrPermission) {
 			// cilium/ebpf suggests raising MEMLOCK, which is not the
 			// cause on kernels that account BPF memory to cgroups.
@@ -180,8 +203,14 @@ func run(ctx context.Context, f flags) (err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := agent.NewMetrics(reg)
 	cfg := agent.Config{
-		NodeName: f.nodeName, Options: topology.DefaultOptions(),
+		NodeName: f.nodeName, Options: opts,
 		Logger: log.With("component", "agent"), Metrics: metrics, HealthTimeout: f.healthTimeout,
+	}
+	var hcs *agent.HealthChecks
+	if f.healthCheckPorts {
+		hcs = &agent.HealthChecks{Log: log.With("component", "healthcheck")}
+		defer hcs.Close()
+		cfg.HealthChecks = hcs
 	}
 	if client != nil && f.events {
 		ev := agent.NewKubeEvents(client, f.nodeName)
@@ -189,7 +218,10 @@ func run(ctx context.Context, f flags) (err error) {
 		cfg.Events = ev
 	}
 	a := agent.New(cfg, dp)
-	reg.MustRegister(agent.NewDatapathCollector(dp, a.BackendZones))
+	if hcs != nil {
+		hcs.Healthy = func() bool { return a.Health().Healthy }
+	}
+	reg.MustRegister(agent.NewDatapathCollector(dp, a))
 
 	if metricsAddress != "" {
 		mux := http.NewServeMux()
@@ -232,6 +264,7 @@ func run(ctx context.Context, f flags) (err error) {
 			}
 		}()
 	}
+	go a.RunUpkeep(ctx, dp, f.sweepInterval, f.verifyInterval)
 	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping; the datapath stays pinned and keeps serving")

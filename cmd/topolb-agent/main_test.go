@@ -140,21 +140,26 @@ func (b *bed) writeManifest(hint1, hint2 string) {
 	must(b.t, os.Rename(tmp, b.manifest))
 }
 
-// start runs the agent in the node namespace and waits until it is ready;
-// it is killed in t.Cleanup.
-func (b *bed) start() *exec.Cmd {
-	cmd := b.startUnready()
+// start runs the agent in the node namespace, with extra flags after the
+// usual ones, and waits until it is ready; it is killed in t.Cleanup.
+func (b *bed) start(extra ...string) *exec.Cmd {
+	cmd := b.startUnready(extra...)
 	b.waitReady()
 	return cmd
 }
 
-// startUnready runs the agent without waiting for it to be ready.
-func (b *bed) startUnready() *exec.Cmd {
-	cmd := exec.Command("nsenter", "--net="+b.node.Path, b.bin,
+// agentArgs are the agent's usual flags in this bed, then extra.
+func (b *bed) agentArgs(extra ...string) []string {
+	return append([]string{"--net=" + b.node.Path, b.bin,
 		"--node-name", "n1", "--from-file", b.manifest, "--bpffs", b.pin,
 		"--uplinks", "", "--pod-interfaces", "auto",
 		"--metrics-address", "127.0.0.1:9965", "--health-address", "127.0.0.1:9966",
-		"--max-frontends", "1024", "--max-backends", "4096", "--max-conntrack", "4096")
+		"--max-frontends", "1024", "--max-backends", "4096", "--max-conntrack", "4096"}, extra...)
+}
+
+// startUnready runs the agent without waiting for it to be ready.
+func (b *bed) startUnready(extra ...string) *exec.Cmd {
+	cmd := exec.Command("nsenter", b.agentArgs(extra...)...)
 	logf, err := os.Create(filepath.Join(b.t.TempDir(), "agent.log"))
 	must(b.t, err)
 	b.log = logf.Name()

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -195,24 +196,38 @@ func fileExists(p string) bool {
 // explain, sends the requests of every expectation and prints the tables.
 // It reports whether every landing matched both explain and the spec.
 func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string) (bool, error) {
-	sc, _, err := tb.ApplyScenario(ctx, name)
+	var wait func() error
+	if c.datapath == "agent" {
+		wait = func() error { return tb.WaitAgents(ctx, 15*time.Second) }
+	}
+	// Each scenario shows where new flows go: the previous scenario's
+	// flows are forgotten first (a reused UDP source port would keep its
+	// draining backend); a drain scenario opens its stream before the
+	// change.
+	sc, stream, err := tb.EnterScenario(ctx, name, wait)
 	if err != nil {
-		return false, err
+		spec, _ := tb.Spec.Scenario(name)
+		title := name
+		if spec != nil {
+			title = spec.Title
+		}
+		fmt.Fprintf(out, "\n[%d/%d] %s\n      %s\n      ✗ %v\n", i, n, name, title, err)
+		return false, nil
 	}
 	fmt.Fprintf(out, "\n[%d/%d] %s\n      %s\n", i, n, sc.Name, sc.Title)
-	if c.datapath == "agent" {
-		if err := tb.WaitAgents(ctx, 15*time.Second); err != nil {
+	drained := true
+	if stream != nil {
+		d := sc.Drain
+		err := testbed.StreamStays(ctx, stream, d.Pod, 10)
+		stream.Close()
+		if err != nil {
 			fmt.Fprintf(out, "      ✗ %v\n", err)
-			return false, nil
+			drained = false
+		} else {
+			fmt.Fprintf(out, "      ✓ a keep-alive stream opened on %s before the change answered 10 of 10 requests from it afterwards\n", d.Pod)
 		}
 	}
-	// Each scenario shows where new flows go: forget the previous
-	// scenario's (a reused UDP source port would keep its draining
-	// backend).
-	if err := tb.ForgetFlows(); err != nil {
-		return false, err
-	}
-	ok := true
+	ok := drained
 	for _, e := range sc.Expect {
 		client := tb.Pod(e.Client)
 		landings, err := tb.Measure(ctx, client, e.Service, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second})
@@ -236,6 +251,8 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 				fmt.Fprintf(out, "      ✗ %s: %s\n", label, strings.Join(problems, "; "))
 			case len(want) == 0:
 				fmt.Fprintf(out, "      ✓ %s: all %d requests dropped (%s), as explain says: no backend is permitted\n", label, l.Tally.Failed, strings.Join(l.Tally.Errors, ", "))
+			case l.Decision.Weights != nil:
+				fmt.Fprintf(out, "      ✓ %s: every backend's share is its weight within tolerance: %s\n", label, shares(l))
 			default:
 				fmt.Fprintf(out, "      ✓ %s: every request landed on a permitted backend, and every permitted backend got some: %s\n", label, strings.Join(want, " "))
 			}
@@ -284,4 +301,17 @@ func printTable(out io.Writer, tb *testbed.Testbed, landings []testbed.Landing) 
 	}
 	w.Flush()
 	fmt.Fprintln(out)
+}
+
+// shares renders "web-a1 60% (got 58%), ..." for weighted landings.
+func shares(l testbed.Landing) string {
+	answered := 0
+	for _, n := range l.Tally.Landed {
+		answered += n
+	}
+	var parts []string
+	for _, b := range slices.Sorted(maps.Keys(l.Decision.Weights)) {
+		parts = append(parts, fmt.Sprintf("%s %.0f%% (got %.0f%%)", b, 100*l.Decision.Weights[b], 100*float64(l.Tally.Landed[b])/float64(max(answered, 1))))
+	}
+	return strings.Join(parts, ", ")
 }

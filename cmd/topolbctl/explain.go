@@ -3,9 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/netip"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -118,21 +116,12 @@ func (f *nodePortFlags) addFlags(cmd *cobra.Command) {
 // options returns the decision options the flags describe.
 func (f *nodePortFlags) options() (topology.Options, error) {
 	opts := topology.DefaultOptions()
-	for _, s := range f.addresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return opts, fmt.Errorf("--nodeport-addresses %q: %w", s, err)
-		}
-		opts.NodePortAddresses = append(opts.NodePortAddresses, p.Masked())
+	var err error
+	if opts.NodePortAddresses, err = topology.ParseNodePortAddresses(f.addresses); err != nil {
+		return opts, err
 	}
-	lo, hi, ok := strings.Cut(f.portRange, "-")
-	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-	if !ok || err1 != nil || err2 != nil || min < 1 || min > max {
-		return opts, fmt.Errorf("--service-node-port-range %q: want MIN-MAX, 1 <= MIN <= MAX <= 65535", f.portRange)
-	}
-	opts.NodePortRange = topology.PortRange{Min: uint16(min), Max: uint16(max)}
-	return opts, nil
+	opts.NodePortRange, err = topology.ParsePortRange(f.portRange)
+	return opts, err
 }
 
 func printReport(w io.Writer, r topology.Report, output string) error {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -63,9 +64,21 @@ func hintServices(t *testing.T) []testbed.ServiceSpec {
 		testbed.ServiceSpec{Name: "all-terminating", ClusterIP: "10.96.1.4", Ports: ports, Endpoints: []testbed.EndpointSpec{
 			ep("web-a1", testbed.Terminating, ""), ep("web-b2", testbed.Terminating, ""), ep("web-c1", testbed.NotReady, "")}},
 		testbed.ServiceSpec{Name: "empty", ClusterIP: "10.96.1.5", Ports: ports},
+		// Externally reachable: topology applies to externalTrafficPolicy
+		// Cluster; Local keeps external traffic on the node's endpoints
+		// while traffic from inside uses the cluster set.
+		testbed.ServiceSpec{Name: "np-cluster", ClusterIP: "10.96.1.6", Type: "NodePort", Ports: ports, Hints: testbed.HintsZone,
+			Endpoints: []testbed.EndpointSpec{ep("web-a1", "", ""), ep("web-a2", "", ""), ep("web-b1", "", ""), ep("web-c1", "", "")}},
+		testbed.ServiceSpec{Name: "lb-local", ClusterIP: "10.96.1.7", Type: "LoadBalancer", ExternalTrafficPolicy: "Local", Ports: ports, Hints: testbed.HintsZone,
+			ExternalIPs: []string{"198.51.100.10"}, LoadBalancerIPs: []string{"198.51.100.20"},
+			Endpoints: []testbed.EndpointSpec{ep("web-a1", "", ""), ep("web-b1", "", ""), ep("web-b2", "", ""), ep("web-c1", "", "")}},
 	)
 	return out
 }
+
+// outsideSource is a client address outside the cluster, for reading the
+// frontends kube-proxy programs for traffic arriving from outside.
+var outsideSource = netip.MustParseAddr("203.0.113.50")
 
 // TestKubeProxyAgrees runs kube-proxy, in nftables and then in iptables
 // mode, next to topolb-agent on every node of the every-node testbed,
@@ -129,7 +142,7 @@ func TestKubeProxyAgrees(t *testing.T) {
 				t.Fatal(err)
 			}
 			objs, _ := tb.Current()
-			compared := 0
+			compared, wantCompared := 0, 0
 			for i, n := range tb.Nodes {
 				from := n.Pods[0]
 				if from.Role != testbed.RoleClient {
@@ -146,11 +159,15 @@ func TestKubeProxyAgrees(t *testing.T) {
 				var nodeCompared int
 				deadline := time.Now().Add(10 * time.Second)
 				for {
-					got, err := proxies[i].Frontends(ctx, from.Addr)
+					inside, err := proxies[i].Frontends(ctx, from.Addr)
 					if err != nil {
 						t.Fatal(err)
 					}
-					diffs, nodeCompared = compareKubeProxy(ds, got, st.Programmed)
+					outside, err := proxies[i].Frontends(ctx, outsideSource)
+					if err != nil {
+						t.Fatal(err)
+					}
+					diffs, nodeCompared = compareKubeProxy(ds, inside, outside, st.Programmed)
 					if len(diffs) == 0 || time.Now().After(deadline) {
 						break
 					}
@@ -160,52 +177,82 @@ func TestKubeProxyAgrees(t *testing.T) {
 					t.Errorf("node %s, kube-proxy %s: %s", n.Name, mode, d)
 				}
 				compared += nodeCompared
+				wantCompared += frontendsToCompare(ds)
 			}
-			if want := wantPorts * len(tb.Nodes); compared != want {
-				t.Errorf("compared %d service ports, want %d (%d ports × %d nodes)", compared, want, wantPorts, len(tb.Nodes))
+			if compared != wantCompared || wantCompared < wantPorts*len(tb.Nodes) {
+				t.Errorf("compared %d frontends, want %d (at least %d ports × %d nodes)", compared, wantCompared, wantPorts, len(tb.Nodes))
 			}
-			t.Logf("%d service ports compared on %d nodes (kube-proxy %s)", compared, len(tb.Nodes), mode)
+			t.Logf("%d frontends of %d service ports compared on %d nodes, from a pod and from outside (kube-proxy %s)", compared, wantPorts, len(tb.Nodes), mode)
 		})
 	}
 }
 
-// compareKubeProxy compares one node's frontends as kube-proxy and topolb
-// program them (by testbed.FrontendKey) with the node's decisions, and
-// returns every difference and the number of Hints-policy service ports
-// compared. Frontends of other policies (topolb's annotations, which
-// kube-proxy does not know) are left out on both sides.
-func compareKubeProxy(ds []testbed.Decision, kubeProxy, topolb map[string][]string) (diffs []string, compared int) {
-	seen := map[string]bool{}
+// frontendsToCompare is how many frontends compareKubeProxy compares for
+// a node's decisions: per Hints-policy port, its cluster IP from inside
+// the node, and each external frontend both from inside and from outside.
+func frontendsToCompare(ds []testbed.Decision) int {
+	n := 0
 	for _, d := range ds {
-		// External frontends (NodePorts, external and LB IPs) are the
-		// service's too: not extras. Their backends are not compared here.
-		for _, ext := range d.External {
-			seen[testbed.FrontendKey(ext, string(d.Protocol))] = true
+		if d.Policy == topology.PolicyHints {
+			n += 1 + 2*len(d.External)
 		}
+	}
+	return n
+}
+
+// compareKubeProxy compares one node's frontends as kube-proxy programs
+// them (by testbed.FrontendKey, for a packet from the node's client pod:
+// inside; and from a client outside the cluster: outside) and as topolb's
+// maps hold them (agent.DebugState.Programmed: "/external" for the
+// external scope) with the node's decisions, and returns every difference
+// and the number of frontends compared. Traffic from inside uses the
+// internal set at the cluster IP and the cluster set at external
+// frontends; traffic from outside the externalTrafficPolicy set. Frontends
+// of other policies (topolb's annotations, which kube-proxy does not know)
+// are left out on both sides. Cluster IPs from outside are not compared:
+// kube-proxy translates traffic routed to a cluster IP from anywhere,
+// topolb only from the node's pods and processes (README, How it differs).
+func compareKubeProxy(ds []testbed.Decision, inside, outside, topolb map[string][]string) (diffs []string, compared int) {
+	seenInside, seenOutside, seenTopolb := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	check := func(d testbed.Decision, kpKey string, kp map[string][]string, topKey string, want []string) {
+		compared++
+		kpSet, kpOK := kp[kpKey]
+		topSet, topOK := topolb[topKey]
+		switch {
+		case !kpOK:
+			diffs = append(diffs, fmt.Sprintf("%s (%s %s): kube-proxy does not program it", topKey, d.Service, d.Port))
+		case !topOK:
+			diffs = append(diffs, fmt.Sprintf("%s (%s %s): topolb does not program it", topKey, d.Service, d.Port))
+		case !slices.Equal(nonNil(kpSet), nonNil(want)) || !slices.Equal(nonNil(topSet), nonNil(want)):
+			diffs = append(diffs, fmt.Sprintf("%s (%s %s): kube-proxy programs %v, topolb %v, DecideNode permits %v (mode %s: %s)",
+				topKey, d.Service, d.Port, kpSet, topSet, want, d.Mode, d.Reason))
+		}
+	}
+	for _, d := range ds {
 		fe := testbed.FrontendKey(d.Frontend, string(d.Protocol))
-		seen[fe] = true
+		seenInside[fe], seenOutside[fe], seenTopolb[fe] = true, true, true
+		for _, ext := range d.External {
+			key := testbed.FrontendKey(ext, string(d.Protocol))
+			seenInside[key], seenOutside[key] = true, true
+			seenTopolb[key], seenTopolb[key+"/external"] = true, true
+		}
 		if d.Policy != topology.PolicyHints {
 			continue
 		}
-		compared++
-		kpSet, kpOK := kubeProxy[fe]
-		topSet, topOK := topolb[fe]
-		switch {
-		case !kpOK:
-			diffs = append(diffs, fmt.Sprintf("%s (%s %s): kube-proxy does not program it", fe, d.Service, d.Port))
-		case !topOK:
-			diffs = append(diffs, fmt.Sprintf("%s (%s %s): topolb does not program it", fe, d.Service, d.Port))
-		case !slices.Equal(nonNil(kpSet), d.Addrs) || !slices.Equal(nonNil(topSet), d.Addrs):
-			diffs = append(diffs, fmt.Sprintf("%s (%s %s): kube-proxy programs %v, topolb %v, DecideNode permits %v (mode %s: %s)",
-				fe, d.Service, d.Port, kpSet, topSet, d.Addrs, d.Mode, d.Reason))
+		check(d, fe, inside, fe, d.Addrs)
+		for _, ext := range d.External {
+			key := testbed.FrontendKey(ext, string(d.Protocol))
+			check(d, key, inside, key, d.ClusterAddrs)
+			check(d, key, outside, key+"/external", d.ExternalAddrs)
 		}
 	}
 	for _, side := range []struct {
 		name string
 		fes  map[string][]string
-	}{{"kube-proxy", kubeProxy}, {"topolb", topolb}} {
+		seen map[string]bool
+	}{{"kube-proxy (from a pod)", inside, seenInside}, {"kube-proxy (from outside)", outside, seenOutside}, {"topolb", topolb, seenTopolb}} {
 		for _, fe := range slices.Sorted(maps.Keys(side.fes)) {
-			if !seen[fe] {
+			if !side.seen[fe] {
 				diffs = append(diffs, fmt.Sprintf("%s programs %s → %v, which no service port has", side.name, fe, side.fes[fe]))
 			}
 		}

@@ -25,12 +25,16 @@ func TestScenarios(t *testing.T) {
 			dp.start(t, tb)
 			for _, sc := range spec.Scenarios {
 				t.Run(sc.Name, func(t *testing.T) {
-					apply(t, tb, sc.Services)
-					// The scenario is about new flows: forget those of the
-					// one before (a reused UDP source port would keep its
-					// draining backend, as it should).
-					if err := tb.ForgetFlows(); err != nil {
+					_, stream, err := tb.EnterScenario(t.Context(), sc.Name, func() error { return tb.WaitAgents(t.Context(), 10*time.Second) })
+					if err != nil {
 						t.Fatal(err)
+					}
+					if stream != nil {
+						err := testbed.StreamStays(t.Context(), stream, sc.Drain.Pod, 10)
+						stream.Close()
+						if err != nil {
+							t.Error(err)
+						}
 					}
 					for _, e := range sc.Expect {
 						o := testbed.MeasureOptions{Requests: 200, Parallel: 32}

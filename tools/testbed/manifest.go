@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -212,6 +213,9 @@ type Decision struct {
 	Backends []string
 	// Addrs are the permitted backend addresses as decided, sorted.
 	Addrs []string
+	// Weights are the backends' shares of new flows by pod when they are
+	// not all equal (zone-weighted routing); nil when they are.
+	Weights map[string]float64
 
 	// NodePort is the port's NodePort frontend on this node: the node's
 	// InternalIP (its wire address) and the nodePort. Invalid when the
@@ -227,6 +231,10 @@ type Decision struct {
 	// when the port is not externally accessible.
 	ExternalBackends []string
 	ExternalAddrs    []string
+	// ClusterAddrs are the addresses of the cluster set (the policy's
+	// choice for the node), which traffic from inside the node to an
+	// external frontend uses; nil when the port never uses it.
+	ClusterAddrs []string
 	// ExternalPolicyLocal is set under externalTrafficPolicy Local: external
 	// traffic goes to this node's endpoints only and keeps its source
 	// address.
@@ -255,6 +263,12 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 			Addrs:               r.Backends,
 			ExternalPolicyLocal: d.Port.ExternalPolicyLocal,
 		}
+		if unequal(d.Decision.Weights) {
+			dec.Weights = map[string]float64{}
+			for i, ep := range d.Decision.Backends {
+				dec.Weights[l.PodNames([]string{ep.Addr.String()})[0]] += d.Decision.Weights[i]
+			}
+		}
 		if ln := l.Node(node); ln != nil && d.Port.NodePort != 0 {
 			dec.NodePort = netip.AddrPortFrom(ln.WireAddr.Addr(), d.Port.NodePort)
 			dec.External = append(dec.External, dec.NodePort)
@@ -262,6 +276,7 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 		for _, ip := range slices.Concat(d.Port.ExternalIPs, d.Port.LoadBalancerIPs) {
 			dec.External = append(dec.External, netip.AddrPortFrom(ip, d.Port.Port))
 		}
+		dec.ClusterAddrs = r.ClusterBackends
 		if r.ExternalBackends != nil {
 			dec.ExternalAddrs = r.ExternalBackends
 			dec.ExternalBackends = l.PodNames(r.ExternalBackends)
@@ -282,4 +297,14 @@ func FindDecision(ds []Decision, service string, proto v1.Protocol) *Decision {
 		}
 	}
 	return nil
+}
+
+// unequal reports whether weights differ (beyond float rounding).
+func unequal(ws []float64) bool {
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > 1e-9 {
+			return true
+		}
+	}
+	return false
 }

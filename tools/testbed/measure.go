@@ -3,6 +3,8 @@ package testbed
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -141,8 +143,40 @@ func (l Landing) Problems() []string {
 	if len(want) == 0 && len(got) > 0 {
 		out = append(out, "traffic should be dropped but was answered")
 	}
+	out = append(out, l.shareProblems()...)
 	if l.SourceKept && l.Tally.WrongSource > 0 {
 		out = append(out, fmt.Sprintf("%d answers saw a source other than the client's address", l.Tally.WrongSource))
 	}
 	return out
+}
+
+// shareProblems compares, under unequal weights, each backend's share of
+// the answered requests with its weight. A share may miss its weight by
+// ShareTolerance(weight, answered): four standard deviations of the
+// binomial count (a false alarm about once in 16,000 backends measured)
+// plus the datapath's table granularity (docs/datapath.md: a weighted
+// table of M slots is within 1/M of each weight; 0.01 bounds it).
+func (l Landing) shareProblems() []string {
+	answered := 0
+	for _, n := range l.Tally.Landed {
+		answered += n
+	}
+	if l.Decision.Weights == nil || answered == 0 {
+		return nil
+	}
+	var out []string
+	for _, b := range slices.Sorted(maps.Keys(l.Decision.Weights)) {
+		w := l.Decision.Weights[b]
+		got := float64(l.Tally.Landed[b]) / float64(answered)
+		if tol := ShareTolerance(w, answered); math.Abs(got-w) > tol {
+			out = append(out, fmt.Sprintf("%s got %.1f%% of %d requests, weight %.1f%% (tolerance ±%.1f%%)", b, 100*got, answered, 100*w, 100*tol))
+		}
+	}
+	return out
+}
+
+// ShareTolerance is how far a backend's measured share of n requests may
+// be from its weight w: 4·sqrt(w(1−w)/n) + 0.01.
+func ShareTolerance(w float64, n int) float64 {
+	return 4*math.Sqrt(w*(1-w)/float64(n)) + 0.01
 }

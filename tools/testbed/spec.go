@@ -255,6 +255,20 @@ type Scenario struct {
 	Services []ServiceSpec `json:"services"`
 	// Expect lists the exact backend sets clients land on.
 	Expect []Expectation `json:"expect,omitempty"`
+	// Drain, when set, shows a drain: a stream opened on a backend before
+	// the scenario is applied keeps answering from it afterwards, while new
+	// requests follow Expect.
+	Drain *DrainSpec `json:"drain,omitempty"`
+}
+
+// DrainSpec is a long-lived TCP stream from Client to Service's TCP port,
+// opened on backend Pod before a scenario that retires Pod (serving-
+// terminating, or out of the client's set while it still serves) is
+// applied.
+type DrainSpec struct {
+	Client  string `json:"client"`
+	Service string `json:"service"`
+	Pod     string `json:"pod"`
 }
 
 // Expectation is the exact set of backend pods a client reaches through
@@ -417,6 +431,16 @@ func (s *Spec) complete() error {
 				if pods[b] != RoleBackend {
 					return fmt.Errorf("%s: expect: %q is not a backend pod", where, b)
 				}
+			}
+		}
+		if d := sc.Drain; d != nil {
+			switch {
+			case pods[d.Client] != RoleClient:
+				return fmt.Errorf("%s: drain: %q is not a client pod", where, d.Client)
+			case pods[d.Pod] != RoleBackend:
+				return fmt.Errorf("%s: drain: %q is not a backend pod", where, d.Pod)
+			case !slices.ContainsFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(d.Service) }):
+				return fmt.Errorf("%s: drain: service %q is not in the scenario", where, d.Service)
 			}
 		}
 	}

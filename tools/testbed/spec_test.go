@@ -24,8 +24,8 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(spec.Scenarios) != 7 {
-		t.Errorf("%d scenarios, want 7", len(spec.Scenarios))
+	if len(spec.Scenarios) != 9 {
+		t.Errorf("%d scenarios, want 9", len(spec.Scenarios))
 	}
 	wantModes := map[string]topology.Mode{
 		"zone-hints":             topology.ModePreferSameZone,
@@ -35,6 +35,8 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 		"zone-threshold-not-met": topology.ModeNone,
 		"zone-threshold-met":     topology.ModePreferSameZone,
 		"terminating":            topology.ModePreferSameZone,
+		"hints-give-up":          topology.ModeNone,
+		"zone-weighted":          topology.ModeZoneWeighted,
 	}
 	for _, sc := range spec.Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// linkIDs returns the ids of the links pinned in the bed's pin directory,
+// by pin name: a link re-adopted or re-created gets another id or none.
+func (b *bed) linkIDs() map[string]link.ID {
+	b.t.Helper()
+	out := map[string]link.ID{}
+	entries, err := os.ReadDir(filepath.Join(b.pin, "links"))
+	must(b.t, err)
+	for _, e := range entries {
+		l, err := link.LoadPinnedLink(filepath.Join(b.pin, "links", e.Name()), nil)
+		must(b.t, err)
+		info, err := l.Info()
+		must(b.t, err)
+		out[e.Name()] = info.ID
+		must(b.t, l.Close())
+	}
+	return out
+}
+
+// TestSecondAgentRefused: a second agent on the same --bpffs exits with a
+// clear error before it touches a link or a map, and the first keeps
+// serving.
+func TestSecondAgentRefused(t *testing.T) {
+	b := newBed(t)
+	b.start()
+	links, programmed := b.linkIDs(), b.programmed()
+	if len(links) == 0 {
+		t.Fatal("no links pinned by the first agent")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Other HTTP ports, so that only the lock can stop it.
+	cmd := exec.CommandContext(ctx, "nsenter", b.agentArgs("--metrics-address", "127.0.0.1:9975", "--health-address", "127.0.0.1:9976")...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err := cmd.Run()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("second agent did not exit with an error (err %v, ctx %v):\n%s", err, ctx.Err(), out.String())
+	}
+	if !strings.Contains(out.String(), "another agent owns "+b.pin) {
+		t.Errorf("second agent's error does not say why:\n%s", out.String())
+	}
+	if got := b.linkIDs(); !mapsEqual(got, links) {
+		t.Errorf("links changed: %v, before %v", got, links)
+	}
+	if got := b.programmed(); !mapsEqual2(got, programmed) {
+		t.Errorf("maps changed: %v, before %v", got, programmed)
+	}
+	b.waitReady()
+}
+
+// TestDriftRepaired: a slot deleted from the maps behind the agent's back
+// (the kernel no longer matching what it programmed) is found by the
+// periodic verification, repaired, counted and logged; traffic is served
+// again.
+func TestDriftRepaired(t *testing.T) {
+	b := newBed(t)
+	b.start("--verify-interval", "500ms")
+	if got := b.programmed()["10.96.0.10:80/TCP"]; !slices.Equal(got, []string{"10.1.1.2:8080"}) {
+		t.Fatalf("programmed %v", got)
+	}
+	// Delete every backend slot: the frontend keeps its count and now
+	// points at nothing (new flows would be dropped as no_backend).
+	m, err := ebpf.LoadPinnedMap(filepath.Join(b.pin, "tlb_backends"), nil)
+	must(t, err)
+	defer m.Close()
+	var keys [][]byte
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, slices.Clone(k))
+	}
+	must(t, it.Err())
+	if len(keys) == 0 {
+		t.Fatal("no slots to corrupt")
+	}
+	for _, key := range keys {
+		must(t, m.Delete(key))
+	}
+
+	b.waitLog("datapath maps drifted from what was programmed; repaired")
+	waitFor(t, "a repair counted", func() bool { return b.labelledMetricSum("topolb_datapath_drift_repaired_total") > 0 })
+	if got := b.programmed()["10.96.0.10:80/TCP"]; !slices.Equal(got, []string{"10.1.1.2:8080"}) {
+		t.Errorf("after the repair the maps hold %v", got)
+	}
+	resp, err := b.client.HTTPClient(2 * time.Second).Get("http://10.96.0.10/")
+	if err != nil {
+		t.Fatalf("request after the repair: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(body) != "b1" {
+		t.Errorf("request after the repair landed on %q (%v), want b1", body, err)
+	}
+}
+
+// labelledMetricSum sums every series of a labelled metric.
+func (b *bed) labelledMetricSum(name string) float64 {
+	body, err := b.get("9965/metrics")
+	must(b.t, err)
+	sum := 0.0
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		must(b.t, err)
+		sum += f
+	}
+	return sum
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func mapsEqual2(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
