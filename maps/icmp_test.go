@@ -10,19 +10,19 @@ import (
 
 // Addresses of the ICMP tables besides the datapath tables' own: a router
 // on the path, the node's own address, and a source-NATed north-south flow
-// (an outside client to an external frontend, sent to a backend on another
-// node from the node's address).
+// (a client outside the cluster to an external frontend, sent to a backend
+// on another node from the node's address).
 const (
-	router    = "10.9.0.254"
-	nodeAddr  = "10.1.0.1"
-	outside   = "203.0.113.10:41000"
-	snatNode  = "10.9.0.1:61000"
-	snatVIP   = "192.0.2.20:80"
-	snatVIPU  = "192.0.2.20:53"
-	snatBE    = "10.2.1.2:8080"
-	snatBEU   = "10.2.1.2:5353"
-	fragMTU   = 1400
-	quoteFull = -1
+	icmpRouter   = "10.9.0.254"
+	icmpNodeAddr = "10.1.0.1"
+	northClient  = "203.0.113.10:41000"
+	snatNode     = "10.9.0.1:61000"
+	snatVIP      = "192.0.2.20:80"
+	snatVIPU     = "192.0.2.20:53"
+	snatBE       = "10.2.1.2:8080"
+	snatBEU      = "10.2.1.2:5353"
+	fragMTU      = 1400
+	quoteFull    = -1
 )
 
 func addrOf(ap string) string { return netip.MustParseAddrPort(ap).Addr().String() }
@@ -86,16 +86,16 @@ func TestICMPErrors(t *testing.T) {
 	fullQuoteOut := icmpErr(vip, cl3, icmpDestUnreach, icmpPortUnreach, udp, quoteFull)
 	noSum := icmpErr(beU, addrOf(client2), icmpDestUnreach, icmpPortUnreach, udpNoSumOnWire, 0)
 	noSumOut := icmpErr(vip, addrOf(client2), icmpDestUnreach, icmpPortUnreach, udpNoSum, 0)
-	fragRouter := icmpErr(router, cl, icmpDestUnreach, icmpFragNeeded, dataOnWire, quoteFull)
+	fragRouter := icmpErr(icmpRouter, cl, icmpDestUnreach, icmpFragNeeded, dataOnWire, quoteFull)
 	fragRouter.icmpRest = fragMTU
-	fragRouterOut := icmpErr(router, cl, icmpDestUnreach, icmpFragNeeded, data, quoteFull)
+	fragRouterOut := icmpErr(icmpRouter, cl, icmpDestUnreach, icmpFragNeeded, data, quoteFull)
 	fragRouterOut.icmpRest = fragMTU
-	fragNode := icmpErr(nodeAddr, cl, icmpDestUnreach, icmpFragNeeded, dataOnWire, 20+20+8)
+	fragNode := icmpErr(icmpNodeAddr, cl, icmpDestUnreach, icmpFragNeeded, dataOnWire, 20+20+8)
 	fragNode.icmpRest = fragMTU
-	fragNodeOut := icmpErr(nodeAddr, cl, icmpDestUnreach, icmpFragNeeded, data, 20+20+8)
+	fragNodeOut := icmpErr(icmpNodeAddr, cl, icmpDestUnreach, icmpFragNeeded, data, 20+20+8)
 	fragNodeOut.icmpRest = fragMTU
-	ttl := icmpErr(router, cl, icmpTimeExceeded, 0, dataOnWire, 0)
-	ttlOut := icmpErr(router, cl, icmpTimeExceeded, 0, data, 0)
+	ttl := icmpErr(icmpRouter, cl, icmpTimeExceeded, 0, dataOnWire, 0)
+	ttlOut := icmpErr(icmpRouter, cl, icmpTimeExceeded, 0, data, 0)
 	// The client's own error about a reply (its socket is gone) goes back
 	// to the backend that sent it.
 	aboutReply := icmpErr(cl3, vip, icmpDestUnreach, icmpPortUnreach, reply, 0)
@@ -107,17 +107,17 @@ func TestICMPErrors(t *testing.T) {
 	laterFrag := udpOnWire
 	laterFrag.fragOff = 100
 	fragQuote := icmpErr(beU, cl3, icmpDestUnreach, icmpPortUnreach, laterFrag, 0)
-	redirect := icmpErr(router, cl3, 5, 1, udpOnWire, 0) // ICMP redirect: not an error we translate
+	redirect := icmpErr(icmpRouter, cl3, 5, 1, udpOnWire, 0) // ICMP redirect: not an error we translate
 
-	// Source NAT (north-south): the outside client's flow leaves the node
+	// Source NAT (north-south): the northClient client's flow leaves the node
 	// as snatNode -> snatBE.
-	snatUDP := udpFrame(outside, snatVIPU, "q")
+	snatUDP := udpFrame(northClient, snatVIPU, "q")
 	snatUDPOnWire := udpFrame(snatNode, snatBEU, "q")
-	snatTCP := tcpFrame(outside, snatVIP, tcpACK, "big segment")
+	snatTCP := tcpFrame(northClient, snatVIP, tcpACK, "big segment")
 	snatTCPOnWire := tcpFrame(snatNode, snatBE, tcpACK, "big segment")
-	snatReply := udpFrame(snatVIPU, outside, "a") // as the outside client got it
+	snatReply := udpFrame(snatVIPU, northClient, "a") // as the northClient client got it
 	snatReplyOnWire := udpFrame(snatBEU, snatNode, "a")
-	out, sn, sb, sv := addrOf(outside), addrOf(snatNode), addrOf(snatBE), addrOf(snatVIP)
+	out, sn, sb, sv := addrOf(northClient), addrOf(snatNode), addrOf(snatBE), addrOf(snatVIP)
 
 	rows := []pktCase{
 		{name: "flow_tcp", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
@@ -142,12 +142,12 @@ func TestICMPErrors(t *testing.T) {
 		{name: "expired_flow_untouched", hook: hookXDP, in: portUnreach, want: pass,
 			before: setExpires(flowOf(client3, vipUDP, beUDP, protoUDP), -time.Second)},
 
-		{name: "snat_port_unreachable_from_backend", hook: hookXDP, before: plantSNATFlow(outside, snatVIPU, snatBEU, snatNode, protoUDP),
+		{name: "snat_port_unreachable_from_backend", hook: hookXDP, before: plantSNATFlow(northClient, snatVIPU, snatBEU, snatNode, protoUDP),
 			in:  icmpErr(sb, sn, icmpDestUnreach, icmpPortUnreach, snatUDPOnWire, 0),
 			out: ptr(icmpErr(sv, out, icmpDestUnreach, icmpPortUnreach, snatUDP, 0)), stats: xl},
-		{name: "snat_frag_needed_from_router", hook: hookXDP, before: plantSNATFlow(outside, snatVIP, snatBE, snatNode, protoTCP),
-			in:  icmpErr(router, sn, icmpDestUnreach, icmpFragNeeded, snatTCPOnWire, quoteFull),
-			out: ptr(icmpErr(router, out, icmpDestUnreach, icmpFragNeeded, snatTCP, quoteFull)), stats: xl},
+		{name: "snat_frag_needed_from_router", hook: hookXDP, before: plantSNATFlow(northClient, snatVIP, snatBE, snatNode, protoTCP),
+			in:  icmpErr(icmpRouter, sn, icmpDestUnreach, icmpFragNeeded, snatTCPOnWire, quoteFull),
+			out: ptr(icmpErr(icmpRouter, out, icmpDestUnreach, icmpFragNeeded, snatTCP, quoteFull)), stats: xl},
 		{name: "snat_client_error_about_a_reply", hook: hookXDP,
 			in:  icmpErr(out, sv, icmpDestUnreach, icmpPortUnreach, snatReply, 0),
 			out: ptr(icmpErr(sn, sb, icmpDestUnreach, icmpPortUnreach, snatReplyOnWire, 0)), stats: xl},

@@ -14,8 +14,8 @@ import (
 
 // Verdicts of a reject.
 const (
-	tcRedirect = 7 // TC_ACT_REDIRECT: bpf_redirect back out of the veth
-	xdpTX      = 3 // XDP_TX: back out of the uplink
+	rejectedTC  = 7 // TC_ACT_REDIRECT: bpf_redirect back out of the veth
+	rejectedXDP = 3 // XDP_TX: back out of the uplink
 )
 
 const (
@@ -114,7 +114,7 @@ func runFrame(t *testing.T, prog *ebpf.Program, in []byte) (uint32, []byte) {
 }
 
 // TestRejects answers new flows to empty reject frontends from pods (tc)
-// and from outside (XDP): resets for TCP segments (never for a reset),
+// and from northClient (XDP): resets for TCP segments (never for a reset),
 // port unreachables for UDP, from the frontend, back where they came from;
 // frontends empty by policy keep dropping.
 func TestRejects(t *testing.T) {
@@ -129,8 +129,8 @@ func TestRejects(t *testing.T) {
 	udpOpts := udpFrame(client3, vipRejectUDP, "q")
 	udpOpts.ipOptions = []byte{1, 1, 1, 1, 1, 1, 1, 0}
 	udpTiny := udpFrame(client, vipRejectUDP, "")
-	extSyn := tcpFrame(outside, extReject, tcpSYN, "")
-	extUDP := udpFrame(outside, "192.0.2.12:80", "q")
+	extSyn := tcpFrame(northClient, extReject, tcpSYN, "")
+	extUDP := udpFrame(northClient, "192.0.2.12:80", "q")
 
 	for _, c := range []struct {
 		name  string
@@ -150,12 +150,12 @@ func TestRejects(t *testing.T) {
 		{"tc_drop_frontend_keeps_dropping", hookTC, udpFrame(client, vipDropUDP, "q"), nil, stats{StatDropNoBackend: 1}},
 		{"xdp_syn_reset", hookXDP, extSyn, resetFor(extSyn), stats{StatReject: 1}},
 		{"xdp_udp_port_unreachable", hookXDP, extUDP, unreachableFor(extUDP), stats{StatReject: 1}},
-		{"xdp_internal_frontend_not_matched", hookXDP, tcpFrame(outside, vipRejectTCP, tcpSYN, ""), syn.bytes()[:0], nil},
+		{"xdp_internal_frontend_not_matched", hookXDP, tcpFrame(northClient, vipRejectTCP, tcpSYN, ""), syn.bytes()[:0], nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			prog, answered, dropped, passed := d.tcProg, uint32(tcRedirect), uint32(tcShot), uint32(tcOK)
+			prog, answered, dropped, passed := d.tcProg, uint32(rejectedTC), uint32(tcShot), uint32(tcOK)
 			if c.hook == hookXDP {
-				prog, answered, dropped, passed = d.xdpProg, xdpTX, xdpDrop, xdpPass
+				prog, answered, dropped, passed = d.xdpProg, rejectedXDP, xdpDrop, xdpPass
 			}
 			before, err := d.Counters()
 			must(t, err)
@@ -220,7 +220,7 @@ func TestRejectRateLimit(t *testing.T) {
 		t.Run(string(h), func(t *testing.T) {
 			prog, in := d.tcProg, tcpFrame(client, vipRejectTCP, tcpSYN, "").bytes()
 			if h == hookXDP {
-				prog, in = d.xdpProg, tcpFrame(outside, extReject, tcpSYN, "").bytes()
+				prog, in = d.xdpProg, tcpFrame(northClient, extReject, tcpSYN, "").bytes()
 			}
 			// Let the budget fill: it refills in REJECT_BURST/REJECT_RATE.
 			time.Sleep(time.Duration(RejectBurst) * time.Second / time.Duration(RejectRate) * 2)
