@@ -166,7 +166,8 @@ type Options struct {
 	// entry per (client address, affinity frontend). Default 65,536.
 	MaxAffinity uint32
 	// NetNS is the path of the network namespace whose interfaces
-	// AttachTC, AttachXDP and Detach act on (for example
+	// AttachPod, AttachXDP and Detach act on, and whose sockets the
+	// socket hooks (AttachHost) serve (for example
 	// /run/netns/node1). Empty means the namespace of the calling thread.
 	NetNS string
 	// Logger receives operator-level events (load, adopt, attach,

@@ -37,6 +37,7 @@ type flags struct {
 	uplinks        string
 	hostServices   bool
 	cgroupRoot     string
+	apiserver      string
 	bpffs          string
 	metricsAddress string
 	metricsNodeIP  bool
@@ -92,6 +93,7 @@ answers 200 once the first full sync is in the maps.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration, else $KUBECONFIG)")
+	fl.StringVar(&f.apiserver, "apiserver", "", "the API server's address (host:port) instead of the one in the kubeconfig or the in-cluster configuration: on a cluster without kube-proxy, the `kubernetes` Service's cluster IP is not translated until this agent has programmed it")
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
@@ -156,6 +158,11 @@ func run(ctx context.Context, f flags) (err error) {
 		cfg, err := kube.RESTConfig(f.kubeconfig)
 		if err != nil {
 			return err
+		}
+		if f.apiserver != "" {
+			if cfg.Host, err = apiServerURL(f.apiserver); err != nil {
+				return err
+			}
 		}
 		client, err = kubernetes.NewForConfig(cfg)
 		if err != nil {
@@ -269,6 +276,19 @@ func run(ctx context.Context, f flags) (err error) {
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping; the datapath stays pinned and keeps serving")
 	return nil
+}
+
+// apiServerURL returns the URL of --apiserver's host:port, or an error
+// naming the flag when it is not one.
+func apiServerURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil && (host == "" || port == "") {
+		err = errors.New("empty host or port")
+	}
+	if err != nil {
+		return "", fmt.Errorf("--apiserver %q: want host:port, the API server's address: %w", addr, err)
+	}
+	return "https://" + net.JoinHostPort(host, port), nil
 }
 
 // attachHost attaches the socket hooks for host-network clients to the
