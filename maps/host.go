@@ -158,7 +158,7 @@ func (d *Datapath) attachSock(h sockHook, cgroupRoot string, cgroupID uint64) er
 	return nil
 }
 
-// DetachHost removes the socket hooks' links, which detaches them: the
+// DetachHost detaches the socket hooks and removes their links' pins: the
 // node's processes reach frontend addresses untranslated again. Detaching
 // hooks that are not attached is not an error.
 func (d *Datapath) DetachHost() error {
@@ -170,11 +170,29 @@ func (d *Datapath) DetachHost() error {
 func (d *Datapath) detachHost() error {
 	var errs []error
 	for _, h := range sockHooks {
-		if err := os.Remove(d.sockPin(h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := detachPinned(d.sockPin(h)); err != nil {
 			errs = append(errs, fmt.Errorf("detach socket hook %s: %w", h.name, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// detachPinned detaches the link pinned at pin at once and removes the
+// pin. Removing the pin alone would leave the detaching to the kernel's
+// deferred release of the link. A missing pin is not an error.
+func detachPinned(pin string) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load pinned link %s: %w", pin, err)
+	}
+	defer l.Close()
+	if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	return l.Unpin()
 }
 
 // HostAttached reports how many of the socket hooks have a pinned link:
