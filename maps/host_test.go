@@ -151,6 +151,99 @@ func hostUDP(t *testing.T, ns *nettest.NS, vip string, n int, connected bool) ma
 	return got
 }
 
+// mapped is the IPv4-mapped IPv6 socket address of ap.
+func mapped(ap netip.AddrPort) *unix.SockaddrInet6 {
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+}
+
+// dualStack makes n requests from ns's own network namespace through
+// dual-stack IPv6 sockets (IPV6_V6ONLY off) to vip's IPv4-mapped address,
+// as Java and other dual-stack clients do: TCP (HTTP, getpeername must
+// name vip), connected UDP (getpeername) or unconnected UDP (the answer
+// must come from vip). It counts answers by backend.
+func dualStack(t *testing.T, ns *nettest.NS, proto Protocol, connected bool, vip string, n int) map[string]int {
+	t.Helper()
+	to := netip.MustParseAddrPort(vip)
+	want := mapped(to)
+	peerIs := func(sa unix.Sockaddr, what string) {
+		in6, ok := sa.(*unix.SockaddrInet6)
+		if !ok || in6.Addr != want.Addr || in6.Port != want.Port {
+			t.Errorf("%s: %+v, want the service address %s as ::ffff:%s", what, sa, vip, vip)
+		}
+	}
+	got := map[string]int{}
+	for i := 0; i < n; i++ {
+		must(t, ns.Do(func() error {
+			typ := unix.SOCK_STREAM
+			if proto == UDP {
+				typ = unix.SOCK_DGRAM
+			}
+			fd, err := unix.Socket(unix.AF_INET6, typ|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			tv := unix.Timeval{Sec: 2}
+			for _, opt := range []error{
+				unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0),
+				unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv),
+				unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv),
+			} {
+				if opt != nil {
+					return opt
+				}
+			}
+			buf := make([]byte, 512)
+			var m int
+			switch {
+			case proto == TCP || connected:
+				if err := unix.Connect(fd, want); err != nil {
+					return fmt.Errorf("connect to ::ffff:%s: %w", vip, err)
+				}
+				sa, err := unix.Getpeername(fd)
+				if err != nil {
+					return err
+				}
+				peerIs(sa, "getpeername")
+				req := []byte("q")
+				if proto == TCP {
+					req = []byte("GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+				}
+				if _, err := unix.Write(fd, req); err != nil {
+					return err
+				}
+				for {
+					k, err := unix.Read(fd, buf[m:])
+					if err != nil {
+						return fmt.Errorf("read from ::ffff:%s: %w", vip, err)
+					}
+					m += k
+					if k == 0 || proto == UDP || m == len(buf) {
+						break
+					}
+				}
+			default:
+				if err := unix.Sendto(fd, []byte("q"), 0, want); err != nil {
+					return fmt.Errorf("sendto ::ffff:%s: %w", vip, err)
+				}
+				k, from, err := unix.Recvfrom(fd, buf, 0)
+				if err != nil {
+					return fmt.Errorf("recvfrom: %w", err)
+				}
+				peerIs(from, "recvfrom")
+				m = k
+			}
+			name := string(buf[:m])
+			if proto == TCP {
+				_, name, _ = strings.Cut(name, "\r\n\r\n")
+			}
+			got[name]++
+			return nil
+		}))
+	}
+	return got
+}
+
 func keys(m map[string]int) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -161,7 +254,8 @@ func keys(m map[string]int) []string {
 }
 
 // TestHostClients balances the node's own processes with the socket hooks:
-// TCP, connected and unconnected UDP, to local and remote backends, peers
+// TCP, connected and unconnected UDP, through IPv4 sockets and dual-stack
+// IPv6 ones (IPv4-mapped addresses), to local and remote backends, peers
 // and answers shown as the service address. Two nodes program the same
 // service address with different backends, both hooks attached to the one
 // cgroup root: each node's processes land only on its own set, so neither
@@ -202,7 +296,7 @@ func TestHostClients(t *testing.T) {
 	before, err := d1.Counters()
 	must(t, err)
 
-	const n = 60
+	const n, dual = 60, 30
 	all, remote := []string{"b1", "b2", "b3"}, []string{"b3"}
 	for _, c := range []struct {
 		name string
@@ -213,6 +307,9 @@ func TestHostClients(t *testing.T) {
 		{"node1_tcp", tb.node1, all, func(ns *nettest.NS) map[string]int { return hostTCP(t, ns, vipHTTP, n) }},
 		{"node1_udp_unconnected", tb.node1, all, func(ns *nettest.NS) map[string]int { return hostUDP(t, ns, vipDNS, n, false) }},
 		{"node1_udp_connected", tb.node1, all, func(ns *nettest.NS) map[string]int { return hostUDP(t, ns, vipDNS, n, true) }},
+		{"node1_dual_stack_tcp", tb.node1, all, func(ns *nettest.NS) map[string]int { return dualStack(t, ns, TCP, true, vipHTTP, dual) }},
+		{"node1_dual_stack_udp_connected", tb.node1, all, func(ns *nettest.NS) map[string]int { return dualStack(t, ns, UDP, true, vipDNS, dual) }},
+		{"node1_dual_stack_udp_unconnected", tb.node1, all, func(ns *nettest.NS) map[string]int { return dualStack(t, ns, UDP, false, vipDNS, dual) }},
 		{"node2_tcp", tb.node2, remote, func(ns *nettest.NS) map[string]int { return hostTCP(t, ns, vipHTTP, 20) }},
 		{"node2_udp_unconnected", tb.node2, remote, func(ns *nettest.NS) map[string]int { return hostUDP(t, ns, vipDNS, 20, false) }},
 	} {
@@ -226,21 +323,23 @@ func TestHostClients(t *testing.T) {
 	}
 	after, err := d1.Counters()
 	must(t, err)
-	// node1's hooks translated node1's calls only: n TCP connects, 2n
-	// unconnected sends, n UDP connects (retries add sends, so at least).
-	if got := after.Stats[StatSockTranslated] - before.Stats[StatSockTranslated]; got < 4*n || got > 5*n {
-		t.Errorf("node1 StatSockTranslated grew by %d, want about %d", got, 4*n)
+	// node1's hooks translated node1's calls only: n+dual TCP connects,
+	// 2n+dual unconnected sends, n+dual UDP connects (retries add sends,
+	// so at least).
+	if got, want := after.Stats[StatSockTranslated]-before.Stats[StatSockTranslated], uint64(4*n+3*dual); got < want || got > want+n {
+		t.Errorf("node1 StatSockTranslated grew by %d, want about %d", got, want)
 	}
-	if got := after.Stats[StatSockReverseNAT] - before.Stats[StatSockReverseNAT]; got < 2*n {
-		t.Errorf("node1 StatSockReverseNAT grew by %d, want at least %d (getpeername of %d connections and %d connected sockets)", got, 2*n, n, n)
+	// getpeername of every TCP and connected UDP socket, recvfrom of
+	// every unconnected one.
+	if got, want := after.Stats[StatSockReverseNAT]-before.Stats[StatSockReverseNAT], uint64(3*n+3*dual); got < want {
+		t.Errorf("node1 StatSockReverseNAT grew by %d, want at least %d", got, want)
 	}
-	if got := after.Frontends[fe(vipHTTP, TCP)].Flows - before.Frontends[fe(vipHTTP, TCP)].Flows; got != n {
-		t.Errorf("node1 TCP frontend counted %d new flows, want %d", got, n)
+	if got := after.Frontends[fe(vipHTTP, TCP)].Flows - before.Frontends[fe(vipHTTP, TCP)].Flows; got != n+dual {
+		t.Errorf("node1 TCP frontend counted %d new flows, want %d", got, n+dual)
 	}
-	// A flow per socket: n unconnected ones (two datagrams each) and n
-	// connected ones.
-	if got := after.Frontends[fe(vipDNS, UDP)].Flows - before.Frontends[fe(vipDNS, UDP)].Flows; got != 2*n {
-		t.Errorf("node1 UDP frontend counted %d new flows, want %d", got, 2*n)
+	// A flow per socket, however many datagrams it sends.
+	if got := after.Frontends[fe(vipDNS, UDP)].Flows - before.Frontends[fe(vipDNS, UDP)].Flows; got != 2*n+2*dual {
+		t.Errorf("node1 UDP frontend counted %d new flows, want %d", got, 2*n+2*dual)
 	}
 	if got := after.Stats[StatConntrackCreated] - before.Stats[StatConntrackCreated]; got != 0 {
 		t.Errorf("host clients created %d conntrack flows: their packets were translated", got)

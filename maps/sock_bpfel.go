@@ -156,8 +156,11 @@ const (
 	sockMapTlbSockRevnat     = "tlb_sock_revnat"
 	sockMapTlbStats          = "tlb_stats"
 	sockProgSockConnect4     = "sock_connect4"
+	sockProgSockConnect6     = "sock_connect6"
 	sockProgSockGetpeername4 = "sock_getpeername4"
+	sockProgSockGetpeername6 = "sock_getpeername6"
 	sockProgSockRecvmsg4     = "sock_recvmsg4"
+	sockProgSockRecvmsg6     = "sock_recvmsg6"
 	sockProgSockSendmsg4     = "sock_sendmsg4"
 	sockVarCfgHashSeed       = "cfg_hash_seed"
 	sockVarCfgNetnsCookie    = "cfg_netns_cookie"
@@ -207,8 +210,11 @@ type sockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
 	SockConnect4     *ebpf.ProgramSpec `ebpf:"sock_connect4"`
+	SockConnect6     *ebpf.ProgramSpec `ebpf:"sock_connect6"`
 	SockGetpeername4 *ebpf.ProgramSpec `ebpf:"sock_getpeername4"`
+	SockGetpeername6 *ebpf.ProgramSpec `ebpf:"sock_getpeername6"`
 	SockRecvmsg4     *ebpf.ProgramSpec `ebpf:"sock_recvmsg4"`
+	SockRecvmsg6     *ebpf.ProgramSpec `ebpf:"sock_recvmsg6"`
 	SockSendmsg4     *ebpf.ProgramSpec `ebpf:"sock_sendmsg4"`
 }
 
@@ -298,16 +304,22 @@ type sockVariables struct {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
 	SockConnect4     *ebpf.Program `ebpf:"sock_connect4"`
+	SockConnect6     *ebpf.Program `ebpf:"sock_connect6"`
 	SockGetpeername4 *ebpf.Program `ebpf:"sock_getpeername4"`
+	SockGetpeername6 *ebpf.Program `ebpf:"sock_getpeername6"`
 	SockRecvmsg4     *ebpf.Program `ebpf:"sock_recvmsg4"`
+	SockRecvmsg6     *ebpf.Program `ebpf:"sock_recvmsg6"`
 	SockSendmsg4     *ebpf.Program `ebpf:"sock_sendmsg4"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SockConnect4,
+		p.SockConnect6,
 		p.SockGetpeername4,
+		p.SockGetpeername6,
 		p.SockRecvmsg4,
+		p.SockRecvmsg6,
 		p.SockSendmsg4,
 	)
 }

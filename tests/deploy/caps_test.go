@@ -122,7 +122,8 @@ func TestCapabilities(t *testing.T) {
 			t.Errorf("agent's effective capabilities = %v, want %v", eff, listed)
 		}
 		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0",
-			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4"} {
+			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4",
+			"links/sock_connect6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
 			if _, err := os.Stat(filepath.Join(n.pinPath, pin)); err != nil {
 				t.Errorf("pin %s: %v", pin, err)
 			}
