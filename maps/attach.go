@@ -74,10 +74,7 @@ func (d *Datapath) program(h hook) *ebpf.Program {
 func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed() {
-		return ErrClosed
-	}
-	if err := os.MkdirAll(d.linksDir(), 0o700); err != nil {
+	if err := d.linksReady(); err != nil {
 		return err
 	}
 	return d.inNetNS(func() error {
@@ -92,6 +89,15 @@ func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 		}
 		return d.putIface(iface, kind)
 	})
+}
+
+// linksReady checks, with mu held, that the Datapath is open, and creates
+// the links directory.
+func (d *Datapath) linksReady() error {
+	if d.closed() {
+		return ErrClosed
+	}
+	return os.MkdirAll(d.linksDir(), 0o700)
 }
 
 // attachHook attaches h's program to iface and pins the link, or updates

@@ -110,10 +110,7 @@ func (d *Datapath) AttachHost(cgroupRoot string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed() {
-		return ErrClosed
-	}
-	if err := os.MkdirAll(d.linksDir(), 0o700); err != nil {
+	if err := d.linksReady(); err != nil {
 		return err
 	}
 	var st unix.Stat_t

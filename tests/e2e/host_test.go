@@ -86,12 +86,7 @@ func TestHostClients(t *testing.T) {
 // backend on node itself and one elsewhere: both kinds must be measured.
 func checkLocalAndRemote(t *testing.T, tb *testbed.Testbed, node, service string) {
 	t.Helper()
-	objs, _ := tb.Current()
-	ds, _ := tb.Decide(objs, node)
-	d := testbed.FindDecision(ds, service, v1.ProtocolTCP)
-	if d == nil {
-		t.Fatalf("no decision for %s on %s", service, node)
-	}
+	d := decisionOn(t, tb, node, service, v1.ProtocolTCP)
 	local, remote := 0, 0
 	for _, b := range d.Backends {
 		if tb.Pod(b).Node.Name == node {
@@ -110,12 +105,7 @@ func checkLocalAndRemote(t *testing.T, tb *testbed.Testbed, node, service string
 // service address and from a permitted backend.
 func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string) {
 	t.Helper()
-	objs, _ := tb.Current()
-	ds, _ := tb.Decide(objs, node)
-	d := testbed.FindDecision(ds, service, v1.ProtocolUDP)
-	if d == nil {
-		t.Fatalf("no UDP decision for %s on %s", service, node)
-	}
+	d := decisionOn(t, tb, node, service, v1.ProtocolUDP)
 	const n = 30
 	got := map[string]int{}
 	buf := make([]byte, 2048)
@@ -149,4 +139,17 @@ func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string) {
 		}
 	}
 	t.Logf("%s: unconnected UDP to %s landed %v", node, d.Frontend, got)
+}
+
+// decisionOn returns node's decision for service's proto port on the
+// objects last applied, and fails the test when there is none.
+func decisionOn(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol) *testbed.Decision {
+	t.Helper()
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, node)
+	d := testbed.FindDecision(ds, service, proto)
+	if d == nil {
+		t.Fatalf("no %s decision for %s on %s", proto, service, node)
+	}
+	return d
 }
