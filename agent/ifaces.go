@@ -14,12 +14,12 @@ import (
 // Attacher attaches the datapath's programs to interfaces; maps.Datapath
 // implements it.
 type Attacher interface {
-	AttachTC(ifname string) error
+	AttachPod(ifname string) error
 	AttachXDP(ifname string) error
 	Detach(ifname string) error
 }
 
-// Interfaces attaches the tc program to pod interfaces and the XDP program
+// Interfaces attaches the tc programs to pod interfaces and the XDP program
 // to uplinks. With Auto set for pods, it follows veths that appear and
 // disappear through a netlink subscription.
 type Interfaces struct {
@@ -105,7 +105,7 @@ func (i *Interfaces) Attach(ctx context.Context) error {
 	}
 	if !i.AutoPods {
 		for _, p := range i.Pods {
-			if err := i.DP.AttachTC(p); err != nil {
+			if err := i.DP.AttachPod(p); err != nil {
 				return fmt.Errorf("attach tc to %s: %w", p, err)
 			}
 			i.Log.Info("attached tc", "interface", p)
@@ -167,7 +167,7 @@ func (i *Interfaces) linkUp(l netlink.Link) {
 		return
 	}
 	name := l.Attrs().Name
-	if err := i.DP.AttachTC(name); err != nil {
+	if err := i.DP.AttachPod(name); err != nil {
 		i.Log.Error("attach tc", "interface", name, "err", err)
 		return
 	}

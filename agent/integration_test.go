@@ -87,7 +87,7 @@ func startIntegration(t *testing.T) *integration {
 		dp.Close()
 	})
 	for _, host := range []string{"hc", "hb1", "hb2"} {
-		must(t, dp.AttachTC(host))
+		must(t, dp.AttachPod(host))
 	}
 	it.dp = dp
 	return it

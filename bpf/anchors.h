@@ -21,6 +21,7 @@ struct btf_anchors {
 	enum ct_flag ct_flag;
 	enum ct_redirect ct_redirect;
 	enum iface_kind iface_kind;
+	enum reject_limit reject_limit;
 };
 
 __attribute__((noinline)) int btf_anchor(struct btf_anchors *a)

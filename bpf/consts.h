@@ -9,6 +9,7 @@
 #include <linux/types.h>
 
 #define ETH_P_IPV4 0x0800
+#define IP_PROTO_ICMP 1
 #define IP_PROTO_TCP 6
 #define IP_PROTO_UDP 17
 /* IPv4 frag_off bits, host byte order. */
@@ -19,6 +20,10 @@
 #define TCP_F_SYN 0x02
 #define TCP_F_RST 0x04
 #define TCP_F_ACK 0x10
+/* ICMP types and codes (RFC 792) the datapath reads or writes. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_PORT_UNREACH 3 /* code of ICMP_DEST_UNREACH */
 
 #define NSEC_PER_SEC 1000000000ULL
 
@@ -64,9 +69,24 @@ enum stat_reason {
 	STAT_TCP_MIDFLOW_MISS = 11, /* TCP without SYN to a frontend, no flow: silently re-balanced */
 	STAT_AFFINITY_HIT = 12,     /* new flows sent to the client's remembered backend */
 	STAT_AFFINITY_NEW = 13,     /* new flows of affinity frontends that chose afresh */
-	STAT_DROP_REJECT = 14,      /* no active backend on a reject frontend (dropped until rejects are generated) */
+	STAT_REJECT = 14,           /* new flows refused on a reject frontend: a reset or port unreachable sent, or the socket call failed */
 	STAT_CT_SWEPT = 15,         /* conntrack entries the agent's sweeps deleted (written by user space) */
-	STAT_MAX = 16,
+	STAT_REJECT_LIMITED = 16,   /* rejects over the rate limit (enum reject_limit): dropped instead */
+	STAT_ICMP_XLATE = 17,       /* ICMP errors about a translated flow, translated back */
+	STAT_SOCK_XLATE = 18,       /* host-process connects and sends translated to a backend (socket hooks) */
+	STAT_SOCK_REVNAT = 19,      /* host-process peer addresses shown as the frontend (recvmsg, getpeername) */
+	STAT_MAX = 20,
+};
+
+/* How many rejects (TCP resets, ICMP port unreachables) each hook may send
+ * per CPU: REJECT_RATE a second, in bursts of up to REJECT_BURST — the
+ * kernel's own ICMP budget (net.ipv4.icmp_msgs_per_sec 1000,
+ * icmp_msgs_burst 50), per CPU instead of per host. Over it, new flows to
+ * the frontend are dropped and counted (STAT_REJECT_LIMITED). Refusals at
+ * the socket (connect, sendmsg) send nothing and are not limited. */
+enum reject_limit {
+	REJECT_RATE = 1000,
+	REJECT_BURST = 50,
 };
 
 /* Bits of backend_value.flags and registry_value.flags. Informational for
@@ -88,7 +108,7 @@ enum backend_state {
 /* Bits of svc_value.flags. */
 enum svc_flag {
 	SVC_F_AFFINITY = 1, /* ClientIP session affinity, svc_value.affinity_timeout */
-	SVC_F_REJECT = 2,   /* no active backend: reject instead of drop (stored; not yet generated) */
+	SVC_F_REJECT = 2,   /* no active backend: reject new flows (reject.h) instead of dropping them */
 };
 
 /* svc_key.scope: which hooks see a frontend. */
@@ -136,6 +156,8 @@ enum lb_verdict {
 	LB_PASS = 0,
 	LB_DROP = 1,
 	LB_REWRITE = 2,
+	LB_ICMP = 3,   /* an ICMP message: icmp.h decides */
+	LB_REJECT = 4, /* a new flow to an empty reject frontend: answer it (reject.h) */
 };
 
 /* "Keep going" sentinel for helpers that otherwise return a verdict. */

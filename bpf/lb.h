@@ -262,10 +262,10 @@ static __always_inline int pick_backend(const struct svc_value *svc, __u32 hash,
 /* affinity_pick copies the client's remembered backend into be when the
  * memory has not expired and that backend is still active in this
  * frontend's set under the same id and generation. Returns 0 then. */
-static __always_inline int affinity_pick(const struct packet *pkt, const struct svc_value *svc,
+static __always_inline int affinity_pick(__be32 client, const struct svc_value *svc,
 					 __u64 now, struct backend_value *be)
 {
-	struct affinity_key key = { .client = pkt->saddr, .svc_id = svc->id };
+	struct affinity_key key = { .client = client, .svc_id = svc->id };
 	struct affinity_value *a = bpf_map_lookup_elem(&tlb_affinity, &key);
 	struct registry_value *reg;
 	struct backend_stats *rec;
@@ -293,10 +293,10 @@ static __always_inline int affinity_pick(const struct packet *pkt, const struct 
 }
 
 /* affinity_remember records be as the client's backend for svc. */
-static __always_inline void affinity_remember(const struct packet *pkt, const struct svc_value *svc,
+static __always_inline void affinity_remember(__be32 client, const struct svc_value *svc,
 					      __u64 now, const struct backend_value *be)
 {
-	struct affinity_key key = { .client = pkt->saddr, .svc_id = svc->id };
+	struct affinity_key key = { .client = client, .svc_id = svc->id };
 	struct affinity_value v = {
 		.backend_id = be->id,
 		.backend_gen = be->gen,
@@ -374,24 +374,22 @@ static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
 	return rev_replaced + fwd_replaced;
 }
 
-/* choose_backend picks the backend of a new flow to svc: the client's
- * remembered one for affinity frontends, else slot hash % count. Returns 0
- * on success. */
-static __always_inline int choose_backend(const struct packet *pkt, const struct svc_key *key,
+/* choose_backend picks the backend of a new flow of client to svc: the
+ * client's remembered one for affinity frontends, else slot hash % count.
+ * Returns 0 on success. */
+static __always_inline int choose_backend(__be32 client, __u32 hash, const struct svc_key *key,
 					  struct svc_value *svc, __u64 now,
 					  struct backend_value *be)
 {
 	struct svc_value *v;
-	__u32 hash;
 
 	if (svc->flags & SVC_F_AFFINITY) {
-		if (!affinity_pick(pkt, svc, now, be)) {
+		if (!affinity_pick(client, svc, now, be)) {
 			stat_inc(STAT_AFFINITY_HIT);
 			return 0;
 		}
 		stat_inc(STAT_AFFINITY_NEW);
 	}
-	hash = flow_hash(pkt);
 	if (!pick_backend(svc, hash, be))
 		goto chosen;
 	/* The buffer we read may have been retired between the two lookups;
@@ -404,14 +402,15 @@ static __always_inline int choose_backend(const struct packet *pkt, const struct
 		return -1;
 chosen:
 	if (svc->flags & SVC_F_AFFINITY)
-		affinity_remember(pkt, svc, now, be);
+		affinity_remember(client, svc, now, be);
 	return 0;
 }
 
 /* lb_new_flow balances the first packet of a flow to a frontend of this
  * hook's scope. had_entry says the packet matched a conntrack entry that
  * could not be honoured. Returns LB_PASS when pkt is not addressed to a
- * frontend. */
+ * frontend, LB_REJECT when the frontend has no active backend and asks
+ * for rejects (the hook answers, reject.h, and counts). */
 static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, struct nat *nat)
 {
 	struct svc_key key = {
@@ -433,12 +432,14 @@ static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, 
 	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
 		stat_inc(STAT_TCP_MIDFLOW_MISS);
 	if (svc.count == 0) {
-		stat_inc(svc.flags & SVC_F_REJECT ? STAT_DROP_REJECT : STAT_DROP_NO_BACKEND);
+		if (svc.flags & SVC_F_REJECT)
+			return LB_REJECT;
+		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
 
 	now = bpf_ktime_get_coarse_ns();
-	if (choose_backend(pkt, &key, &svc, now, &be)) {
+	if (choose_backend(pkt->saddr, flow_hash(pkt), &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
@@ -503,6 +504,8 @@ static __always_inline int lb_classify(void *data, void *data_end, __u32 frame_l
 	case PARSE_ERROR:
 		stat_inc(STAT_DROP_PARSE_ERROR);
 		return LB_DROP;
+	case PARSE_ICMP:
+		return LB_ICMP;
 	default:
 		return LB_PASS;
 	}

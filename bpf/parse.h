@@ -40,6 +40,7 @@ enum parse_result {
 	PARSE_SKIP = 1,     /* not ours: non-IPv4, other protocols */
 	PARSE_FRAGMENT = 2, /* IPv4 fragment: cannot be NATed statelessly */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
+	PARSE_ICMP = 4,     /* ICMP, unfragmented: addresses and l4_off set, ports 0 */
 };
 
 /* What the core needs to know about a packet. All addresses and ports in
@@ -114,6 +115,11 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 		pkt->sport = udp->source;
 		pkt->dport = udp->dest;
 		return PARSE_OK;
+	}
+	if (ip->protocol == IP_PROTO_ICMP) {
+		pkt->sport = 0;
+		pkt->dport = 0;
+		return PARSE_ICMP;
 	}
 	return PARSE_SKIP;
 }

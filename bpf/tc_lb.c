@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* tcx ingress on the host side of pod veths: pod -> frontend DNAT for
- * frontends of scope internal, and reverse NAT of replies from local
- * backends. Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated
- * with the skb csum helper, which knows the difference (BPF_F_PSEUDO_HDR). */
+/* tcx on the host side of pod veths.
+ *   tc_lb, ingress (from the pod): pod -> frontend DNAT for frontends of
+ *     scope internal, reverse NAT of replies from local backends, ICMP
+ *     errors from pods about translated flows (icmp.h), and rejects for
+ *     empty reject frontends (reject.h), sent back into the pod.
+ *   tc_lb_egress, egress (to the pod): ICMP errors the node's own stack
+ *     sends to a pod about a translated flow, for example "fragmentation
+ *     needed" when it forwards a too-big packet that tc_lb translated.
+ * Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated with the
+ * skb csum helper, which knows the difference (BPF_F_PSEUDO_HDR). */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -13,6 +19,8 @@
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
 #include "csum.h"
+#include "icmp.h"
+#include "reject.h"
 
 /* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
  * so tcx programs attached after this one (a CNI's, for example) still see
@@ -69,6 +77,51 @@ static __always_inline int tc_rewrite(struct __sk_buff *skb, const struct packet
 	return 0;
 }
 
+/* tc_pull makes the first len bytes of the frame linear, where it has
+ * them, so packet pointers reach them. */
+static __always_inline void tc_pull(struct __sk_buff *skb, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + len > data_end && skb->len > data_end - data)
+		bpf_skb_pull_data(skb, skb->len < len ? skb->len : len);
+}
+
+/* tc_icmp translates an ICMP error about a translated flow (icmp.h). ICMP
+ * always passes: an error about a flow we do not know is not ours. */
+static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *pkt)
+{
+	tc_pull(skb, ICMP_PARSE_LEN);
+	icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	return TC_PASS;
+}
+
+/* tc_reject answers pkt, from a pod to an empty reject frontend, in place:
+ * the reply replaces the packet and goes straight into the pod
+ * (bpf_redirect_peer). Not out of the veth: the packet may be
+ * CHECKSUM_PARTIAL, and a device without checksum offload would then
+ * "complete" the full checksum the reply already carries; delivered to the
+ * pod, CHECKSUM_PARTIAL is trusted, and a full checksum is right for any
+ * other state. */
+static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct reject_frame f = {};
+	int len;
+
+	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, &f);
+	if (len < 0)
+		return TC_ACT_SHOT;
+	len &= REJECT_LEN_MASK;
+	if (len > REJECT_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
+	    bpf_skb_store_bytes(skb, 0, (void *)&f + REJECT_FRAME_OFF, len, 0)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	stat_inc(STAT_REJECT);
+	return bpf_redirect_peer(skb->ifindex, 0);
+}
+
 SEC("tcx/ingress")
 int tc_lb(struct __sk_buff *skb)
 {
@@ -78,13 +131,9 @@ int tc_lb(struct __sk_buff *skb)
 	int verdict;
 
 	/* Headers of pod traffic are normally linear already. */
+	tc_pull(skb, MAX_PARSE_LEN);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
-	if (data + MAX_PARSE_LEN > data_end && skb->len > data_end - data) {
-		bpf_skb_pull_data(skb, skb->len < MAX_PARSE_LEN ? skb->len : MAX_PARSE_LEN);
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-	}
 
 	verdict = lb_classify(data, data_end, skb->len, &pkt, &nat);
 	switch (verdict) {
@@ -94,11 +143,25 @@ int tc_lb(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 		}
 		return TC_PASS;
+	case LB_ICMP:
+		return tc_icmp(skb, &pkt);
+	case LB_REJECT:
+		return tc_reject(skb, &pkt);
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:
 		return TC_PASS;
 	}
+}
+
+SEC("tcx/egress")
+int tc_lb_egress(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+
+	if (parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) != PARSE_ICMP)
+		return TC_PASS;
+	return tc_icmp(skb, &pkt);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

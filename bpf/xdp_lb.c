@@ -2,8 +2,10 @@
 //go:build ignore
 
 /* XDP on the node's uplinks: DNAT for frontends of scope external (traffic
- * arriving from outside the node), and reverse NAT of replies that
- * backends on other nodes send back over the wire. Frames from the wire
+ * arriving from outside the node), reverse NAT of replies that backends on
+ * other nodes send back over the wire, ICMP errors from other nodes and
+ * routers about translated flows (icmp.h), and rejects for empty reject
+ * frontends, sent back out of the uplink (reject.h). Frames from the wire
  * carry full checksums, so the incremental update in csum.h is correct
  * here (it would not be for CHECKSUM_PARTIAL pod traffic, which is why
  * pods are served by tc). Rewritten frames go up the stack with XDP_PASS;
@@ -15,6 +17,8 @@
 #define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
 #include "lb.h"
 #include "csum.h"
+#include "icmp.h"
+#include "reject.h"
 
 #define UDP_CSUM_ALL_ONES 0xffff
 
@@ -68,6 +72,43 @@ static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *
 	return 0;
 }
 
+/* xdp_resize makes the frame len bytes long: a longer one grows at the
+ * head, where every driver leaves XDP_PACKET_HEADROOM (the tail of a
+ * veth's frame may have no room), a shorter one is cut at the tail. The
+ * bytes are the caller's to write. Returns 0 on success. */
+static __always_inline int xdp_resize(struct xdp_md *ctx, int len)
+{
+	int delta = len - (int)(ctx->data_end - ctx->data);
+
+	if (delta > 0)
+		return bpf_xdp_adjust_head(ctx, -delta);
+	if (delta < 0)
+		return bpf_xdp_adjust_tail(ctx, delta);
+	return 0;
+}
+
+/* xdp_reject answers pkt, from outside to an empty reject frontend, in
+ * place and sends the reply back out of the uplink. */
+static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *pkt)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct reject_frame f = {};
+	int len;
+
+	len = reject_prepare(data, data_end, pkt, &f);
+	if (len < 0)
+		return XDP_DROP;
+	len &= REJECT_LEN_MASK;
+	if (len > REJECT_MAX_LEN || xdp_resize(ctx, len) ||
+	    bpf_xdp_store_bytes(ctx, 0, (void *)&f + REJECT_FRAME_OFF, len)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return XDP_DROP;
+	}
+	stat_inc(STAT_REJECT);
+	return XDP_TX;
+}
+
 SEC("xdp")
 int xdp_lb(struct xdp_md *ctx)
 {
@@ -83,6 +124,11 @@ int xdp_lb(struct xdp_md *ctx)
 			return XDP_DROP;
 		}
 		return XDP_PASS;
+	case LB_ICMP:
+		icmp_xlate(data, data_end, &pkt);
+		return XDP_PASS;
+	case LB_REJECT:
+		return xdp_reject(ctx, &pkt);
 	case LB_DROP:
 		return XDP_DROP;
 	default:

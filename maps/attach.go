@@ -15,15 +15,17 @@ import (
 	"github.com/topolb/topolb/internal/netns"
 )
 
-// hook is one attach point kind; its name prefixes the link pin.
+// hook is one attach point kind of an interface; its name prefixes the
+// link pin.
 type hook string
 
 const (
-	hookTC  hook = "tc"
-	hookXDP hook = "xdp"
+	hookTC       hook = "tc"       // tcx ingress of a pod veth: tc_lb
+	hookTCEgress hook = "tcegress" // tcx egress of a pod veth: tc_lb_egress
+	hookXDP      hook = "xdp"      // XDP on an uplink: xdp_lb
 )
 
-var hooks = []hook{hookTC, hookXDP}
+var hooks = []hook{hookTC, hookTCEgress, hookXDP}
 
 func (d *Datapath) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
 
@@ -31,13 +33,16 @@ func (d *Datapath) linkPin(h hook, ifname string) string {
 	return filepath.Join(d.linksDir(), string(h)+"_"+ifname)
 }
 
-// AttachTC attaches the tc program to ifname's tcx ingress (the host side
-// of a pod veth) and pins the link under PinPath/links. A link pinned by an
-// earlier process for the same interface is updated to this program
-// instead of failing.
-func (d *Datapath) AttachTC(ifname string) error {
-	if err := d.attach(ifname, hookTC); err != nil {
-		return fmt.Errorf("attach tc to %s: %w", ifname, err)
+// AttachPod attaches the datapath to ifname, the host side of a pod veth:
+// tc_lb to its tcx ingress (the pod's packets: DNAT, replies of local
+// backends, ICMP errors from the pod, rejects), tc_lb_egress to its tcx
+// egress (ICMP errors the node sends to the pod), and records the
+// interface in tlb_ifaces. The links are pinned under PinPath/links; a
+// link pinned by an earlier process for the same interface is updated to
+// this program instead of failing.
+func (d *Datapath) AttachPod(ifname string) error {
+	if err := d.attach(ifname, tcIfaceKindIFACE_POD, hookTC, hookTCEgress); err != nil {
+		return fmt.Errorf("attach to pod interface %s: %w", ifname, err)
 	}
 	return nil
 }
@@ -45,23 +50,31 @@ func (d *Datapath) AttachTC(ifname string) error {
 // AttachXDP attaches the XDP program to ifname (an uplink), in driver mode
 // where supported and generic mode otherwise, and pins the link.
 func (d *Datapath) AttachXDP(ifname string) error {
-	if err := d.attach(ifname, hookXDP); err != nil {
+	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookXDP); err != nil {
 		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
 	}
 	return nil
 }
 
-func (d *Datapath) attach(ifname string, h hook) error {
+// program returns the program attached at h.
+func (d *Datapath) program(h hook) *ebpf.Program {
+	switch h {
+	case hookTC:
+		return d.tcProg
+	case hookTCEgress:
+		return d.tcEgressProg
+	default:
+		return d.xdpProg
+	}
+}
+
+// attach attaches the programs of hs to ifname and records it as kind. A
+// hook attached before a later one fails stays attached: it works alone,
+// and attaching again completes the set.
+func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed() {
-		return ErrClosed
-	}
-	prog, kind := d.tcProg, tcIfaceKindIFACE_POD
-	if h == hookXDP {
-		prog, kind = d.xdpProg, tcIfaceKindIFACE_UPLINK
-	}
-	if err := os.MkdirAll(d.linksDir(), 0o700); err != nil {
+	if err := d.linksReady(); err != nil {
 		return err
 	}
 	return d.inNetNS(func() error {
@@ -69,34 +82,57 @@ func (d *Datapath) attach(ifname string, h hook) error {
 		if err != nil {
 			return err
 		}
-		pin := d.linkPin(h, ifname)
-		if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
-			if err != nil {
-				return err
-			}
-			return d.putIface(iface, kind)
-		}
-		var l link.Link
-		switch h {
-		case hookTC:
-			l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
-		case hookXDP:
-			l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPDriverMode})
-			if err != nil {
-				d.log.Info("driver-mode XDP unavailable, using generic mode", "interface", ifname, "err", err)
-				l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPGenericMode})
+		for _, h := range hs {
+			if err := d.attachHook(iface, h); err != nil {
+				return fmt.Errorf("%s: %w", h, err)
 			}
 		}
-		if err != nil {
-			return err
-		}
-		defer l.Close()
-		if err := l.Pin(pin); err != nil {
-			return fmt.Errorf("pin link: %w", err)
-		}
-		d.log.Info("attached", "hook", h, "interface", ifname, "ifindex", iface.Index)
 		return d.putIface(iface, kind)
 	})
+}
+
+// linksReady checks, with mu held, that the Datapath is open, and creates
+// the links directory.
+func (d *Datapath) linksReady() error {
+	if d.closed() {
+		return ErrClosed
+	}
+	return os.MkdirAll(d.linksDir(), 0o700)
+}
+
+// attachHook attaches h's program to iface and pins the link, or updates
+// the link an earlier process pinned.
+func (d *Datapath) attachHook(iface *net.Interface, h hook) error {
+	prog := d.program(h)
+	pin := d.linkPin(h, iface.Name)
+	if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
+		return err
+	}
+	var (
+		l   link.Link
+		err error
+	)
+	switch h {
+	case hookTC:
+		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	case hookTCEgress:
+		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXEgress})
+	case hookXDP:
+		l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPDriverMode})
+		if err != nil {
+			d.log.Info("driver-mode XDP unavailable, using generic mode", "interface", iface.Name, "err", err)
+			l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPGenericMode})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pin link: %w", err)
+	}
+	d.log.Info("attached", "hook", h, "interface", iface.Name, "ifindex", iface.Index)
+	return nil
 }
 
 // putIface records what an interface is in tlb_ifaces, for redirects.
@@ -147,8 +183,9 @@ func linkIfindex(l link.Link) int {
 	return -1
 }
 
-// Detach removes topolb's links from ifname, which detaches the programs.
-// Detaching an interface without links is not an error.
+// Detach removes topolb's links from ifname (every hook AttachPod or
+// AttachXDP pinned), which detaches the programs, and forgets it in
+// tlb_ifaces. Detaching an interface without links is not an error.
 func (d *Datapath) Detach(ifname string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -182,8 +219,9 @@ func (d *Datapath) detach(ifname string) error {
 	return errors.Join(errs...)
 }
 
-// Attached lists the interfaces with a pinned topolb link (tc, XDP or
-// both), sorted.
+// Attached lists the interfaces with a pinned topolb link (of any hook),
+// sorted. The socket hooks (AttachHost) are not interfaces: see
+// HostAttached.
 func (d *Datapath) Attached() ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -41,8 +41,8 @@ type Datapath struct {
 	// argument). Nil outside tests, which use it to check rollback.
 	writeFault func(what string) error
 
-	tcColl, xdpColl *ebpf.Collection
-	tcProg, xdpProg *ebpf.Program
+	tcColl, xdpColl, sockColl     *ebpf.Collection
+	tcProg, tcEgressProg, xdpProg *ebpf.Program
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -156,7 +156,7 @@ func lockDir(dir string) (*os.File, error) {
 }
 
 // loadObjects creates (or adopts) the pinned maps with the tc object and
-// hands them to the XDP object.
+// hands them to the XDP and socket objects.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	sizeMaps(tcSpec, d.opts)
 	for _, name := range sharedMaps {
@@ -182,10 +182,15 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return fmt.Errorf("load xdp program: %w", err)
 	}
 
+	if d.sockColl, err = d.loadSockObject(); err != nil {
+		return err
+	}
+
 	m := d.tcColl.Maps
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
+	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
 	return nil
 }
@@ -277,6 +282,10 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 func (d *Datapath) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.sockColl != nil {
+		d.sockColl.Close()
+		d.sockColl = nil
+	}
 	if d.xdpColl != nil {
 		d.xdpColl.Close()
 		d.xdpColl = nil
@@ -295,12 +304,16 @@ func (d *Datapath) Close() error {
 	return nil
 }
 
-// Unpin removes every pin under PinPath: links (which detaches the
-// programs) and maps. The Datapath stays usable until Close.
+// Unpin removes every pin under PinPath: links (interfaces' and the
+// socket hooks', which detaches the programs) and maps. The Datapath stays
+// usable until Close.
 func (d *Datapath) Unpin() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
+	if err := d.detachHost(); err != nil {
+		errs = append(errs, err)
+	}
 	ifaces, err := d.attached()
 	if err != nil {
 		errs = append(errs, err)

@@ -6,6 +6,7 @@ package maps
 // Every type and enum Go shares with C is generated from BTF (-type): none
 // is copied by hand.
 
-//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" -type svc_key -type svc_value -type backend_key -type backend_value -type registry_value -type backend_stats -type ct_key -type ct_value -type affinity_key -type affinity_value -type iface_value -type sock_revnat_key -type sock_revnat_value -type meta -type map_size -type ct_timeout -type stat_reason -type backend_flag -type backend_state -type svc_flag -type scope -type ct_dir -type ct_state -type ct_flag -type ct_redirect -type iface_kind tc ../bpf/tc_lb.c
+//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" -type svc_key -type svc_value -type backend_key -type backend_value -type registry_value -type backend_stats -type ct_key -type ct_value -type affinity_key -type affinity_value -type iface_value -type sock_revnat_key -type sock_revnat_value -type meta -type map_size -type ct_timeout -type stat_reason -type backend_flag -type backend_state -type svc_flag -type scope -type ct_dir -type ct_state -type ct_flag -type ct_redirect -type iface_kind -type reject_limit tc ../bpf/tc_lb.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" xdp ../bpf/xdp_lb.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" baseline ../bpf/baseline.c
+//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" sock ../bpf/sock_lb.c

@@ -40,6 +40,11 @@ type frame struct {
 	pad      int   // Ethernet padding after the IP packet
 	badL4Sum bool
 	tcpDoff  uint8 // override TCP data offset when non-zero
+	// ICMP error (proto protoICMP, icmpError set): type, code and the
+	// 4-byte rest of the header; payload is the quote.
+	icmpError          bool
+	icmpType, icmpCode uint8
+	icmpRest           uint32
 }
 
 var (
@@ -93,6 +98,10 @@ func (f frame) bytes() []byte {
 		l4 = append(l4, f.payload...)
 	case protoICMP:
 		l4 = []byte{8, 0, 0, 0, 0, 1, 0, 1}
+		if f.icmpError {
+			l4 = []byte{f.icmpType, f.icmpCode, 0, 0}
+			l4 = binary.BigEndian.AppendUint32(l4, f.icmpRest)
+		}
 		l4 = append(l4, f.payload...)
 		binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
 	default:
@@ -229,4 +238,56 @@ func (f frame) withAddrs(src, dst string) frame {
 		f.dst = netip.MustParseAddrPort(dst)
 	}
 	return f
+}
+
+// ICMP error types and codes of the tables.
+const (
+	icmpDestUnreach  = 3
+	icmpTimeExceeded = 11
+	icmpPortUnreach  = 3
+	icmpFragNeeded   = 4
+)
+
+// icmpErr is an ICMP error from src to dst quoting the first quoteLen
+// bytes of the IPv4 packet of about (0: its header and 8 bytes, as RFC 792
+// asks; -1: all of it).
+func icmpErr(src, dst string, typ, code uint8, about frame, quoteLen int) frame {
+	ip := about.bytes()[14:]
+	switch {
+	case quoteLen == 0:
+		quoteLen = int(ip[0]&0xf)*4 + 8
+	case quoteLen < 0 || quoteLen > len(ip):
+		quoteLen = len(ip)
+	}
+	return frame{src: netip.AddrPortFrom(netip.MustParseAddr(src), 0), dst: netip.AddrPortFrom(netip.MustParseAddr(dst), 0),
+		proto: protoICMP, icmpError: true, icmpType: typ, icmpCode: code, payload: append([]byte(nil), ip[:quoteLen]...)}
+}
+
+// verifyICMP checks the checksums of an ICMP message in a frame: the outer
+// IPv4 header's, the ICMP checksum over the whole message, and for an
+// error the quoted IPv4 header's. It knows nothing of the datapath.
+func verifyICMP(b []byte) error {
+	if _, err := verifyChecksums(b); err != nil {
+		return err
+	}
+	ip := b[14:]
+	ihl := int(ip[0]&0xf) * 4
+	msg := ip[ihl:binary.BigEndian.Uint16(ip[2:])]
+	if ip[9] != protoICMP || len(msg) < 8 {
+		return errors.New("not an ICMP message")
+	}
+	if s := csum(0, msg); s != 0 {
+		return fmt.Errorf("bad ICMP checksum (residue %#04x)", s)
+	}
+	if msg[0] != icmpDestUnreach && msg[0] != icmpTimeExceeded {
+		return nil
+	}
+	quote := msg[8:]
+	if len(quote) < 20 {
+		return errors.New("quote shorter than an IPv4 header")
+	}
+	if qihl := int(quote[0]&0xf) * 4; len(quote) < qihl || csum(0, quote[:qihl]) != 0 {
+		return errors.New("bad quoted IPv4 header checksum")
+	}
+	return nil
 }

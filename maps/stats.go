@@ -42,12 +42,26 @@ const (
 	StatAffinityHit = Stat(tcStatReasonSTAT_AFFINITY_HIT)
 	// StatAffinityNew: new flows of affinity frontends that chose afresh.
 	StatAffinityNew = Stat(tcStatReasonSTAT_AFFINITY_NEW)
-	// StatDropReject: like StatDropNoBackend, on a frontend that asked
-	// for rejects (not yet generated).
-	StatDropReject = Stat(tcStatReasonSTAT_DROP_REJECT)
+	// StatReject: new flows to a frontend without an active backend that
+	// asked for rejects (Service.Reject), refused: a TCP reset or an ICMP
+	// port unreachable sent (tc, XDP), or the connect or sendmsg failed
+	// with ECONNREFUSED (socket hooks).
+	StatReject = Stat(tcStatReasonSTAT_REJECT)
 	// StatConntrackSwept: conntrack entries deleted by SweepConntrack
 	// (kept in the kernel so it survives agent restarts).
 	StatConntrackSwept = Stat(tcStatReasonSTAT_CT_SWEPT)
+	// StatRejectLimited: rejects over the rate limit (RejectRate per
+	// second and CPU, bursts of RejectBurst), dropped instead.
+	StatRejectLimited = Stat(tcStatReasonSTAT_REJECT_LIMITED)
+	// StatICMPTranslated: ICMP errors about a translated flow, translated
+	// back so the client sees them about the frontend.
+	StatICMPTranslated = Stat(tcStatReasonSTAT_ICMP_XLATE)
+	// StatSockTranslated: connects and unconnected UDP sends of the node's
+	// own processes sent to a backend by the socket hooks.
+	StatSockTranslated = Stat(tcStatReasonSTAT_SOCK_XLATE)
+	// StatSockReverseNAT: backend addresses the socket hooks showed as the
+	// frontend (recvmsg source, getpeername).
+	StatSockReverseNAT = Stat(tcStatReasonSTAT_SOCK_REVNAT)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -68,8 +82,12 @@ var statNames = map[Stat]string{
 	StatTCPMidflowMiss:        "tcp_midflow_miss",
 	StatAffinityHit:           "affinity_hit",
 	StatAffinityNew:           "affinity_new",
-	StatDropReject:            "drop_reject",
+	StatReject:                "reject",
 	StatConntrackSwept:        "conntrack_swept",
+	StatRejectLimited:         "reject_rate_limited",
+	StatICMPTranslated:        "icmp_translated",
+	StatSockTranslated:        "sock_translated",
+	StatSockReverseNAT:        "sock_reverse_nat",
 }
 
 // String returns the counter's stable name.

@@ -182,6 +182,18 @@ type tcRegistryValue struct {
 	Gen   uint32
 }
 
+type tcRejectBudgetValue struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
+type tcRejectLimit uint32
+
+const (
+	tcRejectLimitREJECT_RATE  tcRejectLimit = 1000
+	tcRejectLimitREJECT_BURST tcRejectLimit = 50
+)
+
 type tcScope uint32
 
 const (
@@ -221,9 +233,13 @@ const (
 	tcStatReasonSTAT_TCP_MIDFLOW_MISS tcStatReason = 11
 	tcStatReasonSTAT_AFFINITY_HIT     tcStatReason = 12
 	tcStatReasonSTAT_AFFINITY_NEW     tcStatReason = 13
-	tcStatReasonSTAT_DROP_REJECT      tcStatReason = 14
+	tcStatReasonSTAT_REJECT           tcStatReason = 14
 	tcStatReasonSTAT_CT_SWEPT         tcStatReason = 15
-	tcStatReasonSTAT_MAX              tcStatReason = 16
+	tcStatReasonSTAT_REJECT_LIMITED   tcStatReason = 16
+	tcStatReasonSTAT_ICMP_XLATE       tcStatReason = 17
+	tcStatReasonSTAT_SOCK_XLATE       tcStatReason = 18
+	tcStatReasonSTAT_SOCK_REVNAT      tcStatReason = 19
+	tcStatReasonSTAT_MAX              tcStatReason = 20
 )
 
 type tcSvcFlag uint32
@@ -256,6 +272,7 @@ type tcSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	tcMapRejectBudget    = "reject_budget"
 	tcMapTlbAffinity     = "tlb_affinity"
 	tcMapTlbBackendStats = "tlb_backend_stats"
 	tcMapTlbBackends     = "tlb_backends"
@@ -267,6 +284,7 @@ const (
 	tcMapTlbSockRevnat   = "tlb_sock_revnat"
 	tcMapTlbStats        = "tlb_stats"
 	tcProgTcLb           = "tc_lb"
+	tcProgTcLbEgress     = "tc_lb_egress"
 	tcVarCfgHashSeed     = "cfg_hash_seed"
 	tcVarCfgScope        = "cfg_scope"
 )
@@ -313,13 +331,15 @@ type tcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcProgramSpecs struct {
-	TcLb *ebpf.ProgramSpec `ebpf:"tc_lb"`
+	TcLb       *ebpf.ProgramSpec `ebpf:"tc_lb"`
+	TcLbEgress *ebpf.ProgramSpec `ebpf:"tc_lb_egress"`
 }
 
 // tcMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
+	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
@@ -360,6 +380,7 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
+	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
@@ -374,6 +395,7 @@ type tcMaps struct {
 
 func (m *tcMaps) Close() error {
 	return _TcClose(
+		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
 		m.TlbBackends,
@@ -399,12 +421,14 @@ type tcVariables struct {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcPrograms struct {
-	TcLb *ebpf.Program `ebpf:"tc_lb"`
+	TcLb       *ebpf.Program `ebpf:"tc_lb"`
+	TcLbEgress *ebpf.Program `ebpf:"tc_lb_egress"`
 }
 
 func (p *tcPrograms) Close() error {
 	return _TcClose(
 		p.TcLb,
+		p.TcLbEgress,
 	)
 }
 

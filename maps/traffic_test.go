@@ -163,7 +163,7 @@ func TestRealTraffic(t *testing.T) {
 	mustSet(t, d, fe(vipHTTP, TCP), backends(8080)...)
 	mustSet(t, d, fe(vipDNS, UDP), backends(5353)...)
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
-		must(t, d.AttachTC(ifname))
+		must(t, d.AttachPod(ifname))
 	}
 	must(t, d.AttachXDP("w1"))
 	if got, err := d.Attached(); err != nil || !slices.Equal(got, []string{"hb1", "hb2", "hc", "w1"}) {
@@ -215,7 +215,7 @@ func TestRealTraffic(t *testing.T) {
 		}
 		defer d2.Close()
 		for _, ifname := range []string{"hc", "hb1", "hb2"} {
-			must(t, d2.AttachTC(ifname))
+			must(t, d2.AttachPod(ifname))
 		}
 		must(t, d2.AttachXDP("w1"))
 		if got := httpGets(t, tb.client, "http://"+vipHTTP+"/", 20); len(got) == 0 {

@@ -107,11 +107,20 @@ type Service struct {
 	// rounded up to whole seconds; 0 disables it. Kubernetes' default is
 	// DefaultAffinityTimeout, which the caller passes.
 	Affinity time.Duration
-	// Reject asks for a reject (ICMP unreachable or TCP reset) instead of
-	// a silent drop when no backend is active. Stored; the datapath still
-	// drops, counted as StatDropReject.
+	// Reject asks for a reject instead of a silent drop when no backend
+	// is active: a TCP reset or ICMP port unreachable from the frontend
+	// (tc, XDP; rate-limited, see RejectRate), or ECONNREFUSED from the
+	// socket call (host processes), counted as StatReject.
 	Reject bool
 }
+
+// The rate limit of rejects, shared with the datapath (enum
+// reject_limit): each hook sends at most RejectRate resets or port
+// unreachables per second and CPU, in bursts of up to RejectBurst.
+const (
+	RejectRate  = int(tcRejectLimitREJECT_RATE)
+	RejectBurst = int(tcRejectLimitREJECT_BURST)
+)
 
 // DefaultAffinityTimeout is Kubernetes' default
 // sessionAffinityConfig.clientIP.timeoutSeconds.
@@ -157,7 +166,8 @@ type Options struct {
 	// entry per (client address, affinity frontend). Default 65,536.
 	MaxAffinity uint32
 	// NetNS is the path of the network namespace whose interfaces
-	// AttachTC, AttachXDP and Detach act on (for example
+	// AttachPod, AttachXDP and Detach act on, and whose sockets the
+	// socket hooks (AttachHost) serve (for example
 	// /run/netns/node1). Empty means the namespace of the calling thread.
 	NetNS string
 	// Logger receives operator-level events (load, adopt, attach,

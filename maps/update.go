@@ -49,8 +49,8 @@ func (d *Datapath) SetBackends(fe Frontend, backends []Backend) (writes int, err
 // comment at the top of update.go). It returns the number of map writes
 // issued. The same service again costs 0 writes; order and duplicates
 // of backends do not matter. No active backend keeps the frontend and
-// makes the datapath drop new flows to it (Drops.NoBackend, or
-// StatDropReject with Reject).
+// makes the datapath drop new flows to it (Drops.NoBackend), or refuse
+// them with Reject (StatReject).
 //
 // Invalid input writes nothing. ErrMapFull is returned, before any write,
 // when the change would exceed MaxFrontends or MaxBackends (ids or slots).

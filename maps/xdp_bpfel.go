@@ -107,6 +107,11 @@ type xdpRegistryValue struct {
 	Gen   uint32
 }
 
+type xdpRejectBudgetValue struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type xdpSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -145,6 +150,7 @@ type xdpSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	xdpMapRejectBudget    = "reject_budget"
 	xdpMapTlbAffinity     = "tlb_affinity"
 	xdpMapTlbBackendStats = "tlb_backend_stats"
 	xdpMapTlbBackends     = "tlb_backends"
@@ -209,6 +215,7 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
+	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
@@ -249,6 +256,7 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
+	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
@@ -263,6 +271,7 @@ type xdpMaps struct {
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
+		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
 		m.TlbBackends,

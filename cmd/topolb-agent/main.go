@@ -35,6 +35,9 @@ type flags struct {
 	fromFile       string
 	podInterfaces  string
 	uplinks        string
+	hostServices   bool
+	cgroupRoot     string
+	apiserver      string
 	bpffs          string
 	metricsAddress string
 	metricsNodeIP  bool
@@ -66,8 +69,9 @@ func main() {
 (from the cluster, or from a manifest file with --from-file), decides for
 this node which backends each service port may use (the same decision as
 'topolbctl explain'), and writes only those into pinned BPF maps. The tc
-program on pod interfaces and the XDP program on uplinks balance traffic
-from them. The datapath is pinned under --bpffs and outlives the agent: a
+programs on pod interfaces, the XDP program on uplinks and the socket hooks
+on the cgroup v2 root (the node's own processes) balance traffic from
+them. The datapath is pinned under --bpffs and outlives the agent: a
 restart adopts it and never flushes it.
 
 With --from-file, a file that cannot be read or decoded changes nothing: the
@@ -89,10 +93,13 @@ answers 200 once the first full sync is in the maps.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration, else $KUBECONFIG)")
+	fl.StringVar(&f.apiserver, "apiserver", "", "the API server's address (host:port) instead of the one in the kubeconfig or the in-cluster configuration: on a cluster without kube-proxy, the `kubernetes` Service's cluster IP is not translated until this agent has programmed it")
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
 	fl.StringVar(&f.uplinks, "uplinks", "auto", `comma-separated uplink interfaces for the XDP program, or "auto": the devices of the default routes`)
+	fl.BoolVar(&f.hostServices, "host-services", true, "balance the node's own processes (host network) to cluster IPs, NodePorts, external and load-balancer IPs with cgroup socket hooks; false detaches hooks an earlier agent attached")
+	fl.StringVar(&f.cgroupRoot, "cgroup-root", "auto", `the node's cgroup v2 root for the socket hooks (or a directory holding it as "unified", as on hybrid hosts), or "auto": the cgroup2 mount of this process, which in a pod with its own cgroup namespace is not the root and is refused`)
 	fl.StringVar(&f.bpffs, "bpffs", maps.DefaultPinPath, "directory on a bpf filesystem where maps and links are pinned")
 	fl.StringVar(&f.metricsAddress, "metrics-address", "127.0.0.1:9965", "address serving Prometheus metrics at /metrics (empty disables); localhost by default, since the metrics name every service and count its traffic")
 	fl.BoolVar(&f.metricsNodeIP, "metrics-on-node-ip", false, "serve /metrics on --node-ip at the port of --metrics-address instead, so Prometheus can scrape it over the network: opt in only where every client that reaches the node may read service names and traffic counters")
@@ -152,6 +159,11 @@ func run(ctx context.Context, f flags) (err error) {
 		if err != nil {
 			return err
 		}
+		if f.apiserver != "" {
+			if cfg.Host, err = apiServerURL(f.apiserver); err != nil {
+				return err
+			}
+		}
 		client, err = kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return fmt.Errorf("create client: %w", err)
@@ -188,6 +200,9 @@ func run(ctx context.Context, f flags) (err error) {
 	}
 	ifaces := &agent.Interfaces{DP: dp, Log: log.With("component", "interfaces"), Uplinks: uplinks, Pods: pods, AutoPods: autoPods}
 	if err := ifaces.Attach(ctx); err != nil {
+		return err
+	}
+	if err := attachHost(dp, f); err != nil {
 		return err
 	}
 
@@ -260,6 +275,39 @@ func run(ctx context.Context, f flags) (err error) {
 	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping; the datapath stays pinned and keeps serving")
+	return nil
+}
+
+// apiServerURL returns the URL of --apiserver's host:port, or an error
+// naming the flag when it is not one.
+func apiServerURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil && (host == "" || port == "") {
+		err = errors.New("empty host or port")
+	}
+	if err != nil {
+		return "", fmt.Errorf("--apiserver %q: want host:port, the API server's address: %w", addr, err)
+	}
+	return "https://" + net.JoinHostPort(host, port), nil
+}
+
+// attachHost attaches the socket hooks for host-network clients to the
+// node's cgroup v2 root, or with --host-services=false detaches the ones an
+// earlier agent pinned.
+func attachHost(dp *maps.Datapath, f flags) error {
+	if !f.hostServices {
+		if err := dp.DetachHost(); err != nil {
+			return fmt.Errorf("detach socket hooks: %w", err)
+		}
+		return nil
+	}
+	root, err := maps.CgroupRoot(f.cgroupRoot)
+	if err != nil {
+		return fmt.Errorf("socket hooks for host-network clients (--cgroup-root, or --host-services=false): %w", err)
+	}
+	if err := dp.AttachHost(root); err != nil {
+		return fmt.Errorf("socket hooks for host-network clients (--host-services=false turns them off): %w", err)
+	}
 	return nil
 }
 

@@ -89,6 +89,10 @@ func TestCapabilities(t *testing.T) {
 	_, c := agentDaemonSet(t)
 	listed := manifestCapabilities(t, c)
 	mountPath := podPinMount(t)
+	cgroupPath := podCgroupMount(t)
+	if _, err := maps.CgroupRoot(nodeCgroupDir); err != nil {
+		t.Skipf("this machine has no cgroup v2 root under %s for the socket hooks: %v", nodeCgroupDir, err)
+	}
 	all := knownCapabilities(t)
 	own := decodeCapabilities(t, procStatusField(t, "self", "CapBnd"))
 	for _, name := range listed {
@@ -108,7 +112,7 @@ func TestCapabilities(t *testing.T) {
 
 	t.Run("listed", func(t *testing.T) {
 		n := newCapsNode(t)
-		p := startInPod(t, n, mountPath, agent, listed, nil, capsAgentArgs(mountPath, manifest))
+		p := startInPod(t, n, mountPath, cgroupPath, agent, listed, nil, capsAgentArgs(mountPath, cgroupPath, manifest))
 		if err := p.waitReady(t, 60*time.Second); err != nil {
 			t.Fatalf("agent with %s: %v\nstderr:\n%s", strings.Join(listed, ","), err, p.stderr.String())
 		}
@@ -117,7 +121,9 @@ func TestCapabilities(t *testing.T) {
 		if !slices.Equal(eff, listed) {
 			t.Errorf("agent's effective capabilities = %v, want %v", eff, listed)
 		}
-		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/xdp_uplink0"} {
+		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0",
+			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4",
+			"links/sock_connect6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
 			if _, err := os.Stat(filepath.Join(n.pinPath, pin)); err != nil {
 				t.Errorf("pin %s: %v", pin, err)
 			}
@@ -132,7 +138,7 @@ func TestCapabilities(t *testing.T) {
 		t.Run("without_"+drop, func(t *testing.T) {
 			n := newCapsNode(t)
 			keep := slices.DeleteFunc(slices.Clone(listed), func(c string) bool { return c == drop })
-			p := startInPod(t, n, mountPath, agent, keep, nil, capsAgentArgs(mountPath, manifest))
+			p := startInPod(t, n, mountPath, cgroupPath, agent, keep, nil, capsAgentArgs(mountPath, cgroupPath, manifest))
 			code, err := p.waitExit(t, 60*time.Second)
 			if err != nil {
 				t.Fatalf("agent without %s: %v: if it works without it, remove %s from deploy/daemonset.yaml\nstderr:\n%s",
@@ -274,10 +280,10 @@ func newCapsNode(t *testing.T) *capsNode {
 }
 
 // capsAgentArgs runs the agent on node-a in standalone mode, pinning at
-// pinPath, with the default (automatic) uplinks and pod interfaces, as the
-// DaemonSet does.
-func capsAgentArgs(pinPath, manifest string) []string {
-	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath,
+// pinPath and attaching the socket hooks under cgroupPath, with the default
+// (automatic) uplinks and pod interfaces, as the DaemonSet does.
+func capsAgentArgs(pinPath, cgroupPath, manifest string) []string {
+	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath,
 		"--health-address=127.0.0.1:9966", "--metrics-address=",
 		"--max-frontends=" + strconv.Itoa(capsMaxFrontends), "--max-backends=" + strconv.Itoa(capsMaxBackends),
 		"--max-conntrack=" + strconv.Itoa(capsMaxConntrack)}
@@ -305,24 +311,34 @@ func startRestricted(t *testing.T, ns *nettest.NS, agent string, keep, env, agen
 // deploy/daemonset.yaml gives the pod: the node's pin directory ($1,
 // created as the kubelet's DirectoryOrCreate does) bind-mounted at $2 under
 // /sys/fs/bpf, which in the pod is the container's sysfs directory and no
-// bpf filesystem: a tmpfs stands in for it. Then it runs the rest of its
-// arguments.
+// bpf filesystem: a tmpfs stands in for it; and the node's cgroup file
+// system ($4, with its submounts) read-only at $3 under /run, which in the
+// pod is the container's: a tmpfs stands in for it too, so nothing is
+// created on the machine's /run. Then it runs the rest of its arguments.
 const podMounts = `set -e
 mkdir -p "$1"
 mount -t tmpfs -o size=1m,mode=0755 tmpfs /sys/fs/bpf
 mkdir -p "$2"
 mount --bind "$1" "$2"
-shift 2
+mount -t tmpfs -o size=1m,mode=0755 tmpfs /run
+mkdir -p "$3"
+mount --rbind "$4" "$3"
+mount -o remount,bind,ro "$3"
+shift 4
 exec "$@"`
 
 // startInPod is startRestricted with the pod's mounts (podMounts): the
-// agent sees the node's pin directory n.pinPath at mountPath only.
-func startInPod(t *testing.T, n *capsNode, mountPath, agent string, keep, env, agentArgs []string) *agentProc {
+// agent sees the node's pin directory n.pinPath at mountPath and the
+// machine's cgroup file system at cgroupPath only.
+func startInPod(t *testing.T, n *capsNode, mountPath, cgroupPath, agent string, keep, env, agentArgs []string) *agentProc {
 	t.Helper()
 	if mountPath != "/sys/fs/bpf" && !strings.HasPrefix(mountPath, "/sys/fs/bpf/") {
 		t.Fatalf("deploy/daemonset.yaml mounts the pin directory at %s, outside /sys/fs/bpf: update podMounts", mountPath)
 	}
-	wrap := []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", podMounts, "sh", n.pinPath, mountPath}
+	if !strings.HasPrefix(cgroupPath, "/run/") {
+		t.Fatalf("deploy/daemonset.yaml mounts the cgroup file system at %s, outside /run: update podMounts", cgroupPath)
+	}
+	wrap := []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", podMounts, "sh", n.pinPath, mountPath, cgroupPath, nodeCgroupDir}
 	return startWrapped(t, n.ns, wrap, agent, keep, env, agentArgs)
 }
 

@@ -15,6 +15,10 @@ import (
 // /sys/fs/bpf.
 const nodePinDir = "/sys/fs/bpf/topolb"
 
+// nodeCgroupDir is the node's cgroup file system, whose cgroup v2 root the
+// socket hooks attach to; the DaemonSet mounts it read-only.
+const nodeCgroupDir = "/sys/fs/cgroup"
+
 // agentArg returns the value of --name=value in the agent's arguments.
 func agentArg(t testing.TB, c *v1.Container, name string) string {
 	t.Helper()
@@ -30,54 +34,100 @@ func agentArg(t testing.TB, c *v1.Container, name string) string {
 	return found[0]
 }
 
-// podPinMount checks that the DaemonSet mounts exactly the node's
-// /sys/fs/bpf/topolb (created if missing), and at the path the agent pins
-// under (--bpffs), and returns that path.
-func podPinMount(t testing.TB) string {
+// hostMount returns the path at which the agent container mounts the
+// DaemonSet's hostPath volume of the node's path, and the mount, after
+// checking that the volume has the type want and is mounted once, without
+// mount propagation.
+func hostMount(t testing.TB, path string, want v1.HostPathType) v1.VolumeMount {
 	t.Helper()
 	ds, c := agentDaemonSet(t)
-	var hostPaths []v1.Volume
-	for _, v := range ds.Spec.Template.Spec.Volumes {
-		if v.HostPath != nil {
-			hostPaths = append(hostPaths, v)
+	var vol *v1.Volume
+	for i, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == path {
+			vol = &ds.Spec.Template.Spec.Volumes[i]
 		}
 	}
-	if len(hostPaths) != 1 {
-		t.Fatalf("deploy/daemonset.yaml: %d hostPath volumes, want one (the pin directory)", len(hostPaths))
+	if vol == nil {
+		t.Fatalf("deploy/daemonset.yaml: no hostPath volume of the node's %s", path)
 	}
-	vol := hostPaths[0]
-	if vol.HostPath.Path != nodePinDir {
-		t.Fatalf("deploy/daemonset.yaml: hostPath %s, want only the pin directory %s", vol.HostPath.Path, nodePinDir)
+	if vol.HostPath.Type == nil || *vol.HostPath.Type != want {
+		t.Errorf("deploy/daemonset.yaml: hostPath %s type %v, want %s", path, vol.HostPath.Type, want)
 	}
-	if vol.HostPath.Type == nil || *vol.HostPath.Type != v1.HostPathDirectoryOrCreate {
-		t.Errorf("deploy/daemonset.yaml: hostPath type %v, want DirectoryOrCreate (the kubelet creates it on the node's bpffs)", vol.HostPath.Type)
-	}
-	var mountPath string
-	for _, m := range c.VolumeMounts {
+	var mount *v1.VolumeMount
+	for i, m := range c.VolumeMounts {
 		if m.Name == vol.Name {
-			if mountPath != "" {
+			if mount != nil {
 				t.Fatalf("deploy/daemonset.yaml: volume %s mounted twice", vol.Name)
 			}
-			mountPath = m.MountPath
+			mount = &c.VolumeMounts[i]
 			if m.MountPropagation != nil && *m.MountPropagation != v1.MountPropagationNone {
-				t.Errorf("deploy/daemonset.yaml: pin directory mounted with %s propagation, want none", *m.MountPropagation)
+				t.Errorf("deploy/daemonset.yaml: %s mounted with %s propagation, want none", path, *m.MountPropagation)
 			}
 		}
 	}
-	if mountPath == "" {
+	if mount == nil {
 		t.Fatalf("deploy/daemonset.yaml: volume %s is not mounted", vol.Name)
 	}
-	if bpffs := agentArg(t, c, "bpffs"); bpffs != mountPath {
-		t.Fatalf("deploy/daemonset.yaml: agent pins under --bpffs=%s, but the pin directory is mounted at %s", bpffs, mountPath)
-	}
-	return mountPath
+	return *mount
 }
 
-// TestDaemonSetMounts checks the DaemonSet's one host mount: see
-// podPinMount. TestCapabilities runs the agent with exactly this layout.
+// checkHostPaths checks that the DaemonSet's hostPath volumes are exactly
+// the pin directory and the cgroup file system.
+func checkHostPaths(t testing.TB) {
+	t.Helper()
+	ds, _ := agentDaemonSet(t)
+	var paths []string
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			paths = append(paths, v.HostPath.Path)
+		}
+	}
+	slices.Sort(paths)
+	if want := []string{nodePinDir, nodeCgroupDir}; !slices.Equal(paths, want) {
+		t.Fatalf("deploy/daemonset.yaml: hostPath volumes %v, want exactly %v", paths, want)
+	}
+}
+
+// podPinMount checks that the DaemonSet mounts the node's
+// /sys/fs/bpf/topolb (created if missing) at the path the agent pins under
+// (--bpffs), and returns that path.
+func podPinMount(t testing.TB) string {
+	t.Helper()
+	checkHostPaths(t)
+	_, c := agentDaemonSet(t)
+	m := hostMount(t, nodePinDir, v1.HostPathDirectoryOrCreate)
+	if bpffs := agentArg(t, c, "bpffs"); bpffs != m.MountPath {
+		t.Fatalf("deploy/daemonset.yaml: agent pins under --bpffs=%s, but the pin directory is mounted at %s", bpffs, m.MountPath)
+	}
+	return m.MountPath
+}
+
+// podCgroupMount checks that the DaemonSet mounts the node's cgroup file
+// system read-only at the path the agent attaches its socket hooks under
+// (--cgroup-root), and returns that path.
+func podCgroupMount(t testing.TB) string {
+	t.Helper()
+	checkHostPaths(t)
+	_, c := agentDaemonSet(t)
+	m := hostMount(t, nodeCgroupDir, v1.HostPathDirectory)
+	if !m.ReadOnly {
+		t.Errorf("deploy/daemonset.yaml: %s mounted read-write, want readOnly (attaching writes nothing)", nodeCgroupDir)
+	}
+	if root := agentArg(t, c, "cgroup-root"); root != m.MountPath {
+		t.Fatalf("deploy/daemonset.yaml: agent attaches under --cgroup-root=%s, but the node's cgroup file system is mounted at %s", root, m.MountPath)
+	}
+	return m.MountPath
+}
+
+// TestDaemonSetMounts checks the DaemonSet's two host mounts: see
+// podPinMount and podCgroupMount. TestCapabilities runs the agent with
+// exactly this layout.
 func TestDaemonSetMounts(t *testing.T) {
 	if got := podPinMount(t); got != nodePinDir {
 		t.Errorf("pin directory mounted at %s, want %s (the agent's default and the README's path)", got, nodePinDir)
+	}
+	if got := podCgroupMount(t); got == nodeCgroupDir || strings.HasPrefix(got, nodeCgroupDir+"/") {
+		t.Errorf("cgroup file system mounted at %s: over the pod's own cgroup mount, which the runtime owns", got)
 	}
 }
 

@@ -178,7 +178,10 @@ type Load struct {
 func (p *Pod) Send(ctx context.Context, l Load) []Record { return send(ctx, p.NS, l) }
 
 // send runs the load from ns; see Pod.Send.
-func send(ctx context.Context, ns *NS, l Load) []Record {
+func send(ctx context.Context, ns *NS, l Load) []Record { return sendWith(ctx, ns, l, dialHere) }
+
+// sendWith is send with the given dialer, called on threads inside ns.
+func sendWith(ctx context.Context, ns *NS, l Load, dial dialFunc) []Record {
 	if l.Parallel <= 0 {
 		l.Parallel = 16
 	}
@@ -205,7 +208,7 @@ func send(ctx context.Context, ns *NS, l Load) []Record {
 					}
 					start := time.Now()
 					rctx, cancel := context.WithTimeout(ctx, l.Timeout)
-					a, err := request(rctx, l.Proto, l.Target, dialHere)
+					a, err := request(rctx, l.Proto, l.Target, dial)
 					cancel()
 					if err != nil && ended(ctx) {
 						return nil // cut short by the caller, not a failure

@@ -12,7 +12,8 @@ import (
 
 // Direct programs every node's datapath from inside this process through
 // maps/, straight from topology.State.DecideNode: tc on every pod veth, XDP
-// on the uplink, and for each node the backends its decision permits. It
+// on the uplink, the socket hooks for the node's own processes, and for
+// each node the backends its decision permits. It
 // stands in for the agent, to tell datapath and decision problems from
 // agent problems, and to drive traffic before an agent exists.
 type Direct struct {
@@ -46,6 +47,10 @@ func (tb *Testbed) AttachDirect() (_ *Direct, err error) {
 			d.unload()
 		}
 	}()
+	cgroupRoot, err := maps.CgroupRoot("auto")
+	if err != nil {
+		return nil, err
+	}
 	for _, n := range tb.Nodes {
 		dp, err := maps.Load(maps.Options{
 			PinPath:      tb.BPFFS(n.Name),
@@ -60,11 +65,14 @@ func (tb *Testbed) AttachDirect() (_ *Direct, err error) {
 		}
 		d.nodes[n.Name] = dp
 		for _, p := range n.Pods {
-			if err := dp.AttachTC(p.HostVeth); err != nil {
+			if err := dp.AttachPod(p.HostVeth); err != nil {
 				return nil, fmt.Errorf("node %s: %w", n.Name, err)
 			}
 		}
 		if err := dp.AttachXDP(UplinkName); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := dp.AttachHost(cgroupRoot); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}

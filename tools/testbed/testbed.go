@@ -260,6 +260,9 @@ func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int)
 	if err := tb.Fabric.SetMaster(port, BridgeName); err != nil {
 		return err
 	}
+	if err := passXDP(tb.Fabric, port); err != nil {
+		return err
+	}
 	if mtu != 0 {
 		if err := ns.SetMTU(UplinkName, mtu); err != nil {
 			return err

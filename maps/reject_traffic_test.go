@@ -1,0 +1,170 @@
+package maps
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/topolb/topolb/internal/nettest"
+)
+
+// tcpRefused connects from ns to target and returns how long the
+// connection took to be refused, or an error when it was not.
+func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Duration) (time.Duration, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	start := time.Now()
+	c, err := ns.DialContext(ctx, "tcp4", target)
+	took := time.Since(start)
+	if err == nil {
+		c.Close()
+		return 0, errors.New("connected")
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return 0, err
+	}
+	return took, nil
+}
+
+// udpSendRefused sends one datagram from an unconnected socket in ns and
+// returns the send's error.
+func udpSendRefused(t *testing.T, ns *nettest.NS, target string) error {
+	t.Helper()
+	c, err := ns.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.WriteTo([]byte("q"), net.UDPAddrFromAddrPort(netip.MustParseAddrPort(target)))
+	return err
+}
+
+// TestRejectRealTraffic refuses connections to an empty reject service
+// from each kind of client, within 100 ms: a pod (a reset or port
+// unreachable from tc), the node's own processes (the socket call fails
+// with ECONNREFUSED), and a client outside the node reaching an external
+// frontend (a reset or port unreachable from XDP; node2 stands in for
+// it). A service empty by policy keeps dropping: the pod's connection
+// times out.
+func TestRejectRealTraffic(t *testing.T) {
+	requirePrivileges(t)
+	tb := newTestbed(t)
+	d := hostDatapath(t, tb.node1)
+	const (
+		vipTCP, vipUDP   = "10.96.0.30:80", "10.96.0.30:53"
+		dropTCP          = "10.96.0.31:80"
+		extTCP, extUDP   = "192.0.2.30:80", "192.0.2.30:53"
+		refusedWithin    = 100 * time.Millisecond
+		dropNoticedAfter = 300 * time.Millisecond
+	)
+	for _, f := range []Frontend{fe(vipTCP, TCP), fe(vipUDP, UDP),
+		{Addr: netip.MustParseAddrPort(extTCP), Proto: TCP, Scope: ScopeExternal},
+		{Addr: netip.MustParseAddrPort(extUDP), Proto: UDP, Scope: ScopeExternal}} {
+		mustSetService(t, d, f, Service{Reject: true})
+	}
+	mustSetService(t, d, fe(dropTCP, TCP), Service{})
+	for _, ifname := range []string{"hc", "hb1", "hb2"} {
+		must(t, d.AttachPod(ifname))
+	}
+	must(t, d.AttachXDP("w1"))
+	must(t, tb.node2.AddRoute("192.0.2.0/24", "10.9.0.1"))
+	// XDP_TX on w1 hands frames to w2, which takes them only in NAPI mode.
+	xdpPassOn(t, tb.node2, "w2")
+
+	for _, c := range []struct {
+		name   string
+		ns     *nettest.NS
+		tcp    string
+		udp    string
+		unconn bool // also an unconnected UDP send, refused by the socket hook
+	}{
+		{"pod", tb.client, vipTCP, vipUDP, false},
+		{"host_process", tb.node1, vipTCP, vipUDP, true},
+		{"outside_client", tb.node2, extTCP, extUDP, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before, err := d.Counters()
+			must(t, err)
+			took, err := tcpRefused(t, c.ns, c.tcp, 2*time.Second)
+			if err != nil {
+				t.Fatalf("TCP to %s: %v", c.tcp, err)
+			}
+			t.Logf("TCP refused after %s", took)
+			if took > refusedWithin {
+				t.Errorf("TCP refused after %s, want within %s", took, refusedWithin)
+			}
+			took, err = udpRefused(t, c.ns, c.udp, 2*time.Second)
+			if err != nil {
+				t.Fatalf("UDP to %s: %v", c.udp, err)
+			}
+			t.Logf("UDP refused after %s", took)
+			if took > refusedWithin {
+				t.Errorf("UDP refused after %s, want within %s", took, refusedWithin)
+			}
+			want := uint64(2)
+			if c.unconn {
+				if err := udpSendRefused(t, c.ns, c.udp); !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Errorf("unconnected UDP send to %s: %v, want ECONNREFUSED", c.udp, err)
+				}
+				want++
+			}
+			after, err := d.Counters()
+			must(t, err)
+			if n := after.Stats[StatReject] - before.Stats[StatReject]; n != want {
+				t.Errorf("StatReject grew by %d, want %d", n, want)
+			}
+		})
+	}
+
+	t.Run("drop_frontend_keeps_dropping", func(t *testing.T) {
+		_, err := tcpRefused(t, tb.client, dropTCP, dropNoticedAfter)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("TCP to an empty frontend without Reject: %v, want a timeout (dropped)", err)
+			}
+		}
+	})
+
+	for name, ns := range tb.all() {
+		if ce, err := ns.ChecksumErrors(); err != nil || ce != (nettest.ChecksumErrors{}) {
+			t.Errorf("%s: checksum errors %+v, %v", name, ce, err)
+		}
+	}
+}
+
+// xdpPassOn attaches an XDP program that passes everything to ifname in
+// ns, until the test ends: a veth takes frames its peer sends with XDP_TX
+// only with an XDP program of its own (its receive queues then run in
+// NAPI mode), as a real NIC always would.
+func xdpPassOn(t *testing.T, ns *nettest.NS, ifname string) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.XDP,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()},
+	})
+	must(t, err)
+	t.Cleanup(func() { prog.Close() })
+	must(t, ns.Do(func() error {
+		iface, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: iface.Index})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		return nil
+	}))
+}
