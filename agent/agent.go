@@ -86,12 +86,18 @@ type Agent struct {
 	// owns it; owned indexes the same by service. waiting holds, per
 	// frontend, the services whose claim on it lost to the owner's
 	// (topology.CompareClaims), and waitsFor the reverse.
-	owner    map[topology.Key]topology.Frontend
+	owner    map[topology.Key]topology.Claim
 	owned    map[types.NamespacedName]map[topology.Key]bool
 	waiting  map[topology.Key]map[types.NamespacedName]bool
 	waitsFor map[types.NamespacedName]map[topology.Key]bool
-	// decisions holds the last decisions per service.
-	decisions map[types.NamespacedName][]topology.PortDecision
+	// ports holds what the agent must remember of each service's last
+	// decisions (modes for change reports, what they read of Nodes,
+	// metrics); the decisions themselves are derivable from state and are
+	// not kept (/debug/state decides again).
+	ports map[types.NamespacedName][]portSummary
+	// shares holds, for the frontends programmed with unequal weights, the
+	// decided share of new flows per backend zone (metrics).
+	shares map[topology.Key]map[string]float64
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
@@ -114,14 +120,15 @@ func New(cfg Config, dp Datapath) *Agent {
 	}
 	return &Agent{
 		cfg: cfg, dp: dp, log: log, now: time.Now,
-		state:     topology.NewEmptyState(),
-		owner:     map[topology.Key]topology.Frontend{},
-		owned:     map[types.NamespacedName]map[topology.Key]bool{},
-		waiting:   map[topology.Key]map[types.NamespacedName]bool{},
-		waitsFor:  map[types.NamespacedName]map[topology.Key]bool{},
-		decisions: map[types.NamespacedName][]topology.PortDecision{},
-		failed:    map[types.NamespacedName]bool{},
-		rejected:  map[types.NamespacedName]string{},
+		state:    topology.NewEmptyState(),
+		owner:    map[topology.Key]topology.Claim{},
+		owned:    map[types.NamespacedName]map[topology.Key]bool{},
+		waiting:  map[topology.Key]map[types.NamespacedName]bool{},
+		waitsFor: map[types.NamespacedName]map[topology.Key]bool{},
+		ports:    map[types.NamespacedName][]portSummary{},
+		shares:   map[topology.Key]map[string]float64{},
+		failed:   map[types.NamespacedName]bool{},
+		rejected: map[types.NamespacedName]string{},
 
 		healthChecked: map[types.NamespacedName]bool{},
 	}
@@ -293,9 +300,9 @@ func (a *Agent) nodeAffects(self bool, prev, cur *topology.Node, affected map[ty
 			affected[nn] = true
 		}
 	}
-	for nn, ds := range a.decisions {
-		for _, d := range ds {
-			if d.Port.Reads().Affected(self, prev, cur) {
+	for nn, ps := range a.ports {
+		for _, p := range ps {
+			if p.reads.Affected(self, prev, cur) {
 				affected[nn] = true
 				break
 			}
@@ -327,8 +334,8 @@ func (a *Agent) noteRejections(nn types.NamespacedName, warnings []string) {
 // changed since the last decision.
 func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topology.PortDecision) {
 	prev := map[string]topology.Mode{}
-	for _, d := range a.decisions[nn] {
-		prev[portKey(d.Port)] = d.Decision.Mode
+	for _, p := range a.ports[nn] {
+		prev[p.key] = p.mode
 	}
 	for _, d := range ds {
 		from, seen := prev[portKey(d.Port)]

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,6 +187,18 @@ func BenchmarkAgentChurn(b *testing.B) {
 	// Return freed heap to the OS, as a long-running agent's scavenger
 	// does, so RSS counts what the agent holds, not garbage of the load.
 	debug.FreeOSMemory()
+	if path := os.Getenv("TOPOLB_BENCH_HEAP_PROFILE"); path != "" {
+		// The live heap while the agent holds its state, for `go tool
+		// pprof -sample_index=inuse_space`.
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
 	rss, err := rssMB()
 	if err != nil {
 		b.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/maps"
-	"github.com/topolb/topolb/topology"
 )
 
 // Metrics are the agent's Prometheus metrics.
@@ -80,15 +79,15 @@ func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {
 // serviceDecided moves one service's contribution to the gauges from its
 // previous decisions to its new ones, so a sync costs metric updates for
 // the services it decided only.
-func (m *Metrics) serviceDecided(nn types.NamespacedName, prev, cur []topology.PortDecision) {
-	for _, d := range prev {
-		m.Services.WithLabelValues(string(d.Decision.Policy), string(d.Decision.Mode)).Dec()
+func (m *Metrics) serviceDecided(nn types.NamespacedName, prev, cur []portSummary) {
+	for _, p := range prev {
+		m.Services.WithLabelValues(string(p.policy), string(p.mode)).Dec()
 	}
 	for z := range backendZones(prev) {
 		m.Backends.DeleteLabelValues(nn.String(), z)
 	}
-	for _, d := range cur {
-		m.Services.WithLabelValues(string(d.Decision.Policy), string(d.Decision.Mode)).Inc()
+	for _, p := range cur {
+		m.Services.WithLabelValues(string(p.policy), string(p.mode)).Inc()
 	}
 	for z, n := range backendZones(cur) {
 		m.Backends.WithLabelValues(nn.String(), z).Set(float64(n))
@@ -96,11 +95,11 @@ func (m *Metrics) serviceDecided(nn types.NamespacedName, prev, cur []topology.P
 }
 
 // backendZones counts the internal backends of a service's ports by zone.
-func backendZones(ds []topology.PortDecision) map[string]int {
+func backendZones(ps []portSummary) map[string]int {
 	zones := map[string]int{}
-	for _, d := range ds {
-		for _, ep := range d.Decision.Backends {
-			zones[ep.Zone]++
+	for _, p := range ps {
+		for _, z := range p.zones {
+			zones[z.zone] += z.n
 		}
 	}
 	return zones

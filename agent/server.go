@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"bufio"
 	"encoding/json"
+	"io"
+	stdmaps "maps"
 	"net/http"
+	"slices"
 	"sort"
 
 	"github.com/topolb/topolb/maps"
@@ -47,27 +51,15 @@ type ProgrammedFrontend struct {
 	Problems []string `json:"problems,omitempty"`
 }
 
-// State returns the agent's current decisions and what the kernel maps
-// hold.
+// State returns the agent's current decisions, decided again from the
+// objects it holds (the agent keeps no copy of them), and what the kernel
+// maps hold.
 func (a *Agent) State() DebugState {
 	a.mu.RLock()
-	var ds []topology.PortDecision
-	for _, d := range a.decisions {
-		ds = append(ds, d...)
-	}
+	ds, _ := a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
 	node, _ := a.state.Node(a.cfg.NodeName)
 	synced := a.synced
 	a.mu.RUnlock()
-	sort.Slice(ds, func(i, j int) bool {
-		x, y := ds[i].Port, ds[j].Port
-		if x.Service != y.Service {
-			return x.Service.String() < y.Service.String()
-		}
-		if x.Name != y.Name {
-			return x.Name < y.Name
-		}
-		return x.Protocol < y.Protocol
-	})
 	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
 	prog, err := a.dp.Programmed()
 	if err != nil {
@@ -95,18 +87,17 @@ func (a *Agent) State() DebugState {
 	return st
 }
 
-// BackendZones maps each backend IP the decisions name to its endpoint
+// BackendZones maps the address of every endpoint of every Service to its
 // zone.
 func (a *Agent) BackendZones() map[string]string {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := map[string]string{}
-	for _, ds := range a.decisions {
-		for _, d := range ds {
-			for _, set := range [][]topology.Endpoint{d.Decision.Backends, d.Decision.ExternalBackends, d.Decision.ClusterBackends,
-				d.Decision.Draining, d.Decision.ExternalDraining, d.Decision.ClusterDraining} {
-				for _, ep := range set {
-					out[ep.Addr.Addr().String()] = ep.Zone
+	for _, list := range a.state.Slices {
+		for _, es := range list {
+			for _, e := range es.Endpoints {
+				if len(e.Addresses) > 0 && e.Zone != nil {
+					out[e.Addresses[0]] = *e.Zone
 				}
 			}
 		}
@@ -136,9 +127,7 @@ func (a *Agent) HealthHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/state", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(a.State())
+		_ = writeDebugState(w, a.State())
 	})
 	return mux
 }
@@ -148,20 +137,98 @@ func (a *Agent) HealthHandler() http.Handler {
 func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	out := map[maps.Frontend]map[string]float64{}
-	for key, f := range a.owner {
-		if integerWeights(f.Weights) == nil {
-			continue
+	out := make(map[maps.Frontend]map[string]float64, len(a.shares))
+	for key, shares := range a.shares {
+		if fe, ok := DatapathFrontend(key); ok {
+			out[fe] = cloneMap(shares)
 		}
-		fe, ok := DatapathFrontend(key)
-		if !ok {
-			continue
-		}
-		shares := map[string]float64{}
-		for i, ep := range f.Backends {
-			shares[ep.Zone] += f.Weights[i]
-		}
-		out[fe] = shares
 	}
 	return out
+}
+
+// writeDebugState writes st as the JSON json.Marshal would make of it,
+// compact, one element at a time: at 10,000 services the document is
+// megabytes, and building it whole (let alone indented, which copies it
+// again) would be the agent's largest allocation.
+// TestWriteDebugStateIsMarshal keeps the two the same.
+func writeDebugState(w io.Writer, st DebugState) error {
+	bw := bufio.NewWriter(w)
+	var err error
+	raw := func(s string) {
+		if err == nil {
+			_, err = bw.WriteString(s)
+		}
+	}
+	value := func(v any) {
+		if err != nil {
+			return
+		}
+		var b []byte
+		if b, err = json.Marshal(v); err == nil {
+			_, err = bw.Write(b)
+		}
+	}
+	list := func(n int, elem func(i int)) {
+		raw("[")
+		for i := range n {
+			if i > 0 {
+				raw(",")
+			}
+			elem(i)
+		}
+		raw("]")
+	}
+	object := func(keys []string, elem func(k string)) {
+		raw("{")
+		for i, k := range keys {
+			if i > 0 {
+				raw(",")
+			}
+			value(k)
+			raw(":")
+			elem(k)
+		}
+		raw("}")
+	}
+	raw(`{"node":`)
+	value(st.Node)
+	raw(`,"zone":`)
+	value(st.Zone)
+	raw(`,"services":`)
+	if st.Services == nil {
+		raw("null")
+	} else {
+		list(len(st.Services), func(i int) { value(st.Services[i]) })
+	}
+	raw(`,"frontends":`)
+	if st.Frontends == nil {
+		raw("null")
+	} else {
+		list(len(st.Frontends), func(i int) { value(st.Frontends[i]) })
+	}
+	raw(`,"warnings":`)
+	value(st.Warnings)
+	raw(`,"synced":`)
+	value(st.Synced)
+	raw(`,"programmed":`)
+	if st.Programmed == nil {
+		raw("null")
+	} else {
+		object(slices.Sorted(stdmaps.Keys(st.Programmed)), func(k string) { value(st.Programmed[k]) })
+	}
+	raw(`,"datapath":`)
+	if st.Datapath == nil {
+		raw("null")
+	} else {
+		object(slices.Sorted(stdmaps.Keys(st.Datapath)), func(k string) { value(st.Datapath[k]) })
+	}
+	if st.DatapathError != "" {
+		raw(`,"datapathError":`)
+		value(st.DatapathError)
+	}
+	raw("}\n")
+	if err != nil {
+		return err
+	}
+	return bw.Flush()
 }

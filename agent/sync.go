@@ -39,10 +39,10 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	a.unwait(nn)
 	desired := map[topology.Key]topology.Frontend{}
 	for _, c := range claims {
-		if cur, ok := a.owner[c.Key()]; ok && cur.Port.Service != nn && topology.CompareClaims(cur, c) < 0 {
+		if cur, ok := a.owner[c.Key()]; ok && cur.Service != nn && topology.CompareClaims(cur, c.Claim()) < 0 {
 			a.wait(c.Key(), nn)
-			warnings = append(warnings, fmt.Sprintf("%s %s/%s (%s) is owned by %s: not served for port %s until it is released",
-				c.Kind, c.Addr, c.Protocol, c.Scope, cur.Port.Service, c.Port.Name))
+			warnings = append(warnings, fmt.Sprintf("%s %s/%s (%s) is owned by %s port %s: not served for port %s until it is released",
+				c.Kind, c.Addr, c.Protocol, c.Scope, cur.Service, cur.Port, c.Claim().Port))
 			continue
 		}
 		desired[c.Key()] = c
@@ -92,7 +92,7 @@ func (a *Agent) claims(node topology.Node, ds []topology.PortDecision) ([]topolo
 			if _, ok := DatapathFrontend(c.Key()); !ok {
 				continue
 			}
-			if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev, c) <= 0 {
+			if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev.Claim(), c.Claim()) <= 0 {
 				continue
 			}
 			byKey[c.Key()] = c
@@ -128,12 +128,17 @@ func (a *Agent) program(nn types.NamespacedName, node topology.Node, desired map
 			errs = append(errs, fmt.Errorf("program %s: %w", fe, err))
 			continue
 		}
-		if prev, ok := a.owner[c.Key()]; ok && prev.Port.Service != nn {
-			delete(a.owned[prev.Port.Service], c.Key())
-			a.wait(c.Key(), prev.Port.Service)
-			a.log.Warn("frontend taken over by the service that ranks first", "frontend", fe, "service", nn, "previous", prev.Port.Service)
+		if prev, ok := a.owner[c.Key()]; ok && prev.Service != nn {
+			delete(a.owned[prev.Service], c.Key())
+			a.wait(c.Key(), prev.Service)
+			a.log.Warn("frontend taken over by the service that ranks first", "frontend", fe, "service", nn, "previous", prev.Service)
 		}
-		a.owner[c.Key()] = c
+		a.owner[c.Key()] = c.Claim()
+		if shares := zoneShares(c); shares != nil {
+			a.shares[c.Key()] = shares
+		} else {
+			delete(a.shares, c.Key())
+		}
 		if a.owned[nn] == nil {
 			a.owned[nn] = map[topology.Key]bool{}
 		}
@@ -161,6 +166,7 @@ func (a *Agent) release(nn types.NamespacedName, desired map[topology.Key]topolo
 		}
 		delete(a.owned[nn], key)
 		delete(a.owner, key)
+		delete(a.shares, key)
 		for w := range a.waiting[key] {
 			released = append(released, w)
 		}
@@ -195,20 +201,59 @@ func (a *Agent) unwait(nn types.NamespacedName) {
 	delete(a.waitsFor, nn)
 }
 
-// remember keeps the decisions (not the endpoint lists they were made from:
-// the slices hold those) and moves the service's metrics to them.
+// portSummary is what the agent remembers of one port's last decision.
+type portSummary struct {
+	key    string // portKey
+	policy topology.Policy
+	mode   topology.Mode
+	// reads is what the decision read of the Nodes (ServicePort.Reads).
+	reads topology.NodeReads
+	// zones counts the internal backends per endpoint zone.
+	zones []zoneCount
+}
+
+// zoneCount is a number of backends in one zone.
+type zoneCount struct {
+	zone string
+	n    int
+}
+
+// remember keeps a summary of the decisions and moves the service's
+// metrics to them.
 func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
-	for i := range ds {
-		ds[i].Endpoints = nil
+	ps := make([]portSummary, 0, len(ds))
+	for _, d := range ds {
+		var zones []zoneCount
+		for _, ep := range d.Decision.Backends {
+			if i := slices.IndexFunc(zones, func(z zoneCount) bool { return z.zone == ep.Zone }); i >= 0 {
+				zones[i].n++
+			} else {
+				zones = append(zones, zoneCount{ep.Zone, 1})
+			}
+		}
+		ps = append(ps, portSummary{key: portKey(d.Port), policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
 	}
 	if a.cfg.Metrics != nil {
-		a.cfg.Metrics.serviceDecided(nn, a.decisions[nn], ds)
+		a.cfg.Metrics.serviceDecided(nn, a.ports[nn], ps)
 	}
-	if len(ds) == 0 {
-		delete(a.decisions, nn)
+	if len(ps) == 0 {
+		delete(a.ports, nn)
 		return
 	}
-	a.decisions[nn] = ds
+	a.ports[nn] = ps
+}
+
+// zoneShares sums a frontend's weights per backend zone, or returns nil
+// when they are all equal.
+func zoneShares(c topology.Frontend) map[string]float64 {
+	if integerWeights(c.Weights) == nil {
+		return nil
+	}
+	shares := map[string]float64{}
+	for i, ep := range c.Backends {
+		shares[ep.Zone] += c.Weights[i]
+	}
+	return shares
 }
 
 // removeStale deletes programmed frontends no service owns (left by a

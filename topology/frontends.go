@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // FrontendKind says how a frontend address belongs to its service port.
@@ -196,6 +198,23 @@ func (f Frontend) Key() Key { return Key{Addr: f.Addr, Protocol: f.Protocol, Sco
 // by controllers, before externalIPs any Service author may write.
 var kindRank = map[FrontendKind]int{KindClusterIP: 0, KindNodePort: 1, KindLoadBalancerIP: 2, KindExternalIP: 3}
 
+// Claim is what ranks a claim on a frontend (CompareClaims): its kind and
+// the identity of the service port that makes it. It is small, so an agent
+// can remember who owns each frontend without holding its backends.
+type Claim struct {
+	Kind    FrontendKind
+	Service types.NamespacedName
+	Created time.Time
+	Index   int
+	// Port is the port's name, for messages.
+	Port string
+}
+
+// Claim returns the frontend's claim.
+func (f Frontend) Claim() Claim {
+	return Claim{Kind: f.Kind, Service: f.Port.Service, Created: f.Port.Created, Index: f.Port.Index, Port: f.Port.displayName()}
+}
+
 // CompareClaims orders two claims on the same frontend Key: negative when a
 // owns it before b. The order is total and depends only on the claims, so
 // `topolbctl explain` (which sees every claim at once) and an agent that
@@ -205,15 +224,18 @@ var kindRank = map[FrontendKind]int{KindClusterIP: 0, KindNodePort: 1, KindLoadB
 //  2. the older Service (creationTimestamp; unset counts as oldest);
 //  3. namespace, then name;
 //  4. the port's position in spec.ports.
-func CompareClaims(a, b Frontend) int {
+func CompareClaims(a, b Claim) int {
 	return cmp.Or(
 		cmp.Compare(kindRank[a.Kind], kindRank[b.Kind]),
-		a.Port.Created.Compare(b.Port.Created),
-		cmp.Compare(a.Port.Service.Namespace, b.Port.Service.Namespace),
-		cmp.Compare(a.Port.Service.Name, b.Port.Service.Name),
-		cmp.Compare(a.Port.Index, b.Port.Index),
+		a.Created.Compare(b.Created),
+		cmp.Compare(a.Service.Namespace, b.Service.Namespace),
+		cmp.Compare(a.Service.Name, b.Service.Name),
+		cmp.Compare(a.Index, b.Index),
 	)
 }
+
+// compareFrontends is CompareClaims on two frontends' claims.
+func compareFrontends(a, b Frontend) int { return CompareClaims(a.Claim(), b.Claim()) }
 
 // Claims returns every frontend a node's decision for one port asks for,
 // before conflicts with other ports are resolved: the cluster IP in the
@@ -262,7 +284,7 @@ func NodeFrontends(node Node, ds []PortDecision, opts Options) ([]Frontend, []st
 	lostScopes := map[string][]loss{}
 	out := make([]Frontend, 0, len(byKey))
 	for _, claims := range byKey {
-		slices.SortFunc(claims, CompareClaims)
+		slices.SortFunc(claims, compareFrontends)
 		out = append(out, claims[0])
 		for _, lost := range claims[1:] {
 			id := fmt.Sprintf("%s\x00%d\x00%s\x00%s", lost.Port.Service, lost.Port.Index, lost.Addr, lost.Protocol)

@@ -273,7 +273,7 @@ func TestCompareClaimsIsATotalOrder(t *testing.T) {
 		// Rotate the input; the sorted order must not change.
 		in := append(slices.Clone(claims[i:]), claims[:i]...)
 		slices.Reverse(in[1:])
-		slices.SortStableFunc(in, CompareClaims)
+		slices.SortStableFunc(in, compareFrontends)
 		if got := render(in); !slices.Equal(got, want) {
 			t.Fatalf("rotation %d: order %q, want %q", i, got, want)
 		}

@@ -389,7 +389,7 @@ func FuzzNodeFrontends(f *testing.F) {
 			}
 			seen[fe.Key()] = true
 			for _, c := range claims[fe.Key()] {
-				if CompareClaims(c, fe) < 0 {
+				if CompareClaims(c.Claim(), fe.Claim()) < 0 {
 					t.Fatalf("%v owned by %s %s, but %s %s claims it first", fe.Key(), fe.Kind, fe.Port.Service, c.Kind, c.Port.Service)
 				}
 			}
