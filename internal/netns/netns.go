@@ -95,6 +95,12 @@ func DeleteNamed(path string) error {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if errors.Is(err, unix.EBUSY) {
+			// The file is still a mount point, but not in the mount we
+			// reach by path: a later bind mount of Dir onto itself (as
+			// "ip netns add" makes when Dir is not yet one) hides it.
+			return fmt.Errorf("remove netns %s: %w (still mounted under a later mount of %s; \"umount %s\" once, then remove it)", path, err, Dir, Dir)
+		}
 		return fmt.Errorf("remove netns %s: %w", path, err)
 	}
 	return nil

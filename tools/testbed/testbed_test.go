@@ -181,11 +181,20 @@ func TestCrashedRunIsCleaned(t *testing.T) {
 	if nss, dir, mounted := ours(t, id); len(nss) == 0 || !dir || !mounted {
 		t.Fatalf("the killed child left nothing to clean (namespaces %v, dir %v, mount %v): the test tests nothing", nss, dir, mounted)
 	}
-	if err := RemoveStale(""); err != nil {
-		t.Fatalf("RemoveStale: %v", err)
-	}
+	// RemoveStale also tries leftovers of other runs; one it cannot remove
+	// (say, hidden under a later mount of /run/netns) is reported but is not
+	// what this test is about. Ours must be gone, and then no error may name
+	// our ID.
+	staleErr := RemoveStale("")
 	if nss, dir, mounted := ours(t, id); len(nss) != 0 || dir || mounted {
-		t.Errorf("after RemoveStale: namespaces %v, state dir %v, bpffs mounted %v", nss, dir, mounted)
+		t.Errorf("after RemoveStale: namespaces %v, state dir %v, bpffs mounted %v (RemoveStale: %v)", nss, dir, mounted, staleErr)
+	}
+	if staleErr != nil {
+		if strings.Contains(staleErr.Error(), id) {
+			t.Errorf("RemoveStale failed on this run's leftovers: %v", staleErr)
+		} else {
+			t.Logf("RemoveStale could not remove other runs' leftovers: %v", staleErr)
+		}
 	}
 }
 
