@@ -19,11 +19,16 @@ import (
 type hook string
 
 const (
-	hookTC  hook = "tc"
+	// hookTC is tc_lb on the tcx ingress of a pod's host-side veth.
+	hookTC hook = "tc"
+	// hookXDP is xdp_lb on an uplink.
 	hookXDP hook = "xdp"
+	// hookUplink is tc_uplink on the tcx ingress of an uplink: it
+	// delivers what xdp_lb hands over in packet metadata.
+	hookUplink hook = "uplink"
 )
 
-var hooks = []hook{hookTC, hookXDP}
+var hooks = []hook{hookTC, hookXDP, hookUplink}
 
 func (d *Datapath) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
 
@@ -42,11 +47,18 @@ func (d *Datapath) AttachTC(ifname string) error {
 	return nil
 }
 
-// AttachXDP attaches the XDP program to ifname (an uplink), in driver mode
-// where supported and generic mode otherwise, and pins the link.
-func (d *Datapath) AttachXDP(ifname string) error {
-	if err := d.attach(ifname, hookXDP); err != nil {
-		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+// AttachUplink attaches the uplink programs to ifname: tc_uplink to its
+// tcx ingress, then the XDP program, in driver mode where supported and
+// generic mode otherwise; it pins both links and records ifname as an
+// uplink in tlb_ifaces, so flows are forwarded out of it without the host
+// stack. Either program works without the other (without tc_uplink, what
+// XDP hands over goes up the stack), so a failure leaves what was attached
+// in place; Detach removes both. Attaching again updates pinned links.
+func (d *Datapath) AttachUplink(ifname string) error {
+	for _, h := range []hook{hookUplink, hookXDP} {
+		if err := d.attach(ifname, h); err != nil {
+			return fmt.Errorf("attach %s to uplink %s: %w", h, ifname, err)
+		}
 	}
 	return nil
 }
@@ -58,8 +70,11 @@ func (d *Datapath) attach(ifname string, h hook) error {
 		return ErrClosed
 	}
 	prog, kind := d.tcProg, tcIfaceKindIFACE_POD
-	if h == hookXDP {
+	switch h {
+	case hookXDP:
 		prog, kind = d.xdpProg, tcIfaceKindIFACE_UPLINK
+	case hookUplink:
+		prog, kind = d.uplinkProg, tcIfaceKindIFACE_UPLINK
 	}
 	if err := os.MkdirAll(d.linksDir(), 0o700); err != nil {
 		return err
@@ -78,7 +93,7 @@ func (d *Datapath) attach(ifname string, h hook) error {
 		}
 		var l link.Link
 		switch h {
-		case hookTC:
+		case hookTC, hookUplink:
 			l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
 		case hookXDP:
 			l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPDriverMode})
@@ -183,7 +198,7 @@ func (d *Datapath) detach(ifname string) error {
 }
 
 // Attached lists the interfaces with a pinned topolb link (tc, XDP or
-// both), sorted.
+// uplink tc), sorted.
 func (d *Datapath) Attached() ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

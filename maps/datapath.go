@@ -41,8 +41,8 @@ type Datapath struct {
 	// argument). Nil outside tests, which use it to check rollback.
 	writeFault func(what string) error
 
-	tcColl, xdpColl *ebpf.Collection
-	tcProg, xdpProg *ebpf.Program
+	tcColl, xdpColl, uplinkColl *ebpf.Collection
+	tcProg, xdpProg, uplinkProg *ebpf.Program
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -68,6 +68,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SNATPorts == (PortRange{}) {
+		o.SNATPorts = DefaultSNATPorts
+	}
+	if err := o.SNATPorts.validate(); err != nil {
+		return o, fmt.Errorf("options: SNATPorts: %w", err)
 	}
 	// The backends map holds two buffers; ids must fit the registry.
 	if o.MaxBackends > math.MaxInt32/2 || o.MaxFrontends >= math.MaxInt32 {
@@ -156,9 +162,12 @@ func lockDir(dir string) (*os.File, error) {
 }
 
 // loadObjects creates (or adopts) the pinned maps with the tc object and
-// hands them to the XDP object.
+// hands them to the XDP and uplink objects.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	sizeMaps(tcSpec, d.opts)
+	if err := configure(tcSpec, d.opts); err != nil {
+		return err
+	}
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
@@ -177,9 +186,21 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return err
 	}
 	sizeMaps(xdpSpec, d.opts)
+	if err := configure(xdpSpec, d.opts); err != nil {
+		return err
+	}
 	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
 	if err != nil {
 		return fmt.Errorf("load xdp program: %w", err)
+	}
+	uplinkSpec, err := loadUplink()
+	if err != nil {
+		return err
+	}
+	sizeMaps(uplinkSpec, d.opts)
+	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
+	if err != nil {
+		return fmt.Errorf("load uplink tc program: %w", err)
 	}
 
 	m := d.tcColl.Maps
@@ -187,6 +208,22 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
+	d.uplinkProg = d.uplinkColl.Programs[uplinkProgTcUplink]
+	return nil
+}
+
+// configure sets the load-time constants of an object that has them: the
+// SNAT port range.
+func configure(spec *ebpf.CollectionSpec, opts Options) error {
+	for name, v := range map[string]uint16{xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max} {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			continue
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -277,6 +314,10 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 func (d *Datapath) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.uplinkColl != nil {
+		d.uplinkColl.Close()
+		d.uplinkColl = nil
+	}
 	if d.xdpColl != nil {
 		d.xdpColl.Close()
 		d.xdpColl = nil

@@ -165,10 +165,11 @@ const (
 	beExt    = "10.1.1.4:8080"
 )
 
-// newTCP is the counters a new TCP flow moves: created, and a midflow
-// miss when its first packet has no SYN.
+// newFlowStats is the counters a new flow moves, plus extra: created,
+// and both its directions' paths, which are the stack's in the tables'
+// namespace (no interface of it is in tlb_ifaces).
 func newFlowStats(extra stats) stats {
-	s := stats{StatConntrackCreated: 1}
+	s := stats{StatConntrackCreated: 1, StatFwdStack: 2}
 	for k, v := range extra {
 		s[k] += v
 	}
@@ -239,7 +240,8 @@ func setupTable(t *testing.T) *Datapath {
 	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
 	mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
 	mustSet(t, d, fe(vipEmpty, TCP))
-	mustSet(t, d, extFE(), be(beExt))
+	// Node-local: no source translation (forward_test.go has those).
+	mustSet(t, d, extFE(), Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
 	return d
 }
 
@@ -335,7 +337,7 @@ func TestScopeSeparation(t *testing.T) {
 	internal := fe(vipTCP, TCP)
 	external := Frontend{Addr: internal.Addr, Proto: TCP, Scope: ScopeExternal}
 	mustSet(t, d, internal, be(beTCP))
-	mustSet(t, d, external, be(beExt))
+	mustSet(t, d, external, Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
 	inSyn := tcpFrame(client, vipTCP, tcpSYN, "")
 	outSyn := tcpFrame(client2, vipTCP, tcpSYN, "")
 	runTable(t, d, []pktCase{

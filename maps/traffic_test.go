@@ -165,7 +165,7 @@ func TestRealTraffic(t *testing.T) {
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachTC(ifname))
 	}
-	must(t, d.AttachXDP("w1"))
+	must(t, d.AttachUplink("w1"))
 	if got, err := d.Attached(); err != nil || !slices.Equal(got, []string{"hb1", "hb2", "hc", "w1"}) {
 		t.Fatalf("Attached = %v, %v", got, err)
 	}
@@ -217,7 +217,7 @@ func TestRealTraffic(t *testing.T) {
 		for _, ifname := range []string{"hc", "hb1", "hb2"} {
 			must(t, d2.AttachTC(ifname))
 		}
-		must(t, d2.AttachXDP("w1"))
+		must(t, d2.AttachUplink("w1"))
 		if got := httpGets(t, tb.client, "http://"+vipHTTP+"/", 20); len(got) == 0 {
 			t.Error("no answers after restart")
 		}
