@@ -63,7 +63,7 @@ struct fwd_target {
 /* What XDP hands to tc_uplink in front of a frame it passes up
  * (bpf_xdp_adjust_meta): deliver into a pod, or out of an interface
  * through the neighbour subsystem. tc_uplink acts only on a frame whose
- * metadata is exactly this size and starts with FWD_META_MAGIC. 20 bytes:
+ * metadata is exactly this size and starts with FWD_META_MAGIC. 24 bytes:
  * metadata must be a multiple of 4, at most 32. */
 struct fwd_meta {
 	__u32 magic;   /* FWD_META_MAGIC */
@@ -72,6 +72,7 @@ struct fwd_meta {
 	__u8 flags;    /* enum fwd_meta_flag bits */
 	__u8 dmac[ETH_ALEN]; /* PEER: the pod's MAC when known, else zero */
 	__u8 smac[ETH_ALEN];
+	__u16 pad;           /* zero */
 };
 _Static_assert(sizeof(struct fwd_meta) % 4 == 0 && sizeof(struct fwd_meta) <= 32,
 	       "XDP metadata is a multiple of 4 bytes, at most 32");
@@ -144,6 +145,11 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 	struct bpf_fib_lookup p = {
 		.family = AF_INET,
 		.l4_protocol = proto,
+		/* A length that fits any MTU: the route, not this packet's
+		 * size, is what the flow caches (each packet's size is checked
+		 * on its way out). Without it, tc's lookup would fail a large
+		 * first packet with FRAG_NEEDED. */
+		.tot_len = sizeof(struct iphdr),
 		.ifindex = iif,
 		.ipv4_src = src,
 		.ipv4_dst = dst,
@@ -280,6 +286,7 @@ static __always_inline int fwd_xdp_handoff(struct xdp_md *ctx, const struct fwd_
 	m->flags = no_stack ? FWD_META_F_NO_STACK : 0;
 	__builtin_memcpy(m->dmac, t->dmac, ETH_ALEN);
 	__builtin_memcpy(m->smac, t->smac, ETH_ALEN);
+	m->pad = 0;
 	return XDP_PASS;
 }
 

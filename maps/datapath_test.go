@@ -39,6 +39,15 @@ type pktCase struct {
 	stats   stats
 	// after runs after the packet's checks: inspects map entries.
 	after func(t *testing.T, d *Datapath)
+
+	// Forwarding rows (forward_test.go) run in env's node namespace, the
+	// packet arriving on interface iif. ret, when not 0, is the exact
+	// verdict expected (want is then ignored); meta is the XDP metadata
+	// expected in front of the output frame (nil: none).
+	env  *fwdEnv
+	iif  string
+	ret  uint32
+	meta *tcFwdMeta
 }
 
 func (c pktCase) runOn(t *testing.T, d *Datapath) {
@@ -48,17 +57,29 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 	if c.hook == hookXDP {
 		prog, okV, dropV = d.xdpProg, xdpPass, xdpDrop
 	}
-	ret, out := run(t, prog, in)
+	var (
+		ret       uint32
+		out, meta []byte
+	)
+	if c.env != nil {
+		ret, out, meta = c.env.run(t, c.hook, prog, in, c.iif)
+	} else {
+		ret, out = run(t, prog, in)
+	}
 	wantRet := okV
 	if c.want == drop {
 		wantRet = dropV
 	}
+	if c.ret != 0 {
+		wantRet = c.ret
+	}
 	if ret != wantRet {
 		t.Fatalf("verdict = %d, want %d", ret, wantRet)
 	}
-	if c.want == drop {
+	if wantRet == dropV {
 		return
 	}
+	checkMeta(t, meta, c.meta)
 	want := in
 	if c.out != nil {
 		want = c.out.bytes()

@@ -147,7 +147,7 @@ type tcFwdMeta struct {
 	Flags   uint8
 	Dmac    [6]uint8
 	Smac    [6]uint8
-	_       [2]byte
+	Pad     uint16
 }
 
 type tcFwdMetaConst uint32

@@ -199,6 +199,18 @@ func TestRealTraffic(t *testing.T) {
 	if c.ReverseNAT == 0 || c.Frontends[fe(vipHTTP, TCP)].Packets < n || c.Frontends[fe(vipDNS, UDP)].Packets < n {
 		t.Errorf("counters too low: %+v", c)
 	}
+	// Every flow bypassed the host stack: into local backends and back
+	// into the client with bpf_redirect_peer, to b3 out of w1 (its next
+	// hop's MAC known after the first packets, or resolved by the
+	// kernel), with no packet falling back.
+	for _, s := range []Stat{StatFwdStack, StatFwdFallbackMTU, StatFwdFallbackTTL, StatFwdFallbackMeta} {
+		if c.Stats[s] != 0 {
+			t.Errorf("%s = %d, want 0", s, c.Stats[s])
+		}
+	}
+	if c.Stats[StatFwdPeer] < 2*n || c.Stats[StatFwdL2]+c.Stats[StatFwdNeigh] == 0 {
+		t.Errorf("forwarding paths: peer %d, l2 %d, neigh %d", c.Stats[StatFwdPeer], c.Stats[StatFwdL2], c.Stats[StatFwdNeigh])
+	}
 	t.Logf("counters: %+v", c)
 
 	// A restarted agent re-adopts maps and links: traffic keeps flowing
