@@ -522,6 +522,10 @@ func TestTCForwarding(t *testing.T) {
 		{name: "local_reply_into_the_client_pod", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(vipLocal.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
 			stats: stats{StatReverseNAT: 1}},
+		{name: "next_forward_packet_resolves_again_after_the_state_change", hook: hookTC, env: e, iif: "hc", in: localAck,
+			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd)},
 		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
 			out: ptr(toRemote.withAddrs("", ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
 			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
@@ -550,8 +554,13 @@ func TestTCForwarding(t *testing.T) {
 				setExpires(flow1, TimeoutTCPEstablished-5*time.Second)(t, d)
 			},
 			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
-			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd)},
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd),
+				// The reply's entry resolves again on its next packet.
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.rev),
+			)},
 	}
 	runTable(t, d, rows)
 }

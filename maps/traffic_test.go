@@ -142,6 +142,21 @@ func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]in
 	return got
 }
 
+// ipForwarded reads a namespace's Ip ForwDatagrams: packets its stack
+// routed from one interface to another.
+func ipForwarded(t *testing.T, ns *nettest.NS) uint64 {
+	t.Helper()
+	s, err := ns.SNMP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Counter("Ip", "ForwDatagrams")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
 	pin := filepath.Join(bpffs(t), "topolb")
@@ -171,6 +186,7 @@ func TestRealTraffic(t *testing.T) {
 	}
 
 	const n = 200
+	forwBefore := ipForwarded(t, tb.node1)
 	httpGot := httpGets(t, tb.client, "http://"+vipHTTP+"/", n)
 	udpGot := udpQueries(t, tb.client, vipDNS, n)
 	t.Logf("HTTP answers per backend: %v; UDP: %v", httpGot, udpGot)
@@ -210,6 +226,11 @@ func TestRealTraffic(t *testing.T) {
 	}
 	if c.Stats[StatFwdPeer] < 2*n || c.Stats[StatFwdL2]+c.Stats[StatFwdNeigh] == 0 {
 		t.Errorf("forwarding paths: peer %d, l2 %d, neigh %d", c.Stats[StatFwdPeer], c.Stats[StatFwdL2], c.Stats[StatFwdNeigh])
+	}
+	// The kernel agrees: node1's stack forwarded none of it (b3's
+	// replies were delivered by tc_uplink, not routed).
+	if got := ipForwarded(t, tb.node1) - forwBefore; got != 0 {
+		t.Errorf("node1's stack forwarded %d datagrams (Ip ForwDatagrams), want 0", got)
 	}
 	t.Logf("counters: %+v", c)
 
