@@ -345,6 +345,7 @@ func TestXDPNorthSouth(t *testing.T) {
 	udpQ := udpFrame(cUDP, feRemoteUDP.Addr.String(), "query")
 	udpPort := snatPortOf(netip.MustParseAddrPort(cUDP), feRemoteUDP.Addr, protoUDP, 0, snat)
 	udpA := udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), "answer!")
+	udpZero := udpZeroSumReply(t, udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), ""), feRemoteUDP.Addr.String(), cUDP)
 
 	// A client whose first port is taken by a flow to the same backend.
 	cTaken := ap(outside, 43000)
@@ -421,6 +422,9 @@ func TestXDPNorthSouth(t *testing.T) {
 		{name: "udp_snat_reply", hook: hookXDP, env: e, iif: "up0", in: udpA,
 			out: ptr(udpA.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
 			stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply_checksum_computed_zero_sent_as_all_ones", hook: hookXDP, env: e, iif: "up0", in: udpZero,
+			out: ptr(udpZero.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
 		{name: "snat_port_taken_walks_on", hook: hookXDP, env: e, iif: "up0", in: takenSyn, before: plantTaken,
 			out: ptr(takenSyn.withAddrs(ap(nodeAddr, int(taken1)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
 			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatSNATCollision: 1, StatFwdL2: 2}},
@@ -455,6 +459,25 @@ func TestXDPNorthSouth(t *testing.T) {
 			}},
 	}
 	runTable(t, d, rows)
+}
+
+// udpZeroSumReply returns reply with a two-byte payload chosen so that,
+// translated to src -> dst, its UDP checksum computes to 0, which must go
+// on the wire as 0xffff (RFC 768).
+func udpZeroSumReply(t *testing.T, reply frame, src, dst string) frame {
+	t.Helper()
+	for v := 0; v <= 0xffff; v++ {
+		reply.payload = []byte{byte(v >> 8), byte(v)}
+		x := reply.withAddrs(src, dst)
+		x.noUDPSum = true
+		b := x.bytes()
+		l4 := b[14+20:]
+		if csum(pseudo([4]byte(b[26:30]), [4]byte(b[30:34]), protoUDP, len(l4)), l4) == 0 {
+			return reply
+		}
+	}
+	t.Fatal("no two-byte payload gives a zero UDP checksum")
+	return frame{}
 }
 
 // TestSNATPortsExhausted gives SNAT one port, taken: a new flow tries it
