@@ -252,7 +252,9 @@ func (tb *Testbed) build(ctx context.Context) error {
 // plugIntoWire connects ns to the switch: a veth with UplinkName in ns and
 // port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
 // a real NIC, both ends put finished checksums on the wire (transmit
-// checksum offload off), so receivers verify them.
+// checksum offload off), so receivers verify them. The switch port gets
+// a NAPI instance (napiForXDP), so a node's XDP program can send frames
+// back out of its uplink (XDP_TX, XDP_REDIRECT).
 func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int) error {
 	if err := netns.Veth(ns, UplinkName, tb.Fabric, port); err != nil {
 		return err
@@ -272,6 +274,9 @@ func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int)
 		return err
 	}
 	if err := ns.SetTxChecksum(UplinkName, false); err != nil {
+		return err
+	}
+	if err := napiForXDP(tb.Fabric, port); err != nil {
 		return err
 	}
 	return tb.Fabric.SetTxChecksum(port, false)
