@@ -51,19 +51,22 @@
  * it; with none left the packet passes. */
 #define TC_PASS TC_ACT_UNSPEC
 
-/* Where one direction of a flow goes: ct_value's forwarding fields. */
+/* Where one direction of a flow goes: ct_value's forwarding fields, and,
+ * for a target just resolved, its next hop. */
 struct fwd_target {
 	__u32 ifindex; /* host byte order; 0 with CT_REDIRECT_STACK */
 	__u8 kind;     /* enum ct_redirect */
 	__u8 pad;
 	__u8 smac[ETH_ALEN]; /* PEER (when dmac is known) and XDP */
 	__u8 dmac[ETH_ALEN];
+	__u16 pad2;
+	__be32 nexthop; /* network byte order; NEIGH: the address to resolve (not cached) */
 };
 
 /* What XDP hands to tc_uplink in front of a frame it passes up
  * (bpf_xdp_adjust_meta): deliver into a pod, or out of an interface
  * through the neighbour subsystem. tc_uplink acts only on a frame whose
- * metadata is exactly this size and starts with FWD_META_MAGIC. 24 bytes:
+ * metadata is exactly this size and starts with FWD_META_MAGIC. 28 bytes:
  * metadata must be a multiple of 4, at most 32. */
 struct fwd_meta {
 	__u32 magic;   /* FWD_META_MAGIC */
@@ -73,6 +76,7 @@ struct fwd_meta {
 	__u8 dmac[ETH_ALEN]; /* PEER: the pod's MAC when known, else zero */
 	__u8 smac[ETH_ALEN];
 	__u16 pad;           /* zero */
+	__be32 nexthop;      /* NEIGH: the next hop to resolve, network byte order */
 };
 _Static_assert(sizeof(struct fwd_meta) % 4 == 0 && sizeof(struct fwd_meta) <= 32,
 	       "XDP metadata is a multiple of 4 bytes, at most 32");
@@ -177,6 +181,7 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 	} else if ((ifc && ifc->kind == IFACE_UPLINK) || no_stack) {
 		t->kind = CT_REDIRECT_NEIGH;
 		t->ifindex = p.ifindex;
+		t->nexthop = p.ipv4_dst; /* the gateway, or dst itself on link */
 	}
 	return want_src ? p.ipv4_src : 0;
 }
@@ -287,6 +292,7 @@ static __always_inline int fwd_xdp_handoff(struct xdp_md *ctx, const struct fwd_
 	__builtin_memcpy(m->dmac, t->dmac, ETH_ALEN);
 	__builtin_memcpy(m->smac, t->smac, ETH_ALEN);
 	m->pad = 0;
+	m->nexthop = t->nexthop;
 	return XDP_PASS;
 }
 
@@ -365,8 +371,15 @@ static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_targe
 		return bpf_redirect_peer(t->ifindex, 0);
 	case CT_REDIRECT_XDP:
 		return bpf_redirect(t->ifindex, 0);
-	default:
-		return bpf_redirect_neigh(t->ifindex, NULL, 0, 0);
+	default: {
+		/* The next hop as the FIB named it; without it the helper
+		 * would route the packet itself. */
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = t->nexthop };
+
+		if (!t->nexthop)
+			return bpf_redirect_neigh(t->ifindex, NULL, 0, 0);
+		return bpf_redirect_neigh(t->ifindex, &nh, sizeof(nh), 0);
+	}
 	}
 }
 

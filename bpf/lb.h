@@ -385,6 +385,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	stat_inc(fwd_stat(to_backend.kind));
 	stat_inc(fwd_stat(to_client.kind));
 	nat_forward(nat, &fwd);
+	nat->fwd.nexthop = to_backend.nexthop;
 	nat->ct = NULL;
 	return rev_replaced + fwd_replaced;
 }

@@ -38,7 +38,11 @@ int tc_uplink(struct __sk_buff *skb)
 	t.ifindex = m->ifindex;
 	__builtin_memcpy(t.dmac, m->dmac, ETH_ALEN);
 	__builtin_memcpy(t.smac, m->smac, ETH_ALEN);
+	t.nexthop = m->nexthop;
 	no_stack = m->flags & FWD_META_F_NO_STACK;
+	/* Consumed: an skb that comes back through this hook (the stack
+	 * may re-inject one) is not forwarded twice. */
+	m->magic = 0;
 	if (t.kind != CT_REDIRECT_PEER && t.kind != CT_REDIRECT_NEIGH)
 		return TC_PASS;
 	return fwd_skb(skb, &t, no_stack);

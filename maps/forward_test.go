@@ -207,10 +207,18 @@ func checkMeta(t *testing.T, got []byte, want *tcFwdMeta) {
 	}
 }
 
-// handoff is the metadata XDP hands tc_uplink.
+// handoff is the metadata XDP hands tc_uplink to deliver into a pod.
 func handoff(kind tcCtRedirect, ifindex int, dmac, smac [6]byte, flags uint8) *tcFwdMeta {
 	return &tcFwdMeta{Magic: uint32(tcFwdMetaConstFWD_META_MAGIC), Ifindex: uint32(ifindex), Kind: uint8(kind),
 		Flags: flags, Dmac: dmac, Smac: smac}
+}
+
+// handoffNeigh is the metadata XDP hands tc_uplink to send out of ifindex
+// through the neighbour subsystem, to the next hop nexthop.
+func handoffNeigh(ifindex int, nexthop string, flags uint8) *tcFwdMeta {
+	m := handoff(tcCtRedirectCT_REDIRECT_NEIGH, ifindex, [6]byte{}, [6]byte{}, flags)
+	m.Nexthop = be32(netip.MustParseAddr(nexthop))
+	return m
 }
 
 // expectEntry checks every field of a conntrack entry but its expiry
@@ -438,7 +446,7 @@ func TestXDPNorthSouth(t *testing.T) {
 			stats: stats{StatReverseNAT: 1, StatFwdFallbackMTU: 1}},
 		{name: "snat_next_hop_unknown_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: neighSyn,
 			out: ptr(neighSyn.withAddrs(ap(nodeAddr, int(neighPort)), ap(beNode3, 8080))), ret: xdpPass,
-			meta: handoff(tcCtRedirectCT_REDIRECT_NEIGH, up0, [6]byte{}, [6]byte{}, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			meta: handoffNeigh(up0, "10.250.0.3", uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
 			fwd:  feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
 		{name: "snat_next_hop_learnt_then_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: neighAck,
 			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "10.250.0.3", macNode3) },
@@ -448,7 +456,7 @@ func TestXDPNorthSouth(t *testing.T) {
 				redirect: tcCtRedirectCT_REDIRECT_XDP, ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap(beNode3, 8080)}.expect(ctKey(cNeigh, feNeigh.Addr.String(), protoTCP))},
 		{name: "snat_through_an_interface_topolb_does_not_own", hook: hookXDP, env: e, iif: "up0", in: otherSyn,
 			out: ptr(otherSyn.withAddrs(ap(otherAddr, int(otherPort)), ap(beOther, 8080))), ret: xdpPass,
-			meta: handoff(tcCtRedirectCT_REDIRECT_NEIGH, e.idx["other0"], [6]byte{}, [6]byte{}, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			meta: handoffNeigh(e.idx["other0"], beOther, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
 			fwd:  feOther, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
 		{name: "snat_without_route_dropped", hook: hookXDP, env: e, iif: "up0", in: tcpFrame(ap(outside, 48000), feNoRoute.Addr.String(), tcpSYN, ""),
 			want: drop, stats: stats{StatDropSNATNoRoute: 1}},

@@ -148,6 +148,7 @@ type tcFwdMeta struct {
 	Dmac    [6]uint8
 	Smac    [6]uint8
 	Pad     uint16
+	Nexthop uint32
 }
 
 type tcFwdMetaConst uint32
