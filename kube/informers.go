@@ -51,7 +51,7 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Node:
-		return &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true)}, nil
+		return &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true), Status: trimNodeStatus(o.Status)}, nil
 	case *v1.Service:
 		o.ObjectMeta = trimMeta(o.ObjectMeta, false)
 		return o, nil
@@ -60,6 +60,22 @@ func trim(obj any) (any, error) {
 		return o, nil
 	}
 	return obj, nil
+}
+
+// trimNodeStatus keeps what topology.NodeFromObject reads of a Node's
+// status: its addresses (where NodePorts are served), allocatable CPU and
+// Ready condition.
+func trimNodeStatus(s v1.NodeStatus) v1.NodeStatus {
+	out := v1.NodeStatus{Addresses: s.Addresses}
+	if cpu, ok := s.Allocatable[v1.ResourceCPU]; ok {
+		out.Allocatable = v1.ResourceList{v1.ResourceCPU: cpu}
+	}
+	for _, c := range s.Conditions {
+		if c.Type == v1.NodeReady {
+			out.Conditions = []v1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out
 }
 
 func trimMeta(m metaObject, keepLabels bool) metaObject {

@@ -42,13 +42,13 @@ func northSouthServices() []testbed.ServiceSpec {
 	}
 }
 
-// outsideSpec is the demo testbed with the outside client ext1, whose
-// external and LB IPs the router sends to node-b1.
+// outsideSpec is the demo testbed, whose outside client ext1 has its
+// external and LB IPs sent to node-b1.
 func outsideSpec(t *testing.T) *testbed.Spec {
 	t.Helper()
-	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\noutside: {ingressNode: node-b1, clients: [{name: ext1}]}\n"...))
-	if err != nil {
-		t.Fatal(err)
+	spec := demoSpec(t)
+	if spec.Outside == nil || spec.Outside.IngressNode != "node-b1" {
+		t.Fatalf("the demo spec's outside network is %+v, want ext1 entering at node-b1", spec.Outside)
 	}
 	return spec
 }
