@@ -18,7 +18,8 @@
  *          tc_uplink;
  *   STACK  up the host stack.
  * ct_touch (lb.h) marks both entries of an active flow NEIGH at most once
- * a second, so a changed route, next hop or pod interface is picked up.
+ * a second, so a changed route, next hop or pod interface is picked up
+ * (entries on the STACK path stay there).
  *
  * A packet leaves its flow's path for the stack when the kernel must
  * answer it: TTL expiring (time exceeded) or larger than the egress MTU
@@ -188,10 +189,14 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 
 /* fwd_mark_stale makes the next packet of an entry resolve its target
  * again (ct_touch, at most once a second per active flow): a route, a
- * next hop's MAC or a pod's interface may have changed since. */
+ * next hop's MAC or a pod's interface may have changed since. A flow the
+ * stack forwards stays with the stack: its route leads through an
+ * interface topolb does not own, and asking again every second would
+ * cost a FIB lookup for nothing. */
 static __always_inline void fwd_mark_stale(struct ct_value *ct)
 {
-	ct->redirect = CT_REDIRECT_NEIGH;
+	if (ct->redirect != CT_REDIRECT_STACK)
+		ct->redirect = CT_REDIRECT_NEIGH;
 }
 
 /* fwd_from_ct copies a conntrack entry's target. */
