@@ -15,12 +15,13 @@ import (
 // implements it.
 type Attacher interface {
 	AttachPod(ifname string) error
-	AttachXDP(ifname string) error
+	AttachUplink(ifname string) error
 	Detach(ifname string) error
 }
 
-// Interfaces attaches the tc programs to pod interfaces and the XDP program
-// to uplinks. With Auto set for pods, it follows veths that appear and
+// Interfaces attaches the tc programs to pod interfaces and the uplink
+// programs (XDP and its tc companion) to uplinks. With Auto set for pods,
+// it follows veths that appear and
 // disappear through a netlink subscription.
 type Interfaces struct {
 	DP  Attacher
@@ -98,10 +99,10 @@ func DefaultRouteDevices() ([]string, error) {
 // initial attachment.
 func (i *Interfaces) Attach(ctx context.Context) error {
 	for _, up := range i.Uplinks {
-		if err := i.DP.AttachXDP(up); err != nil {
-			return fmt.Errorf("attach xdp to uplink %s: %w", up, err)
+		if err := i.DP.AttachUplink(up); err != nil {
+			return fmt.Errorf("attach to uplink %s: %w", up, err)
 		}
-		i.Log.Info("attached xdp", "interface", up)
+		i.Log.Info("attached uplink", "interface", up)
 	}
 	if !i.AutoPods {
 		for _, p := range i.Pods {

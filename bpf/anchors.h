@@ -7,6 +7,7 @@
 #define TOPOLB_ANCHORS_H
 
 #include "consts.h"
+#include "fwd.h"
 
 struct btf_anchors {
 	enum map_size map_size;
@@ -22,6 +23,10 @@ struct btf_anchors {
 	enum ct_redirect ct_redirect;
 	enum iface_kind iface_kind;
 	enum reject_limit reject_limit;
+	enum snat_config snat_config;
+	enum fwd_meta_const fwd_meta_const;
+	enum fwd_meta_flag fwd_meta_flag;
+	struct fwd_meta fwd_meta;
 };
 
 __attribute__((noinline)) int btf_anchor(struct btf_anchors *a)

@@ -75,7 +75,23 @@ enum stat_reason {
 	STAT_ICMP_XLATE = 17,       /* ICMP errors about a translated flow, translated back */
 	STAT_SOCK_XLATE = 18,       /* host-process connects and sends translated to a backend (socket hooks) */
 	STAT_SOCK_REVNAT = 19,      /* host-process peer addresses shown as the frontend (recvmsg, getpeername) */
-	STAT_MAX = 20,
+	/* Forwarding (bpf/fwd.h). The path of each direction of a flow is
+	 * counted once, when the flow is created (per-packet counting would
+	 * cost a map lookup on the hit path); a packet that leaves its
+	 * flow's path is counted as it does. */
+	STAT_FWD_PEER = 20,          /* flow directions delivered into a local pod (bpf_redirect_peer) */
+	STAT_FWD_NEIGH = 21,         /* flow directions sent out of an interface whose next hop the kernel resolves (bpf_redirect_neigh) */
+	STAT_FWD_L2 = 22,            /* flow directions sent out of an uplink with cached MACs (XDP_TX, XDP_REDIRECT, bpf_redirect) */
+	STAT_FWD_STACK = 23,         /* flow directions handed to the host stack (no route, an interface topolb does not own) */
+	STAT_FWD_FALLBACK_MTU = 24,  /* packets larger than the egress MTU: up the stack, which answers "fragmentation needed" */
+	STAT_FWD_FALLBACK_TTL = 25,  /* packets whose TTL would expire: up the stack, which answers "time exceeded" */
+	STAT_FWD_FALLBACK_META = 26, /* XDP packets for a pod that could not carry metadata to tc_uplink: up the stack */
+	STAT_SNAT_FLOWS = 27,        /* new flows whose source was translated (external frontend, backend on another node) */
+	STAT_SNAT_COLLISION = 28,    /* SNAT ports tried and found taken */
+	STAT_DROP_SNAT_EXHAUSTED = 29, /* no free SNAT port in SNAT_RETRIES tries: new flow dropped */
+	STAT_DROP_SNAT_NO_ROUTE = 30,  /* no route, or no source address, towards a remote backend: new flow dropped */
+	STAT_DROP_SNAT_FALLBACK = 31,  /* a source-NATed packet that could not be forwarded (MTU, TTL): dropped, the stack would take it for a martian */
+	STAT_MAX = 32,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -136,19 +152,33 @@ enum ct_flag {
 	CT_F_SNAT = 1, /* nat_addr/nat_port hold the second pair (source-NATed flow) */
 };
 
-/* ct_value.redirect: where a translated packet goes (written by the
- * forwarding step; CT_REDIRECT_STACK until then). */
+/* ct_value.redirect: where the translated packets of one direction of a
+ * flow go (bpf/fwd.h resolves it from the FIB when the flow is created,
+ * and again at most once a second while the flow is active). */
 enum ct_redirect {
 	CT_REDIRECT_STACK = 0, /* up the host stack */
-	CT_REDIRECT_PEER = 1,  /* bpf_redirect_peer into a local pod (ifindex) */
-	CT_REDIRECT_NEIGH = 2, /* bpf_redirect_neigh to another node (ifindex) */
-	CT_REDIRECT_XDP = 3,   /* XDP_TX / XDP_REDIRECT with the stored MACs */
+	CT_REDIRECT_PEER = 1,  /* into the pod behind host veth ifindex: tc bpf_redirect_peer; XDP hands over to tc_uplink */
+	CT_REDIRECT_NEIGH = 2, /* resolve again; meanwhile out of ifindex with the kernel resolving the next hop
+				* (tc bpf_redirect_neigh; XDP hands over to tc_uplink), or up the stack when ifindex is 0 */
+	CT_REDIRECT_XDP = 3,   /* out of uplink ifindex with the stored MACs: XDP_TX / XDP_REDIRECT, tc bpf_redirect */
 };
 
 /* iface_value.kind */
 enum iface_kind {
 	IFACE_POD = 1,    /* host side of a pod veth (tc) */
 	IFACE_UPLINK = 2, /* an uplink (XDP) */
+};
+
+/* Source NAT of external flows to backends on other nodes (bpf/nat.h).
+ * The port range is set at load time (cfg_snat_port_min/max); the default
+ * lies above Linux's default ephemeral range (ip_local_port_range 32768
+ * to 60999) and the NodePort range (30000 to 32767), so a translated flow
+ * never takes the 5-tuple of a connection the host itself opens, and a
+ * reply to one is never mistaken for a packet to a NodePort. */
+enum snat_config {
+	SNAT_PORT_MIN_DEFAULT = 61000,
+	SNAT_PORT_MAX_DEFAULT = 65535,
+	SNAT_RETRIES = 16, /* ports tried per new flow before it is dropped */
 };
 
 /* Verdicts of the shared core (lb.h); each hook maps them to its own. */

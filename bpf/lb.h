@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The load-balancing core every hook calls: conntrack, backend choice and
- * the NAT decision. It never touches the packet; the hook applies the
- * rewrite with the checksum method that fits it.
+/* The load-balancing core every hook calls: conntrack, backend choice, the
+ * NAT decision (nat.h) and where the translated packet goes (fwd.h). It
+ * never touches the packet; the hook applies the rewrite with the checksum
+ * method that fits it, then forwards.
  *
  * Map lookups per packet (docs/datapath.md, "The hit path"):
  *   established forward packet: tlb_conntrack, tlb_backend_stats
  *   reply:                      tlb_conntrack, tlb_stats
  * Everything else (state changes, refreshing expiry and the peer entry,
- * the registry check of a SYN, new flows) is the rare path. */
+ * the registry check of a SYN, new flows with their FIB lookups, resolving
+ * a forwarding target again) is the rare path. */
 #ifndef TOPOLB_LB_H
 #define TOPOLB_LB_H
 
@@ -18,7 +20,9 @@
 #include "consts.h"
 #include "structs.h"
 #include "maps.h"
+#include "nat.h"
 #include "parse.h"
+#include "stats.h"
 
 #ifndef LB_SCOPE_DEFAULT
 #error "entry file must define LB_SCOPE_DEFAULT before including lb.h"
@@ -33,29 +37,6 @@ volatile const __u8 cfg_scope = LB_SCOPE_DEFAULT;
 /* cfg_hash_seed seeds the flow hash; must match on every program of a node
  * so every hook would pick the same slot. */
 volatile const __u32 cfg_hash_seed = 0x746c6221;
-
-/* A rewrite of one address and one port, both network byte order. */
-struct nat {
-	__be32 old_addr;
-	__be32 new_addr;
-	__be16 old_port;
-	__be16 new_port;
-	__u8 dst; /* 1: rewrite destination (DNAT), 0: source (reverse NAT) */
-	__u8 pad[3];
-};
-
-static __always_inline void stat_add(__u32 reason, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&tlb_stats, &reason);
-
-	if (v)
-		*v += n;
-}
-
-static __always_inline void stat_inc(__u32 reason)
-{
-	stat_add(reason, 1);
-}
 
 #define rol32(v, s) (((v) << (s)) | ((v) >> (32 - (s))))
 
@@ -148,8 +129,10 @@ static __always_inline void ct_peer_key(const struct packet *pkt, const struct c
 
 /* ct_touch applies pkt's state change to the flow and refreshes its
  * expiry when it is more than CT_REFRESH_INTERVAL stale, in both
- * directions' entries: a one-way stream keeps its other half. Rare: the
- * peer is looked up at most once a second per flow, plus state changes. */
+ * directions' entries: a one-way stream keeps its other half. Both
+ * entries' forwarding targets are then resolved again by their next
+ * packets (fwd_mark_stale). Rare: the peer is looked up at most once a
+ * second per flow, plus state changes. */
 static __always_inline void ct_touch(const struct packet *pkt, struct ct_value *ct, __u64 now)
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
@@ -161,11 +144,13 @@ static __always_inline void ct_touch(const struct packet *pkt, struct ct_value *
 		return;
 	ct->state = state;
 	ct->expires = expires;
+	fwd_mark_stale(ct);
 	ct_peer_key(pkt, ct, &peer_key);
 	peer = bpf_map_lookup_elem(&tlb_conntrack, &peer_key);
 	if (peer) {
 		peer->state = state;
 		peer->expires = expires;
+		fwd_mark_stale(peer);
 	}
 }
 
@@ -209,12 +194,7 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, struct ct_va
 	ct_touch(pkt, ct, now);
 	rec->packets += 1;
 	rec->bytes += pkt->l3_len;
-
-	nat->dst = 1;
-	nat->old_addr = pkt->daddr;
-	nat->old_port = pkt->dport;
-	nat->new_addr = ct->addr;
-	nat->new_port = ct->port;
+	nat_forward(nat, ct);
 	return LB_REWRITE;
 }
 
@@ -232,12 +212,7 @@ static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_va
 	}
 	ct_touch(pkt, ct, now);
 	stat_inc(STAT_REVERSE_NAT);
-
-	nat->dst = 0;
-	nat->old_addr = pkt->saddr;
-	nat->old_port = pkt->sport;
-	nat->new_addr = ct->addr;
-	nat->new_port = ct->port;
+	nat_reverse(nat, ct);
 	return LB_REWRITE;
 }
 
@@ -320,11 +295,18 @@ static __always_inline int ct_put(const struct ct_key *key, const struct ct_valu
 	return 1;
 }
 
-/* ct_create records both directions of a new flow. Returns the number of
- * existing entries it overwrote, or -1 when the map refused. */
-static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
-				     const struct backend_value *be, __u64 now)
+/* flow_create records both directions of a new flow of pkt to backend be
+ * of service svc_id, each with where its translated packets go, and fills
+ * nat for pkt. A flow from outside (scope external) to a backend on
+ * another node is also source-NATed: to the address the FIB prefers on
+ * the way to the backend and a port snat_claim finds free, so the
+ * backend's replies come back here. iif is the interface pkt arrived on.
+ * Returns the number of existing entries it overwrote, or -1 (counted)
+ * when the flow cannot be created. */
+static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet *pkt, __u32 svc_id,
+				       const struct backend_value *be, __u64 now, struct nat *nat)
 {
+	int snat = cfg_scope == SCOPE_EXTERNAL && !(be->flags & BACKEND_F_NODE_LOCAL);
 	__u8 state = ct_first_state(pkt);
 	__u64 expires = now + ct_lifetime(state);
 	struct ct_key fwd_key = {
@@ -361,16 +343,50 @@ static __always_inline int ct_create(const struct packet *pkt, __u32 svc_id,
 		.backend_gen = be->gen,
 		.expires = expires,
 	};
-	int rev_replaced, fwd_replaced;
+	struct fwd_target to_backend, to_client;
+	int rev_replaced = 0, fwd_replaced;
+	__be32 src;
+
+	src = fwd_resolve(ctx, iif, pkt->saddr, be->addr, pkt->proto, snat, snat, &to_backend);
+	if (snat && !src) {
+		stat_inc(STAT_DROP_SNAT_NO_ROUTE);
+		return -1;
+	}
+	/* Replies arrive where the forward packets leave. */
+	fwd_resolve(ctx, to_backend.ifindex ? to_backend.ifindex : iif, pkt->daddr, pkt->saddr, pkt->proto,
+		    0, 0, &to_client);
+	fwd_to_ct(&fwd, &to_backend);
+	fwd_to_ct(&rev, &to_client);
 
 	/* Reverse first: a forward entry without its reverse would leak
 	 * backend addresses to the client. */
-	rev_replaced = ct_put(&rev_key, &rev);
-	if (rev_replaced < 0)
-		return -1;
+	if (snat) {
+		fwd.flags = rev.flags = CT_F_SNAT;
+		rev.nat_addr = pkt->saddr;
+		rev.nat_port = pkt->sport;
+		rev_key.daddr = src;
+		if (snat_claim(flow_hash(pkt), &rev_key, &rev))
+			return -1;
+		fwd.nat_addr = src;
+		fwd.nat_port = rev_key.dport;
+		stat_inc(STAT_SNAT_FLOWS);
+	} else {
+		rev_replaced = ct_put(&rev_key, &rev);
+		if (rev_replaced < 0) {
+			stat_inc(STAT_DROP_MAP_FULL);
+			return -1;
+		}
+	}
 	fwd_replaced = ct_put(&fwd_key, &fwd);
-	if (fwd_replaced < 0)
+	if (fwd_replaced < 0) {
+		stat_inc(STAT_DROP_MAP_FULL);
 		return -1;
+	}
+	stat_inc(fwd_stat(to_backend.kind));
+	stat_inc(fwd_stat(to_client.kind));
+	nat_forward(nat, &fwd);
+	nat->fwd.nexthop = to_backend.nexthop;
+	nat->ct = NULL;
 	return rev_replaced + fwd_replaced;
 }
 
@@ -411,7 +427,8 @@ chosen:
  * could not be honoured. Returns LB_PASS when pkt is not addressed to a
  * frontend, LB_REJECT when the frontend has no active backend and asks
  * for rejects (the hook answers, reject.h, and counts). */
-static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, struct nat *nat)
+static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet *pkt, int had_entry,
+				       struct nat *nat)
 {
 	struct svc_key key = {
 		.vip = pkt->daddr,
@@ -443,11 +460,9 @@ static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, 
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
-	replaced = ct_create(pkt, svc.id, &be, now);
-	if (replaced < 0) {
-		stat_inc(STAT_DROP_MAP_FULL);
+	replaced = flow_create(ctx, iif, pkt, svc.id, &be, now, nat);
+	if (replaced < 0)
 		return LB_DROP;
-	}
 	stat_inc(STAT_CT_CREATED);
 	if (replaced)
 		stat_add(STAT_CT_REPLACED, replaced);
@@ -458,16 +473,12 @@ static __always_inline int lb_new_flow(const struct packet *pkt, int had_entry, 
 		rec->packets += 1;
 		rec->bytes += pkt->l3_len;
 	}
-	nat->dst = 1;
-	nat->old_addr = pkt->daddr;
-	nat->old_port = pkt->dport;
-	nat->new_addr = be.addr;
-	nat->new_port = be.port;
 	return LB_REWRITE;
 }
 
-/* lb_process decides what happens to a parsed TCP/UDP packet. */
-static __always_inline int lb_process(const struct packet *pkt, struct nat *nat)
+/* lb_process decides what happens to a parsed TCP/UDP packet that arrived
+ * on iif: pass, drop, or rewrite as nat says and forward along nat->fwd. */
+static __always_inline int lb_process(void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
 {
 	struct ct_key key = {
 		.saddr = pkt->saddr,
@@ -481,23 +492,23 @@ static __always_inline int lb_process(const struct packet *pkt, struct nat *nat)
 
 	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
 	if (!ct)
-		return lb_new_flow(pkt, 0, nat);
+		return lb_new_flow(ctx, iif, pkt, 0, nat);
 	if (ct->dir == CT_REVERSE)
 		ret = ct_reverse_hit(pkt, ct, nat);
 	else
 		ret = ct_forward_hit(pkt, ct, nat);
 	if (ret != LB_CONTINUE)
 		return ret;
-	return lb_new_flow(pkt, 1, nat);
+	return lb_new_flow(ctx, iif, pkt, 1, nat);
 }
 
 /* lb_classify runs the parser and the core; shared prologue of every hook. */
-static __always_inline int lb_classify(void *data, void *data_end, __u32 frame_len,
+static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
 				       struct packet *pkt, struct nat *nat)
 {
 	switch (parse_packet(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
-		return lb_process(pkt, nat);
+		return lb_process(ctx, iif, pkt, nat);
 	case PARSE_FRAGMENT:
 		stat_inc(STAT_FRAGMENT);
 		return LB_PASS;

@@ -2,75 +2,26 @@
 //go:build ignore
 
 /* XDP on the node's uplinks: DNAT for frontends of scope external (traffic
- * arriving from outside the node), reverse NAT of replies that backends on
- * other nodes send back over the wire, ICMP errors from other nodes and
- * routers about translated flows (icmp.h), and rejects for empty reject
- * frontends, sent back out of the uplink (reject.h). Frames from the wire
- * carry full checksums, so the incremental update in csum.h is correct
- * here (it would not be for CHECKSUM_PARTIAL pod traffic, which is why
- * pods are served by tc). Rewritten frames go up the stack with XDP_PASS;
- * redirecting them (ct_value.redirect) is the forwarding step's job. */
+ * arriving from outside the node), with source NAT when the backend is on
+ * another node, reverse NAT of replies that backends on other nodes send
+ * back over the wire, ICMP errors from other nodes and routers about
+ * translated flows (icmp.h), and rejects for empty reject frontends, sent
+ * back out of the uplink (reject.h). A translated frame is forwarded
+ * (fwd.h): XDP_TX or XDP_REDIRECT with the cached MACs, or handed to
+ * tc_uplink (tc_uplink.c) for delivery into a local pod, or up the stack.
+ * Frames from the wire carry full checksums, so the incremental update in
+ * csum.h is correct here (it would not be for CHECKSUM_PARTIAL pod
+ * traffic, which is why pods are served by tc). */
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
 #define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
 #include "lb.h"
-#include "csum.h"
+#include "fwd.h"
 #include "icmp.h"
+#include "nat.h"
 #include "reject.h"
-
-#define UDP_CSUM_ALL_ONES 0xffff
-
-/* xdp_rewrite applies nat in place. Returns 0 on success. */
-static __always_inline int xdp_rewrite(struct xdp_md *ctx, const struct packet *pkt,
-				       const struct nat *nat)
-{
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
-	void *l4 = data + (pkt->l4_off & L4_OFF_MASK);
-	__u16 *check;
-	__be16 *port;
-
-	if ((void *)(ip + 1) > data_end)
-		return -1;
-
-	if (pkt->proto == IP_PROTO_TCP) {
-		struct tcphdr *tcp = l4;
-
-		if ((void *)(tcp + 1) > data_end)
-			return -1;
-		check = &tcp->check;
-		port = nat->dst ? &tcp->dest : &tcp->source;
-	} else {
-		struct udphdr *udp = l4;
-
-		if ((void *)(udp + 1) > data_end)
-			return -1;
-		check = &udp->check;
-		port = nat->dst ? &udp->dest : &udp->source;
-	}
-
-	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
-	 * its one's-complement twin, all ones (RFC 768). */
-	if (pkt->proto != IP_PROTO_UDP || *check != 0) {
-		__u16 sum = csum_replace4(*check, nat->old_addr, nat->new_addr);
-
-		sum = csum_replace2(sum, nat->old_port, nat->new_port);
-		if (pkt->proto == IP_PROTO_UDP && sum == 0)
-			sum = UDP_CSUM_ALL_ONES;
-		*check = sum;
-	}
-	*port = nat->new_port;
-
-	ip->check = csum_replace4(ip->check, nat->old_addr, nat->new_addr);
-	if (nat->dst)
-		ip->daddr = nat->new_addr;
-	else
-		ip->saddr = nat->new_addr;
-	return 0;
-}
 
 /* xdp_resize makes the frame len bytes long: a longer one grows at the
  * head, where every driver leaves XDP_PACKET_HEADROOM (the tail of a
@@ -117,13 +68,15 @@ int xdp_lb(struct xdp_md *ctx)
 	struct packet pkt = {};
 	struct nat nat = {};
 
-	switch (lb_classify(data, data_end, data_end - data, &pkt, &nat)) {
+	switch (lb_classify(ctx, ctx->ingress_ifindex, data, data_end, data_end - data, &pkt, &nat)) {
 	case LB_REWRITE:
-		if (xdp_rewrite(ctx, &pkt, &nat)) {
+		if (nat_rewrite_xdp(ctx, &pkt, &nat)) {
 			stat_inc(STAT_DROP_REWRITE);
 			return XDP_DROP;
 		}
-		return XDP_PASS;
+		fwd_refresh(ctx, ctx->ingress_ifindex, nat_new_src(&pkt, &nat), nat_new_dst(&pkt, &nat), pkt.proto,
+			    nat.no_stack, nat.ct, &nat.fwd);
+		return fwd_xdp(ctx, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
 		icmp_xlate(data, data_end, &pkt);
 		return XDP_PASS;

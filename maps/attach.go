@@ -20,12 +20,19 @@ import (
 type hook string
 
 const (
-	hookTC       hook = "tc"       // tcx ingress of a pod veth: tc_lb
-	hookTCEgress hook = "tcegress" // tcx egress of a pod veth: tc_lb_egress
-	hookXDP      hook = "xdp"      // XDP on an uplink: xdp_lb
+	// hookTC is tc_lb on the tcx ingress of a pod's host-side veth.
+	hookTC hook = "tc"
+	// hookTCEgress is tc_lb_egress on the tcx egress of a pod's
+	// host-side veth.
+	hookTCEgress hook = "tcegress"
+	// hookXDP is xdp_lb on an uplink.
+	hookXDP hook = "xdp"
+	// hookUplink is tc_uplink on the tcx ingress of an uplink: it
+	// delivers what xdp_lb hands over in packet metadata.
+	hookUplink hook = "uplink"
 )
 
-var hooks = []hook{hookTC, hookTCEgress, hookXDP}
+var hooks = []hook{hookTC, hookTCEgress, hookXDP, hookUplink}
 
 func (d *Datapath) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
 
@@ -47,11 +54,16 @@ func (d *Datapath) AttachPod(ifname string) error {
 	return nil
 }
 
-// AttachXDP attaches the XDP program to ifname (an uplink), in driver mode
-// where supported and generic mode otherwise, and pins the link.
-func (d *Datapath) AttachXDP(ifname string) error {
-	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookXDP); err != nil {
-		return fmt.Errorf("attach xdp to %s: %w", ifname, err)
+// AttachUplink attaches the uplink programs to ifname: tc_uplink to its
+// tcx ingress, then the XDP program, in driver mode where supported and
+// generic mode otherwise; it pins both links and records ifname as an
+// uplink in tlb_ifaces, so flows are forwarded out of it without the host
+// stack. Either program works without the other (without tc_uplink, what
+// XDP hands over goes up the stack), so a failure leaves what was attached
+// in place; Detach removes both. Attaching again updates pinned links.
+func (d *Datapath) AttachUplink(ifname string) error {
+	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookUplink, hookXDP); err != nil {
+		return fmt.Errorf("attach to uplink %s: %w", ifname, err)
 	}
 	return nil
 }
@@ -63,6 +75,8 @@ func (d *Datapath) program(h hook) *ebpf.Program {
 		return d.tcProg
 	case hookTCEgress:
 		return d.tcEgressProg
+	case hookUplink:
+		return d.uplinkProg
 	default:
 		return d.xdpProg
 	}
@@ -113,7 +127,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook) error {
 		err error
 	)
 	switch h {
-	case hookTC:
+	case hookTC, hookUplink:
 		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
 	case hookTCEgress:
 		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXEgress})
@@ -184,7 +198,7 @@ func linkIfindex(l link.Link) int {
 }
 
 // Detach removes topolb's links from ifname (every hook AttachPod or
-// AttachXDP pinned), which detaches the programs, and forgets it in
+// AttachUplink pinned), which detaches the programs, and forgets it in
 // tlb_ifaces. Detaching an interface without links is not an error.
 func (d *Datapath) Detach(ifname string) error {
 	d.mu.Lock()

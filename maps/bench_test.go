@@ -155,6 +155,16 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 			be(fmt.Sprintf("10.%d.%d.%d:8081", 128+i>>16, byte(i>>8), byte(i))),
 		}
 	}
+	// The XDP rows' backends are on this node (eTP Local, or a local
+	// backend of eTP Cluster): DNAT without source translation, the
+	// layout-2 rows' path.
+	localBackends := func(i int) []Backend {
+		bs := backends(i)
+		for j := range bs {
+			bs[j].NodeLocal = true
+		}
+		return bs
+	}
 	for i := range vips {
 		port := uint16(80 + i>>16)
 		vips[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), port)
@@ -170,7 +180,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	hotFE := netip.MustParseAddrPort("10.95.0.1:80")
 	hotExt := netip.MustParseAddrPort("192.0.2.1:80")
 	mustSet(b, d, Frontend{Addr: hotFE, Proto: TCP}, Backend{Addr: hotFE})
-	mustSet(b, d, Frontend{Addr: hotExt, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt})
+	mustSet(b, d, Frontend{Addr: hotExt, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt, NodeLocal: true})
 	hotClient := netip.MustParseAddrPort("10.0.0.1:1000")
 
 	runs := *benchRuns
@@ -253,7 +263,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 		if _, err := d.DeleteFrontend(Frontend{Addr: vips[i], Proto: TCP}); err != nil {
 			b.Fatal(err)
 		}
-		mustSet(b, d, Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal}, backends(i)...)
+		mustSet(b, d, Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal}, localBackends(i)...)
 	}
 	xdpHits := make([][]byte, flows)
 	for i := range xdpHits {

@@ -41,8 +41,8 @@ type Datapath struct {
 	// argument). Nil outside tests, which use it to check rollback.
 	writeFault func(what string) error
 
-	tcColl, xdpColl, sockColl     *ebpf.Collection
-	tcProg, tcEgressProg, xdpProg *ebpf.Program
+	tcColl, xdpColl, uplinkColl, sockColl     *ebpf.Collection
+	tcProg, tcEgressProg, xdpProg, uplinkProg *ebpf.Program
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -68,6 +68,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SNATPorts == (PortRange{}) {
+		o.SNATPorts = DefaultSNATPorts
+	}
+	if err := o.SNATPorts.validate(); err != nil {
+		return o, fmt.Errorf("options: SNATPorts: %w", err)
 	}
 	// The backends map holds two buffers; ids must fit the registry.
 	if o.MaxBackends > math.MaxInt32/2 || o.MaxFrontends >= math.MaxInt32 {
@@ -156,9 +162,12 @@ func lockDir(dir string) (*os.File, error) {
 }
 
 // loadObjects creates (or adopts) the pinned maps with the tc object and
-// hands them to the XDP and socket objects.
+// hands them to the XDP, uplink and socket objects.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	sizeMaps(tcSpec, d.opts)
+	if err := configure(tcSpec, d.opts); err != nil {
+		return err
+	}
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
@@ -177,9 +186,21 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return err
 	}
 	sizeMaps(xdpSpec, d.opts)
+	if err := configure(xdpSpec, d.opts); err != nil {
+		return err
+	}
 	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
 	if err != nil {
 		return fmt.Errorf("load xdp program: %w", err)
+	}
+	uplinkSpec, err := loadUplink()
+	if err != nil {
+		return err
+	}
+	sizeMaps(uplinkSpec, d.opts)
+	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
+	if err != nil {
+		return fmt.Errorf("load uplink tc program: %w", err)
 	}
 
 	if d.sockColl, err = d.loadSockObject(); err != nil {
@@ -192,6 +213,22 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
+	d.uplinkProg = d.uplinkColl.Programs[uplinkProgTcUplink]
+	return nil
+}
+
+// configure sets the load-time constants of an object that has them: the
+// SNAT port range.
+func configure(spec *ebpf.CollectionSpec, opts Options) error {
+	for name, v := range map[string]uint16{xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max} {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			continue
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -285,6 +322,10 @@ func (d *Datapath) Close() error {
 	if d.sockColl != nil {
 		d.sockColl.Close()
 		d.sockColl = nil
+	}
+	if d.uplinkColl != nil {
+		d.uplinkColl.Close()
+		d.uplinkColl = nil
 	}
 	if d.xdpColl != nil {
 		d.xdpColl.Close()

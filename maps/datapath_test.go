@@ -39,6 +39,15 @@ type pktCase struct {
 	stats   stats
 	// after runs after the packet's checks: inspects map entries.
 	after func(t *testing.T, d *Datapath)
+
+	// Forwarding rows (forward_test.go) run in env's node namespace, the
+	// packet arriving on interface iif. ret, when not 0, is the exact
+	// verdict expected (want is then ignored); meta is the XDP metadata
+	// expected in front of the output frame (nil: none).
+	env  *fwdEnv
+	iif  string
+	ret  uint32
+	meta *tcFwdMeta
 }
 
 func (c pktCase) runOn(t *testing.T, d *Datapath) {
@@ -51,17 +60,29 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 	case hookTCEgress:
 		prog = d.tcEgressProg
 	}
-	ret, out := run(t, prog, in)
+	var (
+		ret       uint32
+		out, meta []byte
+	)
+	if c.env != nil {
+		ret, out, meta = c.env.run(t, c.hook, prog, in, c.iif)
+	} else {
+		ret, out = run(t, prog, in)
+	}
 	wantRet := okV
 	if c.want == drop {
 		wantRet = dropV
 	}
+	if c.ret != 0 {
+		wantRet = c.ret
+	}
 	if ret != wantRet {
 		t.Fatalf("verdict = %d, want %d", ret, wantRet)
 	}
-	if c.want == drop {
+	if wantRet == dropV {
 		return
 	}
+	checkMeta(t, meta, c.meta)
 	want := in
 	if c.out != nil {
 		want = c.out.bytes()
@@ -172,10 +193,11 @@ const (
 	beExt    = "10.1.1.4:8080"
 )
 
-// newTCP is the counters a new TCP flow moves: created, and a midflow
-// miss when its first packet has no SYN.
+// newFlowStats is the counters a new flow moves, plus extra: created,
+// and both its directions' paths, which are the stack's in the tables'
+// namespace (no interface of it is in tlb_ifaces).
 func newFlowStats(extra stats) stats {
-	s := stats{StatConntrackCreated: 1}
+	s := stats{StatConntrackCreated: 1, StatFwdStack: 2}
 	for k, v := range extra {
 		s[k] += v
 	}
@@ -246,7 +268,8 @@ func setupTable(t *testing.T) *Datapath {
 	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
 	mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
 	mustSet(t, d, fe(vipEmpty, TCP))
-	mustSet(t, d, extFE(), be(beExt))
+	// Node-local: no source translation (forward_test.go has those).
+	mustSet(t, d, extFE(), Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
 	return d
 }
 
@@ -340,7 +363,7 @@ func TestScopeSeparation(t *testing.T) {
 	internal := fe(vipTCP, TCP)
 	external := Frontend{Addr: internal.Addr, Proto: TCP, Scope: ScopeExternal}
 	mustSet(t, d, internal, be(beTCP))
-	mustSet(t, d, external, be(beExt))
+	mustSet(t, d, external, Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
 	inSyn := tcpFrame(client, vipTCP, tcpSYN, "")
 	outSyn := tcpFrame(client2, vipTCP, tcpSYN, "")
 	runTable(t, d, []pktCase{

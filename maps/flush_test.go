@@ -37,3 +37,28 @@ func TestFlushFlows(t *testing.T) {
 		t.Errorf("flows created %d, want 3 (the flushed one is new again)", c.Stats[StatConntrackCreated])
 	}
 }
+
+// TestPinnedStats reads counters through the pins while the Datapath that
+// owns them holds the lock.
+func TestPinnedStats(t *testing.T) {
+	d := setupTable(t)
+	if ret, _ := run(t, d.tcProg, tcpFrame(client, vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Fatalf("verdict %d", ret)
+	}
+	got, err := PinnedStats(d.opts.PinPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := d.readStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[StatConntrackCreated] != 1 || len(got) != numStats {
+		t.Errorf("pinned stats %v: want %d counters, conntrack_created 1", got, numStats)
+	}
+	for s, n := range want {
+		if got[s] != n {
+			t.Errorf("%s: pinned %d, datapath %d", s, got[s], n)
+		}
+	}
+}

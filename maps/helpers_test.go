@@ -103,9 +103,25 @@ func mustSet(t testing.TB, d *Datapath, f Frontend, bs ...Backend) int {
 	return n
 }
 
-// slotOf predicts the slot the datapath picks for a new flow: an
-// independent Go copy of flow_hash (kernel jhash_3words).
+// slotOf predicts the slot the datapath picks for a new flow.
 func slotOf(src, dst netip.AddrPort, proto uint8, count int) int {
+	return int(flowHash(src, dst, proto) % uint32(count))
+}
+
+// snatPortOf predicts the try-th SNAT port (nat.h snat_port) offered to a
+// flow: MurmurHash3's finaliser of the flow hash plus try, over r.
+func snatPortOf(src, dst netip.AddrPort, proto uint8, try int, r PortRange) uint16 {
+	h := flowHash(src, dst, proto) + uint32(try)
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return r.Min + uint16(h%uint32(r.Size()))
+}
+
+// flowHash is an independent Go copy of flow_hash (kernel jhash_3words).
+func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
 	le := func(a netip.Addr) uint32 { b := a.As4(); return binary.LittleEndian.Uint32(b[:]) }
 	swap := func(p uint16) uint32 { return uint32(bits.ReverseBytes16(p)) }
 	a, b := le(src.Addr()), le(dst.Addr())
@@ -127,5 +143,5 @@ func slotOf(src, dst netip.AddrPort, proto uint8, count int) int {
 	b -= bits.RotateLeft32(a, 14)
 	c ^= b
 	c -= bits.RotateLeft32(b, 24)
-	return int(c % uint32(count))
+	return c
 }

@@ -289,7 +289,7 @@ func TestHostClients(t *testing.T) {
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d1.AttachPod(ifname))
 	}
-	must(t, d1.AttachXDP("w1"))
+	must(t, d1.AttachUplink("w1"))
 	if n, of, err := d1.HostAttached(); err != nil || n != of || n != len(sockHooks) {
 		t.Fatalf("HostAttached = %d of %d, %v", n, of, err)
 	}

@@ -74,7 +74,7 @@ func TestICMPRealTraffic(t *testing.T) {
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachPod(ifname))
 	}
-	must(t, d.AttachXDP("w1"))
+	must(t, d.AttachUplink("w1"))
 
 	for _, c := range []struct{ name, vip string }{{"local_backend", vipLocal}, {"remote_backend", vipRemote}} {
 		t.Run(c.name+"_port_unreachable", func(t *testing.T) {

@@ -33,6 +33,9 @@ type frame struct {
 	moreFrags bool
 	noUDPSum  bool // UDP checksum 0 ("none")
 	etherType uint16
+	ttl       uint8   // 0: 64
+	srcMAC    [6]byte // zero: macA
+	dstMAC    [6]byte // zero: macB
 	// Malformations, applied after checksums are computed.
 	ihl      uint8 // override IHL when non-zero
 	totLen   int   // override IPv4 total length when non-zero
@@ -69,8 +72,15 @@ func (f frame) bytes() []byte {
 		et = 0x0800
 	}
 	b := make([]byte, 0, 128)
-	b = append(b, macB[:]...)
-	b = append(b, macA[:]...)
+	src, dst := macA, macB
+	if f.srcMAC != ([6]byte{}) {
+		src = f.srcMAC
+	}
+	if f.dstMAC != ([6]byte{}) {
+		dst = f.dstMAC
+	}
+	b = append(b, dst[:]...)
+	b = append(b, src[:]...)
 	b = binary.BigEndian.AppendUint16(b, et)
 	if et != 0x0800 {
 		b = append(b, f.payload...)
@@ -138,6 +148,9 @@ func (f frame) bytes() []byte {
 	}
 	binary.BigEndian.PutUint16(ip[6:], fo)
 	ip[8] = 64
+	if f.ttl != 0 {
+		ip[8] = f.ttl
+	}
 	ip[9] = f.proto
 	copy(ip[12:], src4[:])
 	copy(ip[16:], dst4[:])
@@ -226,6 +239,22 @@ func verifyChecksums(b []byte) (parsed, error) {
 		return p, fmt.Errorf("bad %d checksum (residue %#04x)", p.proto, s)
 	}
 	return p, nil
+}
+
+// forwarded returns f as a node forwards it: TTL one less, and the
+// Ethernet addresses of its next hop.
+func (f frame) forwarded(src, dst [6]byte) frame {
+	f.ttl = f.ttlOrDefault() - 1
+	f.srcMAC, f.dstMAC = src, dst
+	return f
+}
+
+// ttlOrDefault is the TTL the frame is built with.
+func (f frame) ttlOrDefault() uint8 {
+	if f.ttl == 0 {
+		return 64
+	}
+	return f.ttl
 }
 
 // withAddrs returns f with source and destination replaced, as the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -234,9 +235,27 @@ func (d *Datapath) Counters() (Counters, error) {
 
 // readStats reads every named counter of tlb_stats.
 func (d *Datapath) readStats() (map[Stat]uint64, error) {
+	return readAllStats(d.stats)
+}
+
+// PinnedStats reads every named counter of the datapath pinned at pinPath,
+// summed over CPUs. It opens the pinned map directly and does not take the
+// directory's lock, so the agent that owns the datapath keeps running: for
+// tests and operators.
+func PinnedStats(pinPath string) (map[Stat]uint64, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, tcMapTlbStats), nil)
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", tcMapTlbStats, err)
+	}
+	defer m.Close()
+	return readAllStats(m)
+}
+
+// readAllStats reads every named counter of a tlb_stats map.
+func readAllStats(stats *ebpf.Map) (map[Stat]uint64, error) {
 	out := make(map[Stat]uint64, numStats)
 	for r := Stat(0); int(r) < numStats; r++ {
-		n, err := readStat(d.stats, r)
+		n, err := readStat(stats, r)
 		if err != nil {
 			return nil, err
 		}

@@ -75,7 +75,7 @@ func TestRejectRealTraffic(t *testing.T) {
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachPod(ifname))
 	}
-	must(t, d.AttachXDP("w1"))
+	must(t, d.AttachUplink("w1"))
 	must(t, tb.node2.AddRoute("192.0.2.0/24", "10.9.0.1"))
 	// XDP_TX on w1 hands frames to w2, which takes them only in NAPI mode.
 	xdpPassOn(t, tb.node2, "w2")

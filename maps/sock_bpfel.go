@@ -165,6 +165,8 @@ const (
 	sockVarCfgHashSeed       = "cfg_hash_seed"
 	sockVarCfgNetnsCookie    = "cfg_netns_cookie"
 	sockVarCfgScope          = "cfg_scope"
+	sockVarCfgSnatPortMax    = "cfg_snat_port_max"
+	sockVarCfgSnatPortMin    = "cfg_snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -241,6 +243,8 @@ type sockVariableSpecs struct {
 	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNetnsCookie *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
 	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -297,6 +301,8 @@ type sockVariables struct {
 	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNetnsCookie *ebpf.Variable `ebpf:"cfg_netns_cookie"`
 	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

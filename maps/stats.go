@@ -63,6 +63,51 @@ const (
 	// frontend (recvmsg source, getpeername).
 	StatSockReverseNAT = Stat(tcStatReasonSTAT_SOCK_REVNAT)
 
+	// Forwarding after translation (docs/datapath.md). The StatFwd*
+	// path counters count flow directions when their flow is created
+	// (two per flow), not packets: per-packet counting would cost a map
+	// lookup on the hit path. The fallbacks count packets.
+
+	// StatFwdPeer: flow directions delivered into a local pod with
+	// bpf_redirect_peer (from XDP through tc_uplink).
+	StatFwdPeer = Stat(tcStatReasonSTAT_FWD_PEER)
+	// StatFwdNeigh: flow directions sent out of an interface whose next
+	// hop the kernel resolves (bpf_redirect_neigh; from XDP through
+	// tc_uplink) until the FIB knows its MAC.
+	StatFwdNeigh = Stat(tcStatReasonSTAT_FWD_NEIGH)
+	// StatFwdL2: flow directions sent out of an uplink with cached MACs
+	// (XDP_TX, XDP_REDIRECT, tc bpf_redirect).
+	StatFwdL2 = Stat(tcStatReasonSTAT_FWD_L2)
+	// StatFwdStack: flow directions handed to the host stack: no route,
+	// a local destination, forwarding off, or an interface topolb is not
+	// attached to.
+	StatFwdStack = Stat(tcStatReasonSTAT_FWD_STACK)
+	// StatFwdFallbackMTU: packets larger than their egress interface's
+	// MTU, passed to the stack, which answers "fragmentation needed".
+	StatFwdFallbackMTU = Stat(tcStatReasonSTAT_FWD_FALLBACK_MTU)
+	// StatFwdFallbackTTL: packets whose TTL would expire, passed to the
+	// stack, which answers "time exceeded".
+	StatFwdFallbackTTL = Stat(tcStatReasonSTAT_FWD_FALLBACK_TTL)
+	// StatFwdFallbackMeta: XDP frames for a pod or a next hop to resolve
+	// that could not carry metadata to tc_uplink (a driver without XDP
+	// metadata): passed to the stack.
+	StatFwdFallbackMeta = Stat(tcStatReasonSTAT_FWD_FALLBACK_META)
+	// StatSNATFlows: new flows source-NATed to this node (external
+	// frontend, backend on another node).
+	StatSNATFlows = Stat(tcStatReasonSTAT_SNAT_FLOWS)
+	// StatSNATCollision: SNAT ports tried and found taken.
+	StatSNATCollision = Stat(tcStatReasonSTAT_SNAT_COLLISION)
+	// StatDropSNATExhausted: new flows dropped because SNATRetries ports
+	// of their walk were all taken.
+	StatDropSNATExhausted = Stat(tcStatReasonSTAT_DROP_SNAT_EXHAUSTED)
+	// StatDropSNATNoRoute: new flows dropped because the FIB had no route
+	// (or no source address) towards their remote backend.
+	StatDropSNATNoRoute = Stat(tcStatReasonSTAT_DROP_SNAT_NO_ROUTE)
+	// StatDropSNATFallback: source-NATed packets that could not be
+	// forwarded (MTU, TTL, no route any more): dropped, since the stack
+	// would take their source, this node's address, for a martian.
+	StatDropSNATFallback = Stat(tcStatReasonSTAT_DROP_SNAT_FALLBACK)
+
 	numStats = int(tcStatReasonSTAT_MAX)
 )
 
@@ -88,6 +133,18 @@ var statNames = map[Stat]string{
 	StatICMPTranslated:        "icmp_translated",
 	StatSockTranslated:        "sock_translated",
 	StatSockReverseNAT:        "sock_reverse_nat",
+	StatFwdPeer:               "fwd_peer",
+	StatFwdNeigh:              "fwd_neigh",
+	StatFwdL2:                 "fwd_l2",
+	StatFwdStack:              "fwd_stack",
+	StatFwdFallbackMTU:        "fwd_fallback_mtu",
+	StatFwdFallbackTTL:        "fwd_fallback_ttl",
+	StatFwdFallbackMeta:       "fwd_fallback_meta",
+	StatSNATFlows:             "snat_flows",
+	StatSNATCollision:         "snat_collision",
+	StatDropSNATExhausted:     "drop_snat_exhausted",
+	StatDropSNATNoRoute:       "drop_snat_no_route",
+	StatDropSNATFallback:      "drop_snat_fallback",
 }
 
 // String returns the counter's stable name.

@@ -139,6 +139,30 @@ type tcCtValue struct {
 	Pad        uint32
 }
 
+type tcFwdMeta struct {
+	_       structs.HostLayout
+	Magic   uint32
+	Ifindex uint32
+	Kind    uint8
+	Flags   uint8
+	Dmac    [6]uint8
+	Smac    [6]uint8
+	Pad     uint16
+	Nexthop uint32
+}
+
+type tcFwdMetaConst uint32
+
+const (
+	tcFwdMetaConstFWD_META_MAGIC tcFwdMetaConst = 1953260134
+)
+
+type tcFwdMetaFlag uint32
+
+const (
+	tcFwdMetaFlagFWD_META_F_NO_STACK tcFwdMetaFlag = 1
+)
+
 type tcIfaceKind uint32
 
 const (
@@ -201,6 +225,14 @@ const (
 	tcScopeSCOPE_EXTERNAL tcScope = 1
 )
 
+type tcSnatConfig uint32
+
+const (
+	tcSnatConfigSNAT_PORT_MIN_DEFAULT tcSnatConfig = 61000
+	tcSnatConfigSNAT_PORT_MAX_DEFAULT tcSnatConfig = 65535
+	tcSnatConfigSNAT_RETRIES          tcSnatConfig = 16
+)
+
 type tcSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -219,27 +251,39 @@ type tcSockRevnatValue struct {
 type tcStatReason uint32
 
 const (
-	tcStatReasonSTAT_DROP_NO_BACKEND  tcStatReason = 0
-	tcStatReasonSTAT_DROP_MAP_FULL    tcStatReason = 1
-	tcStatReasonSTAT_DROP_PARSE_ERROR tcStatReason = 2
-	tcStatReasonSTAT_DROP_REWRITE     tcStatReason = 3
-	tcStatReasonSTAT_REVERSE_NAT      tcStatReason = 4
-	tcStatReasonSTAT_FRAGMENT         tcStatReason = 5
-	tcStatReasonSTAT_CT_CREATED       tcStatReason = 6
-	tcStatReasonSTAT_CT_REPLACED      tcStatReason = 7
-	tcStatReasonSTAT_CT_EXPIRED       tcStatReason = 8
-	tcStatReasonSTAT_CT_STALE_BACKEND tcStatReason = 9
-	tcStatReasonSTAT_CT_SYN_REOPEN    tcStatReason = 10
-	tcStatReasonSTAT_TCP_MIDFLOW_MISS tcStatReason = 11
-	tcStatReasonSTAT_AFFINITY_HIT     tcStatReason = 12
-	tcStatReasonSTAT_AFFINITY_NEW     tcStatReason = 13
-	tcStatReasonSTAT_REJECT           tcStatReason = 14
-	tcStatReasonSTAT_CT_SWEPT         tcStatReason = 15
-	tcStatReasonSTAT_REJECT_LIMITED   tcStatReason = 16
-	tcStatReasonSTAT_ICMP_XLATE       tcStatReason = 17
-	tcStatReasonSTAT_SOCK_XLATE       tcStatReason = 18
-	tcStatReasonSTAT_SOCK_REVNAT      tcStatReason = 19
-	tcStatReasonSTAT_MAX              tcStatReason = 20
+	tcStatReasonSTAT_DROP_NO_BACKEND     tcStatReason = 0
+	tcStatReasonSTAT_DROP_MAP_FULL       tcStatReason = 1
+	tcStatReasonSTAT_DROP_PARSE_ERROR    tcStatReason = 2
+	tcStatReasonSTAT_DROP_REWRITE        tcStatReason = 3
+	tcStatReasonSTAT_REVERSE_NAT         tcStatReason = 4
+	tcStatReasonSTAT_FRAGMENT            tcStatReason = 5
+	tcStatReasonSTAT_CT_CREATED          tcStatReason = 6
+	tcStatReasonSTAT_CT_REPLACED         tcStatReason = 7
+	tcStatReasonSTAT_CT_EXPIRED          tcStatReason = 8
+	tcStatReasonSTAT_CT_STALE_BACKEND    tcStatReason = 9
+	tcStatReasonSTAT_CT_SYN_REOPEN       tcStatReason = 10
+	tcStatReasonSTAT_TCP_MIDFLOW_MISS    tcStatReason = 11
+	tcStatReasonSTAT_AFFINITY_HIT        tcStatReason = 12
+	tcStatReasonSTAT_AFFINITY_NEW        tcStatReason = 13
+	tcStatReasonSTAT_REJECT              tcStatReason = 14
+	tcStatReasonSTAT_CT_SWEPT            tcStatReason = 15
+	tcStatReasonSTAT_REJECT_LIMITED      tcStatReason = 16
+	tcStatReasonSTAT_ICMP_XLATE          tcStatReason = 17
+	tcStatReasonSTAT_SOCK_XLATE          tcStatReason = 18
+	tcStatReasonSTAT_SOCK_REVNAT         tcStatReason = 19
+	tcStatReasonSTAT_FWD_PEER            tcStatReason = 20
+	tcStatReasonSTAT_FWD_NEIGH           tcStatReason = 21
+	tcStatReasonSTAT_FWD_L2              tcStatReason = 22
+	tcStatReasonSTAT_FWD_STACK           tcStatReason = 23
+	tcStatReasonSTAT_FWD_FALLBACK_MTU    tcStatReason = 24
+	tcStatReasonSTAT_FWD_FALLBACK_TTL    tcStatReason = 25
+	tcStatReasonSTAT_FWD_FALLBACK_META   tcStatReason = 26
+	tcStatReasonSTAT_SNAT_FLOWS          tcStatReason = 27
+	tcStatReasonSTAT_SNAT_COLLISION      tcStatReason = 28
+	tcStatReasonSTAT_DROP_SNAT_EXHAUSTED tcStatReason = 29
+	tcStatReasonSTAT_DROP_SNAT_NO_ROUTE  tcStatReason = 30
+	tcStatReasonSTAT_DROP_SNAT_FALLBACK  tcStatReason = 31
+	tcStatReasonSTAT_MAX                 tcStatReason = 32
 )
 
 type tcSvcFlag uint32
@@ -287,6 +331,8 @@ const (
 	tcProgTcLbEgress     = "tc_lb_egress"
 	tcVarCfgHashSeed     = "cfg_hash_seed"
 	tcVarCfgScope        = "cfg_scope"
+	tcVarCfgSnatPortMax  = "cfg_snat_port_max"
+	tcVarCfgSnatPortMin  = "cfg_snat_port_min"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -356,8 +402,10 @@ type tcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CfgHashSeed *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope    *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -413,8 +461,10 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CfgHashSeed *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope    *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

@@ -142,6 +142,21 @@ func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]in
 	return got
 }
 
+// ipForwarded reads a namespace's Ip ForwDatagrams: packets its stack
+// routed from one interface to another.
+func ipForwarded(t *testing.T, ns *nettest.NS) uint64 {
+	t.Helper()
+	s, err := ns.SNMP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Counter("Ip", "ForwDatagrams")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
 	pin := filepath.Join(bpffs(t), "topolb")
@@ -165,12 +180,13 @@ func TestRealTraffic(t *testing.T) {
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachPod(ifname))
 	}
-	must(t, d.AttachXDP("w1"))
+	must(t, d.AttachUplink("w1"))
 	if got, err := d.Attached(); err != nil || !slices.Equal(got, []string{"hb1", "hb2", "hc", "w1"}) {
 		t.Fatalf("Attached = %v, %v", got, err)
 	}
 
 	const n = 200
+	forwBefore := ipForwarded(t, tb.node1)
 	httpGot := httpGets(t, tb.client, "http://"+vipHTTP+"/", n)
 	udpGot := udpQueries(t, tb.client, vipDNS, n)
 	t.Logf("HTTP answers per backend: %v; UDP: %v", httpGot, udpGot)
@@ -199,6 +215,23 @@ func TestRealTraffic(t *testing.T) {
 	if c.ReverseNAT == 0 || c.Frontends[fe(vipHTTP, TCP)].Packets < n || c.Frontends[fe(vipDNS, UDP)].Packets < n {
 		t.Errorf("counters too low: %+v", c)
 	}
+	// Every flow bypassed the host stack: into local backends and back
+	// into the client with bpf_redirect_peer, to b3 out of w1 (its next
+	// hop's MAC known after the first packets, or resolved by the
+	// kernel), with no packet falling back.
+	for _, s := range []Stat{StatFwdStack, StatFwdFallbackMTU, StatFwdFallbackTTL, StatFwdFallbackMeta} {
+		if c.Stats[s] != 0 {
+			t.Errorf("%s = %d, want 0", s, c.Stats[s])
+		}
+	}
+	if c.Stats[StatFwdPeer] < 2*n || c.Stats[StatFwdL2]+c.Stats[StatFwdNeigh] == 0 {
+		t.Errorf("forwarding paths: peer %d, l2 %d, neigh %d", c.Stats[StatFwdPeer], c.Stats[StatFwdL2], c.Stats[StatFwdNeigh])
+	}
+	// The kernel agrees: node1's stack forwarded none of it (b3's
+	// replies were delivered by tc_uplink, not routed).
+	if got := ipForwarded(t, tb.node1) - forwBefore; got != 0 {
+		t.Errorf("node1's stack forwarded %d datagrams (Ip ForwDatagrams), want 0", got)
+	}
 	t.Logf("counters: %+v", c)
 
 	// A restarted agent re-adopts maps and links: traffic keeps flowing
@@ -217,7 +250,7 @@ func TestRealTraffic(t *testing.T) {
 		for _, ifname := range []string{"hc", "hb1", "hb2"} {
 			must(t, d2.AttachPod(ifname))
 		}
-		must(t, d2.AttachXDP("w1"))
+		must(t, d2.AttachUplink("w1"))
 		if got := httpGets(t, tb.client, "http://"+vipHTTP+"/", 20); len(got) == 0 {
 			t.Error("no answers after restart")
 		}

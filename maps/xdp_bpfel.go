@@ -164,6 +164,8 @@ const (
 	xdpProgXdpLb          = "xdp_lb"
 	xdpVarCfgHashSeed     = "cfg_hash_seed"
 	xdpVarCfgScope        = "cfg_scope"
+	xdpVarCfgSnatPortMax  = "cfg_snat_port_max"
+	xdpVarCfgSnatPortMin  = "cfg_snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -232,8 +234,10 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	CfgHashSeed *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope    *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -289,8 +293,10 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	CfgHashSeed *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope    *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.

@@ -48,6 +48,7 @@ type flags struct {
 	maxFrontends   uint32
 	maxBackends    uint32
 	maxConntrack   uint32
+	snatPorts      string
 	events         bool
 	coalesce       time.Duration
 	retry          time.Duration
@@ -109,6 +110,7 @@ answers 200 once the first full sync is in the maps.`,
 	fl.Uint32Var(&f.maxFrontends, "max-frontends", maps.DefaultMaxFrontends, "capacity of the services map (frontends)")
 	fl.Uint32Var(&f.maxBackends, "max-backends", maps.DefaultMaxBackends, "capacity of the backends map (sum of backends over frontends)")
 	fl.Uint32Var(&f.maxConntrack, "max-conntrack", maps.DefaultMaxConntrack, "capacity of the LRU conntrack map")
+	fl.StringVar(&f.snatPorts, "snat-ports", maps.DefaultSNATPorts.String(), "source ports (MIN-MAX) given to traffic from outside that is sent to a backend on another node and source-translated to this node's address; must overlap neither net.ipv4.ip_local_port_range nor the NodePort range (the default lies above both Linux defaults)")
 	fl.BoolVar(&f.events, "events", true, "emit Kubernetes Events on Services when this node's mode changes or programming fails (rate-limited)")
 	fl.DurationVar(&f.coalesce, "sync-coalesce", 2*time.Millisecond, "wait this long after a change so a burst of changes becomes one sync")
 	fl.DurationVar(&f.retry, "retry-interval", time.Second, "how often services whose programming failed are retried")
@@ -170,12 +172,22 @@ func run(ctx context.Context, f flags) (err error) {
 		}
 	}
 
+	snatPorts, err := maps.ParsePortRange(f.snatPorts)
+	if err != nil {
+		return fmt.Errorf("--snat-ports: %w", err)
+	}
+	nodePorts := topology.DefaultOptions().NodePortRange
+	if nodePorts == (topology.PortRange{}) {
+		nodePorts = topology.DefaultNodePortRange
+	}
+	checkSNATPorts(log, snatPorts, nodePorts)
+
 	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
 		return err
 	}
 	dp, err := maps.Load(maps.Options{
 		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends, MaxConntrack: f.maxConntrack,
-		Logger: log.With("component", "datapath"),
+		SNATPorts: snatPorts, Logger: log.With("component", "datapath"),
 	})
 	if err != nil {
 		if errors.Is(err, maps.ErrLocked) {
@@ -309,6 +321,35 @@ func attachHost(dp *maps.Datapath, f flags) error {
 		return fmt.Errorf("socket hooks for host-network clients (--host-services=false turns them off): %w", err)
 	}
 	return nil
+}
+
+// localPortRange is where the node's own connections take their source
+// ports.
+const localPortRange = "/proc/sys/net/ipv4/ip_local_port_range"
+
+// checkSNATPorts warns when the SNAT port range overlaps the node's
+// ephemeral ports (a translated flow could take the 5-tuple of a
+// connection the node opens itself, whose replies XDP would then
+// translate) or the NodePort range (a reply could be taken for traffic to
+// a NodePort).
+func checkSNATPorts(log *slog.Logger, snat maps.PortRange, nodePorts topology.PortRange) {
+	if snat.Overlaps(maps.PortRange{Min: nodePorts.Min, Max: nodePorts.Max}) {
+		log.Warn("--snat-ports overlaps the NodePort range", "snatPorts", snat, "nodePorts", fmt.Sprintf("%d-%d", nodePorts.Min, nodePorts.Max))
+	}
+	b, err := os.ReadFile(localPortRange)
+	if err != nil {
+		log.Warn("cannot read the node's ephemeral port range to check --snat-ports against it", "err", err)
+		return
+	}
+	var lo, hi uint16
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		log.Warn("cannot parse the node's ephemeral port range", "file", localPortRange, "err", err)
+		return
+	}
+	if eph := (maps.PortRange{Min: lo, Max: hi}); snat.Overlaps(eph) {
+		log.Warn("--snat-ports overlaps the node's ephemeral ports (net.ipv4.ip_local_port_range): a translated flow may collide with a connection of the node itself",
+			"snatPorts", snat, "ephemeral", eph)
+	}
 }
 
 // serve listens on addr and serves h until ctx is done.

@@ -2,8 +2,11 @@
 // stands up a 3-zone, 6-node testbed out of network namespaces
 // (tools/testbed/examples/demo.yaml), runs topolb-agent on every node, and
 // for each scenario of the spec sends requests over HTTP and UDP from the
-// client on node-a1, then prints where they landed and the mode `explain`
-// reports. It needs root and tears everything down on exit and on Ctrl-C.
+// client on node-a1 (to the cluster IP or its node's NodePort) or from a
+// client outside the cluster (to a node's NodePort), then prints where
+// they landed, the source address each backend saw, and the mode
+// `explain` reports. It needs root and tears everything down on exit and
+// on Ctrl-C.
 //
 //	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300]
 //
@@ -18,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -229,14 +233,16 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 	}
 	ok := drained
 	for _, e := range sc.Expect {
-		client := tb.Pod(e.Client)
-		landings, err := tb.Measure(ctx, client, e.Service, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second})
+		landings, node, err := measure(ctx, tb, e, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second})
 		if err != nil {
 			return false, err
 		}
 		d := landings[0].Decision
-		fmt.Fprintf(out, "      explain --node %s --service %s: policy %s, mode %s\n      reason: %s\n\n", client.Node.Name, d.Service, d.Policy, d.Mode, d.Reason)
-		printTable(out, tb, landings)
+		if e.Via != "" {
+			fmt.Fprintf(out, "      %s -> %s's NodePorts (%s)\n", e.Client, node, d.NodePort.Addr())
+		}
+		fmt.Fprintf(out, "      explain --node %s --service %s: policy %s, mode %s\n      reason: %s\n\n", node, d.Service, d.Policy, d.Mode, d.Reason)
+		printTable(out, tb, landings, e.Via != "")
 		want := slices.Clone(e.Backends)
 		slices.Sort(want)
 		for _, l := range landings {
@@ -244,7 +250,7 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 			if !slices.Equal(l.Decision.Backends, want) {
 				problems = append(problems, fmt.Sprintf("explain permits %v but the spec expects %v", l.Decision.Backends, want))
 			}
-			label := fmt.Sprintf("%s/%d", l.Decision.Protocol, l.Decision.Frontend.Port())
+			label := portLabel(l, e.Via != "")
 			switch {
 			case len(problems) > 0:
 				ok = false
@@ -257,17 +263,82 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 				fmt.Fprintf(out, "      ✓ %s: every request landed on a permitted backend, and every permitted backend got some: %s\n", label, strings.Join(want, " "))
 			}
 		}
+		if e.Via != "" && len(want) > 0 {
+			fmt.Fprintf(out, "        backends saw: %s\n", sources(tb, landings))
+		}
 	}
 	return ok, nil
 }
 
+// measure sends the requests of one expectation: from the client pod to
+// the cluster IP, or from a client (pod or outside) to the NodePorts of
+// the node e names. It returns the landings and the node that decided.
+func measure(ctx context.Context, tb *testbed.Testbed, e testbed.Expectation, o testbed.MeasureOptions) ([]testbed.Landing, string, error) {
+	p := tb.Pod(e.Client)
+	if e.Via == "" {
+		l, err := tb.Measure(ctx, p, e.Service, o)
+		return l, p.Node.Name, err
+	}
+	if p != nil {
+		l, err := tb.MeasureNodePort(ctx, p, e.Via, e.Service, o)
+		return l, e.Via, err
+	}
+	l, err := tb.MeasureNodePort(ctx, tb.External(e.Client), e.Via, e.Service, o)
+	return l, e.Via, err
+}
+
+// sources says, per backend, which source address it saw: the client's
+// own, or a node's (the flow was source-translated there).
+func sources(tb *testbed.Testbed, landings []testbed.Landing) string {
+	seen := map[string]map[netip.Addr]bool{}
+	client := landings[0].Client
+	for _, l := range landings {
+		for pod, addrs := range l.Tally.Sources {
+			if seen[pod] == nil {
+				seen[pod] = map[netip.Addr]bool{}
+			}
+			for a := range addrs {
+				seen[pod][a] = true
+			}
+		}
+	}
+	nodeOf := map[netip.Addr]string{}
+	for _, n := range tb.Nodes {
+		nodeOf[n.WireAddr.Addr()] = n.Name
+	}
+	var parts []string
+	for _, pod := range slices.Sorted(maps.Keys(seen)) {
+		for _, a := range slices.SortedFunc(maps.Keys(seen[pod]), netip.Addr.Compare) {
+			who := "another address"
+			switch {
+			case a == client.ClientAddr():
+				who = client.ClientName() + "'s own"
+			case nodeOf[a] != "":
+				who = nodeOf[a] + "'s, source-translated"
+			}
+			parts = append(parts, fmt.Sprintf("%s <- %s (%s)", pod, a, who))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// portLabel names the port a landing was measured on: "TCP/80", or the
+// nodePort when the client went through a node's NodePorts.
+func portLabel(l testbed.Landing, nodePort bool) string {
+	port := l.Decision.Frontend.Port()
+	if nodePort {
+		port = l.Decision.NodePort.Port()
+	}
+	return fmt.Sprintf("%s/%d", l.Decision.Protocol, port)
+}
+
 // printTable prints one row per backend that answered: its node, zone and
 // counts per port, and a row of failures.
-func printTable(out io.Writer, tb *testbed.Testbed, landings []testbed.Landing) {
+func printTable(out io.Writer, tb *testbed.Testbed, landings []testbed.Landing, nodePort bool) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	header := "      BACKEND\tNODE\tZONE"
 	for _, l := range landings {
-		header += fmt.Sprintf("\t%s/%d", l.Decision.Protocol, l.Decision.Frontend.Port())
+		header += "\t" + portLabel(l, nodePort)
 	}
 	fmt.Fprintln(w, header)
 	var pods []string

@@ -72,10 +72,8 @@ const nginxPort = 8088
 // enters at node-a1, the client's node.
 func benchSpec(b *testing.B) *testbed.Spec {
 	b.Helper()
-	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\noutside: {ingressNode: node-a1, clients: [{name: ext1}]}\n"...))
-	if err != nil {
-		b.Fatal(err)
-	}
+	spec := demoSpec(b)
+	spec.Outside.IngressNode = "node-a1"
 	return spec
 }
 

@@ -26,10 +26,7 @@ func TestOutsideClientThroughKubeProxy(t *testing.T) {
 	requireRoot(t)
 	kp := kubeProxyBinary(t)
 	cluster := kubetest.Start(t)
-	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\noutside: {ingressNode: node-b1, clients: [{name: ext1}]}\n"...))
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := demoSpec(t) // its outside client's external and LB IPs go to node-b1
 	ports := []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	all := []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}
 	svcs := []testbed.ServiceSpec{

@@ -1,11 +1,25 @@
 package e2e
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/topolb/topolb/tools/testbed"
 )
+
+// measureExpectation measures an expectation of a spec: the client pod
+// through the cluster IP, or a client (pod or outside) through the
+// NodePorts of the node the expectation names.
+func measureExpectation(ctx context.Context, tb *testbed.Testbed, e testbed.Expectation, o testbed.MeasureOptions) ([]testbed.Landing, error) {
+	if e.Via == "" {
+		return tb.Measure(ctx, tb.Pod(e.Client), e.Service, o)
+	}
+	if p := tb.Pod(e.Client); p != nil {
+		return tb.MeasureNodePort(ctx, p, e.Via, e.Service, o)
+	}
+	return tb.MeasureNodePort(ctx, tb.External(e.Client), e.Via, e.Service, o)
+}
 
 // TestScenarios runs every scenario of the demo (tools/testbed/examples/
 // demo.yaml) and asserts, over HTTP (TCP) and UDP, that the client lands on
@@ -13,8 +27,9 @@ import (
 // DecideNode permits for the client's node (and, with agents, the set the
 // agent reports): every permitted backend answers, no other one does, no
 // request fails unless the traffic is dropped by design, in which case all
-// fail. Backends see the client's own address (no SNAT), and no namespace
-// counts a checksum error. With agents it also runs against a real
+// fail. Backends see the client's own address (pods, and outside clients
+// under externalTrafficPolicy Local), and no namespace counts a checksum
+// error. Scenarios with via reach the Service through a node's NodePorts. With agents it also runs against a real
 // kube-apiserver, the agents watching it instead of a manifest file.
 func TestScenarios(t *testing.T) {
 	requireRoot(t)
@@ -42,7 +57,7 @@ func TestScenarios(t *testing.T) {
 							// Every request times out: fewer and shorter.
 							o = testbed.MeasureOptions{Requests: 50, Parallel: 50, Timeout: 500 * time.Millisecond}
 						}
-						landings, err := tb.Measure(t.Context(), tb.Pod(e.Client), e.Service, o)
+						landings, err := measureExpectation(t.Context(), tb, e, o)
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -250,12 +250,15 @@ type Tally struct {
 	// WrongSource counts answers in which the backend saw a source address
 	// other than the client's.
 	WrongSource int
+	// Sources counts, per backend pod, the source addresses it saw (the
+	// client's, or the node's that source-translated the flow).
+	Sources map[string]map[netip.Addr]int
 }
 
 // Summarize tallies records of requests sent by client (nil: sources are
 // not checked).
 func Summarize(client Client, recs []Record) Tally {
-	t := Tally{Landed: map[string]int{}, Answers: map[string]Answer{}}
+	t := Tally{Landed: map[string]int{}, Answers: map[string]Answer{}, Sources: map[string]map[netip.Addr]int{}}
 	for _, r := range recs {
 		if r.Err != nil {
 			t.Failed++
@@ -267,8 +270,15 @@ func Summarize(client Client, recs []Record) Tally {
 		}
 		t.Landed[r.Answer.Pod]++
 		t.Answers[r.Answer.Pod] = r.Answer
-		if ap, err := netip.ParseAddrPort(r.Answer.Client); client != nil && (err != nil || ap.Addr() != client.ClientAddr()) {
+		ap, err := netip.ParseAddrPort(r.Answer.Client)
+		if client != nil && (err != nil || ap.Addr() != client.ClientAddr()) {
 			t.WrongSource++
+		}
+		if err == nil {
+			if t.Sources[r.Answer.Pod] == nil {
+				t.Sources[r.Answer.Pod] = map[netip.Addr]int{}
+			}
+			t.Sources[r.Answer.Pod][ap.Addr()]++
 		}
 	}
 	return t

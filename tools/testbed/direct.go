@@ -69,7 +69,7 @@ func (tb *Testbed) AttachDirect() (_ *Direct, err error) {
 				return nil, fmt.Errorf("node %s: %w", n.Name, err)
 			}
 		}
-		if err := dp.AttachXDP(UplinkName); err != nil {
+		if err := dp.AttachUplink(UplinkName); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		if err := dp.AttachHost(cgroupRoot); err != nil {

@@ -44,7 +44,7 @@ func (tb *Testbed) buildOutside() (err error) {
 			return err
 		}
 	}
-	if err := tb.plugIntoWire(r.NS, RouterPort, r.WireAddr, 0); err != nil {
+	if err := tb.plugIntoWire(r.NS, RouterPort, r.WireAddr, 0, false); err != nil {
 		return err
 	}
 	for _, e := range tb.Externals {

@@ -275,7 +275,13 @@ type DrainSpec struct {
 // every port of a Service. An empty Backends list means the traffic is
 // dropped.
 type Expectation struct {
-	Client   string   `json:"client"`
+	// Client is a client pod, or (with Via) an outside client.
+	Client string `json:"client"`
+	// Via, when set, names the node whose NodePorts the client uses
+	// (Testbed.MeasureNodePort): an outside client lands on that node's
+	// external backends, a pod on its cluster set. Unset, a pod uses the
+	// cluster IP (Testbed.Measure).
+	Via      string   `json:"via,omitempty"`
 	Service  string   `json:"service"`
 	Backends []string `json:"backends"`
 }
@@ -419,10 +425,8 @@ func (s *Spec) complete() error {
 			return err
 		}
 		for _, e := range sc.Expect {
-			if role, ok := pods[e.Client]; !ok {
-				return fmt.Errorf("%s: expect: unknown client pod %q", where, e.Client)
-			} else if role != RoleClient {
-				return fmt.Errorf("%s: expect: pod %s is not a client", where, e.Client)
+			if err := s.checkClient(e, pods, nodes); err != nil {
+				return fmt.Errorf("%s: expect: %w", where, err)
 			}
 			if !slices.ContainsFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(e.Service) }) {
 				return fmt.Errorf("%s: expect: service %q is not in the scenario", where, e.Service)
@@ -714,6 +718,27 @@ func completeExternal(svc *ServiceSpec, ips *allocator) error {
 		return nil
 	}
 	return ips.nodePort(key+"/healthcheck", &svc.HealthCheckNodePort)
+}
+
+// checkClient checks an expectation's client and node: a client pod, or,
+// through a node's NodePorts (Via), an outside client.
+func (s *Spec) checkClient(e Expectation, pods map[string]Role, nodes map[string]bool) error {
+	if e.Via != "" && !nodes[e.Via] {
+		return fmt.Errorf("via %q is not a node", e.Via)
+	}
+	if role, ok := pods[e.Client]; ok {
+		if role != RoleClient {
+			return fmt.Errorf("pod %s is not a client", e.Client)
+		}
+		return nil
+	}
+	if s.Outside != nil && slices.ContainsFunc(s.Outside.Clients, func(c ExternalSpec) bool { return c.Name == e.Client }) {
+		if e.Via == "" {
+			return fmt.Errorf("outside client %s needs via: the node whose NodePorts it uses", e.Client)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown client %q", e.Client)
 }
 
 // completeOutside checks the outside network and applies its defaults.

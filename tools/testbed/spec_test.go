@@ -24,8 +24,8 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(spec.Scenarios) != 9 {
-		t.Errorf("%d scenarios, want 9", len(spec.Scenarios))
+	if len(spec.Scenarios) != 12 {
+		t.Errorf("%d scenarios, want 12", len(spec.Scenarios))
 	}
 	wantModes := map[string]topology.Mode{
 		"zone-hints":             topology.ModePreferSameZone,
@@ -37,6 +37,7 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 		"terminating":            topology.ModePreferSameZone,
 		"hints-give-up":          topology.ModeNone,
 		"zone-weighted":          topology.ModeZoneWeighted,
+		"nodeport-zone-b":        topology.ModePreferSameZone,
 	}
 	for _, sc := range spec.Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
@@ -50,17 +51,29 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 				t.Fatal("scenario has no expectation")
 			}
 			for _, e := range sc.Expect {
-				client := l.Pod(e.Client)
-				ds, _ := l.Decide(back, client.Node.Name)
+				// The node that decides: the client pod's, or the one
+				// whose NodePort the client uses.
+				node, outside := e.Via, l.External(e.Client) != nil
+				if node == "" {
+					node = l.Pod(e.Client).Node.Name
+				}
+				ds, _ := l.Decide(back, node)
 				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 					d := FindDecision(ds, e.Service, proto)
 					if d == nil {
 						t.Fatalf("no %s decision for %s", proto, e.Service)
 					}
+					if e.Via != "" && !d.NodePort.IsValid() {
+						t.Fatalf("%s %s: no NodePort on %s", e.Service, proto, e.Via)
+					}
+					got := d.Backends
+					if outside {
+						got = d.ExternalBackends
+					}
 					want := slices.Clone(e.Backends)
 					slices.Sort(want)
-					if !slices.Equal(d.Backends, want) {
-						t.Errorf("%s %s: decided %v, spec expects %v (%s)", e.Service, proto, d.Backends, want, d.Reason)
+					if !slices.Equal(got, want) {
+						t.Errorf("%s %s from %s on %s: decided %v, spec expects %v (%s)", e.Service, proto, e.Client, node, got, want, d.Reason)
 					}
 					if m, ok := wantModes[sc.Name]; ok && d.Mode != m {
 						t.Errorf("%s %s: mode %s, want %s", e.Service, proto, d.Mode, m)

@@ -219,7 +219,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 			}
 		}
 		port := "n" + strconv.Itoa(n.Index)
-		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU); err != nil {
+		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU, true); err != nil {
 			return err
 		}
 		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
@@ -252,15 +252,17 @@ func (tb *Testbed) build(ctx context.Context) error {
 // plugIntoWire connects ns to the switch: a veth with UplinkName in ns and
 // port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
 // a real NIC, both ends put finished checksums on the wire (transmit
-// checksum offload off), so receivers verify them.
-func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int) error {
+// checksum offload off), so receivers verify them. With napi (a node's
+// port) the switch port gets a NAPI instance (napiForXDP), so the node's
+// XDP program can send frames back out of its uplink (XDP_TX,
+// XDP_REDIRECT); the router's port does without: a NAPI veth takes at most
+// its ring (256 frames) between two polls, where a plain one queues to the
+// CPU's backlog.
+func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int, napi bool) error {
 	if err := netns.Veth(ns, UplinkName, tb.Fabric, port); err != nil {
 		return err
 	}
 	if err := tb.Fabric.SetMaster(port, BridgeName); err != nil {
-		return err
-	}
-	if err := passXDP(tb.Fabric, port); err != nil {
 		return err
 	}
 	if mtu != 0 {
@@ -276,6 +278,11 @@ func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int)
 	}
 	if err := ns.SetTxChecksum(UplinkName, false); err != nil {
 		return err
+	}
+	if napi {
+		if err := napiForXDP(tb.Fabric, port); err != nil {
+			return err
+		}
 	}
 	return tb.Fabric.SetTxChecksum(port, false)
 }

@@ -1,0 +1,391 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Forwarding after translation: where a translated packet goes, and how
+ * it gets there without the host stack (docs/datapath.md, "Forwarding
+ * after translation").
+ *
+ * Each direction of a flow carries its target in its conntrack entry
+ * (ct_value.redirect, ifindex, smac, dmac), resolved from the kernel's FIB
+ * and tlb_ifaces when the flow is created, so an established packet needs
+ * no lookup to be forwarded:
+ *   PEER   into the pod behind a host veth: tc bpf_redirect_peer; XDP
+ *          cannot redirect into a veth's peer, so it hands the target to
+ *          tc_uplink (tcx ingress of the same uplink) in packet metadata;
+ *   XDP    out of an uplink with the cached MACs: XDP_TX on the interface
+ *          it came in on, XDP_REDIRECT to another, tc bpf_redirect;
+ *   NEIGH  resolve again (next hop not yet in the neighbour table, or a
+ *          periodic refresh); meanwhile out of ifindex with the kernel
+ *          resolving the next hop: tc bpf_redirect_neigh, XDP through
+ *          tc_uplink;
+ *   STACK  up the host stack.
+ * ct_touch (lb.h) marks both entries of an active flow NEIGH at most once
+ * a second, so a changed route, next hop or pod interface is picked up
+ * (entries on the STACK path stay there).
+ *
+ * A packet leaves its flow's path for the stack when the kernel must
+ * answer it: TTL expiring (time exceeded) or larger than the egress MTU
+ * (fragmentation needed). The forward packets of a source-NATed flow
+ * never go up the stack: their source is this node's own address, which
+ * the stack drops as a martian; they are dropped and counted instead.
+ *
+ * TTL: every path here replaces a forwarding hop of the node, so the TTL
+ * is decremented exactly where the stack's ip_forward would have. */
+#ifndef TOPOLB_FWD_H
+#define TOPOLB_FWD_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "consts.h"
+#include "csum.h"
+#include "maps.h"
+#include "stats.h"
+#include "structs.h"
+
+#define AF_INET 2
+
+/* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
+ * so tcx programs attached after this one (a CNI's, for example) still see
+ * it; with none left the packet passes. */
+#define TC_PASS TC_ACT_UNSPEC
+
+/* Where one direction of a flow goes: ct_value's forwarding fields, and,
+ * for a target just resolved, its next hop. */
+struct fwd_target {
+	__u32 ifindex; /* host byte order; 0 with CT_REDIRECT_STACK */
+	__u8 kind;     /* enum ct_redirect */
+	__u8 pad;
+	__u8 smac[ETH_ALEN]; /* PEER (when dmac is known) and XDP */
+	__u8 dmac[ETH_ALEN];
+	__u16 pad2;
+	__be32 nexthop; /* network byte order; NEIGH: the address to resolve (not cached) */
+};
+
+/* What XDP hands to tc_uplink in front of a frame it passes up
+ * (bpf_xdp_adjust_meta): deliver into a pod, or out of an interface
+ * through the neighbour subsystem. tc_uplink acts only on a frame whose
+ * metadata is exactly this size and starts with FWD_META_MAGIC. 28 bytes:
+ * metadata must be a multiple of 4, at most 32. */
+struct fwd_meta {
+	__u32 magic;   /* FWD_META_MAGIC */
+	__u32 ifindex; /* host byte order */
+	__u8 kind;     /* CT_REDIRECT_PEER or CT_REDIRECT_NEIGH */
+	__u8 flags;    /* enum fwd_meta_flag bits */
+	__u8 dmac[ETH_ALEN]; /* PEER: the pod's MAC when known, else zero */
+	__u8 smac[ETH_ALEN];
+	__u16 pad;           /* zero */
+	__be32 nexthop;      /* NEIGH: the next hop to resolve, network byte order */
+};
+_Static_assert(sizeof(struct fwd_meta) % 4 == 0 && sizeof(struct fwd_meta) <= 32,
+	       "XDP metadata is a multiple of 4 bytes, at most 32");
+
+enum fwd_meta_const {
+	FWD_META_MAGIC = 0x746c6266, /* "tlbf" */
+};
+
+enum fwd_meta_flag {
+	FWD_META_F_NO_STACK = 1, /* drop rather than pass up the stack (source-NATed forward packets) */
+};
+
+/* The 16-bit word of the IPv4 header that holds TTL (high byte on the
+ * wire) and protocol, for the checksum update of a TTL decrement. */
+#define IP_TTL_WORD_OFF offsetof(struct iphdr, ttl)
+_Static_assert(__builtin_offsetof(struct iphdr, protocol) == __builtin_offsetof(struct iphdr, ttl) + 1, "ttl and protocol share a word");
+
+/* ip_ttl_expires reports whether forwarding would take ip's TTL to 0. */
+static __always_inline int ip_ttl_expires(const struct iphdr *ip)
+{
+	return ip->ttl <= 1;
+}
+
+/* ip_decrease_ttl decrements the TTL and updates the header checksum,
+ * as the stack's ip_forward does. The header's sum is unchanged, so is
+ * an skb's CHECKSUM_COMPLETE csum. */
+static __always_inline void ip_decrease_ttl(struct iphdr *ip)
+{
+	__u16 *word = (void *)ip + IP_TTL_WORD_OFF;
+	__u16 old = *word;
+
+	ip->ttl--;
+	ip->check = csum_replace2(ip->check, old, *word);
+}
+
+static __always_inline int mac_is_zero(const __u8 *mac)
+{
+	return !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]);
+}
+
+/* fwd_stat is the counter of a direction's path. */
+static __always_inline __u32 fwd_stat(__u8 kind)
+{
+	switch (kind) {
+	case CT_REDIRECT_PEER:
+		return STAT_FWD_PEER;
+	case CT_REDIRECT_NEIGH:
+		return STAT_FWD_NEIGH;
+	case CT_REDIRECT_XDP:
+		return STAT_FWD_L2;
+	default:
+		return STAT_FWD_STACK;
+	}
+}
+
+/* fwd_resolve asks the FIB where packets from src to dst, arriving on iif,
+ * go, and fills t: PEER for a pod interface (tlb_ifaces kind IFACE_POD),
+ * XDP for an uplink whose next hop is in the neighbour table, NEIGH for
+ * one whose next hop is not, STACK otherwise (no route, a local address,
+ * forwarding disabled on iif, an interface topolb is not attached to).
+ * no_stack (the forward direction of a source-NATed flow) turns STACK
+ * into NEIGH whenever the FIB names an egress interface. want_src asks
+ * the FIB for the route's preferred source address (BPF_FIB_LOOKUP_SRC,
+ * Linux 6.7+). Returns that address, 0 when not asked for or there is
+ * none. The lookup is an ingress lookup, as the stack's ip_forward does
+ * it: policy routing by iif, and STACK where forwarding is off. */
+static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
+					  int want_src, int no_stack, struct fwd_target *t)
+{
+	struct bpf_fib_lookup p = {
+		.family = AF_INET,
+		.l4_protocol = proto,
+		/* A length that fits any MTU: the route, not this packet's
+		 * size, is what the flow caches (each packet's size is checked
+		 * on its way out). Without it, tc's lookup would fail a large
+		 * first packet with FRAG_NEEDED. */
+		.tot_len = sizeof(struct iphdr),
+		.ifindex = iif,
+		.ipv4_src = src,
+		.ipv4_dst = dst,
+	};
+	struct iface_value *ifc;
+	long rc;
+
+	__builtin_memset(t, 0, sizeof(*t));
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), want_src ? BPF_FIB_LOOKUP_SRC : 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	ifc = bpf_map_lookup_elem(&tlb_ifaces, &p.ifindex);
+	if (ifc && ifc->kind == IFACE_POD) {
+		t->kind = CT_REDIRECT_PEER;
+		t->ifindex = p.ifindex;
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			__builtin_memcpy(t->smac, p.smac, ETH_ALEN);
+			__builtin_memcpy(t->dmac, p.dmac, ETH_ALEN);
+		}
+	} else if (ifc && ifc->kind == IFACE_UPLINK && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		t->kind = CT_REDIRECT_XDP;
+		t->ifindex = p.ifindex;
+		__builtin_memcpy(t->smac, p.smac, ETH_ALEN);
+		__builtin_memcpy(t->dmac, p.dmac, ETH_ALEN);
+	} else if ((ifc && ifc->kind == IFACE_UPLINK) || no_stack) {
+		t->kind = CT_REDIRECT_NEIGH;
+		t->ifindex = p.ifindex;
+		t->nexthop = p.ipv4_dst; /* the gateway, or dst itself on link */
+	}
+	return want_src ? p.ipv4_src : 0;
+}
+
+/* fwd_mark_stale makes the next packet of an entry resolve its target
+ * again (ct_touch, at most once a second per active flow): a route, a
+ * next hop's MAC or a pod's interface may have changed since. A flow the
+ * stack forwards stays with the stack: its route leads through an
+ * interface topolb does not own, and asking again every second would
+ * cost a FIB lookup for nothing. */
+static __always_inline void fwd_mark_stale(struct ct_value *ct)
+{
+	if (ct->redirect != CT_REDIRECT_STACK)
+		ct->redirect = CT_REDIRECT_NEIGH;
+}
+
+/* fwd_from_ct copies a conntrack entry's target. */
+static __always_inline void fwd_from_ct(struct fwd_target *t, const struct ct_value *ct)
+{
+	t->kind = ct->redirect;
+	t->ifindex = ct->ifindex;
+	__builtin_memcpy(t->smac, ct->smac, ETH_ALEN);
+	__builtin_memcpy(t->dmac, ct->dmac, ETH_ALEN);
+}
+
+/* fwd_to_ct stores a target in a conntrack entry. */
+static __always_inline void fwd_to_ct(struct ct_value *ct, const struct fwd_target *t)
+{
+	ct->ifindex = t->ifindex;
+	__builtin_memcpy(ct->smac, t->smac, ETH_ALEN);
+	__builtin_memcpy(ct->dmac, t->dmac, ETH_ALEN);
+	ct->redirect = t->kind;
+}
+
+/* fwd_refresh resolves a NEIGH target again for a packet of its flow
+ * (dst is the packet's destination after translation) and, when the FIB
+ * now knows more, stores the result in the flow's entry ct (NULL for a
+ * flow created by this packet: it was resolved a moment ago). */
+static __always_inline void fwd_refresh(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
+					int no_stack, struct ct_value *ct, struct fwd_target *t)
+{
+	if (t->kind != CT_REDIRECT_NEIGH || !ct)
+		return;
+	fwd_resolve(ctx, iif, src, dst, proto, 0, no_stack, t);
+	fwd_to_ct(ct, t);
+}
+
+/* fwd_fallback counts a packet that cannot follow its flow's path and
+ * returns whether it may go up the stack (1) or must be dropped (0). */
+static __always_inline int fwd_fallback(int no_stack, __u32 reason)
+{
+	if (no_stack) {
+		stat_inc(STAT_DROP_SNAT_FALLBACK);
+		return 0;
+	}
+	stat_inc(reason);
+	return 1;
+}
+
+/* ---- XDP (frames from the wire) ---- */
+
+/* fwd_xdp_l2 sends a translated frame out of an uplink with t's MACs. */
+static __always_inline int fwd_xdp_l2(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	__u32 mtu_len = 0;
+
+	if ((void *)(ip + 1) > data_end)
+		return XDP_DROP;
+	if (ip_ttl_expires(ip))
+		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? XDP_PASS : XDP_DROP;
+	/* A frame fits the interface it arrived on. */
+	if (t->ifindex != ctx->ingress_ifindex &&
+	    bpf_check_mtu(ctx, t->ifindex, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? XDP_PASS : XDP_DROP;
+	ip_decrease_ttl(ip);
+	__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, t->smac, ETH_ALEN);
+	if (t->ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(t->ifindex, 0);
+}
+
+/* fwd_xdp_handoff passes a translated frame up to tc_uplink with its
+ * target in the metadata. The Ethernet header stays as it arrived (the
+ * uplink's own address), so the stack takes the frame if tc_uplink does
+ * not. */
+static __always_inline int fwd_xdp_handoff(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct fwd_meta *m;
+
+	if ((void *)(ip + 1) > data_end)
+		return XDP_DROP;
+	if (ip_ttl_expires(ip))
+		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? XDP_PASS : XDP_DROP;
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*m)))
+		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_META) ? XDP_PASS : XDP_DROP;
+	data = (void *)(long)ctx->data;
+	m = (void *)(long)ctx->data_meta;
+	if ((void *)(m + 1) > data)
+		return XDP_DROP;
+	m->magic = FWD_META_MAGIC;
+	m->ifindex = t->ifindex;
+	m->kind = t->kind;
+	m->flags = no_stack ? FWD_META_F_NO_STACK : 0;
+	__builtin_memcpy(m->dmac, t->dmac, ETH_ALEN);
+	__builtin_memcpy(m->smac, t->smac, ETH_ALEN);
+	m->pad = 0;
+	m->nexthop = t->nexthop;
+	return XDP_PASS;
+}
+
+/* fwd_xdp forwards a translated frame along t. */
+static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+{
+	switch (t->kind) {
+	case CT_REDIRECT_XDP:
+		return fwd_xdp_l2(ctx, t, no_stack);
+	case CT_REDIRECT_PEER:
+	case CT_REDIRECT_NEIGH:
+		if (t->ifindex)
+			return fwd_xdp_handoff(ctx, t, no_stack);
+		/* fall through */
+	default:
+		if (no_stack) {
+			stat_inc(STAT_DROP_SNAT_FALLBACK);
+			return XDP_DROP;
+		}
+		return XDP_PASS;
+	}
+}
+
+/* ---- tc (skbs) ---- */
+
+/* fwd_skb_prepare checks that the skb may leave by t (TTL, MTU of the
+ * egress interface, segment by segment for GSO packets), decrements its
+ * TTL and, when known, writes t's MACs. Returns 0 when it may, else 1 (the
+ * caller falls back). Packet pointers are reloaded here: the rewrite
+ * helpers invalidated the caller's. */
+static __always_inline int fwd_skb_prepare(struct __sk_buff *skb, const struct fwd_target *t,
+					   int no_stack, int *verdict)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN;
+	__u32 mtu_len = 0;
+
+	if ((void *)(ip + 1) > data_end) {
+		*verdict = TC_ACT_SHOT;
+		return 1;
+	}
+	if (ip_ttl_expires(ip)) {
+		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? TC_PASS : TC_ACT_SHOT;
+		return 1;
+	}
+	if (bpf_check_mtu(skb, t->ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? TC_PASS : TC_ACT_SHOT;
+		return 1;
+	}
+	ip_decrease_ttl(ip);
+	if (t->kind != CT_REDIRECT_NEIGH && !mac_is_zero(t->dmac)) {
+		__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, t->smac, ETH_ALEN);
+	}
+	return 0;
+}
+
+/* fwd_skb forwards a translated skb along t from tc ingress. */
+static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
+{
+	int verdict;
+
+	if (t->kind == CT_REDIRECT_STACK || !t->ifindex) {
+		if (no_stack) {
+			stat_inc(STAT_DROP_SNAT_FALLBACK);
+			return TC_ACT_SHOT;
+		}
+		return TC_PASS;
+	}
+	if (fwd_skb_prepare(skb, t, no_stack, &verdict))
+		return verdict;
+	switch (t->kind) {
+	case CT_REDIRECT_PEER:
+		return bpf_redirect_peer(t->ifindex, 0);
+	case CT_REDIRECT_XDP:
+		return bpf_redirect(t->ifindex, 0);
+	default: {
+		/* The next hop as the FIB named it; without it the helper
+		 * would route the packet itself. */
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = t->nexthop };
+
+		if (!t->nexthop)
+			return bpf_redirect_neigh(t->ifindex, NULL, 0, 0);
+		return bpf_redirect_neigh(t->ifindex, &nh, sizeof(nh), 0);
+	}
+	}
+}
+
+#endif

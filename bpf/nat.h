@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Address translation: what a flow's conntrack entries say to rewrite,
+ * the rewrite itself for each hook, and the choice of a source port for
+ * source-NATed flows.
+ *
+ * A flow is DNATed (client -> backend, replies backend -> frontend) and,
+ * for an external frontend whose backend is on another node, also
+ * source-NATed to this node's address N and a port P chosen here, so the
+ * backend's replies come back through this node. The two entries of a
+ * flow C:c -> F:f served by B:b (docs/datapath.md, "Source NAT"):
+ *
+ *   forward, key {C, F, c, f}:     dir FORWARD, addr:port = B:b;
+ *                                  with CT_F_SNAT nat_addr:nat_port = N:P
+ *   reverse, key {B, C, b, c}      dir REVERSE, addr:port = F:f
+ *       or, SNAT, {B, N, b, P}:    with CT_F_SNAT nat_addr:nat_port = C:c
+ *
+ * A forward packet gets destination addr:port and, with CT_F_SNAT, source
+ * nat_addr:nat_port; a reply gets source addr:port and, with CT_F_SNAT,
+ * destination nat_addr:nat_port. */
+#ifndef TOPOLB_NAT_H
+#define TOPOLB_NAT_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "consts.h"
+#include "csum.h"
+#include "fwd.h"
+#include "maps.h"
+#include "parse.h"
+#include "stats.h"
+#include "structs.h"
+
+/* The SNAT port range, host byte order, inclusive (enum snat_config has
+ * the default and why). Set at load time from the agent's --snat-ports. */
+volatile const __u16 cfg_snat_port_min = SNAT_PORT_MIN_DEFAULT;
+volatile const __u16 cfg_snat_port_max = SNAT_PORT_MAX_DEFAULT;
+
+#define UDP_CSUM_ALL_ONES 0xffff
+/* EEXIST (asm-generic/errno-base.h): what BPF_NOEXIST fails with. */
+#define ERR_EXIST 17
+
+/* Bits of nat.flags. */
+enum nat_flag {
+	NAT_F_DST = 1, /* rewrite the destination to daddr:dport */
+	NAT_F_SRC = 2, /* rewrite the source to saddr:sport */
+};
+
+/* What the core tells a hook to do with a packet: rewrite it, and send it
+ * along fwd. Addresses and ports in network byte order. */
+struct nat {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 flags;    /* enum nat_flag bits */
+	__u8 no_stack; /* a forward packet of a source-NATed flow: its source is this node's */
+	__u16 pad;
+	struct fwd_target fwd;
+	/* The entry the packet matched, where fwd_refresh stores what it
+	 * learns; NULL for a packet that created its flow. */
+	struct ct_value *ct;
+};
+
+/* nat_forward fills n for a forward packet of the flow ct. */
+static __always_inline void nat_forward(struct nat *n, struct ct_value *ct)
+{
+	n->flags = NAT_F_DST;
+	n->daddr = ct->addr;
+	n->dport = ct->port;
+	n->no_stack = 0;
+	if (ct->flags & CT_F_SNAT) {
+		n->flags |= NAT_F_SRC;
+		n->saddr = ct->nat_addr;
+		n->sport = ct->nat_port;
+		n->no_stack = 1;
+	}
+	fwd_from_ct(&n->fwd, ct);
+	n->ct = ct;
+}
+
+/* nat_reverse fills n for a reply of the flow ct. */
+static __always_inline void nat_reverse(struct nat *n, struct ct_value *ct)
+{
+	n->flags = NAT_F_SRC;
+	n->saddr = ct->addr;
+	n->sport = ct->port;
+	n->no_stack = 0;
+	if (ct->flags & CT_F_SNAT) {
+		n->flags |= NAT_F_DST;
+		n->daddr = ct->nat_addr;
+		n->dport = ct->nat_port;
+	}
+	fwd_from_ct(&n->fwd, ct);
+	n->ct = ct;
+}
+
+/* nat_new_src and nat_new_dst are the packet's addresses after n. */
+static __always_inline __be32 nat_new_src(const struct packet *pkt, const struct nat *n)
+{
+	return n->flags & NAT_F_SRC ? n->saddr : pkt->saddr;
+}
+
+static __always_inline __be32 nat_new_dst(const struct packet *pkt, const struct nat *n)
+{
+	return n->flags & NAT_F_DST ? n->daddr : pkt->daddr;
+}
+
+/* ---- source ports ---- */
+
+/* fmix32 is MurmurHash3's finaliser: every input bit moves every output
+ * bit. */
+static __always_inline __u32 fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* snat_port is the try-th port (host byte order) offered to a flow whose
+ * hash is h: a pseudo-random walk over the configured range, the same for
+ * the same flow. */
+static __always_inline __u16 snat_port(__u32 h, __u32 try)
+{
+	__u32 n = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
+
+	return cfg_snat_port_min + fmix32(h + try) % n;
+}
+
+/* snat_claim inserts the reverse entry rev of a source-NATed flow under
+ * the first port of the flow's walk whose key is free (BPF_NOEXIST, so a
+ * port in use by any flow with the same backend and address is never
+ * taken), sets key->dport to it and returns 0. Returns -1, counted, when
+ * SNAT_RETRIES ports were taken, or when the map refused. */
+static __always_inline int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev)
+{
+	for (__u32 try = 0; try < SNAT_RETRIES; try++) {
+		long err;
+
+		key->dport = bpf_htons(snat_port(h, try));
+		err = bpf_map_update_elem(&tlb_conntrack, key, rev, BPF_NOEXIST);
+		if (!err)
+			return 0;
+		if (err != -ERR_EXIST) {
+			stat_inc(STAT_DROP_MAP_FULL);
+			return -1;
+		}
+		stat_inc(STAT_SNAT_COLLISION);
+	}
+	stat_inc(STAT_DROP_SNAT_EXHAUSTED);
+	return -1;
+}
+
+/* ---- rewriting frames from the wire (XDP) ---- */
+
+/* nat_rewrite_xdp applies n in place with incremental checksum updates:
+ * frames from the wire carry full checksums (csum.h). Returns 0 on
+ * success. */
+static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct packet *pkt, const struct nat *n)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	void *l4 = data + (pkt->l4_off & L4_OFF_MASK);
+	__u16 *check, sum;
+	__be16 *sport, *dport;
+
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	if (pkt->proto == IP_PROTO_TCP) {
+		struct tcphdr *tcp = l4;
+
+		if ((void *)(tcp + 1) > data_end)
+			return -1;
+		check = &tcp->check;
+		sport = &tcp->source;
+		dport = &tcp->dest;
+	} else {
+		struct udphdr *udp = l4;
+
+		if ((void *)(udp + 1) > data_end)
+			return -1;
+		check = &udp->check;
+		sport = &udp->source;
+		dport = &udp->dest;
+	}
+
+	sum = *check;
+	if (n->flags & NAT_F_DST) {
+		sum = csum_replace4(sum, pkt->daddr, n->daddr);
+		sum = csum_replace2(sum, pkt->dport, n->dport);
+		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
+		ip->daddr = n->daddr;
+		*dport = n->dport;
+	}
+	if (n->flags & NAT_F_SRC) {
+		sum = csum_replace4(sum, pkt->saddr, n->saddr);
+		sum = csum_replace2(sum, pkt->sport, n->sport);
+		ip->check = csum_replace4(ip->check, pkt->saddr, n->saddr);
+		ip->saddr = n->saddr;
+		*sport = n->sport;
+	}
+	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
+	 * its one's-complement twin, all ones (RFC 768). */
+	if (pkt->proto == IP_PROTO_UDP) {
+		if (*check == 0)
+			return 0;
+		if (sum == 0)
+			sum = UDP_CSUM_ALL_ONES;
+	}
+	*check = sum;
+	return 0;
+}
+
+/* ---- rewriting skbs (tc) ---- */
+
+/* nat_skb_l4_csum updates the L4 checksum at csum_off for one address and
+ * one port. The csum helper knows CHECKSUM_PARTIAL (pod traffic, whose
+ * field holds only the pseudo-header sum) from a full checksum and keeps
+ * skb->csum right. */
+static __always_inline int nat_skb_l4_csum(struct __sk_buff *skb, __u32 csum_off, __u64 mangled0,
+					   __be32 old_addr, __be32 new_addr, __be16 old_port, __be16 new_port)
+{
+	if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled0 | sizeof(new_addr)))
+		return -1;
+	if (old_port != new_port &&
+	    bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled0 | sizeof(new_port)))
+		return -1;
+	return 0;
+}
+
+/* nat_rewrite_skb applies n to the skb: L4 checksum through the helper,
+ * then the IPv4 header checksum in place (always a full one; updating it
+ * keeps the header's sum, and so skb->csum, unchanged) and the fields
+ * written directly, which is cheaper than bpf_skb_store_bytes. Returns 0
+ * on success. */
+static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct packet *pkt, const struct nat *n)
+{
+	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
+	__u32 csum_off;
+	__u64 mangled0 = 0;
+	void *data, *data_end, *l4;
+	struct iphdr *ip;
+
+	if (pkt->proto == IP_PROTO_TCP) {
+		csum_off = l4_off + offsetof(struct tcphdr, check);
+	} else {
+		csum_off = l4_off + offsetof(struct udphdr, check);
+		/* UDP checksum 0 means "none" and stays 0. */
+		mangled0 = BPF_F_MARK_MANGLED_0;
+	}
+	if ((n->flags & NAT_F_DST) &&
+	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->daddr, n->daddr, pkt->dport, n->dport))
+		return -1;
+	if ((n->flags & NAT_F_SRC) &&
+	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->saddr, n->saddr, pkt->sport, n->sport))
+		return -1;
+
+	/* The helpers invalidated packet pointers: reload and re-check. */
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	ip = data + ETH_HLEN;
+	l4 = data + l4_off;
+	if ((void *)(ip + 1) > data_end || l4 + sizeof(struct udphdr) > data_end)
+		return -1;
+	/* TCP and UDP ports sit at the same offsets (parse.h). */
+	if (n->flags & NAT_F_DST) {
+		*(__be16 *)(l4 + offsetof(struct udphdr, dest)) = n->dport;
+		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
+		ip->daddr = n->daddr;
+	}
+	if (n->flags & NAT_F_SRC) {
+		*(__be16 *)(l4 + offsetof(struct udphdr, source)) = n->sport;
+		ip->check = csum_replace4(ip->check, pkt->saddr, n->saddr);
+		ip->saddr = n->saddr;
+	}
+	return 0;
+}
+
+#endif

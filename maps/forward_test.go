@@ -1,0 +1,597 @@
+package maps
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+
+	"github.com/topolb/topolb/internal/nettest"
+)
+
+// The forwarding tables run the programs with BPF_PROG_TEST_RUN inside a
+// node namespace whose FIB, neighbour table and interfaces they resolve
+// against, the packet arriving on a named interface (the test run's
+// ingress_ifindex / ifindex), and check verdicts, output bytes (MACs, TTL,
+// checksums), XDP metadata, conntrack entries and counters:
+//
+//	pod1 10.244.1.10 ── hp1 ┐                     ┌ up0 10.250.0.1/24 ─ node2 .2 (10.244.2.0/24), node3 .3 (10.244.3.0/24, no neighbour),
+//	pod2 10.244.1.11 ── hp2 ┤ node (ip_forward)   │                     node5 .5 (10.244.6.0/24, no neighbour), router .254 (203.0.113.0/24)
+//	client 10.244.1.20 ─ hc ┘                     ├ up1 10.251.0.1/24, MTU 1400 ─ node4 .2 (10.244.4.0/24, 198.18.0.0/24)
+//	                                              └ other0 10.252.0.1/24 (10.244.5.0/24 on link): an interface topolb is not attached to
+//
+// pod2 has no neighbour entry (its MAC is unknown to the node).
+
+// Verdicts the forwarding rows expect.
+const (
+	tcRedirect  = 7 // TC_ACT_REDIRECT
+	xdpTX       = 3 // XDP_TX
+	xdpRedirect = 4 // XDP_REDIRECT
+)
+
+var (
+	macNode2  = [6]byte{0x02, 0, 0, 0, 0x02, 0x02}
+	macNode3  = [6]byte{0x02, 0, 0, 0, 0x03, 0x03}
+	macNode4  = [6]byte{0x02, 0, 0, 0, 0x04, 0x04}
+	macRouter = [6]byte{0x02, 0, 0, 0, 0xfe, 0xfe}
+	macPod1b  = [6]byte{0x02, 0, 0, 0, 0x01, 0xbb} // pod1's MAC after "pod1 was re-created"
+)
+
+// Addresses of the forwarding namespace.
+const (
+	nodeAddr   = "10.250.0.1"
+	pod1       = "10.244.1.10"
+	pod2       = "10.244.1.11"
+	podClient  = "10.244.1.20"
+	beNode2    = "10.244.2.10"
+	beNode3    = "10.244.3.10"
+	beNode4    = "10.244.4.10"
+	beOther    = "10.244.5.10"
+	beNode5    = "10.244.6.10"
+	outside    = "203.0.113.10"
+	outsideUp1 = "198.18.0.5"
+	otherAddr  = "10.252.0.1"
+)
+
+// fwdEnv is the node namespace of the forwarding tables with its datapath.
+type fwdEnv struct {
+	node *nettest.NS
+	d    *Datapath
+	idx  map[string]int
+	mac  map[string][6]byte
+}
+
+func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
+	t.Helper()
+	requirePrivileges(t)
+	if err := nettest.RemoveStale(); err != nil {
+		t.Logf("removing stale namespaces: %v", err)
+	}
+	node := nettest.NewNS(t, "fwd-node")
+	wire := nettest.NewNS(t, "fwd-wire")
+	pods := map[string]*nettest.NS{"hp1": nettest.NewNS(t, "fwd-pod1"), "hp2": nettest.NewNS(t, "fwd-pod2"), "hc": nettest.NewNS(t, "fwd-client")}
+	must(t, node.Sysctl("net.ipv4.ip_forward", "1"))
+	must(t, nettest.Veth(node, "up0", wire, "w0"))
+	must(t, nettest.Veth(node, "up1", wire, "w1"))
+	must(t, node.SetMTU("up1", 1400))
+	must(t, node.AddAddr("up0", nodeAddr+"/24"))
+	must(t, node.AddAddr("up1", "10.251.0.1/24"))
+	e := &fwdEnv{node: node, idx: map[string]int{}, mac: map[string][6]byte{}}
+	for host, addr := range map[string]string{"hp1": pod1, "hp2": pod2, "hc": podClient} {
+		must(t, nettest.Veth(node, host, pods[host], "eth0"))
+		must(t, node.AddAddr(host, "10.244.1.1/32"))
+		must(t, node.AddRouteDev(addr+"/32", host, ""))
+		mac, err := pods[host].HardwareAddr("eth0")
+		must(t, err)
+		e.mac[addr] = [6]byte(mac)
+	}
+	nl := node.Netlink()
+	must(t, nettest.Veth(node, "other0", wire, "w2"))
+	must(t, node.AddAddr("other0", otherAddr+"/24"))
+	for _, r := range []struct{ dst, dev, gw string }{
+		{"10.244.2.0/24", "up0", "10.250.0.2"},
+		{"10.244.3.0/24", "up0", "10.250.0.3"},
+		{"10.244.6.0/24", "up0", "10.250.0.5"},
+		{"203.0.113.0/24", "up0", "10.250.0.254"},
+		{"10.244.4.0/24", "up1", "10.251.0.2"},
+		{"198.18.0.0/24", "up1", "10.251.0.2"},
+		{"10.244.5.0/24", "other0", ""},
+	} {
+		must(t, node.AddRouteDev(r.dst, r.dev, r.gw))
+	}
+	for _, ifname := range []string{"up0", "up1", "hp1", "hp2", "hc", "other0"} {
+		l, err := nl.LinkByName(ifname)
+		must(t, err)
+		e.idx[ifname] = l.Attrs().Index
+		e.mac[ifname] = [6]byte(l.Attrs().HardwareAddr)
+	}
+	e.neigh(t, "up0", "10.250.0.2", macNode2)
+	e.neigh(t, "up0", "10.250.0.254", macRouter)
+	e.neigh(t, "up1", "10.251.0.2", macNode4)
+	e.neigh(t, "hp1", pod1, e.mac[pod1])
+	e.neigh(t, "hc", podClient, e.mac[podClient])
+
+	opts.PinPath = filepath.Join(bpffs(t), "topolb")
+	opts.NetNS = node.Path
+	e.d = newDatapath(t, opts)
+	for _, p := range []string{"hp1", "hp2", "hc"} {
+		must(t, e.d.AttachPod(p))
+	}
+	for _, u := range []string{"up0", "up1"} {
+		must(t, e.d.AttachUplink(u))
+	}
+	return e
+}
+
+// neigh sets a permanent neighbour entry: ip is at mac on ifname.
+func (e *fwdEnv) neigh(t *testing.T, ifname, ip string, mac [6]byte) {
+	t.Helper()
+	err := e.node.Netlink().NeighSet(&netlink.Neigh{
+		LinkIndex: e.idx[ifname], Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: net.ParseIP(ip), HardwareAddr: net.HardwareAddr(mac[:]),
+	})
+	if err != nil {
+		t.Fatalf("neighbour %s at %x on %s: %v", ip, mac, ifname, err)
+	}
+}
+
+// skbCtx is the head of struct __sk_buff a tc test run accepts: up to
+// ifindex (everything before it but mark and priority must be zero).
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
+	IngressIfindex, Ifindex                                                               uint32
+}
+
+// xdpMD is struct xdp_md, the context of an XDP test run.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// run feeds one frame through prog inside the node namespace as if it
+// arrived on iif, and returns the verdict, the output frame and the XDP
+// metadata in front of it.
+func (e *fwdEnv) run(t *testing.T, h hook, prog *ebpf.Program, in []byte, iif string) (ret uint32, out, meta []byte) {
+	t.Helper()
+	idx, ok := e.idx[iif]
+	if !ok {
+		t.Fatalf("no interface %q", iif)
+	}
+	opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}
+	var xdpOut xdpMD
+	if h == hookXDP {
+		opts.Context = xdpMD{DataEnd: uint32(len(in)), IngressIfindex: uint32(idx)}
+		opts.ContextOut = &xdpOut
+	} else {
+		opts.Context = skbCtx{IngressIfindex: uint32(idx), Ifindex: uint32(idx)}
+	}
+	err := e.node.Do(func() error {
+		var err error
+		ret, err = prog.Run(opts)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	out = opts.DataOut
+	if h == hookXDP {
+		meta, out = out[:xdpOut.Data], out[xdpOut.Data:]
+	}
+	return ret, out, meta
+}
+
+// checkMeta compares XDP metadata with want (nil: none expected).
+func checkMeta(t *testing.T, got []byte, want *tcFwdMeta) {
+	t.Helper()
+	if want == nil {
+		if len(got) != 0 {
+			t.Errorf("unexpected XDP metadata %x", got)
+		}
+		return
+	}
+	var m tcFwdMeta
+	if len(got) != binary.Size(m) {
+		t.Fatalf("XDP metadata %x: %d bytes, want %d", got, len(got), binary.Size(m))
+	}
+	if err := binary.Read(bytes.NewReader(got), binary.NativeEndian, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m != *want {
+		t.Errorf("XDP metadata %+v, want %+v", m, *want)
+	}
+}
+
+// handoff is the metadata XDP hands tc_uplink to deliver into a pod.
+func handoff(kind tcCtRedirect, ifindex int, dmac, smac [6]byte, flags uint8) *tcFwdMeta {
+	return &tcFwdMeta{Magic: uint32(tcFwdMetaConstFWD_META_MAGIC), Ifindex: uint32(ifindex), Kind: uint8(kind),
+		Flags: flags, Dmac: dmac, Smac: smac}
+}
+
+// handoffNeigh is the metadata XDP hands tc_uplink to send out of ifindex
+// through the neighbour subsystem, to the next hop nexthop.
+func handoffNeigh(ifindex int, nexthop string, flags uint8) *tcFwdMeta {
+	m := handoff(tcCtRedirectCT_REDIRECT_NEIGH, ifindex, [6]byte{}, [6]byte{}, flags)
+	m.Nexthop = be32(netip.MustParseAddr(nexthop))
+	return m
+}
+
+// expectEntry checks every field of a conntrack entry but its expiry
+// (which must be set).
+func expectEntry(key tcCtKey, want tcCtValue) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		got := readCT(t, d, key)
+		if got.Expires == 0 {
+			t.Errorf("entry %s -> %s: no expiry", addrPortFromWire(key.Saddr, key.Sport), addrPortFromWire(key.Daddr, key.Dport))
+		}
+		got.Expires = 0
+		if got != want {
+			t.Errorf("entry %s -> %s\n got %+v\nwant %+v", addrPortFromWire(key.Saddr, key.Sport), addrPortFromWire(key.Daddr, key.Dport), got, want)
+		}
+	}
+}
+
+// entry builds the expected value of a conntrack entry (without ids,
+// generations and expiry, filled by idsOf).
+type entry struct {
+	dir         tcCtDir
+	state       tcCtState
+	addr        string // addr:port to write
+	nat         string // second pair, with SNAT
+	redirect    tcCtRedirect
+	ifindex     int
+	smac, dmac  [6]byte
+	svc         Frontend // for ids: the frontend and ...
+	backendAddr string   // ... its backend
+}
+
+func (x entry) value(t *testing.T, d *Datapath) tcCtValue {
+	t.Helper()
+	ap := netip.MustParseAddrPort(x.addr)
+	v := tcCtValue{Addr: be32(ap.Addr()), Port: be16(ap.Port()), Dir: uint8(x.dir), State: uint8(x.state),
+		Redirect: uint8(x.redirect), Ifindex: uint32(x.ifindex), Smac: x.smac, Dmac: x.dmac}
+	if x.nat != "" {
+		n := netip.MustParseAddrPort(x.nat)
+		v.Flags = uint8(tcCtFlagCT_F_SNAT)
+		v.NatAddr, v.NatPort = be32(n.Addr()), be16(n.Port())
+	}
+	s := d.fes[x.svc]
+	if s == nil {
+		t.Fatalf("frontend %s not programmed", x.svc)
+	}
+	m := s.members[netip.MustParseAddrPort(x.backendAddr)]
+	if m == nil {
+		t.Fatalf("frontend %s has no backend %s", x.svc, x.backendAddr)
+	}
+	v.SvcId, v.BackendId, v.BackendGen = s.id, m.id, m.gen
+	return v
+}
+
+func (x entry) expect(key tcCtKey) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		expectEntry(key, x.value(t, d))(t, d)
+	}
+}
+
+func both(fs ...func(t *testing.T, d *Datapath)) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		for _, f := range fs {
+			f(t, d)
+		}
+	}
+}
+
+func extFrontend(addr string, proto Protocol) Frontend {
+	return Frontend{Addr: netip.MustParseAddrPort(addr), Proto: proto, Scope: ScopeExternal}
+}
+
+func local(addr string) Backend {
+	return Backend{Addr: netip.MustParseAddrPort(addr), NodeLocal: true}
+}
+
+// ap joins an address and a port.
+func ap(addr string, port int) string { return fmt.Sprintf("%s:%d", addr, port) }
+
+// TestXDPNorthSouth runs XDP's north-south paths: externalTrafficPolicy
+// Local (DNAT, the client's address kept, into the pod through
+// tc_uplink), Cluster with a local backend (the same) and with a remote
+// one (DNAT and SNAT, XDP_TX or XDP_REDIRECT with the next hop's MACs),
+// the replies of each, SNAT ports walking past a taken one, next hops
+// learnt later, interfaces topolb does not own, and every fallback.
+func TestXDPNorthSouth(t *testing.T) {
+	e := newFwdEnv(t, Options{})
+	d := e.d
+	feLocal := extFrontend(nodeAddr+":30080", TCP)
+	feCluster := extFrontend(nodeAddr+":30081", TCP)
+	feRemote := extFrontend(nodeAddr+":30082", TCP)
+	feRemoteUDP := extFrontend(nodeAddr+":30053", UDP)
+	feNeigh := extFrontend(nodeAddr+":30083", TCP)
+	feOther := extFrontend(nodeAddr+":30085", TCP)
+	feNoRoute := extFrontend(nodeAddr+":30086", TCP)
+	mustSet(t, d, feLocal, local(ap(pod1, 8080)))
+	mustSet(t, d, feCluster, local(ap(pod2, 8080)), be(ap(beNode2, 8080)))
+	mustSet(t, d, feRemote, be(ap(beNode2, 8080)))
+	mustSet(t, d, feRemoteUDP, be(ap(beNode2, 5353)))
+	mustSet(t, d, feNeigh, be(ap(beNode3, 8080)))
+	mustSet(t, d, feOther, be(ap(beOther, 8080)))
+	mustSet(t, d, feNoRoute, be("192.0.2.99:8080"))
+	if backendAt(t, d, feCluster, 0) != ap(pod2, 8080) {
+		t.Fatal("feCluster's table is not in the order written")
+	}
+	snat := DefaultSNATPorts
+	up0, up1 := e.idx["up0"], e.idx["up1"]
+	upMAC0, upMAC1 := e.mac["up0"], e.mac["up1"]
+
+	// eTP Local: DNAT only, into pod1 through tc_uplink.
+	cLocal := ap(outside, 40000)
+	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
+	localReply := tcpFrame(ap(pod1, 8080), cLocal, tcpSYN|tcpACK, "")
+	localTTL := tcpFrame(ap(outside, 40009), feLocal.Addr.String(), tcpSYN, "")
+	localTTL.ttl = 1
+
+	// eTP Cluster: a client port that lands on the local backend, one
+	// that lands on the remote one.
+	cToPod2 := srcFor(t, outside, feCluster, 0, 2, 41000)
+	cToNode2 := srcFor(t, outside, feCluster, 1, 2, 41000)
+	clusterLocal := tcpFrame(cToPod2, feCluster.Addr.String(), tcpSYN, "")
+	clusterRemote := tcpFrame(cToNode2, feCluster.Addr.String(), tcpSYN, "")
+	remotePort := snatPortOf(netip.MustParseAddrPort(cToNode2), feCluster.Addr, protoTCP, 0, snat)
+	snatSrc := ap(nodeAddr, int(remotePort))
+	clusterReply := tcpFrame(ap(beNode2, 8080), snatSrc, tcpSYN|tcpACK, "")
+	clusterAck := tcpFrame(cToNode2, feCluster.Addr.String(), tcpACK, "GET / odd")
+
+	// UDP, source-translated.
+	cUDP := ap(outside, 42000)
+	udpQ := udpFrame(cUDP, feRemoteUDP.Addr.String(), "query")
+	udpPort := snatPortOf(netip.MustParseAddrPort(cUDP), feRemoteUDP.Addr, protoUDP, 0, snat)
+	udpA := udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), "answer!")
+	udpZero := udpZeroSumReply(t, udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), ""), feRemoteUDP.Addr.String(), cUDP)
+
+	// A client whose first port is taken by a flow to the same backend.
+	cTaken := ap(outside, 43000)
+	takenSyn := tcpFrame(cTaken, feRemote.Addr.String(), tcpSYN, "")
+	taken0 := snatPortOf(netip.MustParseAddrPort(cTaken), feRemote.Addr, protoTCP, 0, snat)
+	taken1 := snatPortOf(netip.MustParseAddrPort(cTaken), feRemote.Addr, protoTCP, 1, snat)
+	plantTaken := func(t *testing.T, d *Datapath) {
+		k := ctKey(ap(beNode2, 8080), ap(nodeAddr, int(taken0)), protoTCP)
+		v := tcCtValue{Dir: uint8(tcCtDirCT_REVERSE), State: uint8(tcCtStateCT_TCP_ESTABLISHED), Expires: nowNS(t) + 3600*sec}
+		if err := d.conntrack.Update(&k, &v, ebpf.UpdateNoExist); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A client behind up1: the forward leaves by up0 (XDP_REDIRECT); a
+	// large reply to it does not fit up1's MTU.
+	cUp1 := ap(outsideUp1, 44000)
+	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
+	up1Port := snatPortOf(netip.MustParseAddrPort(cUp1), feRemote.Addr, protoTCP, 0, snat)
+	bigReply := tcpFrame(ap(beNode2, 8080), ap(nodeAddr, int(up1Port)), tcpACK, string(bytes.Repeat([]byte("x"), 1450-40)))
+
+	// Next hop without a neighbour entry, learnt later.
+	cNeigh := ap(outside, 45000)
+	neighSyn := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpSYN, "")
+	neighPort := snatPortOf(netip.MustParseAddrPort(cNeigh), feNeigh.Addr, protoTCP, 0, snat)
+	neighAck := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpACK, "")
+
+	cOther := ap(outside, 46000)
+	otherSyn := tcpFrame(cOther, feOther.Addr.String(), tcpSYN, "")
+	otherPort := snatPortOf(netip.MustParseAddrPort(cOther), feOther.Addr, protoTCP, 0, snat)
+
+	snatTTL := tcpFrame(ap(outside, 47000), feRemote.Addr.String(), tcpSYN, "")
+	snatTTL.ttl = 1
+	ttlPort := snatPortOf(netip.MustParseAddrPort(ap(outside, 47000)), feRemote.Addr, protoTCP, 0, snat)
+
+	rows := []pktCase{
+		{name: "etp_local_syn_into_the_pod_through_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: localSyn,
+			out: ptr(localSyn.withAddrs("", ap(pod1, 8080))), ret: xdpPass,
+			meta: handoff(tcCtRedirectCT_REDIRECT_PEER, e.idx["hp1"], e.mac[pod1], e.mac["hp1"], 0),
+			fwd:  feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1},
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(cLocal, feLocal.Addr.String(), protoTCP)),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), cLocal, protoTCP)),
+			)},
+		{name: "etp_local_reply_out_of_the_uplink", hook: hookTC, env: e, iif: "hp1", in: localReply,
+			out: ptr(localReply.withAddrs(feLocal.Addr.String(), "").forwarded(upMAC0, macRouter)), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "etp_local_ttl_expiring_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: localTTL,
+			out: ptr(localTTL.withAddrs("", ap(pod1, 8080))), ret: xdpPass,
+			fwd: feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1, StatFwdFallbackTTL: 1}},
+		{name: "cluster_local_backend_unknown_mac", hook: hookXDP, env: e, iif: "up0", in: clusterLocal,
+			out: ptr(clusterLocal.withAddrs("", ap(pod2, 8080))), ret: xdpPass,
+			meta: handoff(tcCtRedirectCT_REDIRECT_PEER, e.idx["hp2"], [6]byte{}, [6]byte{}, 0),
+			fwd:  feCluster, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1}},
+		{name: "cluster_remote_backend_snat_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: clusterRemote,
+			out: ptr(clusterRemote.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
+			fwd: feCluster, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode2, 8080), nat: snatSrc, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(cToNode2, feCluster.Addr.String(), protoTCP)),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feCluster.Addr.String(), nat: cToNode2, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
+			)},
+		{name: "cluster_remote_reply_back_to_the_client", hook: hookXDP, env: e, iif: "up0", in: clusterReply,
+			out: ptr(clusterReply.withAddrs(feCluster.Addr.String(), cToNode2).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "cluster_remote_established_hit", hook: hookXDP, env: e, iif: "up0", in: clusterAck,
+			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feCluster},
+		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
+			out: ptr(udpQ.withAddrs(ap(nodeAddr, int(udpPort)), ap(beNode2, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
+			fwd: feRemoteUDP, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
+		{name: "udp_snat_reply", hook: hookXDP, env: e, iif: "up0", in: udpA,
+			out: ptr(udpA.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply_checksum_computed_zero_sent_as_all_ones", hook: hookXDP, env: e, iif: "up0", in: udpZero,
+			out: ptr(udpZero.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "snat_port_taken_walks_on", hook: hookXDP, env: e, iif: "up0", in: takenSyn, before: plantTaken,
+			out: ptr(takenSyn.withAddrs(ap(nodeAddr, int(taken1)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
+			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatSNATCollision: 1, StatFwdL2: 2}},
+		{name: "snat_to_another_uplink_xdp_redirect", hook: hookXDP, env: e, iif: "up1", in: up1Syn,
+			out: ptr(up1Syn.withAddrs(ap(nodeAddr, int(up1Port)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpRedirect,
+			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
+			after: entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cUp1, redirect: tcCtRedirectCT_REDIRECT_XDP,
+				ifindex: up1, smac: upMAC1, dmac: macNode4, svc: feRemote, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), ap(nodeAddr, int(up1Port)), protoTCP))},
+		{name: "reply_beyond_the_egress_mtu_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: bigReply,
+			out: ptr(bigReply.withAddrs(feRemote.Addr.String(), cUp1)), ret: xdpPass,
+			stats: stats{StatReverseNAT: 1, StatFwdFallbackMTU: 1}},
+		{name: "snat_next_hop_unknown_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: neighSyn,
+			out: ptr(neighSyn.withAddrs(ap(nodeAddr, int(neighPort)), ap(beNode3, 8080))), ret: xdpPass,
+			meta: handoffNeigh(up0, "10.250.0.3", uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			fwd:  feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "snat_next_hop_learnt_then_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: neighAck,
+			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "10.250.0.3", macNode3) },
+			out:    ptr(neighAck.withAddrs(ap(nodeAddr, int(neighPort)), ap(beNode3, 8080)).forwarded(upMAC0, macNode3)), ret: xdpTX,
+			fwd: feNeigh,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode3, 8080), nat: ap(nodeAddr, int(neighPort)),
+				redirect: tcCtRedirectCT_REDIRECT_XDP, ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap(beNode3, 8080)}.expect(ctKey(cNeigh, feNeigh.Addr.String(), protoTCP))},
+		{name: "snat_through_an_interface_topolb_does_not_own", hook: hookXDP, env: e, iif: "up0", in: otherSyn,
+			out: ptr(otherSyn.withAddrs(ap(otherAddr, int(otherPort)), ap(beOther, 8080))), ret: xdpPass,
+			meta: handoffNeigh(e.idx["other0"], beOther, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			fwd:  feOther, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "snat_without_route_dropped", hook: hookXDP, env: e, iif: "up0", in: tcpFrame(ap(outside, 48000), feNoRoute.Addr.String(), tcpSYN, ""),
+			want: drop, stats: stats{StatDropSNATNoRoute: 1}},
+		{name: "snat_ttl_expiring_dropped_not_a_martian", hook: hookXDP, env: e, iif: "up0", in: snatTTL, ret: xdpDrop,
+			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1},
+			after: func(t *testing.T, d *Datapath) {
+				readCT(t, d, ctKey(ap(beNode2, 8080), ap(nodeAddr, int(ttlPort)), protoTCP))
+			}},
+	}
+	runTable(t, d, rows)
+}
+
+// udpZeroSumReply returns reply with a two-byte payload chosen so that,
+// translated to src -> dst, its UDP checksum computes to 0, which must go
+// on the wire as 0xffff (RFC 768).
+func udpZeroSumReply(t *testing.T, reply frame, src, dst string) frame {
+	t.Helper()
+	for v := 0; v <= 0xffff; v++ {
+		reply.payload = []byte{byte(v >> 8), byte(v)}
+		x := reply.withAddrs(src, dst)
+		x.noUDPSum = true
+		b := x.bytes()
+		l4 := b[14+20:]
+		if csum(pseudo([4]byte(b[26:30]), [4]byte(b[30:34]), protoUDP, len(l4)), l4) == 0 {
+			return reply
+		}
+	}
+	t.Fatal("no two-byte payload gives a zero UDP checksum")
+	return frame{}
+}
+
+// TestSNATPortsExhausted gives SNAT one port, taken: a new flow tries it
+// SNATRetries times and is dropped, counted.
+func TestSNATPortsExhausted(t *testing.T) {
+	one := PortRange{Min: 61000, Max: 61000}
+	e := newFwdEnv(t, Options{SNATPorts: one})
+	f := extFrontend(nodeAddr+":30082", TCP)
+	mustSet(t, e.d, f, be(ap(beNode2, 8080)))
+	first := ap(outside, 40000)
+	second := ap(outside, 40001)
+	syn := tcpFrame(first, f.Addr.String(), tcpSYN, "")
+	runTable(t, e.d, []pktCase{
+		{name: "the_one_port", hook: hookXDP, env: e, iif: "up0", in: syn,
+			out: ptr(syn.withAddrs(ap(nodeAddr, 61000), ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: xdpTX,
+			fwd: f, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
+		{name: "no_port_left", hook: hookXDP, env: e, iif: "up0", in: tcpFrame(second, f.Addr.String(), tcpSYN, ""),
+			want: drop, stats: stats{StatSNATCollision: uint64(SNATRetries), StatDropSNATExhausted: 1}},
+	})
+}
+
+// TestTCForwarding runs tc's paths after translation: into a local pod
+// with bpf_redirect_peer (the pod's MAC written when the node knows it),
+// out of an uplink with the next hop's MACs (bpf_redirect) or through the
+// neighbour subsystem (bpf_redirect_neigh), replies of both (the remote
+// one through XDP and tc_uplink), an interface topolb does not own (the
+// stack), TTL and MTU fallbacks, and a refresh picking up a pod's new MAC.
+func TestTCForwarding(t *testing.T) {
+	e := newFwdEnv(t, Options{})
+	d := e.d
+	vipLocal, vipRemote, vipNoMAC := fe("10.96.0.10:80", TCP), fe("10.96.0.11:80", TCP), fe("10.96.0.15:80", TCP)
+	vipNeigh, vipStack, vipUp1 := fe("10.96.0.12:80", TCP), fe("10.96.0.13:80", TCP), fe("10.96.0.14:80", TCP)
+	mustSet(t, d, vipLocal, local(ap(pod1, 8080)))
+	mustSet(t, d, vipRemote, be(ap(beNode2, 8080)))
+	mustSet(t, d, vipNoMAC, local(ap(pod2, 8080)))
+	mustSet(t, d, vipNeigh, be(ap(beNode5, 8080)))
+	mustSet(t, d, vipStack, be(ap(beOther, 8080)))
+	mustSet(t, d, vipUp1, be(ap(beNode4, 8080)))
+	hc, hp1 := e.idx["hc"], e.idx["hp1"]
+	c1, c2 := ap(podClient, 40000), ap(podClient, 40001)
+
+	toLocal := tcpFrame(c1, vipLocal.Addr.String(), tcpSYN, "")
+	localReply := tcpFrame(ap(pod1, 8080), c1, tcpSYN|tcpACK, "")
+	localAck := tcpFrame(c1, vipLocal.Addr.String(), tcpACK, "GET / odd")
+	toRemote := tcpFrame(c2, vipRemote.Addr.String(), tcpSYN, "")
+	remoteReply := tcpFrame(ap(beNode2, 8080), c2, tcpSYN|tcpACK, "")
+	toNoMAC := tcpFrame(ap(podClient, 40002), vipNoMAC.Addr.String(), tcpSYN, "")
+	toNeigh := tcpFrame(ap(podClient, 40003), vipNeigh.Addr.String(), tcpSYN, "")
+	toStack := tcpFrame(ap(podClient, 40004), vipStack.Addr.String(), tcpSYN, "")
+	ttl := tcpFrame(ap(podClient, 40005), vipLocal.Addr.String(), tcpSYN, "")
+	ttl.ttl = 1
+	big := tcpFrame(ap(podClient, 40006), vipUp1.Addr.String(), tcpACK, string(bytes.Repeat([]byte("y"), 1450-40)))
+	flow1 := flowOf(c1, vipLocal.Addr.String(), ap(pod1, 8080), protoTCP)
+
+	rows := []pktCase{
+		{name: "pod_to_local_backend_redirect_peer", hook: hookTC, env: e, iif: "hc", in: toLocal,
+			out: ptr(toLocal.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
+			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2},
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.rev),
+			)},
+		{name: "local_reply_into_the_client_pod", hook: hookTC, env: e, iif: "hp1", in: localReply,
+			out: ptr(localReply.withAddrs(vipLocal.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "next_forward_packet_resolves_again_after_the_state_change", hook: hookTC, env: e, iif: "hc", in: localAck,
+			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd)},
+		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
+			out: ptr(toRemote.withAddrs("", ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
+			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
+		{name: "remote_reply_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: remoteReply,
+			out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "")), ret: xdpPass,
+			meta:  handoff(tcCtRedirectCT_REDIRECT_PEER, hc, e.mac[podClient], e.mac["hc"], 0),
+			stats: stats{StatReverseNAT: 1}},
+		{name: "pod_with_unknown_mac_redirect_peer_as_is", hook: hookTC, env: e, iif: "hc", in: toNoMAC,
+			out: ptr(toNoMAC.withAddrs("", ap(pod2, 8080)).forwarded(macA, macB)), ret: tcRedirect,
+			fwd: vipNoMAC, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2}},
+		{name: "next_hop_unknown_redirect_neigh", hook: hookTC, env: e, iif: "hc", in: toNeigh,
+			out: ptr(toNeigh.withAddrs("", ap(beNode5, 8080)).forwarded(macA, macB)), ret: tcRedirect,
+			fwd: vipNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdNeigh: 1, StatFwdPeer: 1}},
+		{name: "interface_not_owned_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: toStack,
+			out: ptr(toStack.withAddrs("", ap(beOther, 8080))),
+			fwd: vipStack, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdStack: 1, StatFwdPeer: 1}},
+		{name: "ttl_expiring_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: ttl,
+			out: ptr(ttl.withAddrs("", ap(pod1, 8080))),
+			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2, StatFwdFallbackTTL: 1}},
+		{name: "beyond_the_egress_mtu_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: big,
+			out: ptr(big.withAddrs("", ap(beNode4, 8080))),
+			fwd: vipUp1, newFlow: true, stats: stats{StatConntrackCreated: 1, StatTCPMidflowMiss: 1, StatFwdL2: 1, StatFwdPeer: 1, StatFwdFallbackMTU: 1}},
+		{name: "refresh_picks_up_the_pods_new_mac", hook: hookTC, env: e, iif: "hc", in: localAck,
+			before: func(t *testing.T, d *Datapath) {
+				e.neigh(t, "hp1", pod1, macPod1b)
+				setExpires(flow1, TimeoutTCPEstablished-5*time.Second)(t, d)
+			},
+			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd),
+				// The reply's entry resolves again on its next packet.
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.rev),
+			)},
+	}
+	runTable(t, d, rows)
+}

@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// The north-south Services of these tests, on the demo testbed with an
+// outside client whose external and load-balancer IPs the router sends to
+// node-b1 (zone-b): a NodePort Service with zone hints (eTP Cluster: node-b1
+// permits zone-b, web-b1 on itself and web-b2 on node-b2), the same with
+// eTP Local (web-b1 only, the client's address kept), one whose only
+// endpoint is elsewhere (eTP Local: dropped on node-b1), a LoadBalancer
+// and a Service with an external IP.
+var (
+	nsPorts     = []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
+	nsEndpoints = []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}
+	lbIP        = netip.MustParseAddr("198.51.100.8")
+	externalIP  = netip.MustParseAddr("198.51.100.7")
+)
+
+func northSouthServices() []testbed.ServiceSpec {
+	return []testbed.ServiceSpec{
+		{Name: "np", Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "np-local", Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "np-nolocal", Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}}},
+		{Name: "lb", Type: v1.ServiceTypeLoadBalancer, LoadBalancerIPs: []string{lbIP.String()}, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "ext", ExternalIPs: []string{externalIP.String()}, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+	}
+}
+
+// outsideSpec is the demo testbed, whose outside client ext1 has its
+// external and LB IPs sent to node-b1.
+func outsideSpec(t *testing.T) *testbed.Spec {
+	t.Helper()
+	spec := demoSpec(t)
+	if spec.Outside == nil || spec.Outside.IngressNode != "node-b1" {
+		t.Fatalf("the demo spec's outside network is %+v, want ext1 entering at node-b1", spec.Outside)
+	}
+	return spec
+}
+
+// ipForwarded is a node's Ip ForwDatagrams: packets its stack routed
+// between interfaces. topolb's translated flows bypass it.
+func ipForwarded(t *testing.T, n *testbed.Node) uint64 {
+	t.Helper()
+	s, err := n.NS.SNMP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Counter("Ip", "ForwDatagrams")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// checkSources holds the source addresses a landing's backends saw to
+// source translation: a backend on the node the traffic entered by sees
+// the client's own address, a backend on another node sees only that
+// node's address (the flow was source-translated there, so the backend's
+// replies come back through it).
+func checkSources(t *testing.T, tb *testbed.Testbed, l testbed.Landing, ingress string) {
+	t.Helper()
+	in := tb.Node(ingress)
+	for pod, seen := range l.Tally.Sources {
+		want := in.WireAddr.Addr()
+		if tb.Pod(pod).Node == in {
+			want = l.Client.ClientAddr()
+		}
+		for addr, n := range seen {
+			if addr != want {
+				t.Errorf("%s %s from %s: %s saw %d requests from %s, want all from %s", l.Decision.Protocol, l.Decision.Service, l.Client.ClientName(), pod, n, addr, want)
+			}
+		}
+	}
+}
+
+// TestNorthSouth sends TCP and UDP from a client outside the cluster to
+// node-b1's NodePorts, a load-balancer IP and an external IP, all balanced
+// by XDP on node-b1's uplink: eTP Cluster lands exactly on node-b1's
+// zone-b backends (topology applies to external traffic), the one on
+// node-b1 seeing the client's address and the one on node-b2 only
+// node-b1's (source-translated; the client sees only the frontend
+// address, or its sockets would refuse the answers); eTP Local lands on
+// node-b1's own endpoint with the client's address kept; no local
+// endpoint, dropped. A pod reaches its own node's NodePort (the tc path,
+// the cluster set). node-b1's stack forwards none of it, no fallback is
+// counted and no namespace counts a checksum error.
+func TestNorthSouth(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			tb := newTestbed(t, outsideSpec(t))
+			dp.start(t, tb)
+			apply(t, tb, northSouthServices())
+			ext := tb.External("ext1")
+			b1 := tb.Node("node-b1")
+			ctx := t.Context()
+			forwBefore := ipForwarded(t, b1)
+
+			for _, c := range []struct {
+				service string
+				want    []string // the external backends the spec implies for node-b1
+			}{
+				{"np", []string{"web-b1", "web-b2"}},
+				{"np-local", []string{"web-b1"}},
+				{"np-nolocal", []string{}},
+			} {
+				o := testbed.MeasureOptions{Requests: 120}
+				if len(c.want) == 0 {
+					o = testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond}
+				}
+				landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, l := range landings {
+					if !slices.Equal(l.Decision.Backends, c.want) {
+						t.Errorf("%s %s: node-b1 permits %v from outside, the spec implies %v", l.Decision.Protocol, c.service, l.Decision.Backends, c.want)
+					}
+					checkSources(t, tb, l, "node-b1")
+				}
+				checkLandings(t, landings, nil)
+			}
+
+			// The load-balancer IP and the external IP, which the router
+			// sends to node-b1.
+			objs, _ := tb.Current()
+			ds, _ := tb.Decide(objs, "node-b1")
+			for _, c := range []struct {
+				service string
+				addr    netip.Addr
+			}{{"lb", lbIP}, {"ext", externalIP}} {
+				for _, p := range nsPorts {
+					proto := p.Protocol
+					if proto == "" {
+						proto = v1.ProtocolTCP
+					}
+					d := testbed.FindDecision(ds, c.service, proto)
+					if d == nil {
+						t.Fatalf("no decision for %s %s on node-b1", c.service, proto)
+					}
+					target := netip.AddrPortFrom(c.addr, uint16(p.Port))
+					l := testbed.Landing{Client: ext, Decision: *d,
+						Tally: testbed.Summarize(ext, ext.Send(ctx, testbed.Load{Proto: proto, Target: target, Count: 120}))}
+					l.Decision.Backends = d.ExternalBackends
+					if !slices.Equal(d.ExternalBackends, []string{"web-b1", "web-b2"}) {
+						t.Errorf("%s %s: node-b1 permits %v from outside, want zone-b", c.service, proto, d.ExternalBackends)
+					}
+					checkLandings(t, []testbed.Landing{l}, nil)
+					checkSources(t, tb, l, "node-b1")
+				}
+			}
+			if got := ipForwarded(t, b1) - forwBefore; got != 0 {
+				t.Errorf("node-b1's stack forwarded %d datagrams (Ip ForwDatagrams): north-south traffic did not bypass it", got)
+			}
+
+			// A pod reaching its own node's NodePort: the tc path, the
+			// cluster set of node-a1 (zone-a), its own address kept.
+			landings, err := tb.MeasureNodePort(ctx, tb.Pod("client"), "node-a1", "np", testbed.MeasureOptions{Requests: 120})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLandings(t, landings, []string{"web-a1", "web-a2"})
+
+			stats, err := maps.PinnedStats(tb.BPFFS("node-b1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("node-b1 datapath: snat_flows %d, fwd peer %d l2 %d neigh %d stack %d",
+				stats[maps.StatSNATFlows], stats[maps.StatFwdPeer], stats[maps.StatFwdL2], stats[maps.StatFwdNeigh], stats[maps.StatFwdStack])
+			if stats[maps.StatSNATFlows] == 0 {
+				t.Error("node-b1 source-translated no flow")
+			}
+			for _, s := range []maps.Stat{maps.StatFwdFallbackMTU, maps.StatFwdFallbackTTL, maps.StatFwdFallbackMeta,
+				maps.StatDropSNATExhausted, maps.StatDropSNATNoRoute, maps.StatDropSNATFallback, maps.StatFwdStack} {
+				if stats[s] != 0 {
+					t.Errorf("node-b1 datapath: %s = %d, want 0", s, stats[s])
+				}
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}
+
+// TestNetfilterInvalidDrop runs topolb on nodes whose netfilter has the
+// rule kube-proxy's iptables mode installs when
+// nf_conntrack_tcp_be_liberal is 0 (drop conntrack INVALID in FORWARD), with
+// that sysctl at 0: the client's node (node-a1) and the ingress node of
+// the outside client (node-b1). Since translated packets bypass the host
+// stack, netfilter never sees a half-translated flow: pod TCP to a local
+// and a remote backend, and outside TCP to a NodePort with a local and a
+// remote backend, all succeed, and the rule drops nothing.
+func TestNetfilterInvalidDrop(t *testing.T) {
+	requireRoot(t)
+	for _, dp := range datapaths {
+		t.Run(dp.name, func(t *testing.T) {
+			spec := outsideSpec(t)
+			for _, n := range []string{"node-a1", "node-b1"} {
+				withInvalidDrop(t, spec, n)
+			}
+			tb := newTestbed(t, spec)
+			dp.start(t, tb)
+			web := service(t, spec, "missing-hint", "web") // every endpoint: local and remote
+			apply(t, tb, append([]testbed.ServiceSpec{web}, northSouthServices()[0]))
+			ctx := t.Context()
+
+			landings, err := tb.Measure(ctx, tb.Pod("client"), "web", testbed.MeasureOptions{Requests: 200})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLandings(t, landings, []string{"web-a1", "web-a2", "web-b1", "web-b2", "web-c1", "web-c2"})
+			landings, err = tb.MeasureNodePort(ctx, tb.External("ext1"), "node-b1", "np", testbed.MeasureOptions{Requests: 120})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkLandings(t, landings, []string{"web-b1", "web-b2"})
+			for _, n := range []string{"node-a1", "node-b1"} {
+				if dropped := invalidDrops(t, tb.Node(n)); dropped != 0 {
+					t.Errorf("%s: kube-proxy's INVALID rule dropped %d packets", n, dropped)
+				}
+			}
+			noChecksumErrors(t, tb)
+		})
+	}
+}
+
+// withInvalidDrop gives a node of spec kube-proxy's INVALID drop rule and
+// nf_conntrack_tcp_be_liberal 0.
+func withInvalidDrop(t *testing.T, spec *testbed.Spec, node string) {
+	t.Helper()
+	for zi := range spec.Zones {
+		for ni := range spec.Zones[zi].Nodes {
+			if n := &spec.Zones[zi].Nodes[ni]; n.Name == node {
+				off := false
+				n.Netfilter = testbed.NetfilterSpec{InvalidDrop: true, TCPBeLiberal: &off}
+				return
+			}
+		}
+	}
+	t.Fatalf("spec has no node %s", node)
+}
+
+// invalidDrops reads the packet counter of the testbed's INVALID drop
+// rule in a node's FORWARD chain.
+func invalidDrops(t *testing.T, n *testbed.Node) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "nsenter", "--net="+n.NS.Path, "iptables", "-w", "-vxnL", "FORWARD").Output()
+	if err != nil {
+		t.Fatalf("%s: iptables -L FORWARD: %v", n.Name, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, testbed.InvalidDropComment) {
+			continue
+		}
+		f := strings.Fields(line)
+		pkts, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: INVALID rule line %q: %v", n.Name, line, err)
+		}
+		return pkts
+	}
+	t.Fatalf("%s: no INVALID drop rule in FORWARD:\n%s", n.Name, out)
+	return 0
+}
