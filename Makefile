@@ -61,7 +61,7 @@ bench-agent:
 
 # topolb vs kube-proxy (nftables, iptables) on the testbed with a real
 # apiserver, at 10, 1,000 and 10,000 services; prints BENCH e2e lines.
-bench-e2e: kube-bins
+bench-e2e: deps kube-bins
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkE2E -benchtime 1x -timeout 60m ./tests/e2e/
 
 # The container image: a thin wrapper around `make build` (see Dockerfile).
