@@ -94,7 +94,7 @@ answers 200 once the first full sync is in the maps.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration, else $KUBECONFIG)")
-	fl.StringVar(&f.apiserver, "apiserver", "", "the API server's address (host:port) instead of the one in the kubeconfig or the in-cluster configuration: on a cluster without kube-proxy, the `kubernetes` Service's cluster IP is not translated until this agent has programmed it")
+	fl.StringVar(&f.apiserver, "apiserver", "", "the API server's address (host:port) instead of the one in the kubeconfig or the in-cluster configuration: on a cluster without kube-proxy, the kubernetes Service's cluster IP is not translated until this agent has programmed it")
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
