@@ -216,6 +216,31 @@ static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_va
 	return LB_REWRITE;
 }
 
+/* lb_stack_reply translates back a reply that the node's own stack sends
+ * (seen at a tcx egress): a host-network backend on this node answering a
+ * flow that was translated to one of the node's addresses. No program saw
+ * such a reply arrive, so this is the only place it can be translated.
+ * Returns LB_REWRITE with nat filled when pkt is such a reply of a live
+ * flow, LB_PASS otherwise. */
+static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
+{
+	struct ct_key key = {
+		.saddr = pkt->saddr,
+		.daddr = pkt->daddr,
+		.sport = pkt->sport,
+		.dport = pkt->dport,
+		.proto = pkt->proto,
+	};
+	struct ct_value *ct;
+
+	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
+	if (!ct || ct->dir != CT_REVERSE)
+		return LB_PASS;
+	if (ct_reverse_hit(pkt, ct, nat) != LB_REWRITE)
+		return LB_PASS;
+	return LB_REWRITE;
+}
+
 /* pick_backend copies the backend for slot hash % count of the service's
  * active buffer into be. Returns 0 on success. */
 static __always_inline int pick_backend(const struct svc_value *svc, __u32 hash,

@@ -9,9 +9,11 @@
  *     translated packet is forwarded without the host stack where the
  *     kernel allows (fwd.h): into a local pod with bpf_redirect_peer, out
  *     of an uplink with bpf_redirect (cached MACs) or bpf_redirect_neigh.
- *   tc_lb_egress, egress (to the pod): ICMP errors the node's own stack
- *     sends to a pod about a translated flow, for example "fragmentation
- *     needed" when it forwards a too-big packet that tc_lb translated.
+ *   tc_lb_egress, egress (to the pod; also on uplinks): what the node's
+ *     own stack sends: ICMP errors about a translated flow, for example
+ *     "fragmentation needed" when it forwards a too-big packet that tc_lb
+ *     translated, and replies of host-network backends on this node,
+ *     translated back to the frontend.
  * Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated with the
  * skb csum helper, which knows the difference (nat.h). */
 
@@ -105,14 +107,37 @@ int tc_lb(struct __sk_buff *skb)
 	}
 }
 
+/* tc_lb_egress, on the tcx egress of pod veths and uplinks, sees what the
+ * node's own stack sends there. Its ICMP errors about a translated flow
+ * are translated (icmp.h). Replies of host-network backends on this node
+ * (a pod's or an outside client's flow translated to one of the node's
+ * own addresses) are translated back to the frontend: they leave the
+ * node's sockets, so no ingress program sees them. Only packets the node
+ * itself originates are looked up (ingress_ifindex 0): forwarded and
+ * redirected packets were translated where they entered, and skip the
+ * lookup. */
 SEC("tcx/egress")
 int tc_lb_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
+	struct nat nat = {};
 
-	if (parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) != PARSE_ICMP)
+	tc_pull(skb, MAX_PARSE_LEN);
+	switch (parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt)) {
+	case PARSE_ICMP:
+		return tc_icmp(skb, &pkt);
+	case PARSE_OK:
+		break;
+	default:
 		return TC_PASS;
-	return tc_icmp(skb, &pkt);
+	}
+	if (skb->ingress_ifindex != 0 || lb_stack_reply(&pkt, &nat) != LB_REWRITE)
+		return TC_PASS;
+	if (nat_rewrite_skb(skb, &pkt, &nat)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	return TC_PASS;
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

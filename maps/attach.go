@@ -30,9 +30,12 @@ const (
 	// hookUplink is tc_uplink on the tcx ingress of an uplink: it
 	// delivers what xdp_lb hands over in packet metadata.
 	hookUplink hook = "uplink"
+	// hookUplinkEgress is tc_lb_egress on the tcx egress of an uplink:
+	// replies of host-network backends to outside clients.
+	hookUplinkEgress hook = "uplinkegress"
 )
 
-var hooks = []hook{hookTC, hookTCEgress, hookXDP, hookUplink}
+var hooks = []hook{hookTC, hookTCEgress, hookXDP, hookUplink, hookUplinkEgress}
 
 func (d *Datapath) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
 
@@ -56,13 +59,15 @@ func (d *Datapath) AttachPod(ifname string) error {
 
 // AttachUplink attaches the uplink programs to ifname: tc_uplink to its
 // tcx ingress, then the XDP program, in driver mode where supported and
-// generic mode otherwise; it pins both links and records ifname as an
-// uplink in tlb_ifaces, so flows are forwarded out of it without the host
-// stack. Either program works without the other (without tc_uplink, what
-// XDP hands over goes up the stack), so a failure leaves what was attached
-// in place; Detach removes both. Attaching again updates pinned links.
+// generic mode otherwise, then tc_lb_egress to its tcx egress (replies of
+// host-network backends on this node to outside clients); it pins the
+// links and records ifname as an uplink in tlb_ifaces, so flows are
+// forwarded out of it without the host stack. Each program works without
+// the others (without tc_uplink, what XDP hands over goes up the stack),
+// so a failure leaves what was attached in place; Detach removes them
+// all. Attaching again updates pinned links.
 func (d *Datapath) AttachUplink(ifname string) error {
-	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookUplink, hookXDP); err != nil {
+	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookUplink, hookXDP, hookUplinkEgress); err != nil {
 		return fmt.Errorf("attach to uplink %s: %w", ifname, err)
 	}
 	return nil
@@ -73,7 +78,7 @@ func (d *Datapath) program(h hook) *ebpf.Program {
 	switch h {
 	case hookTC:
 		return d.tcProg
-	case hookTCEgress:
+	case hookTCEgress, hookUplinkEgress:
 		return d.tcEgressProg
 	case hookUplink:
 		return d.uplinkProg
@@ -129,7 +134,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook) error {
 	switch h {
 	case hookTC, hookUplink:
 		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
-	case hookTCEgress:
+	case hookTCEgress, hookUplinkEgress:
 		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXEgress})
 	case hookXDP:
 		l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPDriverMode})
