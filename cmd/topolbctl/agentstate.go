@@ -34,7 +34,13 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	}
 	w := cmd.OutOrStdout()
 	if output != "table" {
-		return printStructured(w, st, output)
+		if err := printStructured(w, st, output); err != nil {
+			return err
+		}
+		if st.DatapathError != "" {
+			return fmt.Errorf("the agent could not read its maps: %s", st.DatapathError)
+		}
+		return nil
 	}
 	// Zone counts are not part of the JSON the agent sends: the table shows
 	// the number of backends only.

@@ -101,3 +101,22 @@ func TestExplainAgent(t *testing.T) {
 		t.Errorf("unreachable agent: exit 0")
 	}
 }
+
+// TestExplainAgentRefusesOtherInputs: with --agent, the flags that select
+// another node or other inputs would be ignored; they are refused instead.
+func TestExplainAgentRefusesOtherInputs(t *testing.T) {
+	for _, flag := range [][]string{
+		{"--node", "node-b1"},
+		{"--from-file", "testdata/cluster.yaml"},
+		{"--kubeconfig", "/dev/null"},
+		{"--nodeport-addresses", "10.0.0.0/8"},
+		{"--service-node-port-range", "30000-30100"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"explain", "--agent", "127.0.0.1:1"}, flag...)
+		code := run(args, &stdout, &stderr)
+		if code == 0 || !strings.Contains(stderr.String(), flag[0]+" does not apply with --agent") {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error naming %s", args, code, stderr.String(), flag[0])
+		}
+	}
+}

@@ -46,6 +46,13 @@ stderr; the rest is still decided.`,
 				return usageError(fmt.Errorf("-o %q: want table, json or yaml", output))
 			}
 			if agentAddr != "" {
+				// The agent decides for its own node from its own
+				// inputs: a flag that selects another would be ignored.
+				for _, name := range []string{"node", "from-file", "kubeconfig", "nodeport-addresses", "service-node-port-range"} {
+					if cmd.Flags().Changed(name) {
+						return usageError(fmt.Errorf("--%s does not apply with --agent: the agent decides for its own node, from its own inputs and flags", name))
+					}
+				}
 				return explainAgent(cmd, agentAddr, service, output)
 			}
 			if node == "" {
