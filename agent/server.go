@@ -55,16 +55,29 @@ type ProgrammedFrontend struct {
 // objects it holds (the agent keeps no copy of them), and what the kernel
 // maps hold.
 func (a *Agent) State() DebugState {
+	st := a.debugDecisions()
+	a.readDatapath(&st)
+	return st
+}
+
+// debugDecisions returns the decisions half of the state: Report and
+// Synced.
+func (a *Agent) debugDecisions() DebugState {
 	a.mu.RLock()
 	ds, _ := a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
 	node, _ := a.state.Node(a.cfg.NodeName)
 	synced := a.synced
 	a.mu.RUnlock()
-	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+	return DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+}
+
+// readDatapath fills the datapath half of st from the kernel maps:
+// Programmed and Datapath, or DatapathError.
+func (a *Agent) readDatapath(st *DebugState) {
 	prog, err := a.dp.Programmed()
 	if err != nil {
 		st.DatapathError = err.Error()
-		return st
+		return
 	}
 	st.Programmed = make(map[string][]string, len(prog))
 	st.Datapath = make(map[string]ProgrammedFrontend, len(prog))
@@ -84,7 +97,6 @@ func (a *Agent) State() DebugState {
 		st.Datapath[f.String()] = pf
 		st.Programmed[f.String()] = pf.Backends
 	}
-	return st
 }
 
 // BackendZones maps the address of every endpoint of every Service to its
@@ -127,7 +139,8 @@ func (a *Agent) HealthHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/state", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = writeDebugState(w, a.State())
+		st := a.debugDecisions()
+		_ = writeDebugState(w, &st, a.readDatapath)
 	})
 	return mux
 }
@@ -150,8 +163,11 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 // compact, one element at a time: at 10,000 services the document is
 // megabytes, and building it whole (let alone indented, which copies it
 // again) would be the agent's largest allocation.
+// It also holds only one half of the state at a time: after the
+// decisions are written it lets them go (st.Report is cleared), and only
+// then calls fill, when not nil, to read the maps into st.
 // TestWriteDebugStateIsMarshal keeps the two the same.
-func writeDebugState(w io.Writer, st DebugState) error {
+func writeDebugState(w io.Writer, st *DebugState, fill func(*DebugState)) error {
 	bw := bufio.NewWriter(w)
 	var err error
 	raw := func(s string) {
@@ -210,6 +226,10 @@ func writeDebugState(w io.Writer, st DebugState) error {
 	value(st.Warnings)
 	raw(`,"synced":`)
 	value(st.Synced)
+	st.Report = topology.Report{}
+	if fill != nil {
+		fill(st)
+	}
 	raw(`,"programmed":`)
 	if st.Programmed == nil {
 		raw("null")
