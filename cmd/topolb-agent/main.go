@@ -146,7 +146,7 @@ func run(ctx context.Context, f flags) error {
 			return err
 		}
 	}
-	checkSNATPorts(log, s.snatPorts, topology.DefaultNodePortRange)
+	checkSNATPorts(log, s.snatPorts, s.options.NodePortRange)
 	dp, err := loadDatapath(log, f, s.snatPorts)
 	if err != nil {
 		return err
