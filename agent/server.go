@@ -152,83 +152,91 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 // again) would be the agent's largest allocation.
 // TestWriteDebugStateIsMarshal keeps the two the same.
 func writeDebugState(w io.Writer, st DebugState) error {
-	bw := bufio.NewWriter(w)
-	var err error
-	raw := func(s string) {
-		if err == nil {
-			_, err = bw.WriteString(s)
-		}
-	}
-	value := func(v any) {
-		if err != nil {
-			return
-		}
-		var b []byte
-		if b, err = json.Marshal(v); err == nil {
-			_, err = bw.Write(b)
-		}
-	}
-	list := func(n int, elem func(i int)) {
-		raw("[")
-		for i := range n {
-			if i > 0 {
-				raw(",")
-			}
-			elem(i)
-		}
-		raw("]")
-	}
-	object := func(keys []string, elem func(k string)) {
-		raw("{")
-		for i, k := range keys {
-			if i > 0 {
-				raw(",")
-			}
-			value(k)
-			raw(":")
-			elem(k)
-		}
-		raw("}")
-	}
-	raw(`{"node":`)
-	value(st.Node)
-	raw(`,"zone":`)
-	value(st.Zone)
-	raw(`,"services":`)
-	if st.Services == nil {
-		raw("null")
-	} else {
-		list(len(st.Services), func(i int) { value(st.Services[i]) })
-	}
-	raw(`,"frontends":`)
-	if st.Frontends == nil {
-		raw("null")
-	} else {
-		list(len(st.Frontends), func(i int) { value(st.Frontends[i]) })
-	}
-	raw(`,"warnings":`)
-	value(st.Warnings)
-	raw(`,"synced":`)
-	value(st.Synced)
-	raw(`,"programmed":`)
-	if st.Programmed == nil {
-		raw("null")
-	} else {
-		object(slices.Sorted(stdmaps.Keys(st.Programmed)), func(k string) { value(st.Programmed[k]) })
-	}
-	raw(`,"datapath":`)
-	if st.Datapath == nil {
-		raw("null")
-	} else {
-		object(slices.Sorted(stdmaps.Keys(st.Datapath)), func(k string) { value(st.Datapath[k]) })
-	}
+	j := &jsonStream{w: bufio.NewWriter(w)}
+	j.raw(`{"node":`)
+	j.value(st.Node)
+	j.raw(`,"zone":`)
+	j.value(st.Zone)
+	j.raw(`,"services":`)
+	streamList(j, st.Services)
+	j.raw(`,"frontends":`)
+	streamList(j, st.Frontends)
+	j.raw(`,"warnings":`)
+	j.value(st.Warnings)
+	j.raw(`,"synced":`)
+	j.value(st.Synced)
+	j.raw(`,"programmed":`)
+	streamObject(j, st.Programmed)
+	j.raw(`,"datapath":`)
+	streamObject(j, st.Datapath)
 	if st.DatapathError != "" {
-		raw(`,"datapathError":`)
-		value(st.DatapathError)
+		j.raw(`,"datapathError":`)
+		j.value(st.DatapathError)
 	}
-	raw("}\n")
-	if err != nil {
-		return err
+	j.raw("}\n")
+	if j.err != nil {
+		return j.err
 	}
-	return bw.Flush()
+	return j.w.Flush()
+}
+
+// jsonStream writes a JSON document piece by piece. The first error is
+// kept in err and turns every later write into a no-op.
+type jsonStream struct {
+	w   *bufio.Writer
+	err error
+}
+
+// raw writes s as it is.
+func (j *jsonStream) raw(s string) {
+	if j.err == nil {
+		_, j.err = j.w.WriteString(s)
+	}
+}
+
+// value writes v as json.Marshal encodes it.
+func (j *jsonStream) value(v any) {
+	if j.err != nil {
+		return
+	}
+	var b []byte
+	if b, j.err = json.Marshal(v); j.err == nil {
+		_, j.err = j.w.Write(b)
+	}
+}
+
+// streamList writes s as json.Marshal would (null when nil), one element
+// at a time.
+func streamList[E any](j *jsonStream, s []E) {
+	if s == nil {
+		j.raw("null")
+		return
+	}
+	j.raw("[")
+	for i := range s {
+		if i > 0 {
+			j.raw(",")
+		}
+		j.value(s[i])
+	}
+	j.raw("]")
+}
+
+// streamObject writes m as json.Marshal would (null when nil, keys
+// sorted), one entry at a time.
+func streamObject[V any](j *jsonStream, m map[string]V) {
+	if m == nil {
+		j.raw("null")
+		return
+	}
+	j.raw("{")
+	for i, k := range slices.Sorted(stdmaps.Keys(m)) {
+		if i > 0 {
+			j.raw(",")
+		}
+		j.value(k)
+		j.raw(":")
+		j.value(m[k])
+	}
+	j.raw("}")
 }
