@@ -205,6 +205,19 @@ func (j *jsonStream) value(v any) {
 	}
 }
 
+// items writes open, then n elements separated by commas (elem writes
+// the i-th), then close.
+func (j *jsonStream) items(open, close string, n int, elem func(i int)) {
+	j.raw(open)
+	for i := range n {
+		if i > 0 {
+			j.raw(",")
+		}
+		elem(i)
+	}
+	j.raw(close)
+}
+
 // streamList writes s as json.Marshal would (null when nil), one element
 // at a time.
 func streamList[E any](j *jsonStream, s []E) {
@@ -212,14 +225,7 @@ func streamList[E any](j *jsonStream, s []E) {
 		j.raw("null")
 		return
 	}
-	j.raw("[")
-	for i := range s {
-		if i > 0 {
-			j.raw(",")
-		}
-		j.value(s[i])
-	}
-	j.raw("]")
+	j.items("[", "]", len(s), func(i int) { j.value(s[i]) })
 }
 
 // streamObject writes m as json.Marshal would (null when nil, keys
@@ -229,14 +235,10 @@ func streamObject[V any](j *jsonStream, m map[string]V) {
 		j.raw("null")
 		return
 	}
-	j.raw("{")
-	for i, k := range slices.Sorted(stdmaps.Keys(m)) {
-		if i > 0 {
-			j.raw(",")
-		}
-		j.value(k)
+	keys := slices.Sorted(stdmaps.Keys(m))
+	j.items("{", "}", len(keys), func(i int) {
+		j.value(keys[i])
 		j.raw(":")
-		j.value(m[k])
-	}
-	j.raw("}")
+		j.value(m[keys[i]])
+	})
 }
