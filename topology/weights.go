@@ -3,6 +3,7 @@ package topology
 import (
 	"fmt"
 	"maps"
+	"math"
 	"math/big"
 	"slices"
 	"strings"
@@ -97,6 +98,24 @@ func (d Demand) describe() string {
 		return "by node count (" + d.Lacking + ")"
 	}
 	return "by allocatable CPU"
+}
+
+// weightTolerance is how far two weights may differ and still count as
+// equal: the float rounding of fractions computed exactly, far below the
+// finest share the datapath programs (a millionth, agent.weightScale).
+const weightTolerance = 1e-9
+
+// EqualWeights reports whether all weights are the same, within float
+// rounding: the one test of "equal shares" for the report (no zone
+// shares), the agent (one slot per backend) and the testbed (no weights to
+// measure). True for none.
+func EqualWeights(ws []float64) bool {
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > weightTolerance {
+			return false
+		}
+	}
+	return true
 }
 
 // weighted is a backend set with the fraction of new flows each backend
