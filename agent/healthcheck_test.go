@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -131,5 +132,118 @@ func TestAgentHealthCheckNodePort(t *testing.T) {
 	}
 	if got := fmt.Sprint(hcs.services[types.NamespacedName{Namespace: "default", Name: "lb"}]); got != "<nil>" {
 		t.Errorf("health check still registered: %s", got)
+	}
+}
+
+// lbLocal is a LoadBalancer Service with externalTrafficPolicy Local and
+// the health check NodePort hcPort, with one endpoint on a1.
+func lbLocal(hcPort int32) (*v1.Service, *discovery.EndpointSlice) {
+	svc := service("lb", "10.96.0.1", nil)
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = hcPort
+	return svc, epSlice("lb", "lb-1", endpoint{"10.0.1.1", "a1", "zone-a", "", true})
+}
+
+// refused reports whether nothing answers at addr.
+func refused(addr string) bool {
+	c := &http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/")
+	if err == nil {
+		resp.Body.Close()
+	}
+	return err != nil
+}
+
+// TestAgentHealthCheckFollowsChanges: the health check servers move to a
+// new healthCheckNodePort, and to this node's new address — also for a
+// Service without NodePorts (allocateLoadBalancerNodePorts false), whose
+// decisions read nothing of the node's addresses.
+func TestAgentHealthCheckFollowsChanges(t *testing.T) {
+	ll := &loopbackListens{served: map[string]string{}}
+	hcs := &HealthChecks{Listen: ll.listen}
+	t.Cleanup(hcs.Close)
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), HealthChecks: hcs}, newFakeDP())
+	tr := kube.NewTracker()
+	svc, es := lbLocal(32100)
+	n := nodeWithIP("a1", "zone-a", "10.250.0.2")
+	tr.NodeChanged(nil, n)
+	tr.ServiceChanged(nil, svc)
+	tr.SliceChanged(nil, es)
+	tr.Resync()
+	a.Apply(tr.Drain())
+	first := ll.addr("10.250.0.2:32100")
+	if first == "" {
+		t.Fatalf("no health check on the node's address: %v", ll.served)
+	}
+
+	moved := svc.DeepCopy()
+	moved.Spec.HealthCheckNodePort = 32101
+	tr.ServiceChanged(svc, moved)
+	a.Apply(tr.Drain())
+	second := ll.addr("10.250.0.2:32101")
+	if second == "" {
+		t.Fatalf("no health check on the new port: %v", ll.served)
+	}
+	if code, body, _ := check(t, second); code != http.StatusOK || body.LocalEndpoints != 1 {
+		t.Errorf("new port: %d %+v", code, body)
+	}
+	if !refused(first) {
+		t.Errorf("the old port still answers")
+	}
+
+	renumbered := nodeWithIP("a1", "zone-a", "10.250.0.9")
+	tr.NodeChanged(n, renumbered)
+	a.Apply(tr.Drain())
+	third := ll.addr("10.250.0.9:32101")
+	if third == "" {
+		t.Fatalf("no health check on the node's new address: %v", ll.served)
+	}
+	if code, body, _ := check(t, third); code != http.StatusOK || body.LocalEndpoints != 1 {
+		t.Errorf("new address: %d %+v", code, body)
+	}
+	if !refused(second) {
+		t.Errorf("the old address still answers")
+	}
+}
+
+// TestHealthChecksRetry: when one address cannot be listened on, the
+// health check serves on none (the listeners opened are closed, so a load
+// balancer sees the node fail as a whole), and the next Set with the same
+// check tries again.
+func TestHealthChecksRetry(t *testing.T) {
+	ll := &loopbackListens{served: map[string]string{}}
+	failing := map[string]bool{"10.250.0.3:32100": true}
+	hcs := &HealthChecks{Listen: func(network, addr string) (net.Listener, error) {
+		if failing[addr] {
+			return nil, fmt.Errorf("listen %s: address in use", addr)
+		}
+		return ll.listen(network, addr)
+	}}
+	t.Cleanup(hcs.Close)
+	nn := types.NamespacedName{Namespace: "default", Name: "lb"}
+	addrs := []netip.Addr{netip.MustParseAddr("10.250.0.2"), netip.MustParseAddr("10.250.0.3")}
+	hc := topology.HealthCheck{Port: 32100, LocalEndpoints: 2}
+
+	hcs.Set(nn, hc, addrs)
+	opened := ll.addr("10.250.0.2:32100")
+	if opened == "" {
+		t.Fatalf("the first address was never listened on: %v", ll.served)
+	}
+	if !refused(opened) {
+		t.Errorf("the first address answers although the second failed")
+	}
+
+	delete(failing, "10.250.0.3:32100")
+	hcs.Set(nn, hc, addrs)
+	for _, asked := range []string{"10.250.0.2:32100", "10.250.0.3:32100"} {
+		served := ll.addr(asked)
+		if served == "" {
+			t.Errorf("%s not listened on again by the retry: %v", asked, ll.served)
+			continue
+		}
+		if code, body, _ := check(t, served); code != http.StatusOK || body.LocalEndpoints != 2 {
+			t.Errorf("%s after the retry: %d %+v", asked, code, body)
+		}
 	}
 }

@@ -88,14 +88,7 @@ func backend(ep topology.Endpoint, node topology.Node) maps.Backend {
 // they are all equal (the datapath's one-slot-per-backend table, which keeps
 // single-endpoint changes to a few writes).
 func integerWeights(ws []float64) []uint32 {
-	equal := true
-	for _, w := range ws {
-		if math.Abs(w-ws[0]) > 1e-9 {
-			equal = false
-			break
-		}
-	}
-	if equal {
+	if topology.EqualWeights(ws) {
 		return nil
 	}
 	out := make([]uint32, len(ws))

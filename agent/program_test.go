@@ -287,7 +287,40 @@ func TestAgentClaimOrder(t *testing.T) {
 			if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.1:8080"}) {
 				t.Errorf("owner's backends %v, want the older Service's", got)
 			}
+			// The owner gone, the newer Service gets the frontend in the
+			// same sync, whether it lost it to a takeover or never had it.
+			tr.ServiceChanged(older, nil)
+			a.Apply(tr.Drain())
+			if got := dp.programmed()["10.96.0.5:80/TCP"]; !slices.Equal(got, []string{"10.0.0.2:8080"}) {
+				t.Errorf("after the owner was deleted: %v, want the newer Service's backends", got)
+			}
 		})
+	}
+}
+
+// TestAgentSameServiceClaims: two ports of one Service that claim one
+// frontend (here the same nodePort, which the API refuses but a manifest
+// can hold) give it to the port that ranks first: the first in spec.ports.
+func TestAgentSameServiceClaims(t *testing.T) {
+	svc := service("web", "10.96.0.1", nil)
+	svc.Spec.Type = v1.ServiceTypeNodePort
+	svc.Spec.Ports = []v1.ServicePort{
+		{Name: "http", Port: 80, Protocol: v1.ProtocolTCP, NodePort: 30080},
+		{Name: "alt", Port: 81, Protocol: v1.ProtocolTCP, NodePort: 30080},
+	}
+	es := epSlice("web", "web-1", endpoint{"10.0.1.1", "a1", "zone-a", "", true})
+	es.Ports = append(es.Ports, discovery.EndpointPort{Name: ptr.To("alt"), Port: ptr.To[int32](9090), Protocol: ptr.To(v1.ProtocolTCP)})
+	_, dp, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"), svc, es)
+	got := dp.programmed()
+	for fe, want := range map[string][]string{
+		"10.96.0.1:80/TCP":              {"10.0.1.1:8080"},
+		"10.96.0.1:81/TCP":              {"10.0.1.1:9090"},
+		"10.250.0.2:30080/TCP":          {"10.0.1.1:8080"},
+		"10.250.0.2:30080/TCP/external": {"10.0.1.1:8080"},
+	} {
+		if !slices.Equal(got[fe], want) {
+			t.Errorf("%s: %v, want %v (port http owns the nodePort)", fe, got[fe], want)
+		}
 	}
 }
 

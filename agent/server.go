@@ -168,87 +168,97 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 // then calls fill, when not nil, to read the maps into st.
 // TestWriteDebugStateIsMarshal keeps the two the same.
 func writeDebugState(w io.Writer, st *DebugState, fill func(*DebugState)) error {
-	bw := bufio.NewWriter(w)
-	var err error
-	raw := func(s string) {
-		if err == nil {
-			_, err = bw.WriteString(s)
-		}
-	}
-	value := func(v any) {
-		if err != nil {
-			return
-		}
-		var b []byte
-		if b, err = json.Marshal(v); err == nil {
-			_, err = bw.Write(b)
-		}
-	}
-	list := func(n int, elem func(i int)) {
-		raw("[")
-		for i := range n {
-			if i > 0 {
-				raw(",")
-			}
-			elem(i)
-		}
-		raw("]")
-	}
-	object := func(keys []string, elem func(k string)) {
-		raw("{")
-		for i, k := range keys {
-			if i > 0 {
-				raw(",")
-			}
-			value(k)
-			raw(":")
-			elem(k)
-		}
-		raw("}")
-	}
-	raw(`{"node":`)
-	value(st.Node)
-	raw(`,"zone":`)
-	value(st.Zone)
-	raw(`,"services":`)
-	if st.Services == nil {
-		raw("null")
-	} else {
-		list(len(st.Services), func(i int) { value(st.Services[i]) })
-	}
-	raw(`,"frontends":`)
-	if st.Frontends == nil {
-		raw("null")
-	} else {
-		list(len(st.Frontends), func(i int) { value(st.Frontends[i]) })
-	}
-	raw(`,"warnings":`)
-	value(st.Warnings)
-	raw(`,"synced":`)
-	value(st.Synced)
+	j := &jsonStream{w: bufio.NewWriter(w)}
+	j.raw(`{"node":`)
+	j.value(st.Node)
+	j.raw(`,"zone":`)
+	j.value(st.Zone)
+	j.raw(`,"services":`)
+	streamList(j, st.Services)
+	j.raw(`,"frontends":`)
+	streamList(j, st.Frontends)
+	j.raw(`,"warnings":`)
+	j.value(st.Warnings)
+	j.raw(`,"synced":`)
+	j.value(st.Synced)
 	st.Report = topology.Report{}
 	if fill != nil {
 		fill(st)
 	}
-	raw(`,"programmed":`)
-	if st.Programmed == nil {
-		raw("null")
-	} else {
-		object(slices.Sorted(stdmaps.Keys(st.Programmed)), func(k string) { value(st.Programmed[k]) })
-	}
-	raw(`,"datapath":`)
-	if st.Datapath == nil {
-		raw("null")
-	} else {
-		object(slices.Sorted(stdmaps.Keys(st.Datapath)), func(k string) { value(st.Datapath[k]) })
-	}
+	j.raw(`,"programmed":`)
+	streamObject(j, st.Programmed)
+	j.raw(`,"datapath":`)
+	streamObject(j, st.Datapath)
 	if st.DatapathError != "" {
-		raw(`,"datapathError":`)
-		value(st.DatapathError)
+		j.raw(`,"datapathError":`)
+		j.value(st.DatapathError)
 	}
-	raw("}\n")
-	if err != nil {
-		return err
+	j.raw("}\n")
+	if j.err != nil {
+		return j.err
 	}
-	return bw.Flush()
+	return j.w.Flush()
+}
+
+// jsonStream writes a JSON document piece by piece. The first error is
+// kept in err and turns every later write into a no-op.
+type jsonStream struct {
+	w   *bufio.Writer
+	err error
+}
+
+// raw writes s as it is.
+func (j *jsonStream) raw(s string) {
+	if j.err == nil {
+		_, j.err = j.w.WriteString(s)
+	}
+}
+
+// value writes v as json.Marshal encodes it.
+func (j *jsonStream) value(v any) {
+	if j.err != nil {
+		return
+	}
+	var b []byte
+	if b, j.err = json.Marshal(v); j.err == nil {
+		_, j.err = j.w.Write(b)
+	}
+}
+
+// items writes open, then n elements separated by commas (elem writes
+// the i-th), then close.
+func (j *jsonStream) items(open, close string, n int, elem func(i int)) {
+	j.raw(open)
+	for i := range n {
+		if i > 0 {
+			j.raw(",")
+		}
+		elem(i)
+	}
+	j.raw(close)
+}
+
+// streamList writes s as json.Marshal would (null when nil), one element
+// at a time.
+func streamList[E any](j *jsonStream, s []E) {
+	if s == nil {
+		j.raw("null")
+		return
+	}
+	j.items("[", "]", len(s), func(i int) { j.value(s[i]) })
+}
+
+// streamObject writes m as json.Marshal would (null when nil, keys
+// sorted), one entry at a time.
+func streamObject[V any](j *jsonStream, m map[string]V) {
+	if m == nil {
+		j.raw("null")
+		return
+	}
+	keys := slices.Sorted(stdmaps.Keys(m))
+	j.items("{", "}", len(keys), func(i int) {
+		j.value(keys[i])
+		j.raw(":")
+		j.value(m[keys[i]])
+	})
 }

@@ -30,28 +30,84 @@ var (
 // an error wrapping ErrNotProxied or ErrNoIPv4, and no ports.
 func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	clusterIP, err := proxiedClusterIP(svc, nn)
+	if err != nil {
+		return nil, nil, err
+	}
+	var warnings []string
+	warn := func(ws ...string) {
+		for _, w := range ws {
+			if w != "" {
+				warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+			}
+		}
+	}
+	affinity, w := sessionAffinity(svc)
+	warn(w)
+	externalIPs, lbIPs, ws := externalFrontendIPs(svc)
+	warn(ws...)
+	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
+	external := hasNodePort(svc) || len(externalIPs) > 0 || len(lbIPs) > 0
+	// Every port of svc shares these fields.
+	shared := ServicePort{
+		Service:              nn,
+		Created:              svc.CreationTimestamp.Time,
+		ClusterIP:            clusterIP,
+		ExternalIPs:          externalIPs,
+		LoadBalancerIPs:      lbIPs,
+		ExternallyAccessible: external,
+		InternalPolicyLocal:  svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+		ExternalPolicyLocal:  external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		Affinity:             affinity,
+		Annotations:          topolbAnnotations(svc),
+	}
+	var ports []ServicePort
+	for i, sp := range svc.Spec.Ports {
+		proto := sp.Protocol
+		if proto == "" {
+			proto = v1.ProtocolTCP
+		}
+		if w := portProblem(sp, proto, ports); w != "" {
+			warn(w)
+			continue
+		}
+		p := shared
+		p.Index, p.Name, p.Protocol, p.Port, p.NodePort = i, sp.Name, proto, uint16(sp.Port), uint16(sp.NodePort)
+		ports = append(ports, p)
+	}
+	return ports, warnings, nil
+}
+
+// proxiedClusterIP returns svc's IPv4 cluster IP, or why topolb does not
+// proxy svc: an error wrapping ErrNotProxied (ExternalName, headless),
+// ErrNoIPv4 (no IPv4 cluster IP) or ErrUnusableAddress (a cluster IP that
+// cannot be a frontend).
+func proxiedClusterIP(svc *v1.Service, nn types.NamespacedName) (netip.Addr, error) {
 	switch {
 	case svc.Spec.Type == v1.ServiceTypeExternalName:
-		return nil, nil, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
+		return netip.Addr{}, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
 	case svc.Spec.ClusterIP == v1.ClusterIPNone:
-		return nil, nil, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
+		return netip.Addr{}, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
 	}
 	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
 	if !ok {
-		return nil, nil, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoIPv4)
+		return netip.Addr{}, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoIPv4)
 	}
 	if problem := AddrProblem(clusterIP); problem != "" {
-		return nil, nil, fmt.Errorf("%s: clusterIP %s is %s: %w", nn, clusterIP, problem, ErrUnusableAddress)
+		return netip.Addr{}, fmt.Errorf("%s: clusterIP %s is %s: %w", nn, clusterIP, problem, ErrUnusableAddress)
 	}
-	var warnings []string
-	affinity, w := sessionAffinity(svc)
-	if w != "" {
-		warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
-	}
-	var externalIPs, lbIPs []netip.Addr
+	return clusterIP, nil
+}
+
+// externalFrontendIPs returns svc's external IPs and load-balancer ingress
+// IPs that can be frontends, in spec order, and a warning for each address
+// left out that is not IPv6 (see frontendIP). Ingress entries in IPMode
+// Proxy (the load balancer proxies, its IP never reaches the node) and
+// without an IP are skipped silently.
+func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs []netip.Addr, warnings []string) {
 	for _, s := range svc.Spec.ExternalIPs {
 		if ip, w := frontendIP(s, "externalIP"); w != "" {
-			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+			warnings = append(warnings, w)
 		} else if ip.IsValid() {
 			externalIPs = append(externalIPs, ip)
 		}
@@ -61,22 +117,22 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 			continue
 		}
 		if ip, w := frontendIP(ing.IP, "load-balancer ingress IP"); w != "" {
-			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, w))
+			warnings = append(warnings, w)
 		} else if ip.IsValid() {
 			lbIPs = append(lbIPs, ip)
 		}
 	}
-	hasNodePort := false
-	for _, sp := range svc.Spec.Ports {
-		if sp.NodePort != 0 {
-			hasNodePort = true
-		}
-	}
-	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
-	external := hasNodePort || len(externalIPs) > 0 || len(lbIPs) > 0
-	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
-	externalLocal := external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	return externalIPs, lbIPs, warnings
+}
 
+// hasNodePort reports whether any port of svc has a nodePort.
+func hasNodePort(svc *v1.Service) bool {
+	return slices.ContainsFunc(svc.Spec.Ports, func(sp v1.ServicePort) bool { return sp.NodePort != 0 })
+}
+
+// topolbAnnotations returns svc's annotations under topolb.io/, or nil
+// when it has none.
+func topolbAnnotations(svc *v1.Service) map[string]string {
 	var ann map[string]string
 	for k, v := range svc.Annotations {
 		if strings.HasPrefix(k, "topolb.io/") {
@@ -86,52 +142,31 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 			ann[k] = v
 		}
 	}
+	return ann
+}
 
-	var ports []ServicePort
-	for i, sp := range svc.Spec.Ports {
-		proto := sp.Protocol
-		if proto == "" {
-			proto = v1.ProtocolTCP
-		}
-		if j := slices.IndexFunc(ports, func(p ServicePort) bool {
-			return p.Protocol == proto && (int32(p.Port) == sp.Port || p.Name == sp.Name)
-		}); j >= 0 {
-			// The API forbids both; kube-proxy keys ports by name and
-			// protocol. The first port in spec order keeps its place.
-			warnings = append(warnings, fmt.Sprintf("%s: port %s (%d/%s) repeats the number or name of port %s (%d/%s): ignored, the first one is served",
-				nn, quoteBounded(sp.Name), sp.Port, proto, quoteBounded(ports[j].Name), ports[j].Port, ports[j].Protocol))
-			continue
-		}
-		switch {
-		case sp.Port < 1 || sp.Port > 65535:
-			warnings = append(warnings, fmt.Sprintf("%s: port %s: number %d out of range", nn, quoteBounded(sp.Name), sp.Port))
-			continue
-		case sp.NodePort < 0 || sp.NodePort > 65535:
-			warnings = append(warnings, fmt.Sprintf("%s: port %s: nodePort %d out of range", nn, quoteBounded(sp.Name), sp.NodePort))
-			continue
-		case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
-			warnings = append(warnings, fmt.Sprintf("%s: port %s: unknown protocol %s", nn, quoteBounded(sp.Name), quoteBounded(string(proto))))
-			continue
-		}
-		ports = append(ports, ServicePort{
-			Service:              nn,
-			Created:              svc.CreationTimestamp.Time,
-			Index:                i,
-			Name:                 sp.Name,
-			Protocol:             proto,
-			Port:                 uint16(sp.Port),
-			NodePort:             uint16(sp.NodePort),
-			ClusterIP:            clusterIP,
-			ExternalIPs:          externalIPs,
-			LoadBalancerIPs:      lbIPs,
-			ExternallyAccessible: external,
-			InternalPolicyLocal:  internalLocal,
-			ExternalPolicyLocal:  externalLocal,
-			Affinity:             affinity,
-			Annotations:          ann,
-		})
+// portProblem returns why the service port sp (of protocol proto, its
+// default applied) is not served, or "" when it is: it repeats the number
+// or name of a port in kept (the ports already accepted), or its number,
+// nodePort or protocol is out of range.
+func portProblem(sp v1.ServicePort, proto v1.Protocol, kept []ServicePort) string {
+	if j := slices.IndexFunc(kept, func(p ServicePort) bool {
+		return p.Protocol == proto && (int32(p.Port) == sp.Port || p.Name == sp.Name)
+	}); j >= 0 {
+		// The API forbids both; kube-proxy keys ports by name and
+		// protocol. The first port in spec order keeps its place.
+		return fmt.Sprintf("port %s (%d/%s) repeats the number or name of port %s (%d/%s): ignored, the first one is served",
+			quoteBounded(sp.Name), sp.Port, proto, quoteBounded(kept[j].Name), kept[j].Port, kept[j].Protocol)
 	}
-	return ports, warnings, nil
+	switch {
+	case sp.Port < 1 || sp.Port > 65535:
+		return fmt.Sprintf("port %s: number %d out of range", quoteBounded(sp.Name), sp.Port)
+	case sp.NodePort < 0 || sp.NodePort > 65535:
+		return fmt.Sprintf("port %s: nodePort %d out of range", quoteBounded(sp.Name), sp.NodePort)
+	case proto != v1.ProtocolTCP && proto != v1.ProtocolUDP && proto != v1.ProtocolSCTP:
+		return fmt.Sprintf("port %s: unknown protocol %s", quoteBounded(sp.Name), quoteBounded(string(proto)))
+	}
+	return ""
 }
 
 // MaxAffinitySeconds is the longest ClientIP affinity timeout the API

@@ -183,7 +183,7 @@ func portReport(node Node, d PortDecision, opts Options) PortReport {
 	for _, ep := range dec.Backends {
 		pr.BackendZones[ep.Zone]++
 	}
-	if !equalWeights(dec.Weights) {
+	if !EqualWeights(dec.Weights) {
 		pr.ZoneShares = map[string]float64{}
 		for i, ep := range dec.Backends {
 			pr.ZoneShares[ep.Zone] += dec.Weights[i]
@@ -208,17 +208,6 @@ func weightMap(eps []Endpoint, ws []float64) map[string]float64 {
 		out[ep.Addr.String()] = math.Round(ws[i]*1e4) / 1e4
 	}
 	return out
-}
-
-// equalWeights reports whether all weights are the same, within float
-// rounding.
-func equalWeights(ws []float64) bool {
-	for _, w := range ws {
-		if math.Abs(w-ws[0]) > 1e-12 {
-			return false
-		}
-	}
-	return true
 }
 
 // addrs returns the endpoints' "ip:port" strings, sorted; never nil.

@@ -2,6 +2,8 @@ package topology
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"math/big"
 	"slices"
 	"strings"
@@ -98,6 +100,24 @@ func (d Demand) describe() string {
 	return "by allocatable CPU"
 }
 
+// weightTolerance is how far two weights may differ and still count as
+// equal: the float rounding of fractions computed exactly, far below the
+// finest share the datapath programs (a millionth, agent.weightScale).
+const weightTolerance = 1e-9
+
+// EqualWeights reports whether all weights are the same, within float
+// rounding: the one test of "equal shares" for the report (no zone
+// shares), the agent (one slot per backend) and the testbed (no weights to
+// measure). True for none.
+func EqualWeights(ws []float64) bool {
+	for _, w := range ws {
+		if math.Abs(w-ws[0]) > weightTolerance {
+			return false
+		}
+	}
+	return true
+}
+
 // weighted is a backend set with the fraction of new flows each backend
 // gets.
 type weighted struct {
@@ -150,57 +170,99 @@ func zoneWeighted(in Input) (Mode, string, weighted) {
 		return ModeNone, fmt.Sprintf("%s has no Node with a zone label that is not Ready=False, so it has no demand share: equal shares over %s", zone, what), equalShares(cands)
 	}
 
-	n := int64(len(cands))
-	count := map[string]int64{}
-	for _, ep := range cands {
-		count[ep.Zone]++
-	}
-	groups := make([]string, 0, len(count))
-	for g := range count {
-		groups = append(groups, g)
-	}
-	slices.Sort(groups)
-
-	sZone := big.NewRat(count[zone], n)
+	g := groupByZone(cands)
+	sZone := g.share(zone)
 	keep := new(big.Rat).Quo(sZone, dZone)
 	if keep.Cmp(big.NewRat(1, 1)) > 0 {
 		keep.SetInt64(1)
 	}
 	spill := new(big.Rat).Sub(big.NewRat(1, 1), keep)
 
+	// perEndpoint is the weight of each endpoint of a group.
+	perEndpoint, spills := spillWeights(g, zone, spill, demand)
+	if g.count[zone] > 0 && keep.Sign() > 0 {
+		perEndpoint[zone] = new(big.Rat).Quo(keep, big.NewRat(g.count[zone], 1))
+	}
+	out, equal := weigh(cands, perEndpoint)
+
+	head := fmt.Sprintf("%s has %d of %s (%s) and %s of the demand %s", zone, g.count[zone], what, percent(sZone), percent(dZone), demand.describe())
+	switch {
+	case equal && len(out.eps) == len(cands):
+		if spill.Sign() == 0 {
+			return ModeNone, fmt.Sprintf("%s: keeps all new flows in %s, equal shares", head, zone), out
+		}
+		return ModeNone, fmt.Sprintf("%s: keeps %s of new flows in %s, spills %s; the result is equal shares", head, percent(keep), zone, strings.Join(spills, ", ")), out
+	case spill.Sign() == 0:
+		return ModePreferSameZone, fmt.Sprintf("%s: keeps all new flows in %s", head, zone), out
+	}
+	return ModeZoneWeighted, fmt.Sprintf("%s: keeps %s of new flows in %s, spills %s", head, percent(keep), zone, strings.Join(spills, ", ")), out
+}
+
+// zoneGroups are usable endpoints counted by zone; endpoints without a
+// zone form the group "".
+type zoneGroups struct {
+	// n is the number of endpoints.
+	n int64
+	// count is the number of endpoints in each group.
+	count map[string]int64
+	// names are count's keys, sorted.
+	names []string
+}
+
+// groupByZone counts cands by zone.
+func groupByZone(cands []Endpoint) zoneGroups {
+	g := zoneGroups{n: int64(len(cands)), count: map[string]int64{}}
+	for _, ep := range cands {
+		g.count[ep.Zone]++
+	}
+	g.names = slices.Sorted(maps.Keys(g.count))
+	return g
+}
+
+// share returns S_z, the fraction of the endpoints in group z.
+func (g zoneGroups) share(z string) *big.Rat { return big.NewRat(g.count[z], g.n) }
+
+// spillWeights spreads spill, the fraction of new flows a node in zone
+// does not keep there, over the other groups in proportion to their
+// surplus max(0, S_y - D_y), in equal shares inside each group. It returns
+// the weight of one endpoint of each group that gets a part (a new map,
+// empty when spill is 0), and each part as "12.5% zone-b", in group order.
+func spillWeights(g zoneGroups, zone string, spill *big.Rat, demand Demand) (map[string]*big.Rat, []string) {
+	perEndpoint := map[string]*big.Rat{}
+	if spill.Sign() <= 0 {
+		return perEndpoint, nil
+	}
 	surplus := map[string]*big.Rat{}
 	total := new(big.Rat)
-	for _, g := range groups {
-		if g == zone {
+	for _, y := range g.names {
+		if y == zone {
 			continue
 		}
-		s := new(big.Rat).Sub(big.NewRat(count[g], n), demand.share(g))
+		s := new(big.Rat).Sub(g.share(y), demand.share(y))
 		if s.Sign() > 0 {
-			surplus[g] = s
+			surplus[y] = s
 			total.Add(total, s)
 		}
 	}
-
-	// perEndpoint is the weight of each endpoint of a group.
-	perEndpoint := map[string]*big.Rat{}
-	if count[zone] > 0 && keep.Sign() > 0 {
-		perEndpoint[zone] = new(big.Rat).Quo(keep, big.NewRat(count[zone], 1))
-	}
+	// spill > 0 means S_Z < D_Z, and then the other groups' surplus is
+	// positive: total > 0.
 	var spills []string
-	if spill.Sign() > 0 {
-		// spill > 0 means S_Z < D_Z, and then the other groups' surplus
-		// is positive: total > 0.
-		for _, g := range groups {
-			s, ok := surplus[g]
-			if !ok {
-				continue
-			}
-			part := new(big.Rat).Mul(spill, new(big.Rat).Quo(s, total))
-			perEndpoint[g] = new(big.Rat).Quo(part, big.NewRat(count[g], 1))
-			spills = append(spills, fmt.Sprintf("%s %s", percent(part), groupName(g)))
+	for _, y := range g.names {
+		s, ok := surplus[y]
+		if !ok {
+			continue
 		}
+		part := new(big.Rat).Mul(spill, new(big.Rat).Quo(s, total))
+		perEndpoint[y] = new(big.Rat).Quo(part, big.NewRat(g.count[y], 1))
+		spills = append(spills, fmt.Sprintf("%s %s", percent(part), groupName(y)))
 	}
+	return perEndpoint, spills
+}
 
+// weigh returns the endpoints of cands whose zone has a weight in
+// perEndpoint, in cands' order, with that weight rounded to float64, and
+// whether every endpoint kept has the same (exact) weight.
+func weigh(cands []Endpoint, perEndpoint map[string]*big.Rat) (weighted, bool) {
 	var out weighted
 	var first *big.Rat
 	equal := true
@@ -218,18 +280,7 @@ func zoneWeighted(in Input) (Mode, string, weighted) {
 		out.eps = append(out.eps, ep)
 		out.w = append(out.w, f)
 	}
-
-	head := fmt.Sprintf("%s has %d of %s (%s) and %s of the demand %s", zone, count[zone], what, percent(sZone), percent(dZone), demand.describe())
-	switch {
-	case equal && len(out.eps) == len(cands):
-		if spill.Sign() == 0 {
-			return ModeNone, fmt.Sprintf("%s: keeps all new flows in %s, equal shares", head, zone), out
-		}
-		return ModeNone, fmt.Sprintf("%s: keeps %s of new flows in %s, spills %s; the result is equal shares", head, percent(keep), zone, strings.Join(spills, ", ")), out
-	case spill.Sign() == 0:
-		return ModePreferSameZone, fmt.Sprintf("%s: keeps all new flows in %s", head, zone), out
-	}
-	return ModeZoneWeighted, fmt.Sprintf("%s: keeps %s of new flows in %s, spills %s", head, percent(keep), zone, strings.Join(spills, ", ")), out
+	return out, equal
 }
 
 // demand returns the input's Demand, computing it when the caller did not.

@@ -263,3 +263,26 @@ func TestZoneDemand(t *testing.T) {
 		t.Errorf("absurd CPU should count as lacking: %+v", d)
 	}
 }
+
+// TestEqualWeights: weights count as equal within float rounding of exact
+// fractions, and unequal from well below the datapath's finest share (a
+// millionth).
+func TestEqualWeights(t *testing.T) {
+	third := 1.0 / 3
+	for _, tc := range []struct {
+		name string
+		ws   []float64
+		want bool
+	}{
+		{"none", nil, true},
+		{"one", []float64{1}, true},
+		{"thirds", []float64{third, third, 1 - 2*third}, true},
+		{"rounding apart", []float64{0.5, 0.5 + 1e-12}, true},
+		{"a ten-millionth apart", []float64{0.5, 0.5 + 1e-7}, false},
+		{"zone-weighted", []float64{2.0 / 3, 1.0 / 6, 1.0 / 6}, false},
+	} {
+		if got := EqualWeights(tc.ws); got != tc.want {
+			t.Errorf("%s: EqualWeights(%v) = %v, want %v", tc.name, tc.ws, got, tc.want)
+		}
+	}
+}

@@ -128,112 +128,185 @@ answers 200 once the first full sync is in the maps.`,
 	}
 }
 
-func run(ctx context.Context, f flags) (err error) {
-	level := slog.LevelInfo - slog.Level(f.verbosity)*4
-	if f.verbosity == 1 {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if f.nodeName == "" {
-		return errors.New("--node-name (or $NODE_NAME) is required")
-	}
-	if f.fromFile != "" && f.kubeconfig != "" {
-		return errors.New("--from-file and --kubeconfig are mutually exclusive")
-	}
-	if f.allowEmpty && f.fromFile == "" {
-		return errors.New("--allow-empty-cluster applies to --from-file only")
-	}
-	metricsAddress, err := metricsListenAddress(f)
+// run is the agent's life, one step per call: check the flags, load the
+// datapath (ErrLocked: another agent owns it, and nothing is touched),
+// attach it to the interfaces and the host, build the agent and its
+// servers, start the source of cluster state (informers or --from-file),
+// and run the sync loop until ctx is done. The datapath stays pinned after
+// it returns.
+func run(ctx context.Context, f flags) error {
+	log := newLogger(f.verbosity)
+	s, err := checkFlags(f)
 	if err != nil {
 		return err
 	}
-	opts := topology.DefaultOptions()
-	if opts.NodePortAddresses, err = topology.ParseNodePortAddresses(f.nodePortAddresses); err != nil {
-		return err
-	}
-	if opts.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
-		return err
-	}
-
 	var client kubernetes.Interface
 	if f.fromFile == "" {
-		cfg, err := kube.RESTConfig(f.kubeconfig)
-		if err != nil {
+		if client, err = kubeClient(f.kubeconfig, f.apiserver); err != nil {
 			return err
 		}
-		if f.apiserver != "" {
-			if cfg.Host, err = apiServerURL(f.apiserver); err != nil {
-				return err
-			}
-		}
-		client, err = kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("create client: %w", err)
-		}
 	}
-
-	snatPorts, err := maps.ParsePortRange(f.snatPorts)
+	checkSNATPorts(log, s.snatPorts, s.options.NodePortRange)
+	dp, err := loadDatapath(log, f, s.snatPorts)
 	if err != nil {
-		return fmt.Errorf("--snat-ports: %w", err)
-	}
-	nodePorts := topology.DefaultOptions().NodePortRange
-	if nodePorts == (topology.PortRange{}) {
-		nodePorts = topology.DefaultNodePortRange
-	}
-	checkSNATPorts(log, snatPorts, nodePorts)
-
-	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
 		return err
+	}
+	// Close releases file descriptors only: pinned maps and links keep the
+	// datapath serving after the agent exits.
+	defer dp.Close()
+	uplinks, err := attachDatapath(ctx, log, dp, f)
+	if err != nil {
+		return err
+	}
+	a, reg, closeAgent := newAgent(log, f, s.options, client, dp)
+	defer closeAgent()
+	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, reg, a); err != nil {
+		return err
+	}
+	tracker := kube.NewTracker()
+	watchState(ctx, log, f, client, tracker)
+	go a.RunUpkeep(ctx, dp, f.sweepInterval, f.verifyInterval)
+	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
+	a.Run(ctx, tracker, f.coalesce, f.retry)
+	log.Info("agent stopping; the datapath stays pinned and keeps serving")
+	return nil
+}
+
+// newLogger returns the agent's logger at -v's level: 0 info (operators),
+// 1 debug, and each step above lowers the level by 4 more (4: every map
+// write).
+func newLogger(verbosity int) *slog.Logger {
+	level := slog.LevelInfo - slog.Level(verbosity)*4
+	if verbosity == 1 {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// settings are the values parsed out of the flags.
+type settings struct {
+	// options are the decision engine's: NodePort addresses and range.
+	options topology.Options
+	// metricsAddress is where /metrics is served; empty: nowhere.
+	metricsAddress string
+	// snatPorts are the source ports of source-NATed flows.
+	snatPorts maps.PortRange
+}
+
+// checkFlags returns the settings the flags give, or an error naming the
+// first flag that is missing, conflicts with another or does not parse.
+func checkFlags(f flags) (settings, error) {
+	var s settings
+	if f.nodeName == "" {
+		return s, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if f.fromFile != "" && f.kubeconfig != "" {
+		return s, errors.New("--from-file and --kubeconfig are mutually exclusive")
+	}
+	if f.allowEmpty && f.fromFile == "" {
+		return s, errors.New("--allow-empty-cluster applies to --from-file only")
+	}
+	var err error
+	if s.metricsAddress, err = metricsListenAddress(f); err != nil {
+		return s, err
+	}
+	s.options = topology.DefaultOptions()
+	if s.options.NodePortAddresses, err = topology.ParseNodePortAddresses(f.nodePortAddresses); err != nil {
+		return s, err
+	}
+	if s.options.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
+		return s, err
+	}
+	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
+		return s, fmt.Errorf("--snat-ports: %w", err)
+	}
+	return s, nil
+}
+
+// kubeClient returns a client of the cluster in the kubeconfig (or the
+// in-cluster configuration), at --apiserver's address when one is given.
+func kubeClient(kubeconfig, apiserver string) (kubernetes.Interface, error) {
+	cfg, err := kube.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if apiserver != "" {
+		if cfg.Host, err = apiServerURL(apiserver); err != nil {
+			return nil, err
+		}
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create client: %w", err)
+	}
+	return client, nil
+}
+
+// loadDatapath loads (or adopts) the datapath pinned under --bpffs,
+// mounting a bpf filesystem first where the node has none. The error says
+// why it could not: another agent holds the pin path's lock (wrapping
+// maps.ErrLocked; nothing was touched), missing capabilities, or the
+// load's own error.
+func loadDatapath(log *slog.Logger, f flags, snatPorts maps.PortRange) (*maps.Datapath, error) {
+	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
+		return nil, err
 	}
 	dp, err := maps.Load(maps.Options{
 		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends, MaxConntrack: f.maxConntrack,
 		SNATPorts: snatPorts, Logger: log.With("component", "datapath"),
 	})
-	if err != nil {
-		if errors.Is(err, maps.ErrLocked) {
-			// Nothing was touched: the agent that holds the lock keeps
-			// the datapath.
-			return fmt.Errorf("another agent owns %s; this one exits without touching its links or maps: %w", f.bpffs, err)
-		}
-		if errors.Is(err, os.ErrPermission) {
-			// cilium/ebpf suggests raising MEMLOCK, which is not the
-			// cause on kernels that account BPF memory to cgroups.
-			return fmt.Errorf("load datapath (the agent needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
-		}
-		return fmt.Errorf("load datapath: %w", err)
+	switch {
+	case err == nil:
+		return dp, nil
+	case errors.Is(err, maps.ErrLocked):
+		// Nothing was touched: the agent that holds the lock keeps the
+		// datapath.
+		return nil, fmt.Errorf("another agent owns %s; this one exits without touching its links or maps: %w", f.bpffs, err)
+	case errors.Is(err, os.ErrPermission):
+		// cilium/ebpf suggests raising MEMLOCK, which is not the cause on
+		// kernels that account BPF memory to cgroups.
+		return nil, fmt.Errorf("load datapath (the agent needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %w", err)
 	}
-	// Close releases file descriptors only: pinned maps and links keep the
-	// datapath serving after the agent exits.
-	defer dp.Close()
+	return nil, fmt.Errorf("load datapath: %w", err)
+}
 
+// attachDatapath attaches the datapath's programs to the uplinks (XDP),
+// the pod interfaces (tc, followed as they come and go with "auto") and
+// the node's cgroup (socket hooks), and returns the uplinks it chose.
+func attachDatapath(ctx context.Context, log *slog.Logger, dp *maps.Datapath, f flags) ([]string, error) {
 	uplinks, pods, autoPods, err := agent.ParseInterfaces(f.uplinks, f.podInterfaces)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ifaces := &agent.Interfaces{DP: dp, Log: log.With("component", "interfaces"), Uplinks: uplinks, Pods: pods, AutoPods: autoPods}
 	if err := ifaces.Attach(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if err := attachHost(dp, f); err != nil {
-		return err
+		return nil, err
 	}
+	return uplinks, nil
+}
 
+// newAgent builds the agent on dp with its metrics, health check servers
+// (--health-check-node-ports) and Kubernetes events (--events, with a
+// client), and returns it, the metrics registry, and a close function that
+// stops the events and the health check servers.
+func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernetes.Interface, dp *maps.Datapath) (*agent.Agent, *prometheus.Registry, func()) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := agent.NewMetrics(reg)
 	cfg := agent.Config{
 		NodeName: f.nodeName, Options: opts,
-		Logger: log.With("component", "agent"), Metrics: metrics, HealthTimeout: f.healthTimeout,
+		Logger: log.With("component", "agent"), Metrics: agent.NewMetrics(reg), HealthTimeout: f.healthTimeout,
 	}
 	var hcs *agent.HealthChecks
 	if f.healthCheckPorts {
 		hcs = &agent.HealthChecks{Log: log.With("component", "healthcheck")}
-		defer hcs.Close()
 		cfg.HealthChecks = hcs
 	}
+	var ev *agent.KubeEvents
 	if client != nil && f.events {
-		ev := agent.NewKubeEvents(client, f.nodeName)
-		defer ev.Shutdown(context.Background())
+		ev = agent.NewKubeEvents(client, f.nodeName)
 		cfg.Events = ev
 	}
 	a := agent.New(cfg, dp)
@@ -241,7 +314,21 @@ func run(ctx context.Context, f flags) (err error) {
 		hcs.Healthy = func() bool { return a.Health().Healthy }
 	}
 	reg.MustRegister(agent.NewDatapathCollector(dp, a))
+	closeAll := func() {
+		if ev != nil {
+			ev.Shutdown(context.Background())
+		}
+		if hcs != nil {
+			hcs.Close()
+		}
+	}
+	return a, reg, closeAll
+}
 
+// startServers serves /metrics at metricsAddress and the health endpoints
+// at healthAddress (an empty address serves nothing) until ctx is done; the
+// error says which could not listen.
+func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthAddress string, reg *prometheus.Registry, a *agent.Agent) error {
 	if metricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -249,45 +336,45 @@ func run(ctx context.Context, f flags) (err error) {
 			return err
 		}
 	}
-	if f.healthAddress != "" {
-		if err := serve(ctx, log, "health", f.healthAddress, a.HealthHandler()); err != nil {
+	if healthAddress != "" {
+		if err := serve(ctx, log, "health", healthAddress, a.HealthHandler()); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	tracker := kube.NewTracker()
-	if f.fromFile != "" {
-		w := &kube.FileWatcher{
-			Path: f.fromFile, Tracker: tracker, NodeName: f.nodeName, AllowEmpty: f.allowEmpty,
-			OnLoad: func(objs *kube.Objects, warnings []string) {
-				log.Info("manifest applied", "file", f.fromFile, "nodes", len(objs.Nodes), "services", len(objs.Services),
-					"endpointSlices", len(objs.Slices), "warnings", len(warnings))
-				for _, w := range warnings {
-					log.Warn("manifest", "warning", w)
-				}
-			},
-			OnError: func(err error) {
-				if errors.Is(err, kube.ErrNotApplied) {
-					log.Warn("manifest not applied; the last good state stays in force (--allow-empty-cluster applies such a file)",
-						"file", f.fromFile, "reason", err)
-					return
-				}
-				log.Error("manifest not loaded; the last good state stays in force", "file", f.fromFile, "err", err)
-			},
-		}
-		go w.Run(ctx)
-	} else {
+// watchState starts feeding tracker, until ctx is done, from --from-file
+// (a manifest that fails to load or is refused is logged and leaves the
+// last good state in force) or else from the cluster's informers.
+func watchState(ctx context.Context, log *slog.Logger, f flags, client kubernetes.Interface, tracker *kube.Tracker) {
+	if f.fromFile == "" {
 		go func() {
 			if err := kube.Watch(ctx, client, tracker); err != nil {
 				log.Error("watch cluster", "err", err)
 			}
 		}()
+		return
 	}
-	go a.RunUpkeep(ctx, dp, f.sweepInterval, f.verifyInterval)
-	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
-	a.Run(ctx, tracker, f.coalesce, f.retry)
-	log.Info("agent stopping; the datapath stays pinned and keeps serving")
-	return nil
+	w := &kube.FileWatcher{
+		Path: f.fromFile, Tracker: tracker, NodeName: f.nodeName, AllowEmpty: f.allowEmpty,
+		OnLoad: func(objs *kube.Objects, warnings []string) {
+			log.Info("manifest applied", "file", f.fromFile, "nodes", len(objs.Nodes), "services", len(objs.Services),
+				"endpointSlices", len(objs.Slices), "warnings", len(warnings))
+			for _, w := range warnings {
+				log.Warn("manifest", "warning", w)
+			}
+		},
+		OnError: func(err error) {
+			if errors.Is(err, kube.ErrNotApplied) {
+				log.Warn("manifest not applied; the last good state stays in force (--allow-empty-cluster applies such a file)",
+					"file", f.fromFile, "reason", err)
+				return
+			}
+			log.Error("manifest not loaded; the last good state stays in force", "file", f.fromFile, "err", err)
+		},
+	}
+	go w.Run(ctx)
 }
 
 // apiServerURL returns the URL of --apiserver's host:port, or an error

@@ -154,3 +154,12 @@ func mapsEqual2(a, b map[string][]string) bool {
 	}
 	return true
 }
+
+// TestSNATPortsWarnedAgainstNodePortRange: --snat-ports is checked against
+// the NodePort range the agent serves (--service-node-port-range), not the
+// apiserver's default one.
+func TestSNATPortsWarnedAgainstNodePortRange(t *testing.T) {
+	b := newBed(t)
+	b.start("--snat-ports", "61000-65535", "--service-node-port-range", "62000-62100")
+	b.waitLog("--snat-ports overlaps the NodePort range", "nodePorts=62000-62100")
+}

@@ -103,17 +103,46 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 	fmt.Fprintf(out, "testbed %s: %d zones, %d nodes, %d pods (namespaces %s%s-*)\n", tb.ID, len(spec.Zones), len(tb.Nodes), len(tb.Pods), testbed.Prefix, tb.ID)
 
 	if c.kube {
-		fmt.Fprintln(out, "starting etcd and kube-apiserver ...")
-		t0 := time.Now()
-		if cluster, err = kubetest.Run(ctx); err != nil {
-			return fmt.Errorf("real apiserver (KUBE=1): %w", err)
-		}
-		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		if cluster, err = startAPIServer(ctx, out, tb); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "kube-apiserver ready at %s in %.1fs; the cluster objects live there, agents watch it through a relay in each node\n", cluster.URL, time.Since(t0).Seconds())
 	}
+	if err := startDatapath(ctx, out, tb, c); err != nil {
+		return err
+	}
+	failed, err := runScenarios(ctx, out, tb, c, spec)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\n%d of %d scenarios landed exactly where explain said, in %.1fs.\n", len(spec.Scenarios)-failed, len(spec.Scenarios), time.Since(start).Seconds())
+	if failed > 0 {
+		for _, a := range tb.Agents() {
+			fmt.Fprintf(out, "\n--- last lines of %s\n%s\n", a.LogPath, a.LogTail(15))
+		}
+		return fmt.Errorf("%d scenarios did not match", failed)
+	}
+	return nil
+}
 
+// startAPIServer runs etcd and a kube-apiserver and connects tb's nodes to
+// it; the caller closes the returned cluster.
+func startAPIServer(ctx context.Context, out io.Writer, tb *testbed.Testbed) (*kubetest.Cluster, error) {
+	fmt.Fprintln(out, "starting etcd and kube-apiserver ...")
+	t0 := time.Now()
+	cluster, err := kubetest.Run(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("real apiserver (KUBE=1): %w", err)
+	}
+	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		return cluster, err
+	}
+	fmt.Fprintf(out, "kube-apiserver ready at %s in %.1fs; the cluster objects live there, agents watch it through a relay in each node\n", cluster.URL, time.Since(t0).Seconds())
+	return cluster, nil
+}
+
+// startDatapath programs tb's datapath as c.datapath says: an agent on
+// every node, or this process directly.
+func startDatapath(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config) error {
 	switch c.datapath {
 	case "agent":
 		t0 := time.Now()
@@ -131,25 +160,23 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 		}
 		fmt.Fprintln(out, "datapath programmed from this process (no agent)")
 	}
+	return nil
+}
 
+// runScenarios runs spec's scenarios in order and returns how many did not
+// land where explain said; an error stops the run.
+func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, spec *testbed.Spec) (int, error) {
 	failed := 0
 	for i, sc := range spec.Scenarios {
 		ok, err := runScenario(ctx, out, tb, c, i+1, len(spec.Scenarios), sc.Name)
 		if err != nil {
-			return err
+			return failed, err
 		}
 		if !ok {
 			failed++
 		}
 	}
-	fmt.Fprintf(out, "\n%d of %d scenarios landed exactly where explain said, in %.1fs.\n", len(spec.Scenarios)-failed, len(spec.Scenarios), time.Since(start).Seconds())
-	if failed > 0 {
-		for _, a := range tb.Agents() {
-			fmt.Fprintf(out, "\n--- last lines of %s\n%s\n", a.LogPath, a.LogTail(15))
-		}
-		return fmt.Errorf("%d scenarios did not match", failed)
-	}
-	return nil
+	return failed, nil
 }
 
 func loadSpec(path string) (*testbed.Spec, error) {

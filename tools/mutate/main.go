@@ -6,7 +6,7 @@
 //
 //	go run ./tools/mutate                      # every mutation in tools/mutate/mutations.txt
 //	go run ./tools/mutate -only reverse-nat    # those whose name contains "reverse-nat"
-//	go run ./tools/mutate -list                # list them, change nothing
+//	go run ./tools/mutate -list                # list them and report the stale ones, change nothing
 //
 // Run it as root from the repository root, on a clean tree (it refuses to
 // mutate a file with uncommitted changes, so a crash never mixes a
@@ -100,8 +100,17 @@ func main() {
 		}
 	}
 	if *list {
+		stale := 0
 		for _, m := range chosen {
 			fmt.Printf("%-45s %s (%s)\n", m.Name, m.File, m.Package)
+			if err := Check(m); err != nil {
+				stale++
+				fmt.Printf("    stale (line %d of %s): %v\n", m.Line, *file, err)
+			}
+		}
+		fmt.Printf("\n%d mutations, %d stale\n", len(chosen), stale)
+		if stale > 0 {
+			os.Exit(1)
 		}
 		return
 	}
@@ -111,7 +120,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r := &runner{timeout: *timeout, baseline: map[string]error{}, skipBaseline: *skipBaseline}
-	survivors := 0
+	count := map[Outcome]int{}
 	for i, m := range chosen {
 		fmt.Printf("[%d/%d] %s: %s in %s ... ", i+1, len(chosen), m.Name, m.Package, m.File)
 		start := time.Now()
@@ -120,18 +129,28 @@ func main() {
 		if detail != "" {
 			fmt.Println("    " + strings.ReplaceAll(strings.TrimSpace(detail), "\n", "\n    "))
 		}
-		if out == Survived {
-			survivors++
-		}
+		count[out]++
 		if ctx.Err() != nil {
 			fmt.Println("interrupted")
 			os.Exit(130)
 		}
 	}
-	fmt.Printf("\n%d mutations, %d survived\n", len(chosen), survivors)
-	if survivors > 0 {
+	fmt.Printf("\n%d mutations: %d killed, %d survived, %d stale, %d invalid, %d unjudged\n", len(chosen),
+		count[Killed], count[Survived], count[Stale], count[Invalid], count[Unjudged])
+	if count[Survived] > 0 {
 		os.Exit(1)
 	}
+}
+
+// Check reports why m cannot be applied to its file as it is now (the
+// file is missing, or the line is not there once): nil when it can.
+func Check(m Mutation) error {
+	src, err := os.ReadFile(m.File)
+	if err != nil {
+		return err
+	}
+	_, err = Apply(src, m)
+	return err
 }
 
 // Load reads a mutations file.

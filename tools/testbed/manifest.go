@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -263,7 +262,7 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 			Addrs:               r.Backends,
 			ExternalPolicyLocal: d.Port.ExternalPolicyLocal,
 		}
-		if unequal(d.Decision.Weights) {
+		if !topology.EqualWeights(d.Decision.Weights) {
 			dec.Weights = map[string]float64{}
 			for i, ep := range d.Decision.Backends {
 				dec.Weights[l.PodNames([]string{ep.Addr.String()})[0]] += d.Decision.Weights[i]
@@ -297,14 +296,4 @@ func FindDecision(ds []Decision, service string, proto v1.Protocol) *Decision {
 		}
 	}
 	return nil
-}
-
-// unequal reports whether weights differ (beyond float rounding).
-func unequal(ws []float64) bool {
-	for _, w := range ws {
-		if math.Abs(w-ws[0]) > 1e-9 {
-			return true
-		}
-	}
-	return false
 }

@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	dpmaps "github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
+)
+
+// fakeUpkeep is an Upkeep whose answers the test sets, and which counts
+// the calls it gets.
+type fakeUpkeep struct {
+	mu sync.Mutex
+	// drift is what Verify reports (and Repair finds); verifyErr fails
+	// Verify.
+	drift     []dpmaps.Drift
+	verifyErr error
+	// remaining is what Repair could not fix.
+	remaining []dpmaps.Drift
+	// sweep is what SweepConntrack reports; sweepErr fails it.
+	sweep    dpmaps.SweepStats
+	sweepErr error
+
+	verifies, repairs, sweeps int
+}
+
+func (f *fakeUpkeep) SweepConntrack(context.Context) (dpmaps.SweepStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sweeps++
+	return f.sweep, f.sweepErr
+}
+
+func (f *fakeUpkeep) Verify() ([]dpmaps.Drift, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.verifies++
+	return f.drift, f.verifyErr
+}
+
+func (f *fakeUpkeep) Repair() (dpmaps.RepairReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.repairs++
+	return dpmaps.RepairReport{Found: f.drift, Remaining: f.remaining}, nil
+}
+
+// calls returns how many verifications, repairs and sweeps f got.
+func (f *fakeUpkeep) calls() (verifies, repairs, sweeps int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.verifies, f.repairs, f.sweeps
+}
+
+// runUpkeep runs the agent's upkeep on dp until the test ends.
+func runUpkeep(t *testing.T, dp Upkeep, sweep, verify time.Duration) *Agent {
+	t.Helper()
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions()}, newFakeDP())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.RunUpkeep(ctx, dp, sweep, verify)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return a
+}
+
+// waitUntil polls cond for up to 5 s and fails the test with what when it
+// never holds.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+var (
+	missing = dpmaps.Drift{Kind: dpmaps.DriftFrontendMissing, Frontend: tcpFE("10.96.0.1:80")}
+	wrong   = dpmaps.Drift{Kind: dpmaps.DriftSlotWrong, Frontend: tcpFE("10.96.0.1:80"), ID: 7}
+)
+
+// TestUpkeepRepairsDriftAtStart: the first verification runs as soon as
+// the upkeep starts (the interval here is an hour), and the drift it finds
+// is repaired at once and reported by kind: found, left after the repair,
+// and repaired since the start.
+func TestUpkeepRepairsDriftAtStart(t *testing.T) {
+	dp := &fakeUpkeep{drift: []dpmaps.Drift{missing, wrong, wrong}, remaining: []dpmaps.Drift{wrong}}
+	a := runUpkeep(t, dp, 0, time.Hour)
+	waitUntil(t, "the first verification's status", func() bool { return a.UpkeepStatus().Drift != nil })
+	if v, r, s := dp.calls(); v != 1 || r != 1 || s != 0 {
+		t.Errorf("verifies %d, repairs %d, sweeps %d; want 1, 1, 0 (no sweep with a zero interval)", v, r, s)
+	}
+	st := a.UpkeepStatus()
+	wantDrift := map[dpmaps.DriftKind]int{dpmaps.DriftFrontendMissing: 1, dpmaps.DriftSlotWrong: 2}
+	if !maps.Equal(st.Drift, wantDrift) {
+		t.Errorf("drift %v, want %v", st.Drift, wantDrift)
+	}
+	if want := map[dpmaps.DriftKind]int{dpmaps.DriftSlotWrong: 1}; !maps.Equal(st.Remaining, want) {
+		t.Errorf("remaining %v, want %v", st.Remaining, want)
+	}
+	if want := map[dpmaps.DriftKind]uint64{dpmaps.DriftFrontendMissing: 1, dpmaps.DriftSlotWrong: 2}; !maps.Equal(st.Repairs, want) {
+		t.Errorf("repairs %v, want %v", st.Repairs, want)
+	}
+	if st.Errors != 0 {
+		t.Errorf("errors %d, want 0", st.Errors)
+	}
+}
+
+// TestUpkeepRepairsAccumulate: every verification that finds drift adds
+// it to the repairs, and one that finds none clears the drift and what
+// was left.
+func TestUpkeepRepairsAccumulate(t *testing.T) {
+	dp := &fakeUpkeep{drift: []dpmaps.Drift{missing}, remaining: []dpmaps.Drift{missing}}
+	a := runUpkeep(t, dp, 0, 5*time.Millisecond)
+	waitUntil(t, "three verifications", func() bool { return a.UpkeepStatus().Repairs[dpmaps.DriftFrontendMissing] >= 3 })
+	dp.mu.Lock()
+	dp.drift, dp.remaining = nil, nil
+	dp.mu.Unlock()
+	waitUntil(t, "a clean verification", func() bool { st := a.UpkeepStatus(); return st.Drift == nil && st.Remaining == nil })
+	v, r, _ := dp.calls()
+	if st := a.UpkeepStatus(); st.Repairs[dpmaps.DriftFrontendMissing] < 3 || st.Errors != 0 {
+		t.Errorf("after a clean verification: repairs %v, errors %d (verifies %d, repairs %d)", st.Repairs, st.Errors, v, r)
+	}
+	if r >= v {
+		t.Errorf("%d repairs for %d verifications: a clean verification must not repair", r, v)
+	}
+}
+
+// TestUpkeepErrorsCounted: a failed verification repairs nothing and is
+// counted, and so is a failed sweep; a successful sweep's result is
+// reported.
+func TestUpkeepErrorsCounted(t *testing.T) {
+	t.Run("verify", func(t *testing.T) {
+		dp := &fakeUpkeep{drift: []dpmaps.Drift{missing}, verifyErr: errors.New("map read failed")}
+		a := runUpkeep(t, dp, 0, time.Hour)
+		waitUntil(t, "a counted error", func() bool { return a.UpkeepStatus().Errors > 0 })
+		if _, r, _ := dp.calls(); r != 0 {
+			t.Errorf("%d repairs after a failed verification, want 0", r)
+		}
+		if st := a.UpkeepStatus(); st.Errors != 1 || st.Drift != nil || len(st.Repairs) != 0 {
+			t.Errorf("status %+v, want 1 error and no drift or repairs", st)
+		}
+	})
+	t.Run("sweep", func(t *testing.T) {
+		dp := &fakeUpkeep{sweepErr: errors.New("iterate failed")}
+		a := runUpkeep(t, dp, 5*time.Millisecond, 0)
+		waitUntil(t, "a counted error", func() bool { return a.UpkeepStatus().Errors > 0 })
+		if st := a.UpkeepStatus(); st.Swept {
+			t.Errorf("status %+v: a failed sweep reported as swept", st)
+		}
+		if v, _, _ := dp.calls(); v != 0 {
+			t.Errorf("%d verifications with a zero interval, want 0", v)
+		}
+	})
+	t.Run("sweep result", func(t *testing.T) {
+		dp := &fakeUpkeep{sweep: dpmaps.SweepStats{Expired: 3, Created: 10, Replaced: 1, Swept: 7}}
+		a := runUpkeep(t, dp, 5*time.Millisecond, 0)
+		waitUntil(t, "a sweep", func() bool { return a.UpkeepStatus().Swept })
+		if st := a.UpkeepStatus(); st.Sweep.Expired != 3 || st.Sweep.Created != 10 || st.Sweep.Replaced != 1 || st.Sweep.Swept != 7 || st.Errors != 0 {
+			t.Errorf("status %+v, want the sweep's figures and no error", st)
+		}
+	})
+}
