@@ -216,13 +216,8 @@ static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_va
 	return LB_REWRITE;
 }
 
-/* lb_stack_reply translates back a reply that the node's own stack sends
- * (seen at a tcx egress): a host-network backend on this node answering a
- * flow that was translated to one of the node's addresses. No program saw
- * such a reply arrive, so this is the only place it can be translated.
- * Returns LB_REWRITE with nat filled when pkt is such a reply of a live
- * flow, LB_PASS otherwise. */
-static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
+/* ct_lookup returns pkt's conntrack entry (its own direction's), or NULL. */
+static __always_inline struct ct_value *ct_lookup(const struct packet *pkt)
 {
 	struct ct_key key = {
 		.saddr = pkt->saddr,
@@ -231,9 +226,20 @@ static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *
 		.dport = pkt->dport,
 		.proto = pkt->proto,
 	};
-	struct ct_value *ct;
 
-	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
+	return bpf_map_lookup_elem(&tlb_conntrack, &key);
+}
+
+/* lb_stack_reply translates back a reply that the node's own stack sends
+ * (seen at a tcx egress): a host-network backend on this node answering a
+ * flow that was translated to one of the node's addresses. No program saw
+ * such a reply arrive, so this is the only place it can be translated.
+ * Returns LB_REWRITE with nat filled when pkt is such a reply of a live
+ * flow, LB_PASS otherwise. */
+static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
+{
+	struct ct_value *ct = ct_lookup(pkt);
+
 	if (!ct || ct->dir != CT_REVERSE)
 		return LB_PASS;
 	if (ct_reverse_hit(pkt, ct, nat) != LB_REWRITE)
@@ -505,17 +511,9 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
  * on iif: pass, drop, or rewrite as nat says and forward along nat->fwd. */
 static __always_inline int lb_process(void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
 {
-	struct ct_key key = {
-		.saddr = pkt->saddr,
-		.daddr = pkt->daddr,
-		.sport = pkt->sport,
-		.dport = pkt->dport,
-		.proto = pkt->proto,
-	};
-	struct ct_value *ct;
+	struct ct_value *ct = ct_lookup(pkt);
 	int ret;
 
-	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
 	if (!ct)
 		return lb_new_flow(ctx, iif, pkt, 0, nat);
 	if (ct->dir == CT_REVERSE)
