@@ -63,6 +63,8 @@ const (
 // fwdEnv is the node namespace of the forwarding tables with its datapath.
 type fwdEnv struct {
 	node *nettest.NS
+	// wire is the other end of the uplinks (w0, w1) and of other0 (w2).
+	wire *nettest.NS
 	d    *Datapath
 	idx  map[string]int
 	mac  map[string][6]byte
@@ -83,7 +85,7 @@ func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
 	must(t, node.SetMTU("up1", 1400))
 	must(t, node.AddAddr("up0", nodeAddr+"/24"))
 	must(t, node.AddAddr("up1", "10.251.0.1/24"))
-	e := &fwdEnv{node: node, idx: map[string]int{}, mac: map[string][6]byte{}}
+	e := &fwdEnv{node: node, wire: wire, idx: map[string]int{}, mac: map[string][6]byte{}}
 	for host, addr := range map[string]string{"hp1": pod1, "hp2": pod2, "hc": podClient} {
 		must(t, nettest.Veth(node, host, pods[host], "eth0"))
 		must(t, node.AddAddr(host, "10.244.1.1/32"))
@@ -316,6 +318,7 @@ func TestXDPNorthSouth(t *testing.T) {
 	feNeigh := extFrontend(nodeAddr+":30083", TCP)
 	feOther := extFrontend(nodeAddr+":30085", TCP)
 	feNoRoute := extFrontend(nodeAddr+":30086", TCP)
+	feGone := extFrontend(nodeAddr+":30087", TCP)
 	mustSet(t, d, feLocal, local(ap(pod1, 8080)))
 	mustSet(t, d, feCluster, local(ap(pod2, 8080)), be(ap(beNode2, 8080)))
 	mustSet(t, d, feRemote, be(ap(beNode2, 8080)))
@@ -323,6 +326,7 @@ func TestXDPNorthSouth(t *testing.T) {
 	mustSet(t, d, feNeigh, be(ap(beNode3, 8080)))
 	mustSet(t, d, feOther, be(ap(beOther, 8080)))
 	mustSet(t, d, feNoRoute, be("192.0.2.99:8080"))
+	mustSet(t, d, feGone, be(ap(beNode5, 8080)))
 	if backendAt(t, d, feCluster, 0) != ap(pod2, 8080) {
 		t.Fatal("feCluster's table is not in the order written")
 	}
@@ -388,6 +392,20 @@ func TestXDPNorthSouth(t *testing.T) {
 	snatTTL := tcpFrame(ap(outside, 47000), feRemote.Addr.String(), tcpSYN, "")
 	snatTTL.ttl = 1
 	ttlPort := snatPortOf(netip.MustParseAddrPort(ap(outside, 47000)), feRemote.Addr, protoTCP, 0, snat)
+
+	// A source-NATed flow whose route goes away: its next packet resolves
+	// its target again, finds none, and is dropped, not passed up the
+	// stack.
+	cGone := ap(outside, 49000)
+	goneSyn := tcpFrame(cGone, feGone.Addr.String(), tcpSYN, "")
+	gonePort := snatPortOf(netip.MustParseAddrPort(cGone), feGone.Addr, protoTCP, 0, snat)
+	goneAck := tcpFrame(cGone, feGone.Addr.String(), tcpACK, "")
+	removeNode5Route := func(t *testing.T, d *Datapath) {
+		t.Helper()
+		_, dst, err := net.ParseCIDR("10.244.6.0/24")
+		must(t, err)
+		must(t, e.node.Netlink().RouteDel(&netlink.Route{LinkIndex: up0, Dst: dst}))
+	}
 
 	rows := []pktCase{
 		{name: "etp_local_syn_into_the_pod_through_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: localSyn,
@@ -465,6 +483,15 @@ func TestXDPNorthSouth(t *testing.T) {
 			after: func(t *testing.T, d *Datapath) {
 				readCT(t, d, ctKey(ap(beNode2, 8080), ap(nodeAddr, int(ttlPort)), protoTCP))
 			}},
+		// Last: they delete a route.
+		{name: "snat_flow_whose_route_will_go", hook: hookXDP, env: e, iif: "up0", in: goneSyn,
+			out: ptr(goneSyn.withAddrs(ap(nodeAddr, int(gonePort)), ap(beNode5, 8080))), ret: xdpPass,
+			meta: handoffNeigh(up0, "10.250.0.5", uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			fwd:  feGone, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "snat_route_gone_dropped_not_a_martian", hook: hookXDP, env: e, iif: "up0", in: goneAck, before: removeNode5Route,
+			ret: xdpDrop, fwd: feGone, stats: stats{StatDropSNATFallback: 1},
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode5, 8080), nat: ap(nodeAddr, int(gonePort)),
+				redirect: tcCtRedirectCT_REDIRECT_STACK, svc: feGone, backendAddr: ap(beNode5, 8080)}.expect(ctKey(cGone, feGone.Addr.String(), protoTCP))},
 	}
 	runTable(t, d, rows)
 }
@@ -505,6 +532,48 @@ func TestSNATPortsExhausted(t *testing.T) {
 		{name: "no_port_left", hook: hookXDP, env: e, iif: "up0", in: tcpFrame(second, f.Addr.String(), tcpSYN, ""),
 			want: drop, stats: stats{StatSNATCollision: uint64(SNATRetries), StatDropSNATExhausted: 1}},
 	})
+}
+
+// TestSNATHandoffBeyondMTU sends a real datagram from outside to a
+// frontend whose backend lies behind up1 (MTU 1400) with a next hop the
+// node has no neighbour entry for: XDP source-translates it and hands it
+// to tc_uplink, which finds it too large for up1. tc_uplink must drop and
+// count it as a source-NAT fallback, never pass it up the stack (its
+// source is now the node's own address, which the stack takes for a
+// martian), as XDP marked it in the metadata.
+func TestSNATHandoffBeyondMTU(t *testing.T) {
+	e := newFwdEnv(t, Options{})
+	must(t, e.node.AddRouteDev("10.244.7.0/24", "up1", "10.251.0.7"))
+	f := extFrontend(nodeAddr+":30088", UDP)
+	mustSet(t, e.d, f, be("10.244.7.10:5353"))
+	must(t, e.wire.AddAddr("w0", "10.250.0.9/24"))
+	must(t, e.wire.SetOffload("w0", "tx", false))
+
+	before, err := e.d.Counters()
+	must(t, err)
+	c, err := e.wire.ListenPacket("udp4", "10.250.0.9:0")
+	must(t, err)
+	defer c.Close()
+	big := bytes.Repeat([]byte("x"), 1450)
+	if _, err := c.WriteTo(big, net.UDPAddrFromAddrPort(f.Addr)); err != nil {
+		t.Fatal(err)
+	}
+	delta := func(s Stat) uint64 {
+		after, err := e.d.Counters()
+		must(t, err)
+		return after.Stats[s] - before.Stats[s]
+	}
+	for deadline := time.Now().Add(5 * time.Second); delta(StatDropSNATFallback) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no source-NAT fallback drop: SNAT flows %d, neigh handoffs %d, MTU fallbacks %d",
+				delta(StatSNATFlows), delta(StatFwdNeigh), delta(StatFwdFallbackMTU))
+		}
+	}
+	for s, want := range map[Stat]uint64{StatSNATFlows: 1, StatFwdNeigh: 1, StatDropSNATFallback: 1, StatFwdFallbackMTU: 0} {
+		if got := delta(s); got != want {
+			t.Errorf("%s delta = %d, want %d", s, got, want)
+		}
+	}
 }
 
 // TestTCForwarding runs tc's paths after translation: into a local pod

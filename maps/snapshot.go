@@ -144,16 +144,24 @@ type ProgrammedBackend struct {
 // backends with their ids and slot counts, draining backends from the
 // registry, and the problems that make a frontend inconsistent.
 func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
+	return readKernel(d, (*kernelState).programmed)
+}
+
+// readKernel reads the kernel maps under d's lock and returns what derive
+// makes of them (derive may read the mirror too, which the lock guards);
+// ErrClosed after Close.
+func readKernel[T any](d *Datapath, derive func(*kernelState) T) (T, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var zero T
 	if d.closed() {
-		return nil, ErrClosed
+		return zero, ErrClosed
 	}
 	k, err := d.snapshot()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	return k.programmed(), nil
+	return derive(k), nil
 }
 
 func (k *kernelState) programmed() map[Frontend]ProgrammedService {

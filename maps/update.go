@@ -68,6 +68,25 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 		return 0, fmt.Errorf("frontend %s: %w", fe, err)
 	}
 
+	return d.write(func(t *txn) error {
+		var err error
+		if svc := d.fes[fe]; svc == nil {
+			err = d.create(t, fe, key, tg)
+		} else {
+			err = d.update(t, svc, tg)
+		}
+		if err != nil {
+			return fmt.Errorf("set service %s: %w", fe, err)
+		}
+		return nil
+	})
+}
+
+// write runs f on a new transaction under d's lock, once the writes still
+// pending from earlier changes were retried in it, and returns the
+// transaction's writes (the retries' included) and f's error; ErrClosed
+// and no write after Close.
+func (d *Datapath) write(f func(t *txn) error) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
@@ -75,15 +94,8 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 	}
 	t := &txn{d: d}
 	d.retryPending(t)
-	if svc := d.fes[fe]; svc == nil {
-		err = d.create(t, fe, key, tg)
-	} else {
-		err = d.update(t, svc, tg)
-	}
-	if err != nil {
-		return t.writes, fmt.Errorf("set service %s: %w", fe, err)
-	}
-	return t.writes, nil
+	err := f(t)
+	return t.writes, err
 }
 
 // target is a validated Service.
@@ -741,16 +753,14 @@ func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 		return 0, err
 	}
 	fe = frontend(key)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed() {
-		return 0, ErrClosed
-	}
-	t := &txn{d: d}
-	d.retryPending(t)
+	return d.write(func(t *txn) error { return d.deleteFrontend(t, fe) })
+}
+
+// deleteFrontend deletes fe, when it is programmed, in t.
+func (d *Datapath) deleteFrontend(t *txn, fe Frontend) error {
 	s := d.fes[fe]
 	if s == nil {
-		return t.writes, nil
+		return nil
 	}
 	c := change{commit: func() error { return t.del(d.services, "services", s.key) }}
 	for _, m := range sortedMembers(s) {
@@ -762,7 +772,7 @@ func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 		d.slots -= len(s.table)
 	})
 	if !committed {
-		return t.writes, fmt.Errorf("delete frontend %s: %w", fe, err)
+		return fmt.Errorf("delete frontend %s: %w", fe, err)
 	}
 	d.trim(t, s, 0, 0)
 	d.trim(t, s, 1, 0)
@@ -772,7 +782,7 @@ func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 		d.svcIDs.release(s.id)
 	}
 	if err != nil {
-		return t.writes, fmt.Errorf("delete frontend %s: %w", fe, err)
+		return fmt.Errorf("delete frontend %s: %w", fe, err)
 	}
-	return t.writes, nil
+	return nil
 }

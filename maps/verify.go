@@ -61,16 +61,7 @@ func (d Drift) String() string {
 // disagreement, ordered by frontend; none means the datapath does exactly
 // what was programmed. It writes nothing.
 func (d *Datapath) Verify() ([]Drift, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed() {
-		return nil, ErrClosed
-	}
-	k, err := d.snapshot()
-	if err != nil {
-		return nil, err
-	}
-	return d.verify(k), nil
+	return readKernel(d, d.verify)
 }
 
 func (d *Datapath) verify(k *kernelState) []Drift {
@@ -183,20 +174,19 @@ type RepairReport struct {
 // stray registry entries are retired. It returns what it found and did;
 // the error joins the writes that failed.
 func (d *Datapath) Repair() (RepairReport, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	var rep RepairReport
-	if d.closed() {
-		return rep, ErrClosed
-	}
-	t := &txn{d: d}
-	d.retryPending(t)
+	_, err := d.write(func(t *txn) error { return d.repair(t, &rep) })
+	return rep, err
+}
+
+// repair is Repair in t, filling rep.
+func (d *Datapath) repair(t *txn, rep *RepairReport) error {
 	k, err := d.snapshot()
 	if err != nil {
-		return rep, err
+		return err
 	}
 	rep.Found = d.verify(k)
-	reprogram, errs := d.fixDrift(t, k, &rep)
+	reprogram, errs := d.fixDrift(t, k, rep)
 	for _, s := range d.sortedFrontends() {
 		if !reprogram[s.fe] {
 			continue
@@ -218,7 +208,7 @@ func (d *Datapath) Repair() (RepairReport, error) {
 			"deleted", len(rep.Deleted), "registry", rep.Registry, "retired", len(rep.Retired), "writes", rep.Writes,
 			"remaining", len(rep.Remaining))
 	}
-	return rep, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // fixDrift repairs what it can entry by entry (stranger frontends,
