@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -243,6 +244,43 @@ func (a *Agent) Mismatch(st *AgentState) string {
 	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name), st.Datapath)
 }
 
+// slotShareTolerance is how far a backend's share of its frontend's slots
+// may be from its share of the weights: the slot table's apportionment
+// error (under one slot of at least 512) with room to spare, and far below
+// any difference between two policies' weights.
+const slotShareTolerance = 0.01
+
+// shareMismatch compares the active backends' weights (0 means 1) with
+// their slot counts as the maps hold them (slots, keyed "ip:port") and
+// says which backend's share differs by more than slotShareTolerance (""
+// when none does). Without it, a change of weights alone (the same
+// backends, as from Hints giving up to ZoneWeighted) would look applied
+// before the agent has written it.
+func shareMismatch(backends []dpmaps.Backend, slots map[string]uint32) string {
+	var wSum, sSum float64
+	for _, b := range backends {
+		if b.Draining {
+			continue
+		}
+		wSum += float64(max(b.Weight, 1))
+		sSum += float64(slots[b.Addr.String()])
+	}
+	if wSum == 0 || sSum == 0 {
+		return ""
+	}
+	for _, b := range backends {
+		if b.Draining {
+			continue
+		}
+		want := float64(max(b.Weight, 1)) / wSum
+		got := float64(slots[b.Addr.String()]) / sSum
+		if math.Abs(want-got) > slotShareTolerance {
+			return fmt.Sprintf("%s has %.1f%% of the slots, weight %.1f%%", b.Addr, 100*got, 100*want)
+		}
+	}
+	return ""
+}
+
 // frontendMismatch compares the frontends an agent should program (want,
 // from the functions the agent programs through) with what its maps hold,
 // read back from the kernel, and says how they differ ("" when they agree).
@@ -269,6 +307,9 @@ func frontendMismatch(want map[dpmaps.Frontend]dpmaps.Service, got map[string]ag
 			return fmt.Sprintf("maps hold draining %v for %s, DecideNode at most %v", p.DrainingBackends, fe, sorted(draining))
 		case len(p.Problems) > 0:
 			return fmt.Sprintf("maps are inconsistent for %s: %v", fe, p.Problems)
+		}
+		if m := shareMismatch(svc.Backends, p.Slots); m != "" {
+			return fmt.Sprintf("maps hold other weights for %s: %s", fe, m)
 		}
 		delete(programmed, fe.String())
 	}
