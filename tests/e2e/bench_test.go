@@ -450,8 +450,8 @@ func (bed *benchBed) round(ctx context.Context, b *testing.B, services int) map[
 		if err != nil {
 			b.Fatalf("%s: %s: %v", label, f.metric, err)
 		}
-		if res.Arrived < frames*9/10 || res.Arrived > frames {
-			b.Errorf("%s: %s: %d of %d datagrams reached the backend: the rate does not count", label, f.metric, res.Arrived, frames)
+		if sent := uint64(res.Sent); res.Sent < frames || res.Arrived < sent*9/10 || res.Arrived > sent {
+			b.Errorf("%s: %s: %d of %d datagrams (%d asked for) reached the backend: the rate does not count", label, f.metric, res.Arrived, res.Sent, frames)
 			continue
 		}
 		out[f.metric] = res.PPS

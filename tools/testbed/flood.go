@@ -22,7 +22,9 @@ type xdpMD struct {
 
 // FloodResult is the outcome of FloodUDP.
 type FloodResult struct {
-	// Sent is the number of frames injected.
+	// Sent is the number of frames injected, as the injecting program
+	// counted them: at least the count asked for (a test run interrupted
+	// by a signal is run again, and frames injected twice).
 	Sent int
 	// Took is the time the kernel took to take them through the stack.
 	Took time.Duration
@@ -100,11 +102,12 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 			return err
 		}
 		frame := udpFrame(srcMAC, in.HardwareAddr, from, target, []byte("flood"))
-		prog, err := rewriteProgram(frame)
+		prog, runs, err := rewriteProgram(frame)
 		if err != nil {
 			return err
 		}
 		defer prog.Close()
+		defer runs.Close()
 		start := time.Now()
 		_, err = prog.Run(&ebpf.RunOptions{
 			Data:    frame,
@@ -112,7 +115,19 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
 			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(in.Index)},
 		})
-		res = FloodResult{Sent: count, Took: time.Since(start)}
+		res = FloodResult{Took: time.Since(start)}
+		if err != nil {
+			return err
+		}
+		// A signal (the Go runtime's preemption) interrupts the test run
+		// with EINTR, and cilium/ebpf runs it again from the start: the
+		// program's own count is the number of frames injected.
+		var key uint32
+		var n uint64
+		if err := runs.Lookup(&key, &n); err != nil {
+			return fmt.Errorf("read the flood's frame count: %w", err)
+		}
+		res.Sent = int(n)
 		return err
 	})
 	if err != nil {
@@ -126,11 +141,27 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 }
 
 // rewriteProgram returns an XDP program that writes frame over the packet
-// and passes it to the stack. Live-frame mode recycles its pages without
-// restoring them, and the stack rewrites the frames it forwards (DNAT, the
-// next hop's MAC address), so each run restores the original bytes first.
-func rewriteProgram(frame []byte) (*ebpf.Program, error) {
+// and passes it to the stack, and the one-element array in which it counts
+// its runs. Live-frame mode recycles its pages without restoring them, and
+// the stack rewrites the frames it forwards (DNAT, the next hop's MAC
+// address), so each run restores the original bytes first.
+func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
+	runs, err := ebpf.NewMap(&ebpf.MapSpec{Name: "testbed_runs", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the flood's run counter: %w", err)
+	}
 	insns := asm.Instructions{
+		// runs[0] += 1, atomically.
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, runs.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "write"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("write"),
 		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
 		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
 		asm.Mov.Reg(asm.R4, asm.R2),
@@ -150,9 +181,10 @@ func rewriteProgram(frame []byte) (*ebpf.Program, error) {
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_flood", Type: ebpf.XDP, Instructions: insns, License: "GPL"})
 	if err != nil {
-		return nil, fmt.Errorf("load flood program: %w", err)
+		runs.Close()
+		return nil, nil, fmt.Errorf("load flood program: %w", err)
 	}
-	return prog, nil
+	return prog, runs, nil
 }
 
 // udpFrame builds Ethernet + IPv4 + UDP with valid checksums.
