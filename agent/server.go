@@ -139,8 +139,7 @@ func (a *Agent) HealthHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/state", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		st := a.debugDecisions()
-		_ = writeDebugState(w, &st, a.readDatapath)
+		_ = a.writeDebug(w)
 	})
 	return mux
 }
@@ -159,29 +158,88 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 	return out
 }
 
-// writeDebugState writes st as the JSON json.Marshal would make of it,
-// compact, one element at a time: at 10,000 services the document is
+// reportWalker yields a topology.Report one entry at a time.
+type reportWalker struct {
+	node, zone string
+	// walk hands every port report to service, then every frontend
+	// report to frontend, and returns the warnings.
+	walk func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string
+}
+
+// walkerOf walks a Report already built.
+func walkerOf(r topology.Report) reportWalker {
+	return reportWalker{node: r.Node, zone: r.Zone, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
+		for _, p := range r.Services {
+			service(p)
+		}
+		for _, f := range r.Frontends {
+			frontend(f)
+		}
+		return r.Warnings
+	}}
+}
+
+// writeDebug writes /debug/state for the agent's current decisions and
+// maps, holding as little of it at a time as it can: the decisions, but
+// never their whole report, and the maps only once the decisions are
+// written and let go.
+func (a *Agent) writeDebug(w io.Writer) error {
+	a.mu.RLock()
+	ds, _ := a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
+	node, _ := a.state.Node(a.cfg.NodeName)
+	st := DebugState{Synced: a.synced}
+	a.mu.RUnlock()
+	rw := reportWalker{node: node.Name, zone: node.Zone(), walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
+		warnings := topology.WalkReport(node, ds, a.cfg.Options, service, frontend)
+		ds = nil
+		return warnings
+	}}
+	return writeDebugState(w, rw, &st, a.readDatapath)
+}
+
+// writeDebugState writes the document json.Marshal would make of a
+// DebugState whose Report is the one rw walks and whose other fields are
+// st's, compact, one element at a time: at 10,000 services the document is
 // megabytes, and building it whole (let alone indented, which copies it
-// again) would be the agent's largest allocation.
-// It also holds only one half of the state at a time: after the
-// decisions are written it lets them go (st.Report is cleared), and only
-// then calls fill, when not nil, to read the maps into st.
+// again) would be the agent's largest allocation. It calls fill, when not
+// nil, to read the maps into st only after the decisions are written.
 // TestWriteDebugStateIsMarshal keeps the two the same.
-func writeDebugState(w io.Writer, st *DebugState, fill func(*DebugState)) error {
+func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*DebugState)) error {
 	j := &jsonStream{w: bufio.NewWriter(w)}
 	j.raw(`{"node":`)
-	j.value(st.Node)
+	j.value(rw.node)
 	j.raw(`,"zone":`)
-	j.value(st.Zone)
-	j.raw(`,"services":`)
-	streamList(j, st.Services)
-	j.raw(`,"frontends":`)
-	streamList(j, st.Frontends)
-	j.raw(`,"warnings":`)
-	j.value(st.Warnings)
+	j.value(rw.zone)
+	j.raw(`,"services":[`)
+	services, frontends, inFrontends := 0, 0, false
+	openFrontends := func() {
+		if !inFrontends {
+			j.raw(`],"frontends":[`)
+			inFrontends = true
+		}
+	}
+	warnings := rw.walk(func(p topology.PortReport) {
+		if services > 0 {
+			j.raw(",")
+		}
+		j.value(p)
+		services++
+	}, func(f topology.FrontendReport) {
+		openFrontends()
+		if frontends > 0 {
+			j.raw(",")
+		}
+		j.value(f)
+		frontends++
+	})
+	openFrontends()
+	j.raw(`],"warnings":`)
+	if warnings == nil {
+		warnings = []string{}
+	}
+	j.value(warnings)
 	j.raw(`,"synced":`)
 	j.value(st.Synced)
-	st.Report = topology.Report{}
 	if fill != nil {
 		fill(st)
 	}
@@ -236,16 +294,6 @@ func (j *jsonStream) items(open, close string, n int, elem func(i int)) {
 		elem(i)
 	}
 	j.raw(close)
-}
-
-// streamList writes s as json.Marshal would (null when nil), one element
-// at a time.
-func streamList[E any](j *jsonStream, s []E) {
-	if s == nil {
-		j.raw("null")
-		return
-	}
-	j.items("[", "]", len(s), func(i int) { j.value(s[i]) })
 }
 
 // streamObject writes m as json.Marshal would (null when nil, keys

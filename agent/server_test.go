@@ -8,39 +8,50 @@ import (
 )
 
 // TestWriteDebugStateIsMarshal: the streamed /debug/state is the document
-// json.Marshal makes of the state, for a real state and for the empty
-// one (null lists, no datapath error).
+// json.Marshal makes of the state: through the handler's own path for an
+// agent with services and for one without, and with a datapath error.
 func TestWriteDebugStateIsMarshal(t *testing.T) {
 	a, _, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"), external("web", "10.96.0.1", "Local"),
 		epSlice("web", "web-1", endpoint{"10.0.1.1", "a1", "zone-a", "zone-a", true}, endpoint{"10.0.2.1", "b1", "zone-b", "zone-b", true}))
+	empty, _, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"))
 	full := a.State()
-	full.DatapathError = "example"
-	if len(full.Datapath) == 0 {
-		t.Fatal("no programmed frontends: the test compares nothing")
+	if len(full.Datapath) == 0 || len(full.Services) == 0 || len(full.Frontends) == 0 {
+		t.Fatal("no decisions or programmed frontends: the test compares nothing")
 	}
-	for name, st := range map[string]DebugState{"full": full, "empty": {}} {
-		want, err := json.Marshal(st)
+	withError := full
+	withError.DatapathError = "example"
+	for _, c := range []struct {
+		name  string
+		want  DebugState
+		write func(*bytes.Buffer) error
+	}{
+		{"full", full, func(b *bytes.Buffer) error { return a.writeDebug(b) }},
+		{"empty", empty.State(), func(b *bytes.Buffer) error { return empty.writeDebug(b) }},
+		{"datapath error", withError, func(b *bytes.Buffer) error {
+			st := DebugState{Synced: withError.Synced}
+			fill := func(d *DebugState) {
+				d.Programmed, d.Datapath, d.DatapathError = withError.Programmed, withError.Datapath, withError.DatapathError
+			}
+			return writeDebugState(b, walkerOf(withError.Report), &st, fill)
+		}},
+	} {
+		want, err := json.Marshal(c.want)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The datapath half comes from fill, as in the handler.
-		head := DebugState{Report: st.Report, Synced: st.Synced}
-		fill := func(d *DebugState) {
-			d.Programmed, d.Datapath, d.DatapathError = st.Programmed, st.Datapath, st.DatapathError
-		}
 		var streamed bytes.Buffer
-		if err := writeDebugState(&streamed, &head, fill); err != nil {
+		if err := c.write(&streamed); err != nil {
 			t.Fatal(err)
 		}
 		var got, exp any
 		if err := json.Unmarshal(streamed.Bytes(), &got); err != nil {
-			t.Fatalf("%s: streamed document is not JSON: %v\n%s", name, err, streamed.String())
+			t.Fatalf("%s: streamed document is not JSON: %v\n%s", c.name, err, streamed.String())
 		}
 		if err := json.Unmarshal(want, &exp); err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(got, exp) {
-			t.Errorf("%s: streamed\n%s\nmarshalled\n%s", name, streamed.String(), want)
+			t.Errorf("%s: streamed\n%s\nmarshalled\n%s", c.name, streamed.String(), want)
 		}
 	}
 }

@@ -117,14 +117,25 @@ func NewReport(node Node, ds []PortDecision) Report {
 // NodeFrontends(node, ds, opts) and Warnings its warnings; callers add
 // their own warnings (objects skipped, decisions' warnings) to it.
 func NewReportOptions(node Node, ds []PortDecision, opts Options) Report {
-	fes, warnings := NodeFrontends(node, ds, opts)
-	r := Report{Node: node.Name, Zone: node.Zone(), Services: make([]PortReport, 0, len(ds)),
-		Frontends: make([]FrontendReport, 0, len(fes)), Warnings: append([]string{}, warnings...)}
+	r := Report{Node: node.Name, Zone: node.Zone(), Services: make([]PortReport, 0, len(ds)), Frontends: []FrontendReport{}}
+	warnings := WalkReport(node, ds, opts,
+		func(p PortReport) { r.Services = append(r.Services, p) },
+		func(f FrontendReport) { r.Frontends = append(r.Frontends, f) })
+	r.Warnings = append([]string{}, warnings...)
+	return r
+}
+
+// WalkReport hands service the report of every decision in ds, in order,
+// then frontend the report of every frontend NodeFrontends(node, ds, opts)
+// assembles, and returns NodeFrontends' warnings: NewReportOptions' Report
+// one entry at a time, for a writer that need not hold it whole.
+func WalkReport(node Node, ds []PortDecision, opts Options, service func(PortReport), frontend func(FrontendReport)) []string {
 	for _, d := range ds {
-		r.Services = append(r.Services, portReport(node, d, opts))
+		service(portReport(node, d, opts))
 	}
+	fes, warnings := NodeFrontends(node, ds, opts)
 	for _, f := range fes {
-		r.Frontends = append(r.Frontends, FrontendReport{
+		frontend(FrontendReport{
 			Address: f.Addr.String(), Protocol: string(f.Protocol), Scope: f.Scope, Kind: f.Kind,
 			Service: f.Port.Service.String(), Port: f.Port.Name,
 			Backends: addrs(f.Backends), Weights: weightMap(f.Backends, f.Weights), DrainingBackends: addrs(f.Draining),
@@ -132,7 +143,7 @@ func NewReportOptions(node Node, ds []PortDecision, opts Options) Report {
 			WhenEmpty: f.WhenEmpty,
 		})
 	}
-	return r
+	return warnings
 }
 
 // Only returns the part of the report about one Service: its ports, the
