@@ -63,12 +63,18 @@ func (a *Agent) State() DebugState {
 // debugDecisions returns the decisions half of the state: Report and
 // Synced.
 func (a *Agent) debugDecisions() DebugState {
-	a.mu.RLock()
-	ds, _ := a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
-	node, _ := a.state.Node(a.cfg.NodeName)
-	synced := a.synced
-	a.mu.RUnlock()
+	ds, node, synced := a.decideAgain()
 	return DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+}
+
+// decideAgain decides every service for this node from the objects the
+// agent holds, and says whether the first full sync has been written.
+func (a *Agent) decideAgain() (ds []topology.PortDecision, node topology.Node, synced bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	ds, _ = a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
+	node, _ = a.state.Node(a.cfg.NodeName)
+	return ds, node, a.synced
 }
 
 // readDatapath fills the datapath half of st from the kernel maps:
@@ -184,11 +190,8 @@ func walkerOf(r topology.Report) reportWalker {
 // never their whole report, and the maps only once the decisions are
 // written and let go.
 func (a *Agent) writeDebug(w io.Writer) error {
-	a.mu.RLock()
-	ds, _ := a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
-	node, _ := a.state.Node(a.cfg.NodeName)
-	st := DebugState{Synced: a.synced}
-	a.mu.RUnlock()
+	ds, node, synced := a.decideAgain()
+	st := DebugState{Synced: synced}
 	rw := reportWalker{node: node.Name, zone: node.Zone(), walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
 		warnings := topology.WalkReport(node, ds, a.cfg.Options, service, frontend)
 		ds = nil
