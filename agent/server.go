@@ -172,19 +172,6 @@ type reportWalker struct {
 	walk func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string
 }
 
-// walkerOf walks a Report already built.
-func walkerOf(r topology.Report) reportWalker {
-	return reportWalker{node: r.Node, zone: r.Zone, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
-		for _, p := range r.Services {
-			service(p)
-		}
-		for _, f := range r.Frontends {
-			frontend(f)
-		}
-		return r.Warnings
-	}}
-}
-
 // writeDebug writes /debug/state for the agent's current decisions and
 // maps, holding as little of it at a time as it can: the decisions, but
 // never their whole report, and the maps only once the decisions are

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/topolb/topolb/topology"
 )
 
 // TestWriteDebugStateIsMarshal: the streamed /debug/state is the document
@@ -54,4 +56,17 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 			t.Errorf("%s: streamed\n%s\nmarshalled\n%s", c.name, streamed.String(), want)
 		}
 	}
+}
+
+// walkerOf walks a Report already built.
+func walkerOf(r topology.Report) reportWalker {
+	return reportWalker{node: r.Node, zone: r.Zone, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
+		for _, p := range r.Services {
+			service(p)
+		}
+		for _, f := range r.Frontends {
+			frontend(f)
+		}
+		return r.Warnings
+	}}
 }
