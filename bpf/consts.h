@@ -34,7 +34,8 @@
 enum map_size {
 	DEFAULT_MAX_FRONTENDS = 100000,
 	DEFAULT_MAX_BACKENDS = 1000000,
-	DEFAULT_MAX_CONNTRACK = 262144,
+	DEFAULT_MAX_CONNTRACK = 262144, /* tlb_conntrack, established flows (2 entries each) */
+	DEFAULT_MAX_CT_SRC = 65536,     /* tlb_ct_src, sources with a new-flow budget */
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
 	WEIGHTED_SLOTS = 512,
@@ -43,12 +44,19 @@ enum map_size {
 
 /* Conntrack lifetimes in seconds, by state (docs/datapath.md has the
  * references), and how stale an expiry may get before a packet refreshes
- * it. */
+ * it. TCP_ESTABLISHED is the lifetime of an assured flow (CT_F_ASSURED);
+ * a TCP flow with a reply but no assurance yet keeps TCP_SYN.
+ * SNAT_UNREPLIED is the lifetime of a source-NATed flow before the backend
+ * answers: it holds a port of a small range, so a client that never gets
+ * (or never wanted) an answer gives it back within seconds. 10 s covers
+ * the gaps between a SYN's first four retransmissions (1, 2, 4, 8 s); a
+ * later one finds the port free and usually claims it again. */
 enum ct_timeout {
 	CT_TIMEOUT_TCP_SYN = 60,
 	CT_TIMEOUT_TCP_ESTABLISHED = 86400,
 	CT_TIMEOUT_TCP_CLOSING = 10,
 	CT_TIMEOUT_UDP = 60,
+	CT_TIMEOUT_SNAT_UNREPLIED = 10,
 	CT_REFRESH_INTERVAL = 1,
 };
 
@@ -91,7 +99,14 @@ enum stat_reason {
 	STAT_DROP_SNAT_EXHAUSTED = 29, /* no free SNAT port in SNAT_RETRIES tries: new flow dropped */
 	STAT_DROP_SNAT_NO_ROUTE = 30,  /* no route, or no source address, towards a remote backend: new flow dropped */
 	STAT_DROP_SNAT_FALLBACK = 31,  /* a source-NATed packet that could not be forwarded (MTU, TTL): dropped, the stack would take it for a martian */
-	STAT_MAX = 32,
+	/* The two conntrack tables (docs/datapath.md, "Conntrack"). */
+	STAT_CT_PROMOTED = 32,          /* flows moved into tlb_conntrack: the client answered the backend's reply */
+	STAT_CT_PROMOTE_FULL = 33,      /* promotions refused, tlb_conntrack full: the flow goes on from tlb_ct_new (tried again once a second) */
+	STAT_DROP_CT_SOURCE_LIMIT = 34, /* new flows over their source's budget (tlb_ct_src): dropped */
+	STAT_CT_DEMOTED = 35,           /* closing flows moved from tlb_conntrack back to tlb_ct_new */
+	STAT_CT_ORPHAN = 36,            /* forward entries whose reply entry was gone (evicted): deleted, the packet balanced as new */
+	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
+	STAT_MAX = 38,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -147,9 +162,24 @@ enum ct_state {
 	CT_UDP = 4,
 };
 
-/* Bits of ct_value.flags. */
+/* Bits of ct_value.flags. Both entries of a flow carry the same bits but
+ * nothing else differs by direction. */
 enum ct_flag {
-	CT_F_SNAT = 1, /* nat_addr/nat_port hold the second pair (source-NATed flow) */
+	CT_F_SNAT = 1,    /* nat_addr/nat_port hold the second pair (source-NATed flow) */
+	CT_F_REPLIED = 2, /* a packet of the reply direction was seen */
+	CT_F_ASSURED = 4, /* the client answered the reply: the flow lives in tlb_conntrack, else in tlb_ct_new */
+	CT_F_FULL = 8,    /* a promotion found tlb_conntrack full: tried again at the next refresh, not per packet */
+};
+
+/* Per-source budget of new flows (tlb_ct_src, a generic cell rate
+ * algorithm): a source may start cfg_ct_src_rate flows a second that are
+ * not established yet, in bursts of as many; each flow that gets
+ * promoted (the client answered the reply) gives its share back, so
+ * clients whose handshakes complete are never limited, and one source
+ * flooding SYNs or one-way datagrams cannot churn everyone's unreplied
+ * flows out of tlb_ct_new. 0 disables the limit. */
+enum ct_src_limit {
+	CT_SRC_RATE_DEFAULT = 10000,
 };
 
 /* ct_value.redirect: where the translated packets of one direction of a
@@ -170,14 +200,20 @@ enum iface_kind {
 };
 
 /* Source NAT of external flows to backends on other nodes (bpf/nat.h).
- * The port range is set at load time (cfg_snat_port_min/max); the default
- * lies above Linux's default ephemeral range (ip_local_port_range 32768
- * to 60999) and the NodePort range (30000 to 32767), so a translated flow
- * never takes the 5-tuple of a connection the host itself opens, and a
- * reply to one is never mistaken for a packet to a NodePort. */
+ * The port range is set at load time (cfg_snat_port_min/max). netfilter's
+ * masquerade walks 1024 to 65535 for sources above 1023, but it sees the
+ * node's own connections and keeps clear of them; this datapath does not,
+ * so the default leaves out what the node uses itself: Linux's default
+ * ephemeral range (ip_local_port_range 32768 to 60999), where a host
+ * process connecting to the same backend could pick the same 5-tuple,
+ * and the NodePort range (30000 to 32767), so a stray reply is never
+ * taken for a packet to a NodePort. 1024 to 29999 is the larger of the
+ * two pieces left: 28,976 ports per (address, backend), 6.4 times the
+ * 61000 to 65535 used before. Ports of expired flows are taken over on
+ * collision (snat_claim). */
 enum snat_config {
-	SNAT_PORT_MIN_DEFAULT = 61000,
-	SNAT_PORT_MAX_DEFAULT = 65535,
+	SNAT_PORT_MIN_DEFAULT = 1024,
+	SNAT_PORT_MAX_DEFAULT = 29999,
 	SNAT_RETRIES = 16, /* ports tried per new flow before it is dropped */
 };
 

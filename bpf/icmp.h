@@ -32,6 +32,7 @@
 
 #include "lb.h"
 #include "csum.h"
+#include "ct.h"
 
 /* The ICMP header of an error (RFC 792): type, code, checksum, and 4 bytes
  * that errors leave unused (but for the next-hop MTU of "fragmentation
@@ -152,7 +153,7 @@ static __always_inline int icmp_xlate(void *data, void *data_end, const struct p
 	key.sport = dst.port;
 	key.dport = src.port;
 	key.proto = in->protocol;
-	ct = bpf_map_lookup_elem(&tlb_conntrack, &key);
+	ct = ct_find(&key);
 	if (!ct || bpf_ktime_get_coarse_ns() > ct->expires)
 		return LB_PASS;
 	icmp_flow_rewrite(ct, &src, &dst);

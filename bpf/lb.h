@@ -6,10 +6,12 @@
  *
  * Map lookups per packet (docs/datapath.md, "The hit path"):
  *   established forward packet: tlb_conntrack, tlb_backend_stats
- *   reply:                      tlb_conntrack, tlb_stats
+ *   established reply:          tlb_conntrack, tlb_stats
+ *   a flow not established yet: tlb_ct_new after a tlb_conntrack miss
  * Everything else (state changes, refreshing expiry and the peer entry,
- * the registry check of a SYN, new flows with their FIB lookups, resolving
- * a forwarding target again) is the rare path. */
+ * promotion into tlb_conntrack, the registry check of a SYN, new flows
+ * with their per-source budget and FIB lookups, resolving a forwarding
+ * target again) is the rare path. */
 #ifndef TOPOLB_LB_H
 #define TOPOLB_LB_H
 
@@ -18,6 +20,8 @@
 
 #include "anchors.h"
 #include "consts.h"
+#include "ct.h"
+#include "gcra.h"
 #include "structs.h"
 #include "maps.h"
 #include "nat.h"
@@ -37,6 +41,11 @@ volatile const __u8 cfg_scope = LB_SCOPE_DEFAULT;
 /* cfg_hash_seed seeds the flow hash; must match on every program of a node
  * so every hook would pick the same slot. */
 volatile const __u32 cfg_hash_seed = 0x746c6221;
+/* cfg_ct_src_interval and cfg_ct_src_burst are the per-source budget of
+ * new flows (enum ct_src_limit): one flow every interval ns, bursts of
+ * up to burst. Interval 0: no limit. */
+volatile const __u64 cfg_ct_src_interval = NSEC_PER_SEC / CT_SRC_RATE_DEFAULT;
+volatile const __u32 cfg_ct_src_burst = CT_SRC_RATE_DEFAULT;
 
 #define rol32(v, s) (((v) << (s)) | ((v) >> (32 - (s))))
 
@@ -68,19 +77,21 @@ static __always_inline int is_syn(const struct packet *pkt)
 	return (pkt->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
 }
 
-/* ct_lifetime is how long an entry in state lives without packets, in ns. */
-static __always_inline __u64 ct_lifetime(__u8 state)
+/* ct_lifetime is how long an entry in state with flags lives without
+ * packets, in ns. Only an assured TCP flow gets the long lifetime; a
+ * source-NATed flow the backend has not answered yet gets the short one
+ * (enum ct_timeout says why). */
+static __always_inline __u64 ct_lifetime(__u8 state, __u8 flags)
 {
-	switch (state) {
-	case CT_TCP_ESTABLISHED:
-		return CT_TIMEOUT_TCP_ESTABLISHED * NSEC_PER_SEC;
-	case CT_TCP_CLOSING:
+	if (state == CT_TCP_CLOSING)
 		return CT_TIMEOUT_TCP_CLOSING * NSEC_PER_SEC;
-	case CT_UDP:
+	if ((flags & (CT_F_SNAT | CT_F_REPLIED)) == CT_F_SNAT)
+		return CT_TIMEOUT_SNAT_UNREPLIED * NSEC_PER_SEC;
+	if (state == CT_UDP)
 		return CT_TIMEOUT_UDP * NSEC_PER_SEC;
-	default:
-		return CT_TIMEOUT_TCP_SYN * NSEC_PER_SEC;
-	}
+	if (state == CT_TCP_ESTABLISHED && (flags & CT_F_ASSURED))
+		return CT_TIMEOUT_TCP_ESTABLISHED * NSEC_PER_SEC;
+	return CT_TIMEOUT_TCP_SYN * NSEC_PER_SEC;
 }
 
 /* ct_first_state is the state of a flow created by pkt. */
@@ -127,31 +138,188 @@ static __always_inline void ct_peer_key(const struct packet *pkt, const struct c
 	}
 }
 
-/* ct_touch applies pkt's state change to the flow and refreshes its
- * expiry when it is more than CT_REFRESH_INTERVAL stale, in both
- * directions' entries: a one-way stream keeps its other half. Both
- * entries' forwarding targets are then resolved again by their next
- * packets (fwd_mark_stale). Rare: the peer is looked up at most once a
- * second per flow, plus state changes. */
-static __always_inline void ct_touch(const struct packet *pkt, struct ct_value *ct, __u64 now)
+/* ct_is_peer reports whether peer, found under the key ct_peer_key gave
+ * for ct (matched by pkt), is the other direction of ct's flow, and not
+ * the entry of a flow that took the key over (an expired SNAT port
+ * reclaimed, the same client port to another frontend). */
+static __always_inline int ct_is_peer(const struct packet *pkt, const struct ct_value *ct,
+				      const struct ct_value *peer)
+{
+	int snat = ct->flags & CT_F_SNAT;
+
+	if (peer->dir == ct->dir || peer->backend_id != ct->backend_id || peer->backend_gen != ct->backend_gen)
+		return 0;
+	/* A reply's addr:port is the frontend, the forward packet's
+	 * destination; with SNAT its nat pair is the client, the forward
+	 * packet's source. A forward entry's addr:port is the backend, the
+	 * reply's source; with SNAT its nat pair is the node's, the reply's
+	 * destination. */
+	if (ct->dir == CT_FORWARD)
+		return peer->addr == pkt->daddr && peer->port == pkt->dport &&
+		       (!snat || (peer->nat_addr == pkt->saddr && peer->nat_port == pkt->sport));
+	return peer->addr == pkt->saddr && peer->port == pkt->sport &&
+	       (!snat || (peer->nat_addr == pkt->daddr && peer->nat_port == pkt->dport));
+}
+
+/* ct_src_take takes one new flow from src's budget (tlb_ct_src). Returns
+ * 0 when it is spent. A source not in the table (new, or forgotten by the
+ * LRU) starts with a full budget. */
+static __always_inline int ct_src_take(__be32 src, __u64 now)
+{
+	struct ct_src *b, fresh = {};
+
+	if (!cfg_ct_src_interval)
+		return 1;
+	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	if (b)
+		return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+	gcra_take(&fresh.tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+	/* Losing the record only refills the budget. */
+	bpf_map_update_elem(&tlb_ct_src, &src, &fresh, BPF_NOEXIST);
+	return 1;
+}
+
+/* ct_src_give gives src back the share of a flow that got promoted: a
+ * client whose handshakes complete never runs out. */
+static __always_inline void ct_src_give(__be32 src)
+{
+	struct ct_src *b;
+
+	if (!cfg_ct_src_interval)
+		return;
+	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	if (b)
+		gcra_give(&b->tat, cfg_ct_src_interval);
+}
+
+/* ct_move writes both entries of a flow, a (under key) and b (under
+ * peer_key), into the table their flags name and deletes them from the
+ * other: a promotion into tlb_conntrack or a demotion out of it. Reverse
+ * first and undone when the forward insert fails, so the two live and die
+ * together. Returns a's entry in its new table, or NULL when the insert
+ * was refused (tlb_conntrack full; an LRU insert does not fail for room):
+ * then nothing moved. */
+static __always_inline struct ct_value *ct_move(const struct ct_key *key, const struct ct_value *a,
+						const struct ct_key *peer_key, const struct ct_value *b)
+{
+	__u8 to = a->flags, from = to ^ CT_F_ASSURED;
+	void *table = to & CT_F_ASSURED ? (void *)&tlb_conntrack : (void *)&tlb_ct_new;
+
+	if (bpf_map_update_elem(table, peer_key, b, BPF_ANY))
+		return NULL;
+	if (bpf_map_update_elem(table, key, a, BPF_ANY)) {
+		bpf_map_delete_elem(table, peer_key);
+		return NULL;
+	}
+	ct_delete_in(from, key);
+	ct_delete_in(from, peer_key);
+	return ct_find_in(to, key);
+}
+
+/* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
+ * when something changes: the state (FIN or RST either way closes, the
+ * first reply establishes), the reply flag, or an expiry more than
+ * CT_REFRESH_INTERVAL stale. It writes both directions' entries, so a
+ * one-way stream keeps its other half, and marks their forwarding
+ * targets to be resolved again (fwd_mark_stale). It moves the flow
+ * between the tables:
+ *   - promotion into tlb_conntrack when the client sends after a reply
+ *     (TCP: the handshake's last ACK; UDP: the next datagram), the step
+ *     that proves its address answers, as netfilter's assured bit does:
+ *     a spoofed SYN flood a backend answers never gets there. Refused
+ *     when the table is full: counted, and the flow goes on from
+ *     tlb_ct_new, tried again at each refresh (CT_F_FULL);
+ *   - demotion back to tlb_ct_new when an assured flow closes, where
+ *     netfilter would early-drop it too: a closing flow must not hold
+ *     room an established one needs.
+ * Returns the flow's entry for pkt (moved or not), or NULL when the flow
+ * lost its other direction (an LRU eviction of tlb_ct_new): a forward
+ * entry is then deleted and the packet balanced as new; a reply is
+ * translated by what its entry says, which is left to expire. Rare: the
+ * peer is looked up at most once a second per flow, plus changes. */
+static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
+						 struct ct_value *ct, __u64 now)
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
-	__u64 expires = now + ct_lifetime(state);
+	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
+	int promote = ct->dir == CT_FORWARD && state != CT_TCP_CLOSING &&
+		      (flags & (CT_F_REPLIED | CT_F_ASSURED)) == CT_F_REPLIED;
+	int demote = (flags & CT_F_ASSURED) && state == CT_TCP_CLOSING;
+	__u64 expires;
+	int stale;
+	struct ct_key peer_key = {};
+	struct ct_value *peer, *moved, a, b;
+
+	if (promote)
+		flags |= CT_F_ASSURED;
+	if (demote)
+		flags &= ~(CT_F_ASSURED | CT_F_FULL);
+	expires = now + ct_lifetime(state, flags);
+	stale = expires > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
+	if (state == ct->state && !stale && (flags == ct->flags || (promote && (ct->flags & CT_F_FULL))))
+		return ct;
+	ct_peer_key(pkt, ct, &peer_key);
+	peer = ct_find_in(ct->flags, &peer_key);
+	if (!peer || !ct_is_peer(pkt, ct, peer)) {
+		if (ct->dir == CT_REVERSE)
+			return ct;
+		stat_inc(STAT_CT_ORPHAN);
+		ct_delete_in(ct->flags, key);
+		return NULL;
+	}
+	if (promote || demote) {
+		a = *ct;
+		b = *peer;
+		a.state = b.state = state;
+		a.flags = b.flags = flags & ~CT_F_FULL;
+		a.expires = b.expires = expires;
+		fwd_mark_stale(&a);
+		fwd_mark_stale(&b);
+		moved = ct_move(key, &a, &peer_key, &b);
+		if (moved) {
+			if (promote) {
+				stat_inc(STAT_CT_PROMOTED);
+				ct_src_give(pkt->saddr);
+			} else {
+				stat_inc(STAT_CT_DEMOTED);
+			}
+			return moved;
+		}
+		/* Only a promotion can be refused: stay, and say so. */
+		stat_inc(STAT_CT_PROMOTE_FULL);
+		flags = (flags & ~CT_F_ASSURED) | CT_F_FULL;
+		expires = now + ct_lifetime(state, flags);
+	}
+	ct->state = peer->state = state;
+	ct->flags = peer->flags = flags;
+	ct->expires = peer->expires = expires;
+	fwd_mark_stale(ct);
+	fwd_mark_stale(peer);
+	return ct;
+}
+
+/* ct_forget deletes the flow ct (matched by pkt under key) that pkt cannot
+ * continue (expired, backend gone, a SYN reopening it), both directions,
+ * before pkt creates a new flow: the new entries go to tlb_ct_new, where
+ * an old one left in tlb_conntrack would hide them, and an old reply
+ * entry must not keep its SNAT port. The peer is deleted only while it is
+ * still this flow's. Counts the entries deleted as replaced. Returns
+ * LB_CONTINUE. */
+static __always_inline int ct_forget(const struct packet *pkt, const struct ct_key *key, const struct ct_value *ct)
+{
 	struct ct_key peer_key = {};
 	struct ct_value *peer;
+	__u8 flags = ct->flags;
+	int n = 0;
 
-	if (state == ct->state && expires <= ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC)
-		return;
-	ct->state = state;
-	ct->expires = expires;
-	fwd_mark_stale(ct);
 	ct_peer_key(pkt, ct, &peer_key);
-	peer = bpf_map_lookup_elem(&tlb_conntrack, &peer_key);
-	if (peer) {
-		peer->state = state;
-		peer->expires = expires;
-		fwd_mark_stale(peer);
-	}
+	peer = ct_find_in(flags, &peer_key);
+	if (peer && ct_is_peer(pkt, ct, peer))
+		n += ct_delete_in(flags, &peer_key);
+	n += ct_delete_in(flags, key);
+	if (n)
+		stat_add(STAT_CT_REPLACED, n);
+	return LB_CONTINUE;
 }
 
 /* syn_reopens reports whether a SYN on an established flow starts a new
@@ -168,30 +336,33 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 	       reg->svc_id != ct->svc_id;
 }
 
-/* ct_forward_hit translates a packet of an established flow. Returns
- * LB_CONTINUE when the flow cannot be honoured (expired, backend gone, a
- * SYN reopening it): the packet is then balanced as a new flow. */
-static __always_inline int ct_forward_hit(const struct packet *pkt, struct ct_value *ct,
-					  struct nat *nat)
+/* ct_forward_hit translates a packet of an established flow, matched
+ * under key. Returns LB_CONTINUE when the flow cannot be honoured
+ * (expired, backend gone, a SYN reopening it, its reply entry lost): the
+ * flow is forgotten and the packet balanced as a new flow. */
+static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
+					  struct ct_value *ct, struct nat *nat)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 	struct backend_stats *rec;
 
 	if (now > ct->expires) {
 		stat_inc(STAT_CT_EXPIRED);
-		return LB_CONTINUE;
+		return ct_forget(pkt, key, ct);
 	}
 	/* The one lookup that both validates and counts. */
 	rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
 	if (!rec || rec->gen != ct->backend_gen) {
 		stat_inc(STAT_CT_STALE_BACKEND);
-		return LB_CONTINUE;
+		return ct_forget(pkt, key, ct);
 	}
 	if (is_syn(pkt) && syn_reopens(ct)) {
 		stat_inc(STAT_CT_SYN_REOPEN);
-		return LB_CONTINUE;
+		return ct_forget(pkt, key, ct);
 	}
-	ct_touch(pkt, ct, now);
+	ct = ct_touch(pkt, key, ct, now);
+	if (!ct)
+		return LB_CONTINUE;
 	rec->packets += 1;
 	rec->bytes += pkt->l3_len;
 	nat_forward(nat, ct);
@@ -201,8 +372,8 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, struct ct_va
 /* ct_reverse_hit translates a reply back to the frontend address. Replies
  * are translated even after the backend left the set: the client must only
  * ever see the service address. */
-static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_value *ct,
-					  struct nat *nat)
+static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
+					  struct ct_value *ct, struct nat *nat)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
 
@@ -210,24 +381,22 @@ static __always_inline int ct_reverse_hit(const struct packet *pkt, struct ct_va
 		stat_inc(STAT_CT_EXPIRED);
 		return LB_CONTINUE;
 	}
-	ct_touch(pkt, ct, now);
+	ct = ct_touch(pkt, key, ct, now);
+	if (!ct)
+		return LB_CONTINUE;
 	stat_inc(STAT_REVERSE_NAT);
 	nat_reverse(nat, ct);
 	return LB_REWRITE;
 }
 
-/* ct_lookup returns pkt's conntrack entry (its own direction's), or NULL. */
-static __always_inline struct ct_value *ct_lookup(const struct packet *pkt)
+/* ct_key_of fills pkt's conntrack key (its own direction's). */
+static __always_inline void ct_key_of(const struct packet *pkt, struct ct_key *key)
 {
-	struct ct_key key = {
-		.saddr = pkt->saddr,
-		.daddr = pkt->daddr,
-		.sport = pkt->sport,
-		.dport = pkt->dport,
-		.proto = pkt->proto,
-	};
-
-	return bpf_map_lookup_elem(&tlb_conntrack, &key);
+	key->saddr = pkt->saddr;
+	key->daddr = pkt->daddr;
+	key->sport = pkt->sport;
+	key->dport = pkt->dport;
+	key->proto = pkt->proto;
 }
 
 /* lb_stack_reply translates back a reply that the node's own stack sends
@@ -238,11 +407,14 @@ static __always_inline struct ct_value *ct_lookup(const struct packet *pkt)
  * flow, LB_PASS otherwise. */
 static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
 {
-	struct ct_value *ct = ct_lookup(pkt);
+	struct ct_key key = {};
+	struct ct_value *ct;
 
+	ct_key_of(pkt, &key);
+	ct = ct_find(&key);
 	if (!ct || ct->dir != CT_REVERSE)
 		return LB_PASS;
-	if (ct_reverse_hit(pkt, ct, nat) != LB_REWRITE)
+	if (ct_reverse_hit(pkt, &key, ct, nat) != LB_REWRITE)
 		return LB_PASS;
 	return LB_REWRITE;
 }
@@ -313,21 +485,23 @@ static __always_inline void affinity_remember(__be32 client, const struct svc_va
 	bpf_map_update_elem(&tlb_affinity, &key, &v, BPF_ANY);
 }
 
-/* ct_put inserts an entry, or overwrites an existing one. Returns the
- * number of entries overwritten (0 or 1), or -1 when the map refused. */
+/* ct_put inserts an entry of a new flow into tlb_ct_new, or overwrites
+ * an existing one. Returns the number of entries overwritten (0 or 1), or
+ * -1 when the map refused. */
 static __always_inline int ct_put(const struct ct_key *key, const struct ct_value *v)
 {
 	/* NOEXIST fails cheaply on an existing key, which tells replaced
 	 * entries apart without a lookup on the common path. */
-	if (!bpf_map_update_elem(&tlb_conntrack, key, v, BPF_NOEXIST))
+	if (!bpf_map_update_elem(&tlb_ct_new, key, v, BPF_NOEXIST))
 		return 0;
-	if (bpf_map_update_elem(&tlb_conntrack, key, v, BPF_ANY))
+	if (bpf_map_update_elem(&tlb_ct_new, key, v, BPF_ANY))
 		return -1;
 	return 1;
 }
 
 /* flow_create records both directions of a new flow of pkt to backend be
- * of service svc_id, each with where its translated packets go, and fills
+ * of service svc_id in tlb_ct_new (ct_touch promotes them), each with
+ * where its translated packets go, and fills
  * nat for pkt. A flow from outside (scope external) to a backend on
  * another node is also source-NATed: to the address the FIB prefers on
  * the way to the backend and a port snat_claim finds free, so the
@@ -339,7 +513,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 {
 	int snat = cfg_scope == SCOPE_EXTERNAL && !(be->flags & BACKEND_F_NODE_LOCAL);
 	__u8 state = ct_first_state(pkt);
-	__u64 expires = now + ct_lifetime(state);
+	__u64 expires = now + ct_lifetime(state, snat ? CT_F_SNAT : 0);
 	struct ct_key fwd_key = {
 		.saddr = pkt->saddr,
 		.daddr = pkt->daddr,
@@ -396,7 +570,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		rev.nat_addr = pkt->saddr;
 		rev.nat_port = pkt->sport;
 		rev_key.daddr = src;
-		if (snat_claim(flow_hash(pkt), &rev_key, &rev))
+		if (snat_claim(flow_hash(pkt), &rev_key, &rev, now))
 			return -1;
 		fwd.nat_addr = src;
 		fwd.nat_port = rev_key.dport;
@@ -487,6 +661,10 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	}
 
 	now = bpf_ktime_get_coarse_ns();
+	if (!ct_src_take(pkt->saddr, now)) {
+		stat_inc(STAT_DROP_CT_SOURCE_LIMIT);
+		return LB_DROP;
+	}
 	if (choose_backend(pkt->saddr, flow_hash(pkt), &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
@@ -511,15 +689,18 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
  * on iif: pass, drop, or rewrite as nat says and forward along nat->fwd. */
 static __always_inline int lb_process(void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
 {
-	struct ct_value *ct = ct_lookup(pkt);
+	struct ct_key key = {};
+	struct ct_value *ct;
 	int ret;
 
+	ct_key_of(pkt, &key);
+	ct = ct_find(&key);
 	if (!ct)
 		return lb_new_flow(ctx, iif, pkt, 0, nat);
 	if (ct->dir == CT_REVERSE)
-		ret = ct_reverse_hit(pkt, ct, nat);
+		ret = ct_reverse_hit(pkt, &key, ct, nat);
 	else
-		ret = ct_forward_hit(pkt, ct, nat);
+		ret = ct_forward_hit(pkt, &key, ct, nat);
 	if (ret != LB_CONTINUE)
 		return ret;
 	return lb_new_flow(ctx, iif, pkt, 1, nat);

@@ -49,13 +49,43 @@ struct {
 	__type(value, struct backend_stats);
 } tlb_backend_stats SEC(".maps");
 
-/* Both directions of every flow. */
+/* Conntrack is two tables, so that a flood of new flows can never evict
+ * an established one (docs/datapath.md, "Conntrack"). Both entries of a
+ * flow (both directions) are always in the same table; CT_F_ASSURED in
+ * the value says which.
+ *
+ * tlb_conntrack: assured flows, whose client answered the backend's
+ * reply (TCP: the handshake's last ACK; UDP: a datagram after the first
+ * reply). A plain hash, not LRU: nothing is evicted to make room. When it
+ * is full, a promotion is refused (STAT_CT_PROMOTE_FULL) and the flow
+ * goes on from tlb_ct_new. Entries leave when they close (moved back to
+ * tlb_ct_new), or expire and are swept by the agent. Looked up first: an
+ * established packet costs this one lookup. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 } tlb_conntrack SEC(".maps");
+
+/* tlb_ct_new: flows not assured yet, and closing ones: a bounded budget
+ * that floods churn. LRU; looked up only when tlb_conntrack misses. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK / 4);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+} tlb_ct_new SEC(".maps");
+
+/* tlb_ct_src: per-source budget of new flows (enum ct_src_limit), read
+ * only by new flows and promotions. LRU: a forgotten source starts with
+ * a full budget. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CT_SRC);
+	__type(key, __be32);
+	__type(value, struct ct_src);
+} tlb_ct_src SEC(".maps");
 
 /* ClientIP session affinity: (client, service) -> backend. */
 struct {

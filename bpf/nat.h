@@ -30,6 +30,7 @@
 
 #include "consts.h"
 #include "csum.h"
+#include "ct.h"
 #include "fwd.h"
 #include "maps.h"
 #include "parse.h"
@@ -135,18 +136,50 @@ static __always_inline __u16 snat_port(__u32 h, __u32 try)
 	return cfg_snat_port_min + fmix32(h + try) % n;
 }
 
-/* snat_claim inserts the reverse entry rev of a source-NATed flow under
- * the first port of the flow's walk whose key is free (BPF_NOEXIST, so a
- * port in use by any flow with the same backend and address is never
- * taken), sets key->dport to it and returns 0. Returns -1, counted, when
+/* snat_taken reports whether the reverse entry old, found under a port a
+ * new flow tries, keeps its port: while it is alive. An expired one is
+ * claimed (ct_claim_expired) and its port taken over: a closed or
+ * abandoned flow gives its port back when it expires, sweep or not. */
+static __always_inline int snat_taken(struct ct_value *old, __u64 now)
+{
+	if (!ct_claim_expired(old, now)) {
+		stat_inc(STAT_SNAT_COLLISION);
+		return 1;
+	}
+	stat_inc(STAT_SNAT_RECLAIMED);
+	stat_inc(STAT_CT_REPLACED);
+	return 0;
+}
+
+/* snat_claim inserts the reverse entry rev of a source-NATed flow into
+ * tlb_ct_new under the first port of the flow's walk that no live entry
+ * of either table holds (so a port in use by any flow with the same
+ * backend and address is never taken; an expired holder is taken over),
+ * sets key->dport to it and returns 0. Returns -1, counted, when
  * SNAT_RETRIES ports were taken, or when the map refused. */
-static __always_inline int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev)
+static __always_inline int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev, __u64 now)
 {
 	for (__u32 try = 0; try < SNAT_RETRIES; try++) {
+		struct ct_value *old;
 		long err;
 
 		key->dport = bpf_htons(snat_port(h, try));
-		err = bpf_map_update_elem(&tlb_conntrack, key, rev, BPF_NOEXIST);
+		old = bpf_map_lookup_elem(&tlb_conntrack, key);
+		if (old) {
+			if (snat_taken(old, now))
+				continue;
+			bpf_map_delete_elem(&tlb_conntrack, key);
+		} else {
+			old = bpf_map_lookup_elem(&tlb_ct_new, key);
+			if (old) {
+				if (snat_taken(old, now))
+					continue;
+				if (!bpf_map_update_elem(&tlb_ct_new, key, rev, BPF_EXIST))
+					return 0;
+				/* Evicted meanwhile: insert afresh. */
+			}
+		}
+		err = bpf_map_update_elem(&tlb_ct_new, key, rev, BPF_NOEXIST);
 		if (!err)
 			return 0;
 		if (err != -ERR_EXIST) {

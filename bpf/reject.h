@@ -26,6 +26,7 @@
 #define TOPOLB_REJECT_H
 
 #include "lb.h"
+#include "gcra.h"
 #include "icmp.h"
 
 #define IP_DEFAULT_TTL 64
@@ -84,15 +85,10 @@ static __always_inline int reject_allowed(void)
 {
 	__u32 zero = 0;
 	struct reject_budget_value *b = bpf_map_lookup_elem(&reject_budget, &zero);
-	__u64 now = bpf_ktime_get_coarse_ns(), tat;
 
 	if (!b)
 		return 0;
-	tat = b->tat > now ? b->tat : now;
-	if (tat + REJECT_INTERVAL_NS > now + REJECT_BURST * REJECT_INTERVAL_NS)
-		return 0;
-	b->tat = tat + REJECT_INTERVAL_NS;
-	return 1;
+	return gcra_take(&b->tat, bpf_ktime_get_coarse_ns(), REJECT_INTERVAL_NS, REJECT_BURST);
 }
 
 /* csum_buf returns the folded one's-complement sum of n bytes at buf

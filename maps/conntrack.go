@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -44,19 +45,32 @@ func conntrackKind(key tcCtKey, v tcCtValue) ConntrackKind {
 // SweepStats is what one SweepConntrack saw and did.
 type SweepStats struct {
 	// Live counts the entries left unexpired, by kind (both directions of
-	// a flow count, one entry each).
+	// a flow count, one entry each), over both tables.
 	Live map[ConntrackKind]int
-	// Expired is the number of entries this sweep deleted.
+	// Established and Unreplied are the live entries of the established
+	// table (assured flows, never evicted) and of the unreplied one
+	// (flows not established yet and closing ones, LRU).
+	Established, Unreplied int
+	// SNATPorts counts the SNAT ports in use by backend: live reply
+	// entries of source-translated flows, keyed by backend address.
+	SNATPorts map[netip.AddrPort]int
+	// Expired is the number of expired entries this sweep deleted.
 	Expired int
+	// Orphans is the number of unexpired entries this sweep deleted
+	// because their flow's other direction was gone (evicted from the
+	// unreplied table): without it a reply entry would hold its SNAT port
+	// until it expires.
+	Orphans int
 	// The datapath's totals since the maps were created (they survive
-	// agent restarts): flows created, entries a new flow overwrote, and
-	// entries deleted by sweeps.
+	// agent restarts): flows created, entries a new flow replaced, and
+	// entries deleted by sweeps (expired and orphans).
 	Created, Replaced, Swept uint64
-	// Evicted is the number of entries the LRU evicted to make room,
-	// derived: entries inserted (2·Created − Replaced) minus Swept minus
-	// the live and expired-but-kept entries counted now. An eviction of
-	// an established flow re-balances it silently (see
-	// StatTCPMidflowMiss). Approximate while packets race the sweep.
+	// Evicted is the number of entries the LRU of the unreplied table
+	// evicted to make room, derived: entries inserted (2·Created −
+	// Replaced) minus Swept, minus forward entries the datapath deleted
+	// as orphans (StatConntrackOrphan), minus the entries counted now. An
+	// established flow is never evicted. Approximate while packets race
+	// the sweep.
 	Evicted uint64
 	// Duration is the sweep's wall time.
 	Duration time.Duration
@@ -76,13 +90,53 @@ func monotonicNow() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
+// ctPeerKey is the key of the other direction's entry of the flow whose
+// entry v is stored under k. The mirror of ct_peer_key in bpf/lb.h: change
+// both together.
+func ctPeerKey(k tcCtKey, v tcCtValue) tcCtKey {
+	snat := v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0
+	p := tcCtKey{Proto: k.Proto}
+	if tcCtDir(v.Dir) == tcCtDirCT_FORWARD {
+		p.Saddr, p.Sport, p.Daddr, p.Dport = v.Addr, v.Port, k.Saddr, k.Sport
+		if snat {
+			p.Daddr, p.Dport = v.NatAddr, v.NatPort
+		}
+		return p
+	}
+	p.Saddr, p.Sport, p.Daddr, p.Dport = k.Daddr, k.Dport, v.Addr, v.Port
+	if snat {
+		p.Saddr, p.Sport = v.NatAddr, v.NatPort
+	}
+	return p
+}
+
+// ctTables are the conntrack tables, the established one first, in the
+// order the datapath looks them up.
+type ctTables [2]*ebpf.Map
+
+// ctTables returns the Datapath's conntrack tables.
+func (d *Datapath) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
+
+// lookup reads k's entry from the first table that holds it.
+func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
+	var v tcCtValue
+	for _, m := range ts {
+		err := m.Lookup(&k, &v)
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return v, err
+		}
+	}
+	return v, ebpf.ErrKeyNotExist
+}
+
 // SweepConntrack deletes expired conntrack entries (each direction is
-// deleted when it has expired; both expire together) and reports the
-// table's state. It reads the table in batches and deletes in batches
+// deleted when it has expired; both expire together) and orphans (an
+// entry whose other direction is in neither table), and reports the
+// tables' state. It reads the tables in batches and deletes in batches
 // without holding the Datapath's lock, so updates and packets go on while
-// it runs; an entry a packet revived since it was read is kept (each
-// candidate is looked up again just before the delete). ctx cancels
-// between batches.
+// it runs; an entry a packet revived or re-paired since it was read is
+// kept (each candidate is looked up again just before the delete). ctx
+// cancels between batches.
 func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	start := time.Now()
 	d.sweepMu.Lock()
@@ -92,85 +146,158 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		d.mu.Unlock()
 		return SweepStats{}, ErrClosed
 	}
-	ct, err := d.conntrack.Clone()
-	if err != nil {
-		d.mu.Unlock()
-		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
+	var tables ctTables
+	var stats *ebpf.Map
+	var err error
+	defer func() {
+		for _, m := range append(tables[:], stats) {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}()
+	for i, m := range []*ebpf.Map{d.conntrack, d.ctNew} {
+		if tables[i], err = m.Clone(); err != nil {
+			d.mu.Unlock()
+			return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
+		}
 	}
-	defer ct.Close()
-	stats, err := d.stats.Clone()
+	stats, err = d.stats.Clone()
 	d.mu.Unlock()
 	if err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
-	defer stats.Close()
 
 	now, err := monotonicNow()
 	if err != nil {
 		return SweepStats{}, err
 	}
-	st := SweepStats{Live: make(map[ConntrackKind]int)}
-	expired, kept, err := scanConntrack(ctx, ct, now, st.Live)
-	if err != nil {
-		return st, err
-	}
-	deleted, err := deleteExpired(ctx, ct, expired, now)
-	st.Expired = deleted
-	kept += len(expired) - deleted
-	if deleted > 0 {
-		if aerr := addStat(stats, StatConntrackSwept, uint64(deleted)); aerr != nil {
-			err = errors.Join(err, aerr)
+	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int)}
+	var scans [2]ctScan
+	for i, m := range tables {
+		// Only the unreplied table's entries are kept for the orphan
+		// check: its size bounds the sweep's memory.
+		if scans[i], err = scanConntrack(ctx, m, now, &st, m == tables[1]); err != nil {
+			return st, err
 		}
 	}
-	if err != nil {
-		return st, err
+	st.Established, st.Unreplied = scans[0].live, scans[1].live
+	kept := scans[0].live + scans[1].live
+	for i, m := range tables {
+		n, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool { return now > v.Expires })
+		st.Expired += n
+		kept += len(scans[i].expired) - n
+		if err != nil {
+			return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
+		}
 	}
-	totals := make(map[Stat]uint64, 3)
-	for _, s := range []Stat{StatConntrackCreated, StatConntrackReplaced, StatConntrackSwept} {
+	// Orphans: a live entry of the unreplied table whose peer is in
+	// neither table. Only that table loses entries one at a time (LRU
+	// evictions); the established one loses flows whole (both entries
+	// expire together, and a closing flow moves out whole). A peer
+	// missing from the unreplied table's scan is looked up in both
+	// tables before the delete: the flow may be mid-promotion.
+	orphaned := func(k tcCtKey, v tcCtValue) bool {
+		_, err := tables.lookup(ctPeerKey(k, v))
+		return errors.Is(err, ebpf.ErrKeyNotExist)
+	}
+	var candidates []tcCtKey
+	for _, e := range scans[1].entries {
+		if !scans[1].has(ctPeerKey(e.k, e.v)) {
+			candidates = append(candidates, e.k)
+		}
+	}
+	st.Orphans, err = deleteCandidates(ctx, tables[1], candidates, orphaned)
+	if err != nil {
+		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
+	}
+	kept -= st.Orphans
+	if n := st.Expired + st.Orphans; n > 0 {
+		if err := addStat(stats, StatConntrackSwept, uint64(n)); err != nil {
+			return st, err
+		}
+	}
+	totals := make(map[Stat]uint64, 4)
+	for _, s := range []Stat{StatConntrackCreated, StatConntrackReplaced, StatConntrackSwept, StatConntrackOrphan} {
 		if totals[s], err = readStat(stats, s); err != nil {
 			return st, err
 		}
 	}
 	st.Created, st.Replaced, st.Swept = totals[StatConntrackCreated], totals[StatConntrackReplaced], totals[StatConntrackSwept]
 	inserted := 2*st.Created - min(st.Replaced, 2*st.Created)
-	if accounted := st.Swept + uint64(kept); inserted > accounted {
+	if accounted := st.Swept + totals[StatConntrackOrphan] + uint64(kept); inserted > accounted {
 		st.Evicted = inserted - accounted
 	}
 	st.Duration = time.Since(start)
 	return st, nil
 }
 
-// scanConntrack reads every entry: expired ones are returned, live ones
-// counted by kind into live; kept is the number of live entries.
-func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, live map[ConntrackKind]int) (expired []tcCtKey, kept int, err error) {
+// ctEntry is one conntrack entry as a scan read it.
+type ctEntry struct {
+	k tcCtKey
+	v tcCtValue
+}
+
+// ctScan is what scanConntrack read from one table.
+type ctScan struct {
+	// expired are the keys of expired entries, live the number of live
+	// ones. With keep, entries are the live entries and keys every key.
+	expired []tcCtKey
+	entries []ctEntry
+	keys    map[tcCtKey]struct{}
+	live    int
+}
+
+func (s ctScan) has(k tcCtKey) bool {
+	_, ok := s.keys[k]
+	return ok
+}
+
+// scanConntrack reads every entry of one table: expired ones are
+// returned as such, live ones counted by kind into st.Live and, for reply
+// entries of source-translated flows, by backend into st.SNATPorts; with
+// keep, the live entries and all keys are returned too.
+func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats, keep bool) (ctScan, error) {
 	keys := make([]tcCtKey, sweepBatch)
 	vals := make([]tcCtValue, sweepBatch)
+	scan := ctScan{keys: make(map[tcCtKey]struct{})}
 	var cursor ebpf.MapBatchCursor
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, 0, err
+			return ctScan{}, err
 		}
 		n, err := ct.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
-			if now > vals[i].Expires {
-				expired = append(expired, keys[i])
+			k, v := keys[i], vals[i]
+			if keep {
+				scan.keys[k] = struct{}{}
+			}
+			if now > v.Expires {
+				scan.expired = append(scan.expired, k)
 				continue
 			}
-			live[conntrackKind(keys[i], vals[i])]++
-			kept++
+			if keep {
+				scan.entries = append(scan.entries, ctEntry{k, v})
+			}
+			st.Live[conntrackKind(k, v)]++
+			scan.live++
+			if tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
+				st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]++
+			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return expired, kept, nil
+			return scan, nil
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("read conntrack: %w", err)
+			return ctScan{}, fmt.Errorf("read conntrack: %w", err)
 		}
 	}
 }
 
-// deleteExpired deletes the candidates that are still expired, in
-// batches, and returns how many it deleted.
-func deleteExpired(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, now uint64) (int, error) {
+// deleteCandidates deletes from ct the candidates for which still holds
+// when each is read again just before the delete, in batches, and returns
+// how many it deleted.
+func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) (int, error) {
 	deleted := 0
 	batch := make([]tcCtKey, 0, sweepBatch)
 	for len(candidates) > 0 {
@@ -184,11 +311,11 @@ func deleteExpired(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, now 
 			var v tcCtValue
 			if err := ct.Lookup(&k, &v); err != nil {
 				if errors.Is(err, ebpf.ErrKeyNotExist) {
-					continue // evicted or replaced meanwhile
+					continue // evicted, moved or replaced meanwhile
 				}
 				return deleted, fmt.Errorf("re-read conntrack entry: %w", err)
 			}
-			if now > v.Expires {
+			if still(k, v) {
 				batch = append(batch, k)
 			}
 		}
@@ -201,7 +328,7 @@ func deleteExpired(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, now 
 			case errors.Is(err, ebpf.ErrKeyNotExist):
 				batch = batch[n+1:] // that one vanished meanwhile
 			default:
-				return deleted, fmt.Errorf("delete expired conntrack entries: %w", err)
+				return deleted, fmt.Errorf("delete conntrack entries: %w", err)
 			}
 		}
 	}

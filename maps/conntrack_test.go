@@ -34,22 +34,62 @@ func ctKey(src, dst string, proto uint8) tcCtKey {
 	return tcCtKey{Saddr: be32(s.Addr()), Daddr: be32(d.Addr()), Sport: be16(s.Port()), Dport: be16(d.Port()), Proto: proto}
 }
 
+// readCT reads k's entry from whichever conntrack table holds it.
 func readCT(t *testing.T, d *Datapath, k tcCtKey) tcCtValue {
 	t.Helper()
-	var v tcCtValue
-	if err := d.conntrack.Lookup(&k, &v); err != nil {
+	v, err := d.ctTables().lookup(k)
+	if err != nil {
 		t.Fatalf("conntrack entry %s -> %s: %v", addrPortFromWire(k.Saddr, k.Sport), addrPortFromWire(k.Daddr, k.Dport), err)
 	}
 	return v
 }
 
-// editCT rewrites an existing entry through edit.
+// ctTableOf is the table an entry with flags belongs in.
+func ctTableOf(d *Datapath, flags uint8) *ebpf.Map {
+	if flags&uint8(tcCtFlagCT_F_ASSURED) != 0 {
+		return d.conntrack
+	}
+	return d.ctNew
+}
+
+// editCT rewrites an existing entry through edit, in its table.
 func editCT(t *testing.T, d *Datapath, k tcCtKey, edit func(v *tcCtValue)) {
 	t.Helper()
 	v := readCT(t, d, k)
 	edit(&v)
-	if err := d.conntrack.Update(&k, &v, ebpf.UpdateExist); err != nil {
+	if err := ctTableOf(d, v.Flags).Update(&k, &v, ebpf.UpdateExist); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// putCT plants an entry in the table its flags name.
+func putCT(t *testing.T, d *Datapath, k tcCtKey, v tcCtValue) {
+	t.Helper()
+	if err := ctTableOf(d, v.Flags).Update(&k, &v, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectTable checks both entries of f are in the table assured names
+// (tlb_conntrack when true, tlb_ct_new when false), and not in the other.
+func expectTable(f flowKeys, assured bool) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		in, out := d.ctNew, d.conntrack
+		if assured {
+			in, out = out, in
+		}
+		for _, k := range []tcCtKey{f.fwd, f.rev} {
+			var v tcCtValue
+			if err := in.Lookup(&k, &v); err != nil {
+				t.Errorf("entry %s not in %s: %v", addrPortFromWire(k.Saddr, k.Sport), in, err)
+			} else if got := v.Flags&uint8(tcCtFlagCT_F_ASSURED) != 0; got != assured {
+				t.Errorf("entry %s assured flag %v in %s", addrPortFromWire(k.Saddr, k.Sport), got, in)
+			}
+			if err := out.Lookup(&k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("entry %s also in %s: %v", addrPortFromWire(k.Saddr, k.Sport), out, err)
+			}
+		}
 	}
 }
 
@@ -131,8 +171,14 @@ func TestConntrackLifecycle(t *testing.T) {
 			stats: newFlowStats(nil), after: expectState(flow, tcCtStateCT_TCP_SYN_SENT, TimeoutTCPSyn)},
 		{name: "syn_retransmit_keeps_flow", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE,
 			after: expectState(flow, tcCtStateCT_TCP_SYN_SENT, TimeoutTCPSyn)},
-		{name: "reply_establishes_both", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
-			after: expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished)},
+		// The reply establishes the flow, but only the client's answer
+		// to it assures it: until then it keeps the SYN timeout and stays
+		// where a flood may evict it.
+		{name: "reply_establishes_both_not_assured", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			after: both(expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPSyn), expectTable(flow, false))},
+		{name: "client_ack_promotes_both", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: stats{StatConntrackPromoted: 1},
+			after: both(expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished), expectTable(flow, true))},
 		{name: "hit_within_refresh_interval_writes_nothing", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
 			before: setExpires(flow, TimeoutTCPEstablished-500*time.Millisecond),
 			after:  expectExpires(flow, TimeoutTCPEstablished-500*time.Millisecond)},
@@ -144,11 +190,19 @@ func TestConntrackLifecycle(t *testing.T) {
 			after:  expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished)},
 		{name: "expired_reply_passes_untranslated", hook: hookTC, in: reply, stats: stats{StatConntrackExpired: 1},
 			before: setExpires(flow, -time.Second)},
+		// The expired assured flow is deleted from tlb_conntrack, where it
+		// would hide the new one.
 		{name: "expired_forward_is_balanced_as_new", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true,
 			stats: newFlowStats(stats{StatConntrackExpired: 1, StatConntrackReplaced: 2}),
-			after: expectState(flow, tcCtStateCT_TCP_SYN_SENT, TimeoutTCPSyn)},
-		{name: "fin_closes_both", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: tcpFE,
-			after: expectState(flow, tcCtStateCT_TCP_CLOSING, TimeoutTCPClosing)},
+			after: both(expectState(flow, tcCtStateCT_TCP_SYN_SENT, TimeoutTCPSyn), expectTable(flow, false))},
+		{name: "reply_again", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "ack_again_promotes", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: stats{StatConntrackPromoted: 1}, after: expectTable(flow, true)},
+		// A closing flow leaves tlb_conntrack: it must not hold room an
+		// established flow needs.
+		{name: "fin_closes_both_and_demotes", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: stats{StatConntrackDemoted: 1},
+			after: both(expectState(flow, tcCtStateCT_TCP_CLOSING, TimeoutTCPClosing), expectTable(flow, false))},
 		{name: "closing_flow_still_translated", hook: hookTC, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
 			after: expectState(flow, tcCtStateCT_TCP_CLOSING, TimeoutTCPClosing)},
 		{name: "syn_reusing_a_closing_flow_is_new", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true,
@@ -168,7 +222,11 @@ func TestConntrackLifecycle(t *testing.T) {
 			after:  expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP)},
 		{name: "udp_reply_refreshes", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1},
 			before: setExpires(udpFlow, 2*time.Second),
-			after:  expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP)},
+			after:  both(expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP), expectTable(udpFlow, false))},
+		// A datagram after the reply assures a UDP flow.
+		{name: "udp_after_reply_promotes", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE,
+			stats: stats{StatConntrackPromoted: 1},
+			after: both(expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP), expectTable(udpFlow, true))},
 		{name: "udp_expired_is_new", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true,
 			before: setExpires(udpFlow, -time.Second),
 			stats:  newFlowStats(stats{StatConntrackExpired: 1, StatConntrackReplaced: 2}),
@@ -257,17 +315,18 @@ func TestBackendStates(t *testing.T) {
 		{name: "tcp_reply_from_a", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "second_tcp_flow_to_a", hook: hookTC, in: syn2, out: ptr(syn2.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
 		{name: "udp_flow_to_a", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u, newFlow: true, stats: newFlowStats(nil)},
-		{name: "draining_keeps_established_tcp", before: drainA, hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", a.Addr.String())), fwd: f},
+		{name: "draining_keeps_established_tcp", before: drainA, hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", a.Addr.String())), fwd: f,
+			stats: stats{StatConntrackPromoted: 1}},
 		{name: "draining_keeps_udp", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u},
 		{name: "draining_answers_are_translated", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
-		// The reopened flow gets a new reverse entry (b's) and overwrites
-		// only its forward entry.
+		// The reopened flow gets a new reverse entry (b's); both old
+		// entries are deleted (a's reply entry must not linger).
 		{name: "syn_reusing_a_draining_flow_moves", hook: hookTC, in: syn1, out: ptr(syn1.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
-			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 1})},
+			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 2})},
 		{name: "gone_backend_tcp_is_rebalanced", before: goneA, hook: hookTC, in: ack2, out: ptr(ack2.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
-			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 1})},
+			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 2})},
 		{name: "gone_backend_udp_moves", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ub.Addr.String())), fwd: u, newFlow: true,
-			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 1})},
+			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 2})},
 		{name: "hit_with_valid_generation", hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", b.Addr.String())), fwd: f},
 	}
 	runTable(t, d, rows)
@@ -323,8 +382,7 @@ func TestSweepConntrack(t *testing.T) {
 	if st.Expired != 4 || st.Swept != 4 || st.Created != 6 || st.Replaced != 0 || st.Evicted != 0 {
 		t.Errorf("expired %d, swept %d, created %d, replaced %d, evicted %d; want 4, 4, 6, 0, 0", st.Expired, st.Swept, st.Created, st.Replaced, st.Evicted)
 	}
-	var v tcCtValue
-	if err := d.conntrack.Lookup(ctKey("10.0.9.1:1000", vipTCP, protoTCP), &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if _, err := d.ctTables().lookup(ctKey("10.0.9.1:1000", vipTCP, protoTCP)); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Errorf("expired entry still there: %v", err)
 	}
 	if readCT(t, d, ctKey("10.0.9.2:1000", vipTCP, protoTCP)).Expires == 0 {
@@ -353,7 +411,7 @@ func TestSweepConntrack(t *testing.T) {
 // TestSweepDerivesEvictions overfills a small conntrack table: the LRU
 // evicts, and the sweep's derived count says how many.
 func TestSweepDerivesEvictions(t *testing.T) {
-	d := newDatapath(t, Options{MaxConntrack: 256})
+	d := newDatapath(t, Options{MaxConntrackNew: 256})
 	mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
 	const flows = 1000
 	for i := 0; i < flows; i++ {

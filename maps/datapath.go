@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -19,7 +20,7 @@ const levelTrace = slog.LevelDebug - 4
 // sharedMaps are created once, pinned, and shared by every program.
 var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
-	tcMapTlbConntrack, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
+	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
 	tcMapTlbStats, tcMapTlbMeta,
 }
 
@@ -46,6 +47,9 @@ type Datapath struct {
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
+	// ctNew is the unreplied conntrack table (conntrack the established
+	// one), ctSrc the per-source budgets of new flows.
+	ctNew, ctSrc *ebpf.Map
 
 	mirror
 }
@@ -62,6 +66,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxConntrack == 0 {
 		o.MaxConntrack = DefaultMaxConntrack
+	}
+	if o.MaxConntrackNew == 0 {
+		o.MaxConntrackNew = DefaultMaxConntrackNew(o.MaxConntrack)
+	}
+	if o.NewFlowsPerSource == 0 {
+		o.NewFlowsPerSource = DefaultNewFlowsPerSource
 	}
 	if o.MaxAffinity == 0 {
 		o.MaxAffinity = DefaultMaxAffinity
@@ -210,6 +220,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	m := d.tcColl.Maps
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
+	d.ctNew, d.ctSrc = m[tcMapTlbCtNew], m[tcMapTlbCtSrc]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
@@ -218,9 +229,16 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 }
 
 // configure sets the load-time constants of an object that has them: the
-// SNAT port range.
+// SNAT port range and the per-source budget of new flows.
 func configure(spec *ebpf.CollectionSpec, opts Options) error {
-	for name, v := range map[string]uint16{xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max} {
+	interval, burst := uint64(0), uint32(0)
+	if opts.NewFlowsPerSource != NoSourceLimit {
+		interval, burst = uint64(time.Second)/uint64(opts.NewFlowsPerSource), opts.NewFlowsPerSource
+	}
+	for name, v := range map[string]any{
+		xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max,
+		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst,
+	} {
 		vs, ok := spec.Variables[name]
 		if !ok {
 			continue
@@ -266,6 +284,7 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) {
 	spec.Maps[tcMapTlbRegistry].MaxEntries = opts.MaxBackends
 	spec.Maps[tcMapTlbBackendStats].MaxEntries = opts.MaxBackends
 	spec.Maps[tcMapTlbConntrack].MaxEntries = opts.MaxConntrack
+	spec.Maps[tcMapTlbCtNew].MaxEntries = opts.MaxConntrackNew
 	spec.Maps[tcMapTlbSockRevnat].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbAffinity].MaxEntries = opts.MaxAffinity
 }

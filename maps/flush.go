@@ -18,7 +18,7 @@ import (
 // operators who mean it. It returns the number of entries deleted.
 func FlushFlows(pinPath string) (int, error) {
 	total := 0
-	for _, name := range []string{tcMapTlbConntrack, tcMapTlbAffinity} {
+	for _, name := range []string{tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbAffinity} {
 		n, err := flushPinned(filepath.Join(pinPath, name))
 		total += n
 		if err != nil {

@@ -84,7 +84,7 @@ func TestLayoutFingerprintSeesChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec.Maps[tcMapTlbConntrack].Type = spec.Maps[tcMapTlbServices].Type
+	spec.Maps[tcMapTlbCtNew].Type = spec.Maps[tcMapTlbServices].Type
 	if fp, err := layoutFingerprint(spec); err != nil || fp == orig {
 		t.Errorf("map type change not seen: %x, %v", fp, err)
 	}

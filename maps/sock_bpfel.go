@@ -63,6 +63,11 @@ type sockCtKey struct {
 	Pad   [3]uint8
 }
 
+type sockCtSrc struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type sockCtValue struct {
 	_          structs.HostLayout
 	Addr       uint32
@@ -149,6 +154,8 @@ const (
 	sockMapTlbBackendStats   = "tlb_backend_stats"
 	sockMapTlbBackends       = "tlb_backends"
 	sockMapTlbConntrack      = "tlb_conntrack"
+	sockMapTlbCtNew          = "tlb_ct_new"
+	sockMapTlbCtSrc          = "tlb_ct_src"
 	sockMapTlbIfaces         = "tlb_ifaces"
 	sockMapTlbMeta           = "tlb_meta"
 	sockMapTlbRegistry       = "tlb_registry"
@@ -162,6 +169,8 @@ const (
 	sockProgSockRecvmsg4     = "sock_recvmsg4"
 	sockProgSockRecvmsg6     = "sock_recvmsg6"
 	sockProgSockSendmsg4     = "sock_sendmsg4"
+	sockVarCfgCtSrcBurst     = "cfg_ct_src_burst"
+	sockVarCfgCtSrcInterval  = "cfg_ct_src_interval"
 	sockVarCfgHashSeed       = "cfg_hash_seed"
 	sockVarCfgNetnsCookie    = "cfg_netns_cookie"
 	sockVarCfgScope          = "cfg_scope"
@@ -228,6 +237,8 @@ type sockMapSpecs struct {
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -240,11 +251,13 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgNetnsCookie *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
-	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNetnsCookie   *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
+	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -271,6 +284,8 @@ type sockMaps struct {
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
@@ -285,6 +300,8 @@ func (m *sockMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCtNew,
+		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
@@ -298,11 +315,13 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgNetnsCookie *ebpf.Variable `ebpf:"cfg_netns_cookie"`
-	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNetnsCookie   *ebpf.Variable `ebpf:"cfg_netns_cookie"`
+	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

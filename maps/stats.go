@@ -107,6 +107,28 @@ const (
 	// forwarded (MTU, TTL, no route any more): dropped, since the stack
 	// would take their source, this node's address, for a martian.
 	StatDropSNATFallback = Stat(tcStatReasonSTAT_DROP_SNAT_FALLBACK)
+	// StatConntrackPromoted: flows moved into the established table
+	// (tlb_conntrack): their client answered the backend's reply.
+	StatConntrackPromoted = Stat(tcStatReasonSTAT_CT_PROMOTED)
+	// StatConntrackPromoteFull: promotions refused because the
+	// established table was full; the flow goes on from the unreplied
+	// table, where a flood may evict it. Raise MaxConntrack.
+	StatConntrackPromoteFull = Stat(tcStatReasonSTAT_CT_PROMOTE_FULL)
+	// StatDropSourceLimit: new flows dropped because their source had
+	// spent its budget of flows not established yet
+	// (Options.NewFlowsPerSource).
+	StatDropSourceLimit = Stat(tcStatReasonSTAT_DROP_CT_SOURCE_LIMIT)
+	// StatConntrackDemoted: closing flows moved from the established
+	// table back to the unreplied one.
+	StatConntrackDemoted = Stat(tcStatReasonSTAT_CT_DEMOTED)
+	// StatConntrackOrphan: forward entries whose reply entry was gone (an
+	// eviction from the unreplied table): deleted, and the packet
+	// balanced as new. (A reply entry without its forward entry translates
+	// its replies without refreshing until it expires.)
+	StatConntrackOrphan = Stat(tcStatReasonSTAT_CT_ORPHAN)
+	// StatSNATReclaimed: SNAT ports taken over from a flow that had
+	// expired (no sweep needed).
+	StatSNATReclaimed = Stat(tcStatReasonSTAT_SNAT_RECLAIMED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -145,6 +167,12 @@ var statNames = map[Stat]string{
 	StatDropSNATExhausted:     "drop_snat_exhausted",
 	StatDropSNATNoRoute:       "drop_snat_no_route",
 	StatDropSNATFallback:      "drop_snat_fallback",
+	StatConntrackPromoted:     "conntrack_promoted",
+	StatConntrackPromoteFull:  "conntrack_promote_full",
+	StatDropSourceLimit:       "drop_source_limit",
+	StatConntrackDemoted:      "conntrack_demoted",
+	StatConntrackOrphan:       "conntrack_orphan",
+	StatSNATReclaimed:         "snat_reclaimed",
 }
 
 // String returns the counter's stable name.

@@ -78,7 +78,10 @@ const (
 type tcCtFlag uint32
 
 const (
-	tcCtFlagCT_F_SNAT tcCtFlag = 1
+	tcCtFlagCT_F_SNAT    tcCtFlag = 1
+	tcCtFlagCT_F_REPLIED tcCtFlag = 2
+	tcCtFlagCT_F_ASSURED tcCtFlag = 4
+	tcCtFlagCT_F_FULL    tcCtFlag = 8
 )
 
 type tcCtKey struct {
@@ -100,6 +103,17 @@ const (
 	tcCtRedirectCT_REDIRECT_XDP   tcCtRedirect = 3
 )
 
+type tcCtSrc struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
+type tcCtSrcLimit uint32
+
+const (
+	tcCtSrcLimitCT_SRC_RATE_DEFAULT tcCtSrcLimit = 10000
+)
+
 type tcCtState uint32
 
 const (
@@ -116,6 +130,7 @@ const (
 	tcCtTimeoutCT_TIMEOUT_TCP_ESTABLISHED tcCtTimeout = 86400
 	tcCtTimeoutCT_TIMEOUT_TCP_CLOSING     tcCtTimeout = 10
 	tcCtTimeoutCT_TIMEOUT_UDP             tcCtTimeout = 60
+	tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED  tcCtTimeout = 10
 	tcCtTimeoutCT_REFRESH_INTERVAL        tcCtTimeout = 1
 )
 
@@ -183,6 +198,7 @@ const (
 	tcMapSizeDEFAULT_MAX_FRONTENDS tcMapSize = 100000
 	tcMapSizeDEFAULT_MAX_BACKENDS  tcMapSize = 1000000
 	tcMapSizeDEFAULT_MAX_CONNTRACK tcMapSize = 262144
+	tcMapSizeDEFAULT_MAX_CT_SRC    tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_AFFINITY  tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_IFACES    tcMapSize = 4096
 	tcMapSizeWEIGHTED_SLOTS        tcMapSize = 512
@@ -228,8 +244,8 @@ const (
 type tcSnatConfig uint32
 
 const (
-	tcSnatConfigSNAT_PORT_MIN_DEFAULT tcSnatConfig = 61000
-	tcSnatConfigSNAT_PORT_MAX_DEFAULT tcSnatConfig = 65535
+	tcSnatConfigSNAT_PORT_MIN_DEFAULT tcSnatConfig = 1024
+	tcSnatConfigSNAT_PORT_MAX_DEFAULT tcSnatConfig = 29999
 	tcSnatConfigSNAT_RETRIES          tcSnatConfig = 16
 )
 
@@ -251,39 +267,45 @@ type tcSockRevnatValue struct {
 type tcStatReason uint32
 
 const (
-	tcStatReasonSTAT_DROP_NO_BACKEND     tcStatReason = 0
-	tcStatReasonSTAT_DROP_MAP_FULL       tcStatReason = 1
-	tcStatReasonSTAT_DROP_PARSE_ERROR    tcStatReason = 2
-	tcStatReasonSTAT_DROP_REWRITE        tcStatReason = 3
-	tcStatReasonSTAT_REVERSE_NAT         tcStatReason = 4
-	tcStatReasonSTAT_FRAGMENT            tcStatReason = 5
-	tcStatReasonSTAT_CT_CREATED          tcStatReason = 6
-	tcStatReasonSTAT_CT_REPLACED         tcStatReason = 7
-	tcStatReasonSTAT_CT_EXPIRED          tcStatReason = 8
-	tcStatReasonSTAT_CT_STALE_BACKEND    tcStatReason = 9
-	tcStatReasonSTAT_CT_SYN_REOPEN       tcStatReason = 10
-	tcStatReasonSTAT_TCP_MIDFLOW_MISS    tcStatReason = 11
-	tcStatReasonSTAT_AFFINITY_HIT        tcStatReason = 12
-	tcStatReasonSTAT_AFFINITY_NEW        tcStatReason = 13
-	tcStatReasonSTAT_REJECT              tcStatReason = 14
-	tcStatReasonSTAT_CT_SWEPT            tcStatReason = 15
-	tcStatReasonSTAT_REJECT_LIMITED      tcStatReason = 16
-	tcStatReasonSTAT_ICMP_XLATE          tcStatReason = 17
-	tcStatReasonSTAT_SOCK_XLATE          tcStatReason = 18
-	tcStatReasonSTAT_SOCK_REVNAT         tcStatReason = 19
-	tcStatReasonSTAT_FWD_PEER            tcStatReason = 20
-	tcStatReasonSTAT_FWD_NEIGH           tcStatReason = 21
-	tcStatReasonSTAT_FWD_L2              tcStatReason = 22
-	tcStatReasonSTAT_FWD_STACK           tcStatReason = 23
-	tcStatReasonSTAT_FWD_FALLBACK_MTU    tcStatReason = 24
-	tcStatReasonSTAT_FWD_FALLBACK_TTL    tcStatReason = 25
-	tcStatReasonSTAT_FWD_FALLBACK_META   tcStatReason = 26
-	tcStatReasonSTAT_SNAT_FLOWS          tcStatReason = 27
-	tcStatReasonSTAT_SNAT_COLLISION      tcStatReason = 28
-	tcStatReasonSTAT_DROP_SNAT_EXHAUSTED tcStatReason = 29
-	tcStatReasonSTAT_DROP_SNAT_NO_ROUTE  tcStatReason = 30
-	tcStatReasonSTAT_DROP_SNAT_FALLBACK  tcStatReason = 31
-	tcStatReasonSTAT_MAX                 tcStatReason = 32
+	tcStatReasonSTAT_DROP_NO_BACKEND      tcStatReason = 0
+	tcStatReasonSTAT_DROP_MAP_FULL        tcStatReason = 1
+	tcStatReasonSTAT_DROP_PARSE_ERROR     tcStatReason = 2
+	tcStatReasonSTAT_DROP_REWRITE         tcStatReason = 3
+	tcStatReasonSTAT_REVERSE_NAT          tcStatReason = 4
+	tcStatReasonSTAT_FRAGMENT             tcStatReason = 5
+	tcStatReasonSTAT_CT_CREATED           tcStatReason = 6
+	tcStatReasonSTAT_CT_REPLACED          tcStatReason = 7
+	tcStatReasonSTAT_CT_EXPIRED           tcStatReason = 8
+	tcStatReasonSTAT_CT_STALE_BACKEND     tcStatReason = 9
+	tcStatReasonSTAT_CT_SYN_REOPEN        tcStatReason = 10
+	tcStatReasonSTAT_TCP_MIDFLOW_MISS     tcStatReason = 11
+	tcStatReasonSTAT_AFFINITY_HIT         tcStatReason = 12
+	tcStatReasonSTAT_AFFINITY_NEW         tcStatReason = 13
+	tcStatReasonSTAT_REJECT               tcStatReason = 14
+	tcStatReasonSTAT_CT_SWEPT             tcStatReason = 15
+	tcStatReasonSTAT_REJECT_LIMITED       tcStatReason = 16
+	tcStatReasonSTAT_ICMP_XLATE           tcStatReason = 17
+	tcStatReasonSTAT_SOCK_XLATE           tcStatReason = 18
+	tcStatReasonSTAT_SOCK_REVNAT          tcStatReason = 19
+	tcStatReasonSTAT_FWD_PEER             tcStatReason = 20
+	tcStatReasonSTAT_FWD_NEIGH            tcStatReason = 21
+	tcStatReasonSTAT_FWD_L2               tcStatReason = 22
+	tcStatReasonSTAT_FWD_STACK            tcStatReason = 23
+	tcStatReasonSTAT_FWD_FALLBACK_MTU     tcStatReason = 24
+	tcStatReasonSTAT_FWD_FALLBACK_TTL     tcStatReason = 25
+	tcStatReasonSTAT_FWD_FALLBACK_META    tcStatReason = 26
+	tcStatReasonSTAT_SNAT_FLOWS           tcStatReason = 27
+	tcStatReasonSTAT_SNAT_COLLISION       tcStatReason = 28
+	tcStatReasonSTAT_DROP_SNAT_EXHAUSTED  tcStatReason = 29
+	tcStatReasonSTAT_DROP_SNAT_NO_ROUTE   tcStatReason = 30
+	tcStatReasonSTAT_DROP_SNAT_FALLBACK   tcStatReason = 31
+	tcStatReasonSTAT_CT_PROMOTED          tcStatReason = 32
+	tcStatReasonSTAT_CT_PROMOTE_FULL      tcStatReason = 33
+	tcStatReasonSTAT_DROP_CT_SOURCE_LIMIT tcStatReason = 34
+	tcStatReasonSTAT_CT_DEMOTED           tcStatReason = 35
+	tcStatReasonSTAT_CT_ORPHAN            tcStatReason = 36
+	tcStatReasonSTAT_SNAT_RECLAIMED       tcStatReason = 37
+	tcStatReasonSTAT_MAX                  tcStatReason = 38
 )
 
 type tcSvcFlag uint32
@@ -316,23 +338,27 @@ type tcSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapRejectBudget    = "reject_budget"
-	tcMapTlbAffinity     = "tlb_affinity"
-	tcMapTlbBackendStats = "tlb_backend_stats"
-	tcMapTlbBackends     = "tlb_backends"
-	tcMapTlbConntrack    = "tlb_conntrack"
-	tcMapTlbIfaces       = "tlb_ifaces"
-	tcMapTlbMeta         = "tlb_meta"
-	tcMapTlbRegistry     = "tlb_registry"
-	tcMapTlbServices     = "tlb_services"
-	tcMapTlbSockRevnat   = "tlb_sock_revnat"
-	tcMapTlbStats        = "tlb_stats"
-	tcProgTcLb           = "tc_lb"
-	tcProgTcLbEgress     = "tc_lb_egress"
-	tcVarCfgHashSeed     = "cfg_hash_seed"
-	tcVarCfgScope        = "cfg_scope"
-	tcVarCfgSnatPortMax  = "cfg_snat_port_max"
-	tcVarCfgSnatPortMin  = "cfg_snat_port_min"
+	tcMapRejectBudget     = "reject_budget"
+	tcMapTlbAffinity      = "tlb_affinity"
+	tcMapTlbBackendStats  = "tlb_backend_stats"
+	tcMapTlbBackends      = "tlb_backends"
+	tcMapTlbConntrack     = "tlb_conntrack"
+	tcMapTlbCtNew         = "tlb_ct_new"
+	tcMapTlbCtSrc         = "tlb_ct_src"
+	tcMapTlbIfaces        = "tlb_ifaces"
+	tcMapTlbMeta          = "tlb_meta"
+	tcMapTlbRegistry      = "tlb_registry"
+	tcMapTlbServices      = "tlb_services"
+	tcMapTlbSockRevnat    = "tlb_sock_revnat"
+	tcMapTlbStats         = "tlb_stats"
+	tcProgTcLb            = "tc_lb"
+	tcProgTcLbEgress      = "tc_lb_egress"
+	tcVarCfgCtSrcBurst    = "cfg_ct_src_burst"
+	tcVarCfgCtSrcInterval = "cfg_ct_src_interval"
+	tcVarCfgHashSeed      = "cfg_hash_seed"
+	tcVarCfgScope         = "cfg_scope"
+	tcVarCfgSnatPortMax   = "cfg_snat_port_max"
+	tcVarCfgSnatPortMin   = "cfg_snat_port_min"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -390,6 +416,8 @@ type tcMapSpecs struct {
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -402,10 +430,12 @@ type tcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -433,6 +463,8 @@ type tcMaps struct {
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
@@ -448,6 +480,8 @@ func (m *tcMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCtNew,
+		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
@@ -461,10 +495,12 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

@@ -136,6 +136,7 @@ const (
 	TimeoutTCPEstablished    = time.Duration(tcCtTimeoutCT_TIMEOUT_TCP_ESTABLISHED) * time.Second
 	TimeoutTCPClosing        = time.Duration(tcCtTimeoutCT_TIMEOUT_TCP_CLOSING) * time.Second
 	TimeoutUDP               = time.Duration(tcCtTimeoutCT_TIMEOUT_UDP) * time.Second
+	TimeoutSNATUnreplied     = time.Duration(tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED) * time.Second
 	ConntrackRefreshInterval = time.Duration(tcCtTimeoutCT_REFRESH_INTERVAL) * time.Second
 )
 
@@ -146,7 +147,37 @@ const (
 	DefaultMaxBackends  = uint32(tcMapSizeDEFAULT_MAX_BACKENDS)
 	DefaultMaxConntrack = uint32(tcMapSizeDEFAULT_MAX_CONNTRACK)
 	DefaultMaxAffinity  = uint32(tcMapSizeDEFAULT_MAX_AFFINITY)
+	// DefaultNewFlowsPerSource is the default Options.NewFlowsPerSource.
+	DefaultNewFlowsPerSource = uint32(tcCtSrcLimitCT_SRC_RATE_DEFAULT)
 )
+
+// ConntrackSizeFor is the default size of the established table
+// (Options.MaxConntrack) on a node with mem bytes of memory: one entry
+// per 64 KiB, rounded down to a power of two, between 32,768 and
+// 1,048,576 entries. An entry costs about 128 bytes with the hash
+// table's own, so the table takes about 1/512 of the memory: 131,072
+// entries (65,536 flows) at 8 GiB, 262,144 from 16 GiB, as many flows as
+// netfilter's nf_conntrack_max default on nodes above 4 GiB from 32 GiB.
+// The unreplied table gets a quarter of it (DefaultMaxConntrackNew).
+func ConntrackSizeFor(mem uint64) uint32 {
+	const perEntry, lo, hi = 64 << 10, 1 << 15, 1 << 20
+	n := uint32(lo)
+	for uint64(n)*2*perEntry <= mem && n < hi {
+		n *= 2
+	}
+	return n
+}
+
+// NoSourceLimit as Options.NewFlowsPerSource disables the per-source
+// budget of new flows.
+const NoSourceLimit = ^uint32(0)
+
+// DefaultMaxConntrackNew is the default Options.MaxConntrackNew for an
+// established table of maxConntrack entries: a quarter of it, at least
+// 1,024 entries.
+func DefaultMaxConntrackNew(maxConntrack uint32) uint32 {
+	return max(maxConntrack/4, 1024)
+}
 
 // PortRange is an inclusive range of ports.
 type PortRange struct {
@@ -190,11 +221,12 @@ func (r PortRange) validate() error {
 	return nil
 }
 
-// DefaultSNATPorts is the default Options.SNATPorts: above Linux's default
-// ephemeral range (32768-60999) and the NodePort range (30000-32767), so a
-// translated flow never takes the 5-tuple of a connection the node opens
-// itself, and a reply to one is never taken for traffic to a NodePort
-// (enum snat_config in bpf/consts.h).
+// DefaultSNATPorts is the default Options.SNATPorts, 1024-29999: netfilter's
+// masquerade range (1024-65535) without Linux's default ephemeral range
+// (32768-60999) and the NodePort range (30000-32767), so a translated flow
+// never takes the 5-tuple of a connection the node opens itself, and a
+// reply to one is never taken for traffic to a NodePort (enum snat_config
+// in bpf/consts.h says why netfilter may and this datapath may not).
 var DefaultSNATPorts = PortRange{Min: uint16(tcSnatConfigSNAT_PORT_MIN_DEFAULT), Max: uint16(tcSnatConfigSNAT_PORT_MAX_DEFAULT)}
 
 // SNATRetries is how many ports of its walk over Options.SNATPorts a new
@@ -214,9 +246,21 @@ type Options struct {
 	// tables (one per active backend when weights are equal; a weighted
 	// table takes more, see WeightedSlots). Default 1,000,000.
 	MaxBackends uint32
-	// MaxConntrack is the size of the LRU conntrack table; each flow uses
-	// two entries. Default 262,144.
+	// MaxConntrack is the size of the established conntrack table
+	// (assured flows, never evicted); each flow uses two entries. Default
+	// 262,144 (the agent sizes it from the node's memory,
+	// ConntrackSizeFor).
 	MaxConntrack uint32
+	// MaxConntrackNew is the size of the LRU table of flows not
+	// established yet (and closing ones), the budget a flood churns.
+	// Default DefaultMaxConntrackNew(MaxConntrack).
+	MaxConntrackNew uint32
+	// NewFlowsPerSource is how many flows a second, in bursts of as many,
+	// one source address may start that are not established yet; each
+	// flow that gets established gives its share back. Over it new flows
+	// are dropped (StatDropSourceLimit). Default
+	// DefaultNewFlowsPerSource; NoSourceLimit disables the limit.
+	NewFlowsPerSource uint32
 	// MaxAffinity is the size of the LRU session-affinity table: one
 	// entry per (client address, affinity frontend). Default 65,536.
 	MaxAffinity uint32

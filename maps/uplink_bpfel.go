@@ -63,6 +63,11 @@ type uplinkCtKey struct {
 	Pad   [3]uint8
 }
 
+type uplinkCtSrc struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type uplinkCtValue struct {
 	_          structs.HostLayout
 	Addr       uint32
@@ -149,6 +154,8 @@ const (
 	uplinkMapTlbBackendStats = "tlb_backend_stats"
 	uplinkMapTlbBackends     = "tlb_backends"
 	uplinkMapTlbConntrack    = "tlb_conntrack"
+	uplinkMapTlbCtNew        = "tlb_ct_new"
+	uplinkMapTlbCtSrc        = "tlb_ct_src"
 	uplinkMapTlbIfaces       = "tlb_ifaces"
 	uplinkMapTlbMeta         = "tlb_meta"
 	uplinkMapTlbRegistry     = "tlb_registry"
@@ -211,6 +218,8 @@ type uplinkMapSpecs struct {
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -249,6 +258,8 @@ type uplinkMaps struct {
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
@@ -263,6 +274,8 @@ func (m *uplinkMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCtNew,
+		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -63,6 +63,11 @@ type xdpCtKey struct {
 	Pad   [3]uint8
 }
 
+type xdpCtSrc struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type xdpCtValue struct {
 	_          structs.HostLayout
 	Addr       uint32
@@ -150,22 +155,26 @@ type xdpSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapRejectBudget    = "reject_budget"
-	xdpMapTlbAffinity     = "tlb_affinity"
-	xdpMapTlbBackendStats = "tlb_backend_stats"
-	xdpMapTlbBackends     = "tlb_backends"
-	xdpMapTlbConntrack    = "tlb_conntrack"
-	xdpMapTlbIfaces       = "tlb_ifaces"
-	xdpMapTlbMeta         = "tlb_meta"
-	xdpMapTlbRegistry     = "tlb_registry"
-	xdpMapTlbServices     = "tlb_services"
-	xdpMapTlbSockRevnat   = "tlb_sock_revnat"
-	xdpMapTlbStats        = "tlb_stats"
-	xdpProgXdpLb          = "xdp_lb"
-	xdpVarCfgHashSeed     = "cfg_hash_seed"
-	xdpVarCfgScope        = "cfg_scope"
-	xdpVarCfgSnatPortMax  = "cfg_snat_port_max"
-	xdpVarCfgSnatPortMin  = "cfg_snat_port_min"
+	xdpMapRejectBudget     = "reject_budget"
+	xdpMapTlbAffinity      = "tlb_affinity"
+	xdpMapTlbBackendStats  = "tlb_backend_stats"
+	xdpMapTlbBackends      = "tlb_backends"
+	xdpMapTlbConntrack     = "tlb_conntrack"
+	xdpMapTlbCtNew         = "tlb_ct_new"
+	xdpMapTlbCtSrc         = "tlb_ct_src"
+	xdpMapTlbIfaces        = "tlb_ifaces"
+	xdpMapTlbMeta          = "tlb_meta"
+	xdpMapTlbRegistry      = "tlb_registry"
+	xdpMapTlbServices      = "tlb_services"
+	xdpMapTlbSockRevnat    = "tlb_sock_revnat"
+	xdpMapTlbStats         = "tlb_stats"
+	xdpProgXdpLb           = "xdp_lb"
+	xdpVarCfgCtSrcBurst    = "cfg_ct_src_burst"
+	xdpVarCfgCtSrcInterval = "cfg_ct_src_interval"
+	xdpVarCfgHashSeed      = "cfg_hash_seed"
+	xdpVarCfgScope         = "cfg_scope"
+	xdpVarCfgSnatPortMax   = "cfg_snat_port_max"
+	xdpVarCfgSnatPortMin   = "cfg_snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -222,6 +231,8 @@ type xdpMapSpecs struct {
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -234,10 +245,12 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -265,6 +278,8 @@ type xdpMaps struct {
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
@@ -280,6 +295,8 @@ func (m *xdpMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCtNew,
+		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
@@ -293,10 +310,12 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.
