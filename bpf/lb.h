@@ -245,17 +245,18 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	int promote = ct->dir == CT_FORWARD && state != CT_TCP_CLOSING &&
 		      (flags & (CT_F_REPLIED | CT_F_ASSURED)) == CT_F_REPLIED;
 	int demote = (flags & CT_F_ASSURED) && state == CT_TCP_CLOSING;
-	__u64 expires;
-	int stale;
+	/* Staleness by the lifetime where the flow is: a promotion refused
+	 * for a full table is tried again only once a second. */
+	int stale = now + ct_lifetime(state, flags) > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
 	struct ct_key peer_key = {};
 	struct ct_value *peer, *moved, a, b;
+	__u64 expires;
 
 	if (promote)
 		flags |= CT_F_ASSURED;
 	if (demote)
 		flags &= ~(CT_F_ASSURED | CT_F_FULL);
 	expires = now + ct_lifetime(state, flags);
-	stale = expires > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
 	if (state == ct->state && !stale && (flags == ct->flags || (promote && (ct->flags & CT_F_FULL))))
 		return ct;
 	ct_peer_key(pkt, ct, &peer_key);

@@ -184,9 +184,9 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	st.Established, st.Unreplied = scans[0].live, scans[1].live
 	kept := scans[0].live + scans[1].live
 	for i, m := range tables {
-		n, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool { return now > v.Expires })
-		st.Expired += n
-		kept += len(scans[i].expired) - n
+		deleted, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool { return now > v.Expires })
+		st.Expired += len(deleted)
+		kept += len(scans[i].expired) - len(deleted)
 		if err != nil {
 			return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
 		}
@@ -202,16 +202,26 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		return errors.Is(err, ebpf.ErrKeyNotExist)
 	}
 	var candidates []tcCtKey
+	kinds := make(map[tcCtKey]tcCtValue)
 	for _, e := range scans[1].entries {
 		if !scans[1].has(ctPeerKey(e.k, e.v)) {
 			candidates = append(candidates, e.k)
+			kinds[e.k] = e.v
 		}
 	}
-	st.Orphans, err = deleteCandidates(ctx, tables[1], candidates, orphaned)
+	orphans, err := deleteCandidates(ctx, tables[1], candidates, orphaned)
+	st.Orphans = len(orphans)
+	for _, k := range orphans {
+		st.Live[conntrackKind(k, kinds[k])]--
+		if v := kinds[k]; tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
+			st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]--
+		}
+	}
+	st.Unreplied -= st.Orphans
+	kept -= st.Orphans
 	if err != nil {
 		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
 	}
-	kept -= st.Orphans
 	if n := st.Expired + st.Orphans; n > 0 {
 		if err := addStat(stats, StatConntrackSwept, uint64(n)); err != nil {
 			return st, err
@@ -296,9 +306,9 @@ func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats
 
 // deleteCandidates deletes from ct the candidates for which still holds
 // when each is read again just before the delete, in batches, and returns
-// how many it deleted.
-func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) (int, error) {
-	deleted := 0
+// the keys it deleted.
+func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) ([]tcCtKey, error) {
+	var deleted []tcCtKey
 	batch := make([]tcCtKey, 0, sweepBatch)
 	for len(candidates) > 0 {
 		if err := ctx.Err(); err != nil {
@@ -321,7 +331,7 @@ func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, s
 		}
 		for len(batch) > 0 {
 			n, err := ct.BatchDelete(batch, nil)
-			deleted += n
+			deleted = append(deleted, batch[:n]...)
 			switch {
 			case err == nil:
 				batch = nil

@@ -366,10 +366,9 @@ func TestXDPNorthSouth(t *testing.T) {
 	taken1 := snatPortOf(netip.MustParseAddrPort(cTaken), feRemote.Addr, protoTCP, 1, snat)
 	plantTaken := func(t *testing.T, d *Datapath) {
 		k := ctKey(ap(beNode2, 8080), ap(nodeAddr, int(taken0)), protoTCP)
-		v := tcCtValue{Dir: uint8(tcCtDirCT_REVERSE), State: uint8(tcCtStateCT_TCP_ESTABLISHED), Expires: nowNS(t) + 3600*sec}
-		if err := d.conntrack.Update(&k, &v, ebpf.UpdateNoExist); err != nil {
-			t.Fatal(err)
-		}
+		v := tcCtValue{Dir: uint8(tcCtDirCT_REVERSE), State: uint8(tcCtStateCT_TCP_ESTABLISHED), Expires: nowNS(t) + 3600*sec,
+			Flags: uint8(tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED)}
+		putCT(t, d, k, v)
 	}
 
 	// A client behind up1: the forward leaves by up0 (XDP_REDIRECT); a

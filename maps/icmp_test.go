@@ -4,8 +4,6 @@ import (
 	"net/netip"
 	"testing"
 	"time"
-
-	"github.com/cilium/ebpf"
 )
 
 // Addresses of the ICMP tables besides the datapath tables' own: a router
@@ -29,7 +27,7 @@ func addrOf(ap string) string { return netip.MustParseAddrPort(ap).Addr().String
 
 // plantSNATFlow writes the two conntrack entries the datapath's source NAT
 // (flow_create, bpf/lb.h) creates for a flow client -> vip sent to backend
-// from nat, as docs/datapath.md documents them: forward {backend,
+// from nat, once established, as docs/datapath.md documents them: forward {backend,
 // CT_F_SNAT, nat}, reverse keyed backend -> nat {vip, CT_F_SNAT, client}.
 func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testing.T, d *Datapath) {
 	return func(t *testing.T, d *Datapath) {
@@ -39,18 +37,14 @@ func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testin
 		if proto == protoTCP {
 			state = uint8(tcCtStateCT_TCP_ESTABLISHED)
 		}
+		// Established: both directions seen, in the established table.
+		flags := uint8(tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED)
 		fwd := tcCtValue{Addr: be32(b.Addr()), Port: be16(b.Port()), Dir: uint8(tcCtDirCT_FORWARD), State: state,
-			Expires: expires, Flags: uint8(tcCtFlagCT_F_SNAT), NatAddr: be32(n.Addr()), NatPort: be16(n.Port())}
+			Expires: expires, Flags: flags, NatAddr: be32(n.Addr()), NatPort: be16(n.Port())}
 		rev := tcCtValue{Addr: be32(v.Addr()), Port: be16(v.Port()), Dir: uint8(tcCtDirCT_REVERSE), State: state,
-			Expires: expires, Flags: uint8(tcCtFlagCT_F_SNAT), NatAddr: be32(c.Addr()), NatPort: be16(c.Port())}
-		for _, e := range []struct {
-			k tcCtKey
-			v tcCtValue
-		}{{ctKey(client, vip, proto), fwd}, {ctKey(backend, nat, proto), rev}} {
-			if err := d.conntrack.Update(&e.k, &e.v, ebpf.UpdateAny); err != nil {
-				t.Fatal(err)
-			}
-		}
+			Expires: expires, Flags: flags, NatAddr: be32(c.Addr()), NatPort: be16(c.Port())}
+		putCT(t, d, ctKey(client, vip, proto), fwd)
+		putCT(t, d, ctKey(backend, nat, proto), rev)
 	}
 }
 

@@ -1,0 +1,246 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// plus adds the counts of extra to s, in a copy.
+func (s stats) plus(extra stats) stats {
+	out := stats{}
+	for k, v := range s {
+		out[k] += v
+	}
+	for k, v := range extra {
+		out[k] += v
+	}
+	return out
+}
+
+// TestConntrackFloodKeepsEstablished is issue 22's attack through
+// BPF_PROG_TEST_RUN: 16 established TCP streams from two sources (half
+// of them on a backend that then drains), then a flood of SYNs from
+// random source ports of both sources, ten times the established table.
+// Every stream must still be translated to its own backend, in both
+// directions, without a new flow; and a new connection is served after
+// the flood. With one LRU table for all flows the flood evicts them.
+func TestConntrackFloodKeepsEstablished(t *testing.T) {
+	const table = 4096
+	d := newDatapath(t, Options{MaxConntrack: table, MaxConntrackNew: table / 4, NewFlowsPerSource: NoSourceLimit})
+	f := fe(vipTCP, TCP)
+	a, b := be("10.1.0.1:8080"), be("10.1.0.2:8080")
+	mustSet(t, d, f, a, b)
+	send := func(fr frame, want uint32) []byte {
+		t.Helper()
+		ret, out := run(t, d.tcProg, fr.bytes())
+		if ret != want {
+			t.Fatalf("%s: verdict %d, want %d", fr.src, ret, want)
+		}
+		return out
+	}
+
+	type stream struct{ client, backend string }
+	var streams []stream
+	for _, src := range []string{"10.0.0.5", "192.0.2.77"} {
+		for j := 0; j < 8; j++ {
+			client := fmt.Sprintf("%s:%d", src, 20000+j)
+			send(tcpFrame(client, vipTCP, tcpSYN, ""), tcOK)
+			v := readCT(t, d, ctKey(client, vipTCP, protoTCP))
+			backend := addrPortFromWire(v.Addr, v.Port).String()
+			send(tcpFrame(backend, client, tcpSYN|tcpACK, ""), tcOK)
+			send(tcpFrame(client, vipTCP, tcpACK, ""), tcOK)
+			expectTable(flowOf(client, vipTCP, backend, protoTCP), true)(t, d)
+			streams = append(streams, stream{client, backend})
+		}
+	}
+	// a drains, as during a rollout: its streams keep it.
+	mustSetService(t, d, f, Service{Backends: []Backend{drained(a), b}})
+
+	before, err := d.Counters()
+	must(t, err)
+	rng := rand.New(rand.NewPCG(22, 1))
+	const flood = 10 * table
+	start := time.Now()
+	for i := 0; i < flood; i++ {
+		src := []string{"10.0.0.5", "192.0.2.77"}[i%2]
+		port := 1024 + rng.IntN(64000)
+		if port >= 20000 && port < 20008 {
+			// A SYN on a stream's own tuple is that client's new
+			// connection, which on a draining backend replaces the
+			// stream by design.
+			continue
+		}
+		send(tcpFrame(fmt.Sprintf("%s:%d", src, port), vipTCP, tcpSYN, ""), tcOK)
+	}
+	t.Logf("flood of %d SYNs in %s", flood, time.Since(start))
+	after, err := d.Counters()
+	must(t, err)
+	if got := after.Stats[StatConntrackCreated] - before.Stats[StatConntrackCreated]; got < flood/2 {
+		t.Fatalf("the flood created only %d flows: it did not reach the tables", got)
+	}
+
+	before = after
+	for _, s := range streams {
+		out := send(tcpFrame(s.client, vipTCP, tcpACK, "more"), tcOK)
+		if want := tcpFrame(s.client, vipTCP, tcpACK, "more").withAddrs("", s.backend).bytes(); string(out) != string(want) {
+			t.Errorf("stream %s -> %s: forward packet not translated to its backend after the flood", s.client, s.backend)
+		}
+		out = send(tcpFrame(s.backend, s.client, tcpACK, "answer"), tcOK)
+		if want := tcpFrame(s.backend, s.client, tcpACK, "answer").withAddrs(vipTCP, "").bytes(); string(out) != string(want) {
+			t.Errorf("stream %s -> %s: reply not translated back after the flood", s.client, s.backend)
+		}
+	}
+	after, err = d.Counters()
+	must(t, err)
+	if got := after.Stats[StatConntrackCreated] - before.Stats[StatConntrackCreated]; got != 0 {
+		t.Errorf("the streams created %d new flows after the flood, want 0 (an established flow was lost)", got)
+	}
+	// A new connection is still served, by the active backend.
+	fresh := "10.0.0.9:33333"
+	out := send(tcpFrame(fresh, vipTCP, tcpSYN, ""), tcOK)
+	if want := tcpFrame(fresh, vipTCP, tcpSYN, "").withAddrs("", b.Addr.String()).bytes(); string(out) != string(want) {
+		t.Errorf("new connection after the flood not sent to the active backend")
+	}
+	st, err := d.SweepConntrack(t.Context())
+	must(t, err)
+	t.Logf("after the flood: established %d, unreplied %d entries, evicted %d", st.Established, st.Unreplied, st.Evicted)
+	if st.Established != 2*len(streams) {
+		t.Errorf("established table holds %d entries, want %d", st.Established, 2*len(streams))
+	}
+}
+
+// TestConntrackPromoteFull fills the established table: a flow that
+// cannot be promoted goes on from the unreplied table, counted, and is
+// promoted at a later refresh once there is room.
+func TestConntrackPromoteFull(t *testing.T) {
+	d := newDatapath(t, Options{MaxConntrack: 2, NewFlowsPerSource: NoSourceLimit})
+	f := fe(vipTCP, TCP)
+	mustSet(t, d, f, be(beTCP))
+	first, second := flowOf("10.0.0.5:1000", vipTCP, beTCP, protoTCP), flowOf("10.0.0.6:1000", vipTCP, beTCP, protoTCP)
+	handshake := func(client string, promoted stats) []pktCase {
+		syn, synAck, ack := tcpFrame(client, vipTCP, tcpSYN, ""), tcpFrame(beTCP, client, tcpSYN|tcpACK, ""), tcpFrame(client, vipTCP, tcpACK, "")
+		return []pktCase{
+			{name: client + "_syn", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+			{name: client + "_syn_ack", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+			{name: client + "_ack", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: f, stats: promoted},
+		}
+	}
+	rows := handshake("10.0.0.5:1000", stats{StatConntrackPromoted: 1})
+	rows = append(rows, handshake("10.0.0.6:1000", stats{StatConntrackPromoteFull: 1})...)
+	data := tcpFrame("10.0.0.6:1000", vipTCP, tcpACK, "data")
+	fin := tcpFrame("10.0.0.5:1000", vipTCP, tcpFIN|tcpACK, "")
+	rows = append(rows,
+		pktCase{name: "refused_flow_keeps_running_unassured", hook: hookTC, in: data, out: ptr(data.withAddrs("", beTCP)), fwd: f,
+			after: expectTable(second, false)},
+		pktCase{name: "first_closes_and_makes_room", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: f,
+			stats: stats{StatConntrackDemoted: 1}, after: expectTable(first, false)},
+		pktCase{name: "refused_flow_promoted_at_its_next_refresh", hook: hookTC, in: data, out: ptr(data.withAddrs("", beTCP)), fwd: f,
+			before: setExpires(second, TimeoutTCPSyn-2*time.Second),
+			stats:  stats{StatConntrackPromoted: 1}, after: both(expectTable(second, true), expectState(second, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished))},
+	)
+	runTable(t, d, rows)
+}
+
+// TestConntrackSourceLimit spends one source's budget of new flows:
+// its next new flow is dropped, another source's is not, and a flow of
+// the first source that gets established gives its share back.
+func TestConntrackSourceLimit(t *testing.T) {
+	// One flow a second, bursts of one: the second SYN within the
+	// second is over the budget.
+	d := newDatapath(t, Options{NewFlowsPerSource: 1})
+	f := fe(vipTCP, TCP)
+	mustSet(t, d, f, be(beTCP))
+	synA, synB := tcpFrame("10.0.0.5:1000", vipTCP, tcpSYN, ""), tcpFrame("10.0.0.5:1001", vipTCP, tcpSYN, "")
+	other := tcpFrame("10.0.0.6:1000", vipTCP, tcpSYN, "")
+	synAckA, ackA := tcpFrame(beTCP, "10.0.0.5:1000", tcpSYN|tcpACK, ""), tcpFrame("10.0.0.5:1000", vipTCP, tcpACK, "")
+	runTable(t, d, []pktCase{
+		{name: "first_flow_of_a_source", hook: hookTC, in: synA, out: ptr(synA.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+		{name: "second_flow_over_its_budget", hook: hookTC, in: synB, want: drop, stats: stats{StatDropSourceLimit: 1}},
+		{name: "another_source_is_not_limited", hook: hookTC, in: other, out: ptr(other.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+		{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", beTCP)), fwd: f,
+			stats: stats{StatConntrackPromoted: 1}},
+		{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+	})
+}
+
+// TestSNATPortReclaim gives SNAT one port: a flow holds it only while it
+// lives. Unanswered, it lives TimeoutSNATUnreplied; once expired, the
+// next flow takes the port over without a sweep, from either table; a
+// reply gives the flow the normal timeout, the client's answer assures it.
+func TestSNATPortReclaim(t *testing.T) {
+	one := PortRange{Min: 61000, Max: 61000}
+	e := newFwdEnv(t, Options{SNATPorts: one})
+	f := extFrontend(nodeAddr+":30082", TCP)
+	backend := ap(beNode2, 8080)
+	mustSet(t, e.d, f, be(backend))
+	natSrc := ap(nodeAddr, 61000)
+	c1, c2, c3 := ap(outside, 40000), ap(outside, 40001), ap(outside, 40002)
+	flowOfClient := func(c string) flowKeys {
+		return flowKeys{fwd: ctKey(c, f.Addr.String(), protoTCP), rev: ctKey(backend, natSrc, protoTCP)}
+	}
+	syn := func(c string) frame { return tcpFrame(c, f.Addr.String(), tcpSYN, "") }
+	toBackend := func(fr frame) *frame { return ptr(fr.withAddrs(natSrc, backend).forwarded(e.mac["up0"], macNode2)) }
+	synAck := tcpFrame(backend, natSrc, tcpSYN|tcpACK, "")
+	ack := tcpFrame(c2, f.Addr.String(), tcpACK, "")
+	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
+	reclaimed := newSNAT.plus(stats{StatSNATReclaimed: 1, StatConntrackReplaced: 1})
+	runTable(t, e.d, []pktCase{
+		{name: "unanswered_flow_holds_the_port_for_seconds", hook: hookXDP, env: e, iif: "up0", in: syn(c1), out: toBackend(syn(c1)), ret: xdpTX,
+			fwd: f, newFlow: true, stats: newSNAT, after: expectExpires(flowOfClient(c1), TimeoutSNATUnreplied)},
+		{name: "port_held_while_the_flow_lives", hook: hookXDP, env: e, iif: "up0", in: syn(c2),
+			want: drop, stats: stats{StatSNATCollision: uint64(SNATRetries), StatDropSNATExhausted: 1}},
+		{name: "expired_unreplied_holder_reclaimed", hook: hookXDP, env: e, iif: "up0", in: syn(c2), out: toBackend(syn(c2)), ret: xdpTX,
+			before: setExpires(flowOfClient(c1), -time.Millisecond),
+			fwd:    f, newFlow: true, stats: reclaimed, after: expectExpires(flowOfClient(c2), TimeoutSNATUnreplied)},
+		{name: "reply_gives_the_normal_timeout", hook: hookXDP, env: e, iif: "up0", in: synAck,
+			out: ptr(synAck.withAddrs(f.Addr.String(), c2).forwarded(e.mac["up0"], macRouter)), ret: xdpTX, stats: stats{StatReverseNAT: 1},
+			after: both(expectExpires(flowOfClient(c2), TimeoutTCPSyn), expectTable(flowOfClient(c2), false))},
+		{name: "client_answer_assures", hook: hookXDP, env: e, iif: "up0", in: ack, out: toBackend(ack), ret: xdpTX, fwd: f,
+			stats: stats{StatConntrackPromoted: 1},
+			after: both(expectExpires(flowOfClient(c2), TimeoutTCPEstablished), expectTable(flowOfClient(c2), true))},
+		{name: "expired_established_holder_reclaimed", hook: hookXDP, env: e, iif: "up0", in: syn(c3), out: toBackend(syn(c3)), ret: xdpTX,
+			before: setExpires(flowOfClient(c2), -time.Millisecond),
+			fwd:    f, newFlow: true, stats: reclaimed, after: expectTable(flowOfClient(c3), false)},
+	})
+}
+
+// TestSweepDeletesOrphans plants a flow whose reply entry is gone (as an
+// LRU eviction leaves it) and a source-translated flow: the sweep deletes
+// the orphan, keeps the whole flow, and counts the SNAT port by backend.
+func TestSweepDeletesOrphans(t *testing.T) {
+	d := setupTable(t)
+	whole := flowOf("10.0.9.1:1000", vipTCP, beTCP, protoTCP)
+	half := flowOf("10.0.9.2:1000", vipTCP, beTCP, protoTCP)
+	for _, c := range []string{"10.0.9.1:1000", "10.0.9.2:1000"} {
+		if ret, _ := run(t, d.tcProg, tcpFrame(c, vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+			t.Fatalf("SYN from %s: verdict %d", c, ret)
+		}
+	}
+	must(t, d.ctNew.Delete(&half.rev))
+	plantSNATFlow("192.0.2.1:5000", "10.250.0.1:30080", "10.244.2.10:8080", "10.250.0.1:61000", protoTCP)(t, d)
+
+	st, err := d.SweepConntrack(t.Context())
+	must(t, err)
+	t.Logf("%+v", st)
+	if st.Orphans != 1 {
+		t.Errorf("orphans deleted = %d, want 1", st.Orphans)
+	}
+	if _, err := d.ctTables().lookup(half.fwd); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("the orphaned forward entry is still there: %v", err)
+	}
+	readCT(t, d, whole.fwd)
+	readCT(t, d, whole.rev)
+	if got := st.SNATPorts[netip.MustParseAddrPort("10.244.2.10:8080")]; got != 1 || len(st.SNATPorts) != 1 {
+		t.Errorf("SNAT ports in use = %v, want 1 for 10.244.2.10:8080", st.SNATPorts)
+	}
+	if st.Established != 2 || st.Unreplied != 2 {
+		t.Errorf("established %d, unreplied %d entries; want 2, 2", st.Established, st.Unreplied)
+	}
+}
