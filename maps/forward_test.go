@@ -251,16 +251,23 @@ type entry struct {
 	smac, dmac  [6]byte
 	svc         Frontend // for ids: the frontend and ...
 	backendAddr string   // ... its backend
+	// flags are the ct_flag bits beyond CT_F_SNAT (set by nat): reply
+	// seen, assured.
+	flags tcCtFlag
 }
+
+// assuredFlags are the flags of an established (promoted) flow.
+const assuredFlags = tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED
 
 func (x entry) value(t *testing.T, d *Datapath) tcCtValue {
 	t.Helper()
 	ap := netip.MustParseAddrPort(x.addr)
 	v := tcCtValue{Addr: be32(ap.Addr()), Port: be16(ap.Port()), Dir: uint8(x.dir), State: uint8(x.state),
 		Redirect: uint8(x.redirect), Ifindex: uint32(x.ifindex), Smac: x.smac, Dmac: x.dmac}
+	v.Flags = uint8(x.flags)
 	if x.nat != "" {
 		n := netip.MustParseAddrPort(x.nat)
-		v.Flags = uint8(tcCtFlagCT_F_SNAT)
+		v.Flags |= uint8(tcCtFlagCT_F_SNAT)
 		v.NatAddr, v.NatPort = be32(n.Addr()), be16(n.Port())
 	}
 	s := d.fes[x.svc]
@@ -440,7 +447,8 @@ func TestXDPNorthSouth(t *testing.T) {
 			out: ptr(clusterReply.withAddrs(feCluster.Addr.String(), cToNode2).forwarded(upMAC0, macRouter)), ret: xdpTX,
 			stats: stats{StatReverseNAT: 1}},
 		{name: "cluster_remote_established_hit", hook: hookXDP, env: e, iif: "up0", in: clusterAck,
-			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feCluster},
+			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feCluster,
+			stats: stats{StatConntrackPromoted: 1}},
 		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
 			out: ptr(udpQ.withAddrs(ap(nodeAddr, int(udpPort)), ap(beNode2, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
 			fwd: feRemoteUDP, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
@@ -623,8 +631,9 @@ func TestTCForwarding(t *testing.T) {
 			stats: stats{StatReverseNAT: 1}},
 		{name: "next_forward_packet_resolves_again_after_the_state_change", hook: hookTC, env: e, iif: "hc", in: localAck,
 			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
+			stats: stats{StatConntrackPromoted: 1},
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd)},
+				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.fwd)},
 		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
 			out: ptr(toRemote.withAddrs("", ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
 			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
@@ -655,10 +664,10 @@ func TestTCForwarding(t *testing.T) {
 			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
 			after: both(
 				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd),
+					ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.fwd),
 				// The reply's entry resolves again on its next packet.
 				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
-					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.rev),
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.rev),
 			)},
 	}
 	runTable(t, d, rows)
