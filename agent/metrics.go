@@ -129,6 +129,7 @@ type DatapathCollector struct {
 
 	packets, bytes, flows, backendPackets, drops, reverse, events           *prometheus.Desc
 	entries, capacity, ctEntries, ctCreated, ctExpired, ctEvicted           *prometheus.Desc
+	ctTable, ctTableCap, snatPorts                                          *prometheus.Desc
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 }
 
@@ -152,7 +153,10 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		ctEntries:       d("topolb_conntrack_entries", "Live conntrack entries at the last sweep (one per flow direction), by protocol and TCP state.", "kind"),
 		ctCreated:       d("topolb_conntrack_flows_created_total", "Flows the datapath created (two entries each), since its maps were created."),
 		ctExpired:       d("topolb_conntrack_expired_total", "Conntrack entries deleted by sweeps after they expired, since the maps were created."),
-		ctEvicted:       d("topolb_conntrack_evicted_total", "Conntrack entries the LRU evicted to make room (derived at each sweep); an evicted established flow is re-balanced silently."),
+		ctEvicted:       d("topolb_conntrack_evicted_total", "Conntrack entries the LRU of the unreplied table evicted to make room (derived at each sweep); established flows are never evicted."),
+		ctTable:         d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).", "table"),
+		ctTableCap:      d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).", "table"),
+		snatPorts:       d("topolb_snat_ports_in_use", "SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).", "backend"),
 		driftRepaired:   d("topolb_datapath_drift_repaired_total", "Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.", "kind"),
 		driftRemaining:  d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
 		upkeepErrors:    d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
@@ -164,7 +168,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 // Describe implements prometheus.Collector.
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
-		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted,
+		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
 		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare} {
 		ch <- d
 	}
@@ -231,6 +235,15 @@ func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, 
 		counter(c.ctCreated, float64(st.Sweep.Created))
 		counter(c.ctExpired, float64(st.Sweep.Swept))
 		counter(c.ctEvicted, float64(st.Sweep.Evicted))
+		gauge(c.ctTable, float64(st.Sweep.Established), "established")
+		gauge(c.ctTable, float64(st.Sweep.Unreplied), "unreplied")
+		gauge(c.ctTableCap, float64(st.Sweep.EstablishedCap), "established")
+		gauge(c.ctTableCap, float64(st.Sweep.UnrepliedCap), "unreplied")
+		for be, n := range st.Sweep.SNATPorts {
+			if n > 0 {
+				gauge(c.snatPorts, float64(n), be.String())
+			}
+		}
 	}
 	for kind, n := range st.Repairs {
 		counter(c.driftRepaired, float64(n), string(kind))

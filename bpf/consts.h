@@ -70,7 +70,7 @@ enum stat_reason {
 	STAT_REVERSE_NAT = 4,       /* replies rewritten back to the service address */
 	STAT_FRAGMENT = 5,          /* IPv4 fragments, passed untouched */
 	STAT_CT_CREATED = 6,        /* flows created (each is two conntrack entries) */
-	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow overwrote (expired, stale, reopened) */
+	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow replaced: deleted or overwritten (expired, stale, reopened, an expired SNAT port taken over) */
 	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
 	STAT_CT_STALE_BACKEND = 9,  /* packets whose backend is gone: re-balanced */
 	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow or a draining backend: new flow */

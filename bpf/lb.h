@@ -118,7 +118,8 @@ static __always_inline __u8 ct_next_state(__u8 state, __u8 dir, const struct pac
 }
 
 /* ct_peer_key fills the key of the other direction's entry of the flow
- * that pkt matched as ct. */
+ * that pkt matched as ct. The agent's sweep mirrors it (ctPeerKey in
+ * maps/conntrack.go): change both together. */
 static __always_inline void ct_peer_key(const struct packet *pkt, const struct ct_value *ct,
 					struct ct_key *peer)
 {

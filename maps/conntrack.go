@@ -51,6 +51,9 @@ type SweepStats struct {
 	// table (assured flows, never evicted) and of the unreplied one
 	// (flows not established yet and closing ones, LRU).
 	Established, Unreplied int
+	// EstablishedCap and UnrepliedCap are the tables' sizes
+	// (Options.MaxConntrack, Options.MaxConntrackNew).
+	EstablishedCap, UnrepliedCap int
 	// SNATPorts counts the SNAT ports in use by backend: live reply
 	// entries of source-translated flows, keyed by backend address.
 	SNATPorts map[netip.AddrPort]int
@@ -172,7 +175,8 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	if err != nil {
 		return SweepStats{}, err
 	}
-	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int)}
+	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int),
+		EstablishedCap: int(d.opts.MaxConntrack), UnrepliedCap: int(d.opts.MaxConntrackNew)}
 	var scans [2]ctScan
 	for i, m := range tables {
 		// Only the unreplied table's entries are kept for the orphan

@@ -22,8 +22,9 @@ const (
 	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
 	// StatConntrackCreated: flows created (two conntrack entries each).
 	StatConntrackCreated = Stat(tcStatReasonSTAT_CT_CREATED)
-	// StatConntrackReplaced: conntrack entries a new flow overwrote
-	// (expired, backend gone, reopened by a SYN): entries inserted are
+	// StatConntrackReplaced: conntrack entries a new flow replaced,
+	// deleted or overwritten (expired, backend gone, reopened by a SYN, an
+	// expired SNAT port taken over): entries inserted are
 	// 2·StatConntrackCreated − StatConntrackReplaced.
 	StatConntrackReplaced = Stat(tcStatReasonSTAT_CT_REPLACED)
 	// StatConntrackExpired: packets whose flow had expired; balanced anew.

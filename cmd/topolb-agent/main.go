@@ -48,6 +48,8 @@ type flags struct {
 	maxFrontends   uint32
 	maxBackends    uint32
 	maxConntrack   uint32
+	maxCtNew       uint32
+	perSource      uint32
 	snatPorts      string
 	events         bool
 	coalesce       time.Duration
@@ -109,8 +111,10 @@ answers 200 once the first full sync is in the maps.`,
 	fl.DurationVar(&f.healthTimeout, "health-timeout", agent.DefaultHealthTimeout, "/healthz fails when a change has waited longer than this for the maps, or one sync has run longer (kube-proxy: 2 × its 30 s sync period)")
 	fl.Uint32Var(&f.maxFrontends, "max-frontends", maps.DefaultMaxFrontends, "capacity of the services map (frontends)")
 	fl.Uint32Var(&f.maxBackends, "max-backends", maps.DefaultMaxBackends, "capacity of the backends map (sum of backends over frontends)")
-	fl.Uint32Var(&f.maxConntrack, "max-conntrack", maps.DefaultMaxConntrack, "capacity of the LRU conntrack map")
-	fl.StringVar(&f.snatPorts, "snat-ports", maps.DefaultSNATPorts.String(), "source ports (MIN-MAX) given to traffic from outside that is sent to a backend on another node and source-translated to this node's address; must overlap neither net.ipv4.ip_local_port_range nor the NodePort range (the default lies above both Linux defaults)")
+	fl.Uint32Var(&f.maxConntrack, "max-conntrack", 0, "entries of the established conntrack table, two per flow; established flows are never evicted, and when the table is full new flows stay in the unreplied table; 0: from the node's memory, one entry per 64 KiB rounded down to a power of two, 32768 to 1048576 (about 1/512 of the memory)")
+	fl.Uint32Var(&f.maxCtNew, "max-conntrack-unreplied", 0, "entries of the LRU conntrack table of flows not established yet and closing ones, the budget a flood of new flows churns; 0: a quarter of --max-conntrack")
+	fl.Uint32Var(&f.perSource, "new-flows-per-source", maps.DefaultNewFlowsPerSource, "new flows a second (bursts of as many) one source address may start that are not established yet; each flow that gets established gives its share back; over it new flows are dropped; 0 disables the limit")
+	fl.StringVar(&f.snatPorts, "snat-ports", maps.DefaultSNATPorts.String(), "source ports (MIN-MAX) given to traffic from outside that is sent to a backend on another node and source-translated to this node's address, each port once per backend address and port; must overlap neither net.ipv4.ip_local_port_range nor the NodePort range (the default is netfilter's masquerade range 1024-65535 below both Linux defaults)")
 	fl.BoolVar(&f.events, "events", true, "emit Kubernetes Events on Services when this node's mode changes or programming fails (rate-limited)")
 	fl.DurationVar(&f.coalesce, "sync-coalesce", 2*time.Millisecond, "wait this long after a change so a burst of changes becomes one sync")
 	fl.DurationVar(&f.retry, "retry-interval", time.Second, "how often services whose programming failed are retried")
@@ -242,6 +246,19 @@ func kubeClient(kubeconfig, apiserver string) (kubernetes.Interface, error) {
 	return client, nil
 }
 
+// conntrackSize is --max-conntrack, or when 0 the size for the node's
+// memory (maps.ConntrackSizeFor).
+func conntrackSize(flag uint32) (uint32, error) {
+	if flag != 0 {
+		return flag, nil
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0, fmt.Errorf("read the node's memory to size conntrack (set --max-conntrack): %w", err)
+	}
+	return maps.ConntrackSizeFor(uint64(si.Totalram) * uint64(si.Unit)), nil
+}
+
 // loadDatapath loads (or adopts) the datapath pinned under --bpffs,
 // mounting a bpf filesystem first where the node has none. The error says
 // why it could not: another agent holds the pin path's lock (wrapping
@@ -251,8 +268,17 @@ func loadDatapath(log *slog.Logger, f flags, snatPorts maps.PortRange) (*maps.Da
 	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
 		return nil, err
 	}
+	maxConntrack, err := conntrackSize(f.maxConntrack)
+	if err != nil {
+		return nil, err
+	}
+	perSource := f.perSource
+	if perSource == 0 {
+		perSource = maps.NoSourceLimit
+	}
 	dp, err := maps.Load(maps.Options{
-		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends, MaxConntrack: f.maxConntrack,
+		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends,
+		MaxConntrack: maxConntrack, MaxConntrackNew: f.maxCtNew, NewFlowsPerSource: perSource,
 		SNATPorts: snatPorts, Logger: log.With("component", "datapath"),
 	})
 	switch {
