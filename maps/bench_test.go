@@ -208,12 +208,23 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	// Establish the flows (untimed; conntrack holds them all), then time
 	// their later packets and their replies. tc flows first, then, in a
 	// cleared table of the same size, XDP flows to external frontends.
+	// A flow is established (promoted into tlb_conntrack, the table an
+	// established packet looks up alone) by the client's packet after
+	// the backend's reply; the reply is run through tc, where a pod's
+	// reply arrives.
 	establish := func(prog *ebpf.Program, ok uint32, frame []byte) []byte {
 		ret, out := run(b, prog, frame)
 		if ret != ok {
 			b.Fatalf("establishing flow %s -> %s: verdict %d", source(frame), destination(frame), ret)
 		}
-		return f.mk(destination(out), source(frame))
+		reply := f.mk(destination(out), source(frame))
+		if ret, _ := run(b, d.tcProg, reply); ret == tcShot {
+			b.Fatalf("reply of flow %s -> %s dropped", source(frame), destination(frame))
+		}
+		if ret, _ := run(b, prog, frame); ret != ok {
+			b.Fatalf("establishing flow %s -> %s, second packet: verdict %d", source(frame), destination(frame), ret)
+		}
+		return reply
 	}
 	hits := make([][]byte, flows)
 	replies := make([][]byte, flows)
@@ -235,7 +246,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, s := range []Stat{StatConntrackCreated, StatConntrackExpired, StatConntrackStaleBackend, StatDropNoBackend, StatDropMapFull} {
+		for _, s := range []Stat{StatConntrackCreated, StatConntrackExpired, StatConntrackStaleBackend, StatDropNoBackend, StatDropMapFull, StatConntrackPromoted} {
 			if n := after.Stats[s] - before.Stats[s]; n != 0 {
 				b.Fatalf("%s moved by %d while measuring hits and replies: not every packet was a hit", s, n)
 			}

@@ -1,0 +1,201 @@
+package e2e
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+// floodTable is the conntrack size of TestFloodKeepsConnections: the
+// established table's entries, as issue 22's attack used.
+const floodTable = 4096
+
+// TestFloodKeepsConnections is issue 22's attack with real traffic: on
+// agents with a 4,096-entry conntrack, 8 TCP streams from a pod and 8 from
+// an outside client (to a NodePort, source-translated where the backend is
+// on another node), half of the pod's on backends that then turn
+// serving-terminating as in a rollout; then a SYN flood of ten times the
+// table from random source ports of the pod and of the outside client,
+// sent with raw sockets. Every stream must still answer from its own
+// backend, and new connections from both must be served afterwards.
+func TestFloodKeepsConnections(t *testing.T) {
+	requireRoot(t)
+	spec := outsideSpec(t)
+	tb := newTestbed(t, spec)
+	bin := requireAgent(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2, MaxConntrack: floodTable}); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	cancel()
+	web := allEndpoints(t, spec)
+	np := northSouthServices()[0]
+	apply(t, tb, []testbed.ServiceSpec{web, np})
+	client := tb.Pod("client")
+	ext := tb.External("ext1")
+	target := targets(t, tb, client)
+	npTarget := nodePortOf(t, tb, "node-b1", "np", v1.ProtocolTCP)
+
+	podFlows := openFlows(t, client, target, 8)[:8] // the TCP ones
+	var extFlows []*flow
+	for i := 0; i < 8; i++ {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		c, err := ext.Open(ctx, v1.ProtocolTCP, npTarget)
+		if err != nil {
+			cancel()
+			t.Fatalf("open outside flow: %v", err)
+		}
+		a, err := c.Ask(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("outside flow %s: first request: %v", c.LocalAddr(), err)
+		}
+		t.Cleanup(func() { c.Close() })
+		extFlows = append(extFlows, &flow{conn: c, proto: v1.ProtocolTCP, backend: a.Pod})
+	}
+	// Drain the backends of half the pod's streams, as a rollout would.
+	draining := backendsOf(podFlows[:4])
+	for _, b := range draining {
+		web.Endpoints[slices.IndexFunc(web.Endpoints, func(e testbed.EndpointSpec) bool { return e.Pod == b })].Condition = testbed.Terminating
+	}
+	apply(t, tb, []testbed.ServiceSpec{web, np})
+	onDraining := 0
+	for _, f := range podFlows {
+		if slices.Contains(draining, f.backend) {
+			onDraining++
+		}
+	}
+	all := append(slices.Clone(podFlows), extFlows...)
+	askAll(t, "before the flood", all)
+
+	// The flood: ten times the table, half from the pod, half from the
+	// outside client, each SYN from a random source port — never one of
+	// a stream's own, whose SYN would be that client's new connection.
+	var skip []uint16
+	for _, f := range all {
+		skip = append(skip, f.conn.LocalAddr().Port())
+	}
+	start := time.Now()
+	for _, src := range []struct {
+		ns   *testbed.NS
+		from netip.Addr
+		to   netip.AddrPort
+	}{
+		{client.NS, client.Addr, target[v1.ProtocolTCP]},
+		{ext.NS, ext.Addr, npTarget},
+	} {
+		if err := synFlood(src.ns, src.from, src.to, 10*floodTable/2, skip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("flooded %d SYNs in %s", 10*floodTable, time.Since(start).Round(time.Millisecond))
+
+	askAll(t, "after the flood", all)
+	// New connections from both are served.
+	for _, c := range []testbed.Client{client, ext} {
+		to := target[v1.ProtocolTCP]
+		if c == testbed.Client(ext) {
+			to = npTarget
+		}
+		var err error
+		for try := 0; try < 20; try++ {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			_, err = c.Request(ctx, v1.ProtocolTCP, to)
+			cancel()
+			if err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("new connection from %s to %s after the flood: %v", c.ClientName(), to, err)
+		}
+	}
+	t.Logf("16 streams (%d of the pod's on draining %v) survived a flood of %d SYNs", onDraining, draining, 10*floodTable)
+	if onDraining == 0 {
+		t.Errorf("no stream on a draining backend: the test checks less than it says")
+	}
+}
+
+// nodePortOf is the NodePort frontend of service's proto port on node.
+func nodePortOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol) netip.AddrPort {
+	t.Helper()
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, node)
+	for _, d := range ds {
+		if strings.HasSuffix(d.Service, "/"+service) && d.Protocol == proto && d.NodePort.IsValid() {
+			return d.NodePort
+		}
+	}
+	t.Fatalf("service %s has no %s NodePort on %s", service, proto, node)
+	return netip.AddrPort{}
+}
+
+// synFlood sends count TCP SYNs from from to to, inside ns, with a raw
+// socket (as hping3 would), each from a random source port outside skip.
+// The sender's own stack answers the SYN-ACKs with resets: the flows never
+// get established.
+func synFlood(ns *testbed.NS, from netip.Addr, to netip.AddrPort, count int, skip []uint16) error {
+	return ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_TCP)
+		if err != nil {
+			return fmt.Errorf("raw socket in %s: %w", ns.Name, err)
+		}
+		defer unix.Close(fd)
+		sa := &unix.SockaddrInet4{Addr: to.Addr().As4()}
+		rng := rand.New(rand.NewPCG(22, uint64(count)))
+		seg := make([]byte, 20)
+		for sent := 0; sent < count; {
+			port := uint16(1024 + rng.IntN(64000))
+			if slices.Contains(skip, port) {
+				continue
+			}
+			synSegment(seg, from, to, port, rng.Uint32())
+			if err := unix.Sendto(fd, seg, 0, sa); err != nil {
+				if err == unix.ENOBUFS || err == unix.EAGAIN {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				return fmt.Errorf("send SYN in %s: %w", ns.Name, err)
+			}
+			sent++
+		}
+		return nil
+	})
+}
+
+// synSegment writes a 20-byte TCP SYN from from:sport to to into seg, with
+// its checksum (RFC 9293 3.1, over the pseudo-header).
+func synSegment(seg []byte, from netip.Addr, to netip.AddrPort, sport uint16, seq uint32) {
+	clear(seg)
+	binary.BigEndian.PutUint16(seg[0:], sport)
+	binary.BigEndian.PutUint16(seg[2:], to.Port())
+	binary.BigEndian.PutUint32(seg[4:], seq)
+	seg[12] = 5 << 4 // data offset: 5 words
+	seg[13] = 0x02   // SYN
+	binary.BigEndian.PutUint16(seg[14:], 64240)
+	var sum uint32
+	for _, a := range [][4]byte{from.As4(), to.Addr().As4()} {
+		sum += uint32(binary.BigEndian.Uint16(a[0:])) + uint32(binary.BigEndian.Uint16(a[2:]))
+	}
+	sum += unix.IPPROTO_TCP + uint32(len(seg))
+	for i := 0; i < len(seg); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(seg[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(seg[16:], ^uint16(sum))
+}
