@@ -100,7 +100,7 @@ enum stat_reason {
 	STAT_DROP_SNAT_NO_ROUTE = 30,  /* no route, or no source address, towards a remote backend: new flow dropped */
 	STAT_DROP_SNAT_FALLBACK = 31,  /* a source-NATed packet that could not be forwarded (MTU, TTL): dropped, the stack would take it for a martian */
 	/* The two conntrack tables (docs/datapath.md, "Conntrack"). */
-	STAT_CT_PROMOTED = 32,          /* flows moved into tlb_conntrack: the client answered the backend's reply */
+	STAT_CT_PROMOTED = 32,          /* flows moved into tlb_conntrack: TCP whose client answered the reply, UDP with a reply */
 	STAT_CT_PROMOTE_FULL = 33,      /* promotions refused, tlb_conntrack full: the flow goes on from tlb_ct_new (tried again once a second) */
 	STAT_DROP_CT_SOURCE_LIMIT = 34, /* new flows over their source's budget (tlb_ct_src): dropped */
 	STAT_CT_DEMOTED = 35,           /* closing flows moved from tlb_conntrack back to tlb_ct_new */
@@ -167,14 +167,15 @@ enum ct_state {
 enum ct_flag {
 	CT_F_SNAT = 1,    /* nat_addr/nat_port hold the second pair (source-NATed flow) */
 	CT_F_REPLIED = 2, /* a packet of the reply direction was seen */
-	CT_F_ASSURED = 4, /* the client answered the reply: the flow lives in tlb_conntrack, else in tlb_ct_new */
+	CT_F_ASSURED = 4, /* promoted (TCP: the client answered the reply; UDP: a reply): in tlb_conntrack, else in tlb_ct_new */
 	CT_F_FULL = 8,    /* a promotion found tlb_conntrack full: tried again at the next refresh, not per packet */
 };
 
 /* Per-source budget of new flows (tlb_ct_src, a generic cell rate
  * algorithm): a source may start cfg_ct_src_rate flows a second that are
  * not established yet, in bursts of as many; each flow that gets
- * promoted (the client answered the reply) gives its share back, so
+ * promoted (a TCP client answered the reply, a UDP flow got one) gives
+ * its share back, so
  * clients whose handshakes complete are never limited, and one source
  * flooding SYNs or one-way datagrams cannot churn everyone's unreplied
  * flows out of tlb_ct_new. 0 disables the limit. */

@@ -162,6 +162,16 @@ static __always_inline int ct_is_peer(const struct packet *pkt, const struct ct_
 	       (!snat || (peer->nat_addr == pkt->daddr && peer->nat_port == pkt->dport));
 }
 
+/* ct_client is the client address of the flow whose entry ct pkt
+ * matched: the forward packet's source, the reply's destination (before
+ * the reverse source NAT). */
+static __always_inline __be32 ct_client(const struct packet *pkt, const struct ct_value *ct)
+{
+	if (ct->dir == CT_FORWARD)
+		return pkt->saddr;
+	return ct->flags & CT_F_SNAT ? ct->nat_addr : pkt->daddr;
+}
+
 /* ct_src_take takes one new flow from src's budget (tlb_ct_src). Returns
  * 0 when it is spent. A source not in the table (new, or forgotten by the
  * LRU) starts with a full budget. */
@@ -195,9 +205,9 @@ static __always_inline void ct_src_give(__be32 src)
 
 /* ct_move writes both entries of a flow, a (under key) and b (under
  * peer_key), into the table their flags name and deletes them from the
- * other: a promotion into tlb_conntrack or a demotion out of it. Reverse
- * first and undone when the forward insert fails, so the two live and die
- * together. Returns a's entry in its new table, or NULL when the insert
+ * other: a promotion into tlb_conntrack or a demotion out of it. The peer
+ * first, undone when the second insert fails, so the two live and die
+ * together; both stay in the old table until both are in the new one. Returns a's entry in its new table, or NULL when the insert
  * was refused (tlb_conntrack full; an LRU insert does not fail for room):
  * then nothing moved. */
 static __always_inline struct ct_value *ct_move(const struct ct_key *key, const struct ct_value *a,
@@ -224,12 +234,15 @@ static __always_inline struct ct_value *ct_move(const struct ct_key *key, const 
  * one-way stream keeps its other half, and marks their forwarding
  * targets to be resolved again (fwd_mark_stale). It moves the flow
  * between the tables:
- *   - promotion into tlb_conntrack when the client sends after a reply
- *     (TCP: the handshake's last ACK; UDP: the next datagram), the step
- *     that proves its address answers, as netfilter's assured bit does:
- *     a spoofed SYN flood a backend answers never gets there. Refused
- *     when the table is full: counted, and the flow goes on from
- *     tlb_ct_new, tried again at each refresh (CT_F_FULL);
+ *   - promotion into tlb_conntrack. TCP: when the client sends after
+ *     the reply (the handshake's last ACK), the step that proves its
+ *     address answers, as netfilter's assured bit does: a spoofed SYN
+ *     flood that a backend answers never gets there. UDP has no
+ *     handshake: the first reply promotes (waiting for the client's next
+ *     datagram would leave a request-and-answer flow that then idles,
+ *     a long-lived connected socket, to the LRU's churn). Refused when
+ *     the table is full: counted, and the flow goes on from tlb_ct_new,
+ *     tried again at each refresh (CT_F_FULL);
  *   - demotion back to tlb_ct_new when an assured flow closes, where
  *     netfilter would early-drop it too: a closing flow must not hold
  *     room an established one needs.
@@ -243,7 +256,8 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
 	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
-	int promote = ct->dir == CT_FORWARD && state != CT_TCP_CLOSING &&
+	int answered = pkt->proto == IP_PROTO_TCP ? ct->dir == CT_FORWARD : ct->dir == CT_REVERSE;
+	int promote = answered && state != CT_TCP_CLOSING &&
 		      (flags & (CT_F_REPLIED | CT_F_ASSURED)) == CT_F_REPLIED;
 	int demote = (flags & CT_F_ASSURED) && state == CT_TCP_CLOSING;
 	/* Staleness by the lifetime where the flow is: a promotion refused
@@ -281,7 +295,7 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 		if (moved) {
 			if (promote) {
 				stat_inc(STAT_CT_PROMOTED);
-				ct_src_give(pkt->saddr);
+				ct_src_give(ct_client(pkt, ct));
 			} else {
 				stat_inc(STAT_CT_DEMOTED);
 			}

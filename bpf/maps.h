@@ -54,9 +54,8 @@ struct {
  * flow (both directions) are always in the same table; CT_F_ASSURED in
  * the value says which.
  *
- * tlb_conntrack: assured flows, whose client answered the backend's
- * reply (TCP: the handshake's last ACK; UDP: a datagram after the first
- * reply). A plain hash, not LRU: nothing is evicted to make room. When it
+ * tlb_conntrack: assured flows: TCP whose client answered the backend's
+ * reply (the handshake's last ACK), UDP that got a reply. A plain hash, not LRU: nothing is evicted to make room. When it
  * is full, a promotion is refused (STAT_CT_PROMOTE_FULL) and the flow
  * goes on from tlb_ct_new. Entries leave when they close (moved back to
  * tlb_ct_new), or expire and are swept by the agent. Looked up first: an

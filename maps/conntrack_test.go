@@ -220,12 +220,11 @@ func TestConntrackLifecycle(t *testing.T) {
 		{name: "udp_one_way_stream_refreshes_the_reply_entry", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE,
 			before: setExpires(udpFlow, 30*time.Second),
 			after:  expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP)},
-		{name: "udp_reply_refreshes", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1},
+		// A reply assures a UDP flow.
+		{name: "udp_reply_promotes", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1},
 			before: setExpires(udpFlow, 2*time.Second),
-			after:  both(expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP), expectTable(udpFlow, false))},
-		// A datagram after the reply assures a UDP flow.
-		{name: "udp_after_reply_promotes", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE,
-			stats: stats{StatConntrackPromoted: 1},
+			after:  both(expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP), expectTable(udpFlow, true))},
+		{name: "udp_after_reply_hits", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE,
 			after: both(expectState(udpFlow, tcCtStateCT_UDP, TimeoutUDP), expectTable(udpFlow, true))},
 		{name: "udp_expired_is_new", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true,
 			before: setExpires(udpFlow, -time.Second),

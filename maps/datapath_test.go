@@ -298,7 +298,7 @@ func TestTCProgram(t *testing.T) {
 		{name: "tcp_fin", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: tcpFE},
 		{name: "udp_odd_payload", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
 		{name: "udp_zero_checksum_stays_zero", hook: hookTC, in: udpNoSum, out: ptr(udpNoSum.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
 		{name: "ip_options", hook: hookTC, in: opts, out: ptr(opts.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
 		{name: "ethernet_padding_kept", hook: hookTC, in: padded, out: ptr(padded.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
 		{name: "tcp_rst_without_flow_is_a_midflow_miss", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(stats{StatTCPMidflowMiss: 1})},
@@ -339,8 +339,9 @@ func TestXDPProgram(t *testing.T) {
 		{name: "tcp_reply_from_remote_backend", hook: hookXDP, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "tcp_reply_with_ip_options", hook: hookXDP, in: synAckOpts, out: ptr(synAckOpts.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "tcp_reply_odd_payload", hook: hookXDP, in: ackData, out: ptr(ackData.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
-		{name: "udp_reply", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
-		{name: "udp_reply_zero_checksum_stays_zero", hook: hookXDP, in: udpReplyNoSum, out: ptr(udpReplyNoSum.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
+		// A UDP flow's first reply promotes it.
+		{name: "udp_reply", hook: hookXDP, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "udp_reply_zero_checksum_stays_zero", hook: hookXDP, in: udpReplyNoSum, out: ptr(udpReplyNoSum.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
 		{name: "udp_reply_ethernet_padding", hook: hookXDP, in: padded, out: ptr(padded.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1}},
 		// Internal frontends are not matched on the wire.
 		{name: "internal_frontend_not_matched_by_xdp", hook: hookXDP, in: tcpFrame(client3, vipTCP, tcpSYN, ""), want: pass},

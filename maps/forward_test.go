@@ -454,7 +454,7 @@ func TestXDPNorthSouth(t *testing.T) {
 			fwd: feRemoteUDP, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
 		{name: "udp_snat_reply", hook: hookXDP, env: e, iif: "up0", in: udpA,
 			out: ptr(udpA.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
-			stats: stats{StatReverseNAT: 1}},
+			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
 		{name: "udp_reply_checksum_computed_zero_sent_as_all_ones", hook: hookXDP, env: e, iif: "up0", in: udpZero,
 			out: ptr(udpZero.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
 			stats: stats{StatReverseNAT: 1}},

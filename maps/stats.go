@@ -109,7 +109,8 @@ const (
 	// would take their source, this node's address, for a martian.
 	StatDropSNATFallback = Stat(tcStatReasonSTAT_DROP_SNAT_FALLBACK)
 	// StatConntrackPromoted: flows moved into the established table
-	// (tlb_conntrack): their client answered the backend's reply.
+	// (tlb_conntrack): TCP flows whose client answered the backend's
+	// reply, UDP flows that got a reply.
 	StatConntrackPromoted = Stat(tcStatReasonSTAT_CT_PROMOTED)
 	// StatConntrackPromoteFull: promotions refused because the
 	// established table was full; the flow goes on from the unreplied
