@@ -244,3 +244,46 @@ func TestSweepDeletesOrphans(t *testing.T) {
 		t.Errorf("established %d, unreplied %d entries; want 2, 2", st.Established, st.Unreplied)
 	}
 }
+
+// TestConntrackOrphanForward evicts a flow's reply entry, as the LRU of
+// the unreplied table may: the forward entry's next refresh finds its
+// partner gone, deletes itself, and the packet creates the flow afresh,
+// both entries again.
+func TestConntrackOrphanForward(t *testing.T) {
+	d := setupTable(t)
+	flow := flowOf(client, vipUDP, beUDP, protoUDP)
+	q := udpFrame(client, vipUDP, "q")
+	evictReply := func(t *testing.T, d *Datapath) {
+		must(t, d.ctNew.Delete(&flow.rev))
+		setExpires(flowKeys{fwd: flow.fwd, rev: flow.fwd}, 30*time.Second)(t, d)
+	}
+	runTable(t, d, []pktCase{
+		{name: "udp_flow", hook: hookTC, in: q, out: ptr(q.withAddrs("", beUDP)), fwd: fe(vipUDP, UDP), newFlow: true, stats: newFlowStats(nil)},
+		{name: "reply_entry_evicted_forward_recreates_both", before: evictReply, hook: hookTC, in: q, out: ptr(q.withAddrs("", beUDP)),
+			fwd: fe(vipUDP, UDP), newFlow: true, stats: newFlowStats(stats{StatConntrackOrphan: 1}),
+			after: both(expectState(flow, tcCtStateCT_UDP, TimeoutUDP), expectTable(flow, false))},
+	})
+}
+
+// TestConntrackSizeFor checks the memory rule of the default table size.
+func TestConntrackSizeFor(t *testing.T) {
+	const gib = uint64(1) << 30
+	for _, c := range []struct {
+		name string
+		mem  uint64
+		want uint32
+	}{
+		{"tiny", 512 << 20, 32768},
+		{"4GiB", 4 * gib, 65536},
+		{"8GiB", 8 * gib, 131072},
+		{"23GiB", 23 * gib, 262144},
+		{"64GiB", 64 * gib, 1 << 20},
+		{"1TiB", 1024 * gib, 1 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ConntrackSizeFor(c.mem); got != c.want {
+				t.Errorf("ConntrackSizeFor(%d) = %d, want %d", c.mem, got, c.want)
+			}
+		})
+	}
+}
