@@ -592,11 +592,19 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		fwd.nat_port = rev_key.dport;
 		stat_inc(STAT_SNAT_FLOWS);
 	} else {
+		/* The reply key leaves out the frontend: an entry under it in
+		 * tlb_conntrack is an older flow's from the same client port to
+		 * the same backend through another frontend (the client reused
+		 * the port). It would hide this flow's entry from the replies:
+		 * delete it, as an overwrite in one table would. */
+		int hidden = !bpf_map_delete_elem(&tlb_conntrack, &rev_key);
+
 		rev_replaced = ct_put(&rev_key, &rev);
 		if (rev_replaced < 0) {
 			stat_inc(STAT_DROP_MAP_FULL);
 			return -1;
 		}
+		rev_replaced += hidden;
 	}
 	fwd_replaced = ct_put(&fwd_key, &fwd);
 	if (fwd_replaced < 0) {

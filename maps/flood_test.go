@@ -287,3 +287,23 @@ func TestConntrackSizeFor(t *testing.T) {
 		})
 	}
 }
+
+// TestConntrackReplyKeyReused: a client port reused for another frontend
+// of the same backend gives the new flow the reply key of the old one,
+// which was promoted into tlb_conntrack. The new flow's replies must show
+// the new frontend.
+func TestConntrackReplyKeyReused(t *testing.T) {
+	d := newDatapath(t, Options{})
+	f1, f2 := fe("10.96.0.10:53", UDP), fe("10.96.0.11:53", UDP)
+	mustSet(t, d, f1, be(beUDP))
+	mustSet(t, d, f2, be(beUDP))
+	q1, q2 := udpFrame(client, "10.96.0.10:53", "q"), udpFrame(client, "10.96.0.11:53", "q")
+	a := udpFrame(beUDP, client, "a")
+	runTable(t, d, []pktCase{
+		{name: "flow_to_f1", hook: hookTC, in: q1, out: ptr(q1.withAddrs("", beUDP)), fwd: f1, newFlow: true, stats: newFlowStats(nil)},
+		{name: "f1_reply_promotes", hook: hookTC, in: a, out: ptr(a.withAddrs("10.96.0.10:53", "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "same_port_to_f2", hook: hookTC, in: q2, out: ptr(q2.withAddrs("", beUDP)), fwd: f2, newFlow: true,
+			stats: newFlowStats(stats{StatConntrackReplaced: 1})},
+		{name: "reply_shows_f2", hook: hookTC, in: a, out: ptr(a.withAddrs("10.96.0.11:53", "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+	})
+}
