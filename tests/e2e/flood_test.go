@@ -28,7 +28,8 @@ const floodTable = 4096
 // serving-terminating as in a rollout; then a SYN flood of ten times the
 // table from random source ports of the pod and of the outside client,
 // sent with raw sockets. Every stream must still answer from its own
-// backend, and new connections from both must be served afterwards.
+// backend, and new connections from both must be served afterwards. (With
+// one LRU table, as before issue 22, 10 of the 16 streams broke here.)
 func TestFloodKeepsConnections(t *testing.T) {
 	requireRoot(t)
 	spec := outsideSpec(t)
@@ -123,7 +124,9 @@ func TestFloodKeepsConnections(t *testing.T) {
 			t.Errorf("new connection from %s to %s after the flood: %v", c.ClientName(), to, err)
 		}
 	}
-	t.Logf("16 streams (%d of the pod's on draining %v) survived a flood of %d SYNs", onDraining, draining, 10*floodTable)
+	if !t.Failed() {
+		t.Logf("16 streams (%d of the pod's on draining %v) survived a flood of %d SYNs", onDraining, draining, 10*floodTable)
+	}
 	if onDraining == 0 {
 		t.Errorf("no stream on a draining backend: the test checks less than it says")
 	}
