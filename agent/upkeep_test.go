@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -171,4 +175,40 @@ func TestUpkeepErrorsCounted(t *testing.T) {
 			t.Errorf("status %+v, want the sweep's figures and no error", st)
 		}
 	})
+}
+
+// emptyReader is a DatapathReader with no counters and no usage.
+type emptyReader struct{}
+
+func (emptyReader) Counters() (dpmaps.Counters, error) { return dpmaps.Counters{}, nil }
+func (emptyReader) Usage() dpmaps.Usage                { return dpmaps.Usage{} }
+
+// TestUpkeepExportsConntrackTables: what a sweep found of the two
+// conntrack tables and the SNAT ports is exported at the next scrape.
+func TestUpkeepExportsConntrackTables(t *testing.T) {
+	be := netip.MustParseAddrPort("10.244.2.10:8080")
+	f := &fakeUpkeep{sweep: dpmaps.SweepStats{
+		Established: 30, Unreplied: 700, EstablishedCap: 4096, UnrepliedCap: 1024,
+		SNATPorts: map[netip.AddrPort]int{be: 12, netip.MustParseAddrPort("10.244.3.10:8080"): 0},
+	}}
+	a := runUpkeep(t, f, 10*time.Millisecond, time.Hour)
+	waitUntil(t, "a sweep", func() bool { return a.UpkeepStatus().Swept })
+	want := `
+# HELP topolb_conntrack_table_capacity Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).
+# TYPE topolb_conntrack_table_capacity gauge
+topolb_conntrack_table_capacity{table="established"} 4096
+topolb_conntrack_table_capacity{table="unreplied"} 1024
+# HELP topolb_conntrack_table_entries Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).
+# TYPE topolb_conntrack_table_entries gauge
+topolb_conntrack_table_entries{table="established"} 30
+topolb_conntrack_table_entries{table="unreplied"} 700
+# HELP topolb_snat_ports_in_use SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).
+# TYPE topolb_snat_ports_in_use gauge
+topolb_snat_ports_in_use{backend="10.244.2.10:8080"} 12
+`
+	err := testutil.CollectAndCompare(NewDatapathCollector(emptyReader{}, a), strings.NewReader(want),
+		"topolb_conntrack_table_entries", "topolb_conntrack_table_capacity", "topolb_snat_ports_in_use")
+	if err != nil {
+		t.Error(err)
+	}
 }
