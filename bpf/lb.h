@@ -207,9 +207,10 @@ static __always_inline void ct_src_give(__be32 src)
  * peer_key), into the table their flags name and deletes them from the
  * other: a promotion into tlb_conntrack or a demotion out of it. The peer
  * first, undone when the second insert fails, so the two live and die
- * together; both stay in the old table until both are in the new one. Returns a's entry in its new table, or NULL when the insert
- * was refused (tlb_conntrack full; an LRU insert does not fail for room):
- * then nothing moved. */
+ * together; both stay in the old table until both are in the new one.
+ * Returns a's entry in its new table, or NULL when the insert was refused
+ * (tlb_conntrack full; an LRU insert does not fail for room): then
+ * nothing moved. */
 static __always_inline struct ct_value *ct_move(const struct ct_key *key, const struct ct_value *a,
 						const struct ct_key *peer_key, const struct ct_value *b)
 {
@@ -295,7 +296,8 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 		if (moved) {
 			if (promote) {
 				stat_inc(STAT_CT_PROMOTED);
-				ct_src_give(ct_client(pkt, ct));
+				/* From the copy: ct's element is freed. */
+				ct_src_give(ct_client(pkt, &a));
 			} else {
 				stat_inc(STAT_CT_DEMOTED);
 			}
