@@ -35,6 +35,7 @@
 #include <bpf/bpf_helpers.h>
 #include <asm-generic/errno.h>
 
+#define LB_NO_FRAME
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
 

@@ -62,8 +62,9 @@ type SweepStats struct {
 	Duration time.Duration
 }
 
-// sweepBatch is the number of entries read per batch lookup. Hash maps
-// hand out whole buckets, which are far smaller.
+// sweepBatch is the number of entries read per batch lookup (hash maps
+// hand out whole buckets, which are far smaller), and of deletes between
+// two looks at the sweep's context.
 const sweepBatch = 4096
 
 // monotonicNow is the datapath's clock: CLOCK_MONOTONIC_COARSE in ns,
@@ -78,11 +79,11 @@ func monotonicNow() (uint64, error) {
 
 // SweepConntrack deletes expired conntrack entries (each direction is
 // deleted when it has expired; both expire together) and reports the
-// table's state. It reads the table in batches and deletes in batches
+// table's state. It reads the table in batches and deletes entry by entry
 // without holding the Datapath's lock, so updates and packets go on while
 // it runs; an entry a packet revived since it was read is kept (each
-// candidate is looked up again just before the delete). ctx cancels
-// between batches.
+// candidate is taken with an atomic lookup-and-delete and put back when
+// it turns out alive: deleteExpired). ctx cancels between batches.
 func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	start := time.Now()
 	d.sweepMu.Lock()
@@ -168,41 +169,37 @@ func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, live map[Connt
 	}
 }
 
-// deleteExpired deletes the candidates that are still expired, in
-// batches, and returns how many it deleted.
+// deleteExpired deletes the candidates that are still expired and returns
+// how many it deleted. A candidate's tuple may have been reopened since
+// the scan (a client reusing its port: the datapath wrote two fresh
+// entries under the same keys), and only an atomic lookup-and-delete tells
+// which entry a delete took: a re-read followed by a delete lost the fresh
+// entries of flows reopened in between (TestSweepSparesReopenedFlows),
+// and with them connections (a reply untranslated, the client's reset of
+// the backend's connection, then a reset the client sees). An entry taken
+// alive is put back at once, unless a packet has already written the key
+// again.
 func deleteExpired(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, now uint64) (int, error) {
 	deleted := 0
-	batch := make([]tcCtKey, 0, sweepBatch)
-	for len(candidates) > 0 {
-		if err := ctx.Err(); err != nil {
-			return deleted, err
-		}
-		batch = batch[:0]
-		for len(candidates) > 0 && len(batch) < sweepBatch {
-			k := candidates[0]
-			candidates = candidates[1:]
-			var v tcCtValue
-			if err := ct.Lookup(&k, &v); err != nil {
-				if errors.Is(err, ebpf.ErrKeyNotExist) {
-					continue // evicted or replaced meanwhile
-				}
-				return deleted, fmt.Errorf("re-read conntrack entry: %w", err)
-			}
-			if now > v.Expires {
-				batch = append(batch, k)
+	for i, k := range candidates {
+		if i%sweepBatch == 0 {
+			if err := ctx.Err(); err != nil {
+				return deleted, err
 			}
 		}
-		for len(batch) > 0 {
-			n, err := ct.BatchDelete(batch, nil)
-			deleted += n
-			switch {
-			case err == nil:
-				batch = nil
-			case errors.Is(err, ebpf.ErrKeyNotExist):
-				batch = batch[n+1:] // that one vanished meanwhile
-			default:
-				return deleted, fmt.Errorf("delete expired conntrack entries: %w", err)
+		var v tcCtValue
+		if err := ct.LookupAndDelete(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue // evicted meanwhile
 			}
+			return deleted, fmt.Errorf("delete expired conntrack entry: %w", err)
+		}
+		if now > v.Expires {
+			deleted++
+			continue
+		}
+		if err := ct.Update(&k, &v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return deleted, fmt.Errorf("put back a conntrack entry revived during the sweep: %w", err)
 		}
 	}
 	return deleted, nil

@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/tools/testbed"
+)
+
+var resetRounds = flag.Int("reset-rounds", 4, "wrk rounds of TestWrkNoReset")
+
+// TestWrkNoReset runs bench-e2e's wrk load (new connection per request,
+// nginx answering "Connection: close") through topolb in rounds, with the
+// agent paused between rounds and the UDP floods of the benchmark, and
+// fails on any wrk socket error. Each round prints the datapath counters
+// that moved, so a reset can be matched with what the datapath did.
+func TestWrkNoReset(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long test")
+	}
+	agentBin := requireAgent(t)
+	for _, tool := range []string{"wrk", "nginx"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (make deps installs it)", tool, err)
+		}
+	}
+	spec := benchSpec(t)
+	web := service(t, spec, "zone-hints", "web")
+	spec.Services = benchServices(web, nil)
+	tb := newTestbed(t, spec)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
+	defer cancel()
+	client := tb.Pod("client")
+	a, err := tb.StartAgent(ctx, client.Node.Name, testbed.AgentOptions{Binary: agentBin})
+	if err == nil {
+		err = a.WaitReady(ctx)
+	}
+	if err == nil {
+		err = tb.WaitAgents(ctx, 2*time.Minute)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range []string{"web-a1", "web-a2"} {
+		if err := startNginx(ctx, tb, tb.Pod(pod)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pin := tb.BPFFS(client.Node.Name)
+	before, err := maps.PinnedStats(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range *resetRounds {
+		w, werr := runWrk(ctx, client, fastVIP, *benchDuration)
+		after, err := maps.PinnedStats(pin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: %d requests, %.0f/s; counters: %s", r+1, w.requests, w.rate, statDelta(before, after))
+		before = after
+		if werr != nil {
+			t.Fatalf("round %d: %v", r+1, werr)
+		}
+		res, err := testbed.CountArrivals(tb.Pod("web-b1").NS, func() (testbed.FloodResult, error) { return client.FloodUDP(sinkVIP, 200_000) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: flood %d of %d arrived", r+1, res.Arrived, res.Sent)
+		if err := a.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if err := a.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// statDelta formats the counters that moved from before to after.
+func statDelta(before, after map[maps.Stat]uint64) string {
+	var out []string
+	for s, v := range after {
+		if d := v - before[s]; d != 0 {
+			out = append(out, fmt.Sprintf("%s=%d", s, d))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
