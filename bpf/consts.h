@@ -91,7 +91,8 @@ enum stat_reason {
 	STAT_DROP_SNAT_EXHAUSTED = 29, /* no free SNAT port in SNAT_RETRIES tries: new flow dropped */
 	STAT_DROP_SNAT_NO_ROUTE = 30,  /* no route, or no source address, towards a remote backend: new flow dropped */
 	STAT_DROP_SNAT_FALLBACK = 31,  /* a source-NATed packet that could not be forwarded (MTU, TTL): dropped, the stack would take it for a martian */
-	STAT_MAX = 32,
+	STAT_SOCK_REVNAT_CLOBBER = 32, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
+	STAT_MAX = 33,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

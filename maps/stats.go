@@ -107,6 +107,11 @@ const (
 	// forwarded (MTU, TTL, no route any more): dropped, since the stack
 	// would take their source, this node's address, for a martian.
 	StatDropSNATFallback = Stat(tcStatReasonSTAT_DROP_SNAT_FALLBACK)
+	// StatSockRevNATClobbered: a socket's record of which frontend stands
+	// for a backend, rewritten to another frontend: one UDP socket that
+	// sent to two Services sharing a backend. Its replies from then on
+	// show the last frontend it sent to (README, Limits).
+	StatSockRevNATClobbered = Stat(tcStatReasonSTAT_SOCK_REVNAT_CLOBBER)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -145,6 +150,7 @@ var statNames = map[Stat]string{
 	StatDropSNATExhausted:     "drop_snat_exhausted",
 	StatDropSNATNoRoute:       "drop_snat_no_route",
 	StatDropSNATFallback:      "drop_snat_fallback",
+	StatSockRevNATClobbered:   "sock_revnat_clobbered",
 }
 
 // String returns the counter's stable name.

@@ -283,7 +283,8 @@ const (
 	tcStatReasonSTAT_DROP_SNAT_EXHAUSTED tcStatReason = 29
 	tcStatReasonSTAT_DROP_SNAT_NO_ROUTE  tcStatReason = 30
 	tcStatReasonSTAT_DROP_SNAT_FALLBACK  tcStatReason = 31
-	tcStatReasonSTAT_MAX                 tcStatReason = 32
+	tcStatReasonSTAT_SOCK_REVNAT_CLOBBER tcStatReason = 32
+	tcStatReasonSTAT_MAX                 tcStatReason = 33
 )
 
 type tcSvcFlag uint32

@@ -18,9 +18,14 @@ var resetRounds = flag.Int("reset-rounds", 4, "wrk rounds of TestWrkNoReset")
 
 // TestWrkNoReset runs bench-e2e's wrk load (new connection per request,
 // nginx answering "Connection: close") through topolb in rounds, with the
-// agent paused between rounds and the UDP floods of the benchmark, and
-// fails on any wrk socket error. Each round prints the datapath counters
-// that moved, so a reset can be matched with what the datapath did.
+// agent paused between rounds and the UDP flood of the benchmark, and
+// fails on any wrk socket error. Each round starts as the last round's
+// flows expire, so its connections reuse tuples that expire and are swept
+// (every second here) while it runs: a
+// sweep that deleted the fresh entries of a reopened flow broke
+// connections (wrk read errors in bench-e2e). Each round prints the
+// datapath counters that moved, so a failure can be matched with what
+// the datapath did.
 func TestWrkNoReset(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
@@ -38,7 +43,8 @@ func TestWrkNoReset(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
 	defer cancel()
 	client := tb.Pod("client")
-	a, err := tb.StartAgent(ctx, client.Node.Name, testbed.AgentOptions{Binary: agentBin})
+	a, err := tb.StartAgent(ctx, client.Node.Name, testbed.AgentOptions{Binary: agentBin,
+		Args: []string{"--conntrack-sweep-interval", "1s"}})
 	if err == nil {
 		err = a.WaitReady(ctx)
 	}
@@ -60,6 +66,7 @@ func TestWrkNoReset(t *testing.T) {
 	}
 	for r := range *resetRounds {
 		w, werr := runWrk(ctx, client, fastVIP, *benchDuration)
+		roundEnd := time.Now()
 		after, err := maps.PinnedStats(pin)
 		if err != nil {
 			t.Fatal(err)
@@ -80,6 +87,11 @@ func TestWrkNoReset(t *testing.T) {
 		time.Sleep(time.Second)
 		if err := a.Resume(); err != nil {
 			t.Fatal(err)
+		}
+		// The next round starts as the last round's closed flows expire:
+		// its connections reuse their tuples while sweeps delete them.
+		if r+1 < *resetRounds {
+			time.Sleep(time.Until(roundEnd.Add(maps.TimeoutTCPClosing - 2*time.Second)))
 		}
 	}
 }
