@@ -46,9 +46,9 @@ type NS struct {
 // namespace copies from the host's (net.core.devconf_inherit_init_net 0,
 // the default, copies net.ipv4.conf.{all,default}.* from the root
 // namespace): a Docker host or a Kubernetes node has forwarding on, and
-// many set rp_filter, accept_local or route_localnet. Create writes them,
-// so a namespace starts the same on every host and its user sets what it
-// needs. Settings a new namespace does not copy (ip_local_port_range, the
+// many set rp_filter, accept_local, route_localnet or the ARP knobs.
+// Create writes them, so a namespace starts the same on every host and its
+// user sets what it needs. Settings a new namespace does not copy (ip_local_port_range, the
 // TCP knobs, net.bridge.*) start at the kernel's defaults anyway.
 var cleanIPv4 = [][2]string{
 	{"net.ipv4.ip_forward", "0"}, // also conf.{all,default}.forwarding
@@ -62,6 +62,12 @@ var cleanIPv4 = [][2]string{
 	{"net.ipv4.conf.default.proxy_arp", "0"},
 	{"net.ipv4.conf.all.src_valid_mark", "0"},
 	{"net.ipv4.conf.default.src_valid_mark", "0"},
+	{"net.ipv4.conf.all.arp_ignore", "0"}, // IPVS and kube-vip hosts set 1
+	{"net.ipv4.conf.default.arp_ignore", "0"},
+	{"net.ipv4.conf.all.arp_announce", "0"},
+	{"net.ipv4.conf.default.arp_announce", "0"},
+	{"net.ipv4.conf.all.arp_filter", "0"},
+	{"net.ipv4.conf.default.arp_filter", "0"},
 }
 
 // Create creates the named namespace with loopback up and the IPv4
