@@ -16,10 +16,33 @@ import (
 
 var resetRounds = flag.Int("reset-rounds", 4, "wrk rounds of TestWrkNoReset")
 
+// webA2HintedAway returns svcs with the fast Service's web-a2 hinted for
+// zone-b: zone-a's clients are then sent to web-a1 alone, and web-a2,
+// still serving, drains on the client's node (a hint flip).
+func webA2HintedAway(svcs []testbed.ServiceSpec) []testbed.ServiceSpec {
+	out := slices.Clone(svcs)
+	for i, s := range out {
+		if s.Name != "fast" {
+			continue
+		}
+		s.Endpoints = slices.Clone(s.Endpoints)
+		for j, e := range s.Endpoints {
+			if e.Pod == "web-a2" {
+				e.ForZones = []string{"zone-b"}
+				s.Endpoints[j] = e
+			}
+		}
+		out[i] = s
+	}
+	return out
+}
+
 // TestWrkNoReset runs bench-e2e's wrk load (new connection per request,
 // nginx answering "Connection: close") through topolb in rounds, with the
-// agent paused between rounds as the benchmark pauses it, and fails on any
-// wrk socket error or midflow miss. Each round starts as the last round's
+// agent paused between rounds as the benchmark pauses it, a hint flip
+// (a backend draining or coming back) and an agent restart during every
+// round,
+// and fails on any wrk socket error or midflow miss. Each round starts as the last round's
 // flows expire, so its connections reuse tuples that expire and are swept
 // (every second here) while it runs: a sweep that deleted the fresh
 // entries of a reopened flow broke connections (wrk read errors in
@@ -38,6 +61,7 @@ func TestWrkNoReset(t *testing.T) {
 	spec := benchSpec(t)
 	web := service(t, spec, "zone-hints", "web")
 	spec.Services = benchServices(web, nil)
+	variants := [][]testbed.ServiceSpec{webA2HintedAway(spec.Services), spec.Services}
 	tb := newTestbed(t, spec)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
 	defer cancel()
@@ -64,8 +88,34 @@ func TestWrkNoReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r := range *resetRounds {
+		// During the round: a hint flip sends zone-a's new connections
+		// to web-a1 alone or to both again (web-a2's established ones
+		// drain), then the agent restarts; the datapath serves on.
+		churn := make(chan error, 1)
+		go func() {
+			time.Sleep(time.Second)
+			if _, err := tb.Apply(ctx, variants[r%2]); err != nil {
+				churn <- err
+				return
+			}
+			time.Sleep(time.Second)
+			if err := a.Stop(); err != nil {
+				churn <- fmt.Errorf("stop the agent: %w", err)
+				return
+			}
+			churn <- a.Start(ctx)
+		}()
 		w, werr := runWrk(ctx, client, fastVIP, *benchDuration)
 		roundEnd := time.Now()
+		if err := <-churn; err != nil {
+			t.Fatalf("round %d: %v", r+1, err)
+		}
+		if err := a.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tb.WaitAgents(ctx, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 		after, err := maps.PinnedStats(pin)
 		if err != nil {
 			t.Fatal(err)
