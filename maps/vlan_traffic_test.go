@@ -36,18 +36,9 @@ func tagEgress(t *testing.T, ns *nettest.NS, ifname string, vid int32) {
 		t.Fatalf("load the tagging program: %v", err)
 	}
 	t.Cleanup(func() { prog.Close() })
-	must(t, ns.Do(func() error {
-		iface, err := net.InterfaceByName(ifname)
-		if err != nil {
-			return err
-		}
-		l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXEgress})
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { l.Close() })
-		return nil
-	}))
+	attachInNS(t, ns, ifname, func(ifindex int) (link.Link, error) {
+		return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})
+	})
 }
 
 // TestVLANTaggedTraffic sends a pod's datagrams and connections to a
