@@ -106,7 +106,8 @@ enum stat_reason {
 	STAT_CT_DEMOTED = 35,           /* closing flows moved from tlb_conntrack back to tlb_ct_new */
 	STAT_CT_ORPHAN = 36,            /* forward entries whose reply entry was gone (evicted): deleted, the packet balanced as new */
 	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
-	STAT_MAX = 38,
+	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
+	STAT_MAX = 39,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

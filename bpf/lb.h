@@ -32,6 +32,22 @@
 #error "entry file must define LB_SCOPE_DEFAULT before including lb.h"
 #endif
 
+/* LB_FRAME is the hook's context type when it has a frame (struct xdp_md,
+ * struct __sk_buff: both name it data and data_end); a hook without one
+ * (the socket hooks, which never balance a packet) defines LB_NO_FRAME.
+ * lb_frame_creates_state reads the frame again from the context, on the
+ * new-flow path only: passing the frame pointers down would cost tc's
+ * stack, which is at its limit. */
+#if defined(LB_FRAME)
+#define lb_frame_creates_state(ctx, pkt)                                                    \
+	frame_creates_state((void *)(long)((LB_FRAME *)(ctx))->data,                       \
+			    (void *)(long)((LB_FRAME *)(ctx))->data_end, pkt)
+#elif defined(LB_NO_FRAME)
+#define lb_frame_creates_state(ctx, pkt) 1
+#else
+#error "entry file must define LB_FRAME (its context type) or LB_NO_FRAME before including lb.h"
+#endif
+
 /* Node configuration, fixed at load time (the verifier prunes dead
  * branches). */
 
@@ -677,6 +693,12 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	if (!v)
 		return LB_PASS;
 	svc = *v;
+	/* What the receiver would drop creates no state and draws no
+	 * reject. */
+	if (!lb_frame_creates_state(ctx, pkt)) {
+		stat_inc(STAT_DROP_PARSE_ERROR);
+		return LB_DROP;
+	}
 	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
 		stat_inc(STAT_TCP_MIDFLOW_MISS);
 	if (svc.count == 0) {

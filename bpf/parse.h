@@ -13,6 +13,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "consts.h"
+#include "csum.h"
 
 /* IPv4 header length bounds: IHL counts 32-bit words, 5 to 15. TCP's data
  * offset counts the same words, at least 5. */
@@ -122,6 +123,69 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 		return PARSE_ICMP;
 	}
 	return PARSE_SKIP;
+}
+
+/* frame_creates_state reports whether the IPv4 packet in [data, data_end),
+ * which parse_packet read into pkt (PARSE_OK), may create state: what the
+ * receiving kernel would drop must not take a conntrack entry, a SNAT
+ * port or a reject. It checks what parse_packet leaves out because the
+ * hit path should not pay for it (up to 30 16-bit words of header sum):
+ *   - the IPv4 header checksum (ip_rcv drops a packet that fails);
+ *   - TCP: options (doff) reaching beyond the datagram (tcp_v4_rcv drops);
+ *   - UDP: a length field below the header or beyond the IP payload
+ *     (udp_rcv drops a "short packet"; shorter than the payload is
+ *     padding, which it trims).
+ * A packet of an established flow that fails is translated all the same:
+ * the incremental checksum update keeps a bad checksum bad, and the
+ * receiver drops it. */
+static __always_inline int frame_creates_state(const void *data, const void *data_end,
+					       const struct packet *pkt)
+{
+	const struct iphdr *ip = data + ETH_HLEN;
+	const __u16 *word = (const __u16 *)ip;
+	__u32 words, l4_len, sum = 0;
+	const void *l4;
+
+	if ((void *)(ip + 1) > data_end)
+		return 0;
+	/* The fixed header, which the bound above covers, then options. */
+	for (__u32 i = 0; i < sizeof(*ip) / sizeof(*word); i++)
+		sum += word[i];
+	words = ip->ihl * IP_WORD_LEN / sizeof(*word);
+	for (__u32 i = sizeof(*ip) / sizeof(*word); i < IP_MAX_HLEN / sizeof(*word); i++) {
+		const __u16 *w = word + i;
+
+		if (i >= words)
+			break;
+		/* Keep clang from folding the bound into one the verifier
+		 * cannot follow. */
+		asm volatile("" : "+r"(w));
+		if ((void *)(w + 1) > data_end)
+			return 0;
+		sum += *w;
+	}
+	if (csum_fold32(sum) != 0xffff)
+		return 0;
+
+	l4 = data + (pkt->l4_off & L4_OFF_MASK);
+	l4_len = pkt->l3_len - (pkt->l4_off - ETH_HLEN);
+	if (pkt->proto == IP_PROTO_TCP) {
+		const struct tcphdr *tcp = l4;
+
+		if ((void *)(tcp + 1) > data_end)
+			return 0;
+		return tcp->doff * IP_WORD_LEN <= l4_len;
+	}
+	if (pkt->proto == IP_PROTO_UDP) {
+		const struct udphdr *udp = l4;
+		__u32 udp_len;
+
+		if ((void *)(udp + 1) > data_end)
+			return 0;
+		udp_len = bpf_ntohs(udp->len);
+		return udp_len >= sizeof(*udp) && udp_len <= l4_len;
+	}
+	return 1;
 }
 
 #endif

@@ -35,6 +35,7 @@
 #include <bpf/bpf_helpers.h>
 #include <asm-generic/errno.h>
 
+#define LB_NO_FRAME
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
 
@@ -68,6 +69,12 @@ static __always_inline int sock_remember(__u64 cookie, const struct backend_valu
 
 	if (old && old->addr == v.addr && old->port == v.port)
 		return 0;
+	/* The socket sent to another frontend with the same backend before:
+	 * a reply carries only the backend's address, so from now on it is
+	 * shown as coming from this frontend, also a late answer to the
+	 * other one. */
+	if (old)
+		stat_inc(STAT_SOCK_REVNAT_CLOBBER);
 	err = bpf_map_update_elem(&tlb_sock_revnat, &k, &v, BPF_ANY);
 	return err ? (int)err : 1;
 }

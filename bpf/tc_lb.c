@@ -21,6 +21,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
+#define LB_FRAME struct __sk_buff
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "lb.h"
 #include "fwd.h"
@@ -37,6 +38,18 @@ static __always_inline void tc_pull(struct __sk_buff *skb, __u32 len)
 
 	if (data + len > data_end && skb->len > data_end - data)
 		bpf_skb_pull_data(skb, skb->len < len ? skb->len : len);
+}
+
+/* tc_tagged reports whether skb carries a VLAN tag. The kernel keeps an
+ * skb's outer tag out of the frame: skb_vlan_untag takes it off before tc
+ * ingress, and a VLAN device (or bpf_skb_vlan_push) hands its tag down
+ * that way on egress, so the frame looks untagged. Such a packet belongs
+ * to a VLAN topolb does not serve: it passes untouched, as a frame with
+ * a tag still in it (an inner one) does, whose EtherType the parser does
+ * not take. */
+static __always_inline int tc_tagged(const struct __sk_buff *skb)
+{
+	return skb->vlan_present;
 }
 
 /* tc_icmp translates an ICMP error about a translated flow (icmp.h). ICMP
@@ -81,6 +94,8 @@ int tc_lb(struct __sk_buff *skb)
 	void *data, *data_end;
 	int verdict;
 
+	if (tc_tagged(skb))
+		return TC_PASS;
 	/* Headers of pod traffic are normally linear already. */
 	tc_pull(skb, MAX_PARSE_LEN);
 	data = (void *)(long)skb->data;
@@ -122,6 +137,8 @@ int tc_lb_egress(struct __sk_buff *skb)
 	struct packet pkt = {};
 	struct nat nat = {};
 
+	if (tc_tagged(skb))
+		return TC_PASS;
 	tc_pull(skb, MAX_PARSE_LEN);
 	switch (parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt)) {
 	case PARSE_ICMP:

@@ -16,6 +16,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#define LB_FRAME struct xdp_md
 #define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
 #include "lb.h"
 #include "fwd.h"

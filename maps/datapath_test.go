@@ -218,7 +218,31 @@ func malformedRows(h hook) []pktCase {
 	doff.tcpDoff = 4
 	truncUDP := udpFrame(client, vipUDP, "")
 	truncUDP.truncate, truncUDP.totLen = 14+20+4, 24
+	// What the receiving kernel drops creates no state
+	// (frame_creates_state): checked on the new-flow path, before
+	// anything is written, for a frontend of the hook's scope, from a
+	// client with no flow yet.
+	vip, fresh := vipTCP, "10.0.0.90:41000"
+	if h == hookXDP {
+		vip = vipExt
+	}
+	badSum := tcpFrame(fresh, vip, tcpSYN, "")
+	badSum.badIPSum = true
+	badSumOpts := badSum
+	badSumOpts.ipOptions = []byte{1, 1, 1, 0}
+	doffBeyond := tcpFrame(fresh, vip, tcpSYN, "0123456789")
+	doffBeyond.tcpDoff = 8 // 32 bytes of header in a 30-byte segment
+	udpLong := udpFrame(fresh, vipUDP, "abc")
+	udpLong.udpLen = 8 + 4
+	udpShort := udpFrame(fresh, vipUDP, "abc")
+	udpShort.udpLen = 7
 	var rows []pktCase
+	if h == hookTC {
+		// The tables have no external UDP frontend.
+		rows = append(rows,
+			pktCase{name: "udp_length_beyond_payload_creates_no_flow", hook: h, in: udpLong, want: drop, stats: perr},
+			pktCase{name: "udp_length_below_header_creates_no_flow", hook: h, in: udpShort, want: drop, stats: perr})
+	}
 	if h == hookXDP {
 		// tc test runs refuse IPv4 frames without a full IPv4 header
 		// (EINVAL), so only XDP can be shown these.
@@ -233,11 +257,26 @@ func malformedRows(h hook) []pktCase {
 		{name: "truncated_tcp_header", hook: h, in: truncTCP, want: drop, stats: perr},
 		{name: "tcp_data_offset_below_5", hook: h, in: doff, want: drop, stats: perr},
 		{name: "truncated_udp_header", hook: h, in: truncUDP, want: drop, stats: perr},
+		{name: "bad_ip_checksum_creates_no_flow", hook: h, in: badSum, want: drop, stats: perr},
+		{name: "bad_ip_checksum_with_options_creates_no_flow", hook: h, in: badSumOpts, want: drop, stats: perr},
+		{name: "tcp_data_offset_beyond_segment_creates_no_flow", hook: h, in: doffBeyond, want: drop, stats: perr},
 	}...)
+}
+
+// tagged returns f with VLAN tags of the given TPIDs, outer first.
+func tagged(f frame, tpids ...uint16) frame {
+	f.vlans = tpids
+	return f
 }
 
 // untouchedRows pass both hooks byte for byte.
 func untouchedRows(h hook) []pktCase {
+	// A SYN to a frontend of the hook's scope, from a client with no flow.
+	vip := vipTCP
+	if h == hookXDP {
+		vip = vipExt
+	}
+	syn := tcpFrame("10.0.0.91:41000", vip, tcpSYN, "")
 	firstFrag := tcpFrame(client, vipTCP, tcpACK, "fragment-one")
 	firstFrag.moreFrags = true
 	laterFrag := udpFrame(client, vipUDP, "fragment-two")
@@ -253,6 +292,13 @@ func untouchedRows(h hook) []pktCase {
 		{name: "ipv6_ethertype", hook: h, in: frame{etherType: 0x86dd, payload: bytes.Repeat([]byte{0x60}, 60)}, want: pass},
 		{name: "arp", hook: h, in: frame{etherType: 0x0806, payload: make([]byte, 28)}, want: pass},
 		{name: "vlan_tagged", hook: h, in: frame{etherType: 0x8100, payload: make([]byte, 46)}, want: pass},
+		// A frame whose tag is still in it (XDP sees every tag so; tc
+		// an inner one, the kernel having taken the outer one into the
+		// skb, which TestVLANTaggedTraffic covers) is not ours, even
+		// when it carries a packet to a frontend: no flow is created.
+		{name: "vlan_8021q_syn_to_service", hook: h, in: tagged(syn, 0x8100), want: pass},
+		{name: "vlan_8021ad_8021q_syn_to_service", hook: h, in: tagged(syn, 0x88a8, 0x8100), want: pass},
+		{name: "vlan_8021q_udp_to_service", hook: h, in: tagged(udpFrame("10.0.0.91:41001", vipUDP, "abc"), 0x8100), want: pass},
 		{name: "first_fragment_to_service", hook: h, in: firstFrag, want: pass, stats: stats{StatFragment: 1}},
 		{name: "later_fragment_to_service", hook: h, in: laterFrag, want: pass, stats: stats{StatFragment: 1}},
 	}

@@ -42,13 +42,22 @@ type frame struct {
 	truncate int   // cut the frame to this many bytes when non-zero
 	pad      int   // Ethernet padding after the IP packet
 	badL4Sum bool
+	badIPSum bool  // IPv4 header checksum off by one
 	tcpDoff  uint8 // override TCP data offset when non-zero
+	udpLen   int   // override the UDP length field when non-zero
+	// vlans are the TPIDs (0x8100 802.1Q, 0x88a8 802.1ad) of VLAN tags
+	// between the MACs and the EtherType, outer first, each with VID
+	// testVID.
+	vlans []uint16
 	// ICMP error (proto protoICMP, icmpError set): type, code and the
 	// 4-byte rest of the header; payload is the quote.
 	icmpError          bool
 	icmpType, icmpCode uint8
 	icmpRest           uint32
 }
+
+// testVID is the VLAN ID of frame.vlans tags.
+const testVID = 42
 
 var (
 	macA = [6]byte{0x02, 0, 0, 0, 0, 0x0a}
@@ -81,6 +90,10 @@ func (f frame) bytes() []byte {
 	}
 	b = append(b, dst[:]...)
 	b = append(b, src[:]...)
+	for _, tpid := range f.vlans {
+		b = binary.BigEndian.AppendUint16(b, tpid)
+		b = binary.BigEndian.AppendUint16(b, testVID)
+	}
 	b = binary.BigEndian.AppendUint16(b, et)
 	if et != 0x0800 {
 		b = append(b, f.payload...)
@@ -137,6 +150,9 @@ func (f frame) bytes() []byte {
 	if f.tcpDoff != 0 && f.proto == protoTCP {
 		l4[12] = f.tcpDoff << 4
 	}
+	if f.udpLen != 0 && f.proto == protoUDP {
+		binary.BigEndian.PutUint16(l4[4:], uint16(f.udpLen))
+	}
 
 	ip := make([]byte, 20+len(f.ipOptions))
 	ip[0] = 0x40 | uint8(len(ip)/4)
@@ -162,6 +178,9 @@ func (f frame) bytes() []byte {
 		binary.BigEndian.PutUint16(ip[2:], uint16(f.totLen))
 	}
 	binary.BigEndian.PutUint16(ip[10:], csum(0, ip))
+	if f.badIPSum {
+		binary.BigEndian.PutUint16(ip[10:], binary.BigEndian.Uint16(ip[10:])+1)
+	}
 
 	b = append(b, ip...)
 	b = append(b, l4...)

@@ -155,12 +155,21 @@ func xdpPassOn(t *testing.T, ns *nettest.NS, ifname string) {
 	})
 	must(t, err)
 	t.Cleanup(func() { prog.Close() })
+	attachInNS(t, ns, ifname, func(ifindex int) (link.Link, error) {
+		return link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex})
+	})
+}
+
+// attachInNS attaches a program to ifname of ns with attach, which gets
+// the interface's index there, until the test ends.
+func attachInNS(t *testing.T, ns *nettest.NS, ifname string, attach func(ifindex int) (link.Link, error)) {
+	t.Helper()
 	must(t, ns.Do(func() error {
 		iface, err := net.InterfaceByName(ifname)
 		if err != nil {
 			return err
 		}
-		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: iface.Index})
+		l, err := attach(iface.Index)
 		if err != nil {
 			return err
 		}

@@ -131,6 +131,11 @@ const (
 	// StatSNATReclaimed: SNAT ports taken over from a flow that had
 	// expired (no sweep needed).
 	StatSNATReclaimed = Stat(tcStatReasonSTAT_SNAT_RECLAIMED)
+	// StatSockRevNATClobbered: a socket's record of which frontend stands
+	// for a backend, rewritten to another frontend: one UDP socket that
+	// sent to two Services sharing a backend. Its replies from then on
+	// show the last frontend it sent to (README, Limits).
+	StatSockRevNATClobbered = Stat(tcStatReasonSTAT_SOCK_REVNAT_CLOBBER)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -175,6 +180,7 @@ var statNames = map[Stat]string{
 	StatConntrackDemoted:      "conntrack_demoted",
 	StatConntrackOrphan:       "conntrack_orphan",
 	StatSNATReclaimed:         "snat_reclaimed",
+	StatSockRevNATClobbered:   "sock_revnat_clobbered",
 }
 
 // String returns the counter's stable name.

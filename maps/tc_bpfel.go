@@ -305,7 +305,8 @@ const (
 	tcStatReasonSTAT_CT_DEMOTED           tcStatReason = 35
 	tcStatReasonSTAT_CT_ORPHAN            tcStatReason = 36
 	tcStatReasonSTAT_SNAT_RECLAIMED       tcStatReason = 37
-	tcStatReasonSTAT_MAX                  tcStatReason = 38
+	tcStatReasonSTAT_SOCK_REVNAT_CLOBBER  tcStatReason = 38
+	tcStatReasonSTAT_MAX                  tcStatReason = 39
 )
 
 type tcSvcFlag uint32

@@ -1,7 +1,9 @@
 package netns
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -48,8 +50,27 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 	return b.LinkUp(bName)
 }
 
-// AddBridge creates a bridge and sets it up.
+// bridgeNetfilter are the br_netfilter settings that send bridged frames
+// through the namespace's iptables, arptables and ip6tables (and its
+// IPv4 header checks, which drop a bad checksum). They exist only where
+// br_netfilter is loaded, as on Docker hosts and Kubernetes nodes, and are
+// on by default in every namespace there.
+var bridgeNetfilter = []string{
+	"net.bridge.bridge-nf-call-iptables",
+	"net.bridge.bridge-nf-call-ip6tables",
+	"net.bridge.bridge-nf-call-arptables",
+}
+
+// AddBridge creates a bridge and sets it up. The bridge only switches:
+// bridged frames skip netfilter (bridgeNetfilter off in the namespace)
+// whether or not the host loaded br_netfilter.
 func (ns *NS) AddBridge(name string) error {
+	for _, key := range bridgeNetfilter {
+		err := ns.Sysctl(key, "0")
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
 	if err := ns.nl.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
 		return fmt.Errorf("%s: add bridge %s: %w", ns.Name, name, err)
 	}

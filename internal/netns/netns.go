@@ -42,8 +42,37 @@ type NS struct {
 	nl     *netlink.Handle
 }
 
-// Create creates the named namespace with loopback up. On error nothing
-// is left behind.
+// cleanIPv4 are the kernel's defaults for the IPv4 settings a new
+// namespace copies from the host's (net.core.devconf_inherit_init_net 0,
+// the default, copies net.ipv4.conf.{all,default}.* from the root
+// namespace): a Docker host or a Kubernetes node has forwarding on, and
+// many set rp_filter, accept_local, route_localnet or the ARP knobs.
+// Create writes them, so a namespace starts the same on every host and its
+// user sets what it needs. Settings a new namespace does not copy (ip_local_port_range, the
+// TCP knobs, net.bridge.*) start at the kernel's defaults anyway.
+var cleanIPv4 = [][2]string{
+	{"net.ipv4.ip_forward", "0"}, // also conf.{all,default}.forwarding
+	{"net.ipv4.conf.all.rp_filter", "0"},
+	{"net.ipv4.conf.default.rp_filter", "0"},
+	{"net.ipv4.conf.all.accept_local", "0"},
+	{"net.ipv4.conf.default.accept_local", "0"},
+	{"net.ipv4.conf.all.route_localnet", "0"},
+	{"net.ipv4.conf.default.route_localnet", "0"},
+	{"net.ipv4.conf.all.proxy_arp", "0"},
+	{"net.ipv4.conf.default.proxy_arp", "0"},
+	{"net.ipv4.conf.all.src_valid_mark", "0"},
+	{"net.ipv4.conf.default.src_valid_mark", "0"},
+	{"net.ipv4.conf.all.arp_ignore", "0"}, // IPVS and kube-vip hosts set 1
+	{"net.ipv4.conf.default.arp_ignore", "0"},
+	{"net.ipv4.conf.all.arp_announce", "0"},
+	{"net.ipv4.conf.default.arp_announce", "0"},
+	{"net.ipv4.conf.all.arp_filter", "0"},
+	{"net.ipv4.conf.default.arp_filter", "0"},
+}
+
+// Create creates the named namespace with loopback up and the IPv4
+// settings of a clean host (cleanIPv4), whatever the host's are. On error
+// nothing is left behind.
 func Create(name string) (_ *NS, err error) {
 	ns := &NS{Name: name, Path: filepath.Join(Dir, name), handle: vnetns.None()}
 	err = onThread(func() error {
@@ -65,6 +94,11 @@ func Create(name string) (_ *NS, err error) {
 	}()
 	if ns.nl, err = netlink.NewHandleAt(ns.handle); err != nil {
 		return nil, fmt.Errorf("netns %s: netlink handle: %w", name, err)
+	}
+	for _, kv := range cleanIPv4 {
+		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+			return nil, err
+		}
 	}
 	if err := ns.LinkUp("lo"); err != nil {
 		return nil, err

@@ -50,8 +50,10 @@ func TestWiring(t *testing.T) {
 	if v, err := a.ReadSysctl("net.ipv4.ip_forward"); err != nil || v != "1" {
 		t.Errorf("ip_forward in a = %q, %v; want 1", v, err)
 	}
+	// b starts clean, whatever the host's forwarding (Create), and a's
+	// setting does not leak into it.
 	if v, err := b.ReadSysctl("net/ipv4/ip_forward"); err != nil || v != "0" {
-		t.Errorf("ip_forward in b = %q, %v; want 0 (sysctls are per namespace)", v, err)
+		t.Errorf("ip_forward in b = %q, %v; want 0 (sysctls are per namespace, and a new one starts clean)", v, err)
 	}
 
 	// b reaches a's loopback address only through the route above.

@@ -70,7 +70,7 @@ const nginxPort = 8088
 
 // benchSpec is the demo testbed with an outside client whose traffic
 // enters at node-a1, the client's node.
-func benchSpec(b *testing.B) *testbed.Spec {
+func benchSpec(b testing.TB) *testbed.Spec {
 	b.Helper()
 	spec := demoSpec(b)
 	spec.Outside.IngressNode = "node-a1"

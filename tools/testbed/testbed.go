@@ -209,11 +209,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 		}
 		// Before any interface exists, so every interface inherits it:
 		// reverse-NATed replies carry a service address as source.
-		for _, kv := range [][2]string{
-			{"net.ipv4.ip_forward", "1"},
-			{"net.ipv4.conf.all.rp_filter", "0"},
-			{"net.ipv4.conf.default.rp_filter", "0"},
-		} {
+		for _, kv := range forwardingSysctls {
 			if err := n.NS.Sysctl(kv[0], kv[1]); err != nil {
 				return err
 			}
