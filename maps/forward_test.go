@@ -542,7 +542,7 @@ func TestSNATPortsExhausted(t *testing.T) {
 // source is now the node's own address, which the stack takes for a
 // martian), as XDP marked it in the metadata.
 func TestSNATHandoffBeyondMTU(t *testing.T) {
-	e := newFwdEnv(t, Options{})
+	e := newFwdEnv(t, Options{UplinkPath: UplinkXDP})
 	must(t, e.node.AddRouteDev("10.244.7.0/24", "up1", "10.251.0.7"))
 	f := extFrontend(nodeAddr+":30088", UDP)
 	mustSet(t, e.d, f, be("10.244.7.10:5353"))

@@ -107,6 +107,11 @@ type uplinkRegistryValue struct {
 	Gen   uint32
 }
 
+type uplinkRejectBudgetValue struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -145,6 +150,7 @@ type uplinkSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	uplinkMapRejectBudget    = "reject_budget"
 	uplinkMapTlbAffinity     = "tlb_affinity"
 	uplinkMapTlbBackendStats = "tlb_backend_stats"
 	uplinkMapTlbBackends     = "tlb_backends"
@@ -156,6 +162,11 @@ const (
 	uplinkMapTlbSockRevnat   = "tlb_sock_revnat"
 	uplinkMapTlbStats        = "tlb_stats"
 	uplinkProgTcUplink       = "tc_uplink"
+	uplinkProgTcUplinkLb     = "tc_uplink_lb"
+	uplinkVarCfgHashSeed     = "cfg_hash_seed"
+	uplinkVarCfgScope        = "cfg_scope"
+	uplinkVarCfgSnatPortMax  = "cfg_snat_port_max"
+	uplinkVarCfgSnatPortMin  = "cfg_snat_port_min"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -200,13 +211,15 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	TcUplink *ebpf.ProgramSpec `ebpf:"tc_uplink"`
+	TcUplink   *ebpf.ProgramSpec `ebpf:"tc_uplink"`
+	TcUplinkLb *ebpf.ProgramSpec `ebpf:"tc_uplink_lb"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
+	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
@@ -223,6 +236,10 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	CfgHashSeed    *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -245,6 +262,7 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
+	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
@@ -259,6 +277,7 @@ type uplinkMaps struct {
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
+		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
 		m.TlbBackends,
@@ -276,18 +295,24 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	CfgHashSeed    *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope       *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	TcUplink *ebpf.Program `ebpf:"tc_uplink"`
+	TcUplink   *ebpf.Program `ebpf:"tc_uplink"`
+	TcUplinkLb *ebpf.Program `ebpf:"tc_uplink_lb"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
 		p.TcUplink,
+		p.TcUplinkLb,
 	)
 }
 

@@ -26,6 +26,9 @@ func (m memDP) Services() map[dpmaps.Frontend]dpmaps.Service {
 	return maps.Clone(map[dpmaps.Frontend]dpmaps.Service(m))
 }
 
+// Uplinks: the in-memory datapath has none.
+func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
+
 // Programmed hands the services back as the kernel would hold them.
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
 	out := map[dpmaps.Frontend]dpmaps.ProgrammedService{}

@@ -8,11 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ethtool value commands for transmit checksum offload
+// ethtool value commands for transmit checksum offload and GRO
 // (include/uapi/linux/ethtool.h).
 const (
 	ethtoolGTXCSUM = 0x16
 	ethtoolSTXCSUM = 0x17
+	ethtoolGGRO    = 0x2b
+	ethtoolSGRO    = 0x2c
 )
 
 // ethtoolValue is struct ethtool_value.
@@ -32,24 +34,58 @@ type ifreqData struct {
 // ethtool issues one SIOCETHTOOL value command on ifname inside the
 // namespace and returns the value the kernel wrote back.
 func (ns *NS) ethtool(ifname string, cmd, data uint32) (uint32, error) {
-	v := ethtoolValue{cmd: cmd, data: data}
+	var v uint32
 	err := ns.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		var ifr ifreqData
-		copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
-		ifr.data = unsafe.Pointer(&v)
-		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-		runtime.KeepAlive(&v)
-		if errno != 0 {
-			return errno
-		}
-		return nil
+		var err error
+		v, err = ethtoolHere(ifname, cmd, data)
+		return err
 	})
-	return v.data, err
+	return v, err
+}
+
+// ethtoolHere issues one SIOCETHTOOL value command on ifname in the
+// calling thread's namespace and returns the value the kernel wrote back.
+func ethtoolHere(ifname string, cmd, data uint32) (uint32, error) {
+	v := ethtoolValue{cmd: cmd, data: data}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var ifr ifreqData
+	copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
+	ifr.data = unsafe.Pointer(&v)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	runtime.KeepAlive(&v)
+	if errno != 0 {
+		return 0, errno
+	}
+	return v.data, nil
+}
+
+// GRO reports whether generic receive offload is on for ifname in the
+// calling thread's namespace (ETHTOOL_GGRO). On a veth it also means a
+// NAPI instance, which is what takes frames its peer's XDP program
+// transmits.
+func GRO(ifname string) (bool, error) {
+	v, err := ethtoolHere(ifname, ethtoolGGRO, 0)
+	if err != nil {
+		return false, fmt.Errorf("get GRO of %s: %w", ifname, err)
+	}
+	return v != 0, nil
+}
+
+// SetGRO switches generic receive offload of ifname, as `ethtool -K
+// IFNAME gro on|off` does (ETHTOOL_SGRO).
+func (ns *NS) SetGRO(ifname string, on bool) error {
+	var data uint32
+	if on {
+		data = 1
+	}
+	if _, err := ns.ethtool(ifname, ethtoolSGRO, data); err != nil {
+		return fmt.Errorf("%s: set GRO of %s to %v: %w", ns.Name, ifname, on, err)
+	}
+	return nil
 }
 
 // SetTxChecksum switches transmit checksum offload of ifname, as `ethtool
