@@ -13,7 +13,6 @@ import (
 const (
 	ethtoolGTXCSUM = 0x16
 	ethtoolSTXCSUM = 0x17
-	ethtoolGGRO    = 0x2b
 	ethtoolSGRO    = 0x2c
 )
 
@@ -63,20 +62,9 @@ func ethtoolHere(ifname string, cmd, data uint32) (uint32, error) {
 	return v.data, nil
 }
 
-// GRO reports whether generic receive offload is on for ifname in the
-// calling thread's namespace (ETHTOOL_GGRO). On a veth it also means a
-// NAPI instance, which is what takes frames its peer's XDP program
-// transmits.
-func GRO(ifname string) (bool, error) {
-	v, err := ethtoolHere(ifname, ethtoolGGRO, 0)
-	if err != nil {
-		return false, fmt.Errorf("get GRO of %s: %w", ifname, err)
-	}
-	return v != 0, nil
-}
-
 // SetGRO switches generic receive offload of ifname, as `ethtool -K
-// IFNAME gro on|off` does (ETHTOOL_SGRO).
+// IFNAME gro on|off` does (ETHTOOL_SGRO). On a veth it also starts a NAPI
+// instance.
 func (ns *NS) SetGRO(ifname string, on bool) error {
 	var data uint32
 	if on {
