@@ -121,7 +121,7 @@ func TestCapabilities(t *testing.T) {
 		if !slices.Equal(eff, listed) {
 			t.Errorf("agent's effective capabilities = %v, want %v", eff, listed)
 		}
-		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0",
+		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0", "links/uplink_uplink0",
 			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4",
 			"links/sock_connect6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
 			if _, err := os.Stat(filepath.Join(n.pinPath, pin)); err != nil {
@@ -283,7 +283,9 @@ func newCapsNode(t *testing.T) *capsNode {
 // pinPath and attaching the socket hooks under cgroupPath, with the default
 // (automatic) uplinks and pod interfaces, as the DaemonSet does.
 func capsAgentArgs(pinPath, cgroupPath, manifest string) []string {
-	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath,
+	// XDP forced: uplink0's peer has no XDP program, so auto would take
+	// the tc path, and the capabilities must be enough for XDP too.
+	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath, "--uplink-path=xdp",
 		"--health-address=127.0.0.1:9966", "--metrics-address=",
 		"--max-frontends=" + strconv.Itoa(capsMaxFrontends), "--max-backends=" + strconv.Itoa(capsMaxBackends),
 		"--max-conntrack=" + strconv.Itoa(capsMaxConntrack)}
