@@ -28,93 +28,42 @@ func TestTCUplinkNorthSouth(t *testing.T) {
 	e := newFwdEnv(t, Options{UplinkPath: UplinkTC})
 	d := e.d
 	feLocal := extFrontend(nodeAddr+":30080", TCP)
-	feCluster := extFrontend(nodeAddr+":30081", TCP)
-	feRemote := extFrontend(nodeAddr+":30082", TCP)
-	feRemoteUDP := extFrontend(nodeAddr+":30053", UDP)
+	sf := newSNATFlows(t, e)
 	feNeigh := extFrontend(nodeAddr+":30083", TCP)
 	mustSet(t, d, feLocal, local(ap(pod1, 8080)))
-	mustSet(t, d, feCluster, local(ap(pod2, 8080)), be(ap(beNode2, 8080)))
-	mustSet(t, d, feRemote, be(ap(beNode2, 8080)))
-	mustSet(t, d, feRemoteUDP, be(ap(beNode2, 5353)))
 	mustSet(t, d, feNeigh, be(ap(beNode3, 8080)))
-	snat := DefaultSNATPorts
-	up0, up1 := e.idx["up0"], e.idx["up1"]
-	upMAC0, upMAC1 := e.mac["up0"], e.mac["up1"]
 
 	cLocal := ap(outside, 40000)
 	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
-
-	cToNode2 := srcFor(t, outside, feCluster, 1, 2, 41000)
-	clusterRemote := tcpFrame(cToNode2, feCluster.Addr.String(), tcpSYN, "")
-	remotePort := snatPortOf(netip.MustParseAddrPort(cToNode2), feCluster.Addr, protoTCP, 0, snat)
-	snatSrc := ap(nodeAddr, int(remotePort))
-	clusterReply := tcpFrame(ap(beNode2, 8080), snatSrc, tcpSYN|tcpACK, "")
-	clusterAck := tcpFrame(cToNode2, feCluster.Addr.String(), tcpACK, "GET / odd")
-
-	cUDP := ap(outside, 42000)
-	udpQ := udpFrame(cUDP, feRemoteUDP.Addr.String(), "query")
-	udpPort := snatPortOf(netip.MustParseAddrPort(cUDP), feRemoteUDP.Addr, protoUDP, 0, snat)
-	udpA := udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), "answer!")
-
-	cUp1 := ap(outsideUp1, 44000)
-	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
-	up1Port := snatPortOf(netip.MustParseAddrPort(cUp1), feRemote.Addr, protoTCP, 0, snat)
-
 	cNeigh := ap(outside, 45000)
 	neighSyn := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpSYN, "")
-	neighPort := snatPortOf(netip.MustParseAddrPort(cNeigh), feNeigh.Addr, protoTCP, 0, snat)
-
-	snatTTL := tcpFrame(ap(outside, 47000), feRemote.Addr.String(), tcpSYN, "")
+	neighPort := snatPortOf(netip.MustParseAddrPort(cNeigh), feNeigh.Addr, protoTCP, 0, DefaultSNATPorts)
+	snatTTL := tcpFrame(ap(outside, 47000), sf.feRemote.Addr.String(), tcpSYN, "")
 	snatTTL.ttl = 1
+	established := tcpFrame(sf.cToNode2, sf.feCluster.Addr.String(), tcpACK, "more")
 
 	rows := []pktCase{
 		{name: "etp_local_syn_into_the_pod_redirect_peer", hook: hookUplinkTC, env: e, iif: "up0", in: localSyn,
 			out: ptr(localSyn.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
 			fwd: feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1},
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(cLocal, feLocal.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), cLocal, protoTCP)),
-			)},
-		{name: "cluster_remote_backend_snat_redirect_out_of_the_uplink", hook: hookUplinkTC, env: e, iif: "up0", in: clusterRemote,
-			out: ptr(clusterRemote.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
-			fwd: feCluster, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode2, 8080), nat: snatSrc, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(cToNode2, feCluster.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feCluster.Addr.String(), nat: cToNode2, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
-			)},
-		{name: "cluster_remote_reply_back_to_the_client", hook: hookUplinkTC, env: e, iif: "up0", in: clusterReply,
-			out: ptr(clusterReply.withAddrs(feCluster.Addr.String(), cToNode2).forwarded(upMAC0, macRouter)), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "cluster_remote_established_hit", hook: hookUplinkTC, env: e, iif: "up0", in: clusterAck,
-			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect, fwd: feCluster},
-		{name: "established_flow_of_the_xdp_path_goes_on_here", hook: hookXDP, env: e, iif: "up0", in: clusterAck,
-			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feCluster},
-		{name: "udp_snat", hook: hookUplinkTC, env: e, iif: "up0", in: udpQ,
-			out: ptr(udpQ.withAddrs(ap(nodeAddr, int(udpPort)), ap(beNode2, 5353)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
-			fwd: feRemoteUDP, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
-		{name: "udp_snat_reply", hook: hookUplinkTC, env: e, iif: "up0", in: udpA,
-			out: ptr(udpA.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "snat_to_another_uplink_redirect", hook: hookUplinkTC, env: e, iif: "up1", in: up1Syn,
-			out: ptr(up1Syn.withAddrs(ap(nodeAddr, int(up1Port)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
-			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
-			after: entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cUp1, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: up1, smac: upMAC1, dmac: macNode4, svc: feRemote, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), ap(nodeAddr, int(up1Port)), protoTCP))},
+			after: e.etpLocalEntries(feLocal, cLocal)},
+	}
+	// bpf_redirect out of the uplink, the same one or another.
+	rows = append(rows, sf.rows(e, hookUplinkTC, tcRedirect, tcRedirect)...)
+	rows = append(rows, []pktCase{
+		{name: "established_flow_of_the_tc_path_goes_on_in_xdp", hook: hookXDP, env: e, iif: "up0", in: established,
+			out: ptr(established.withAddrs(sf.snatSrc, ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: xdpTX, fwd: sf.feCluster},
 		{name: "snat_next_hop_unknown_redirect_neigh", hook: hookUplinkTC, env: e, iif: "up0", in: neighSyn,
 			out: ptr(neighSyn.withAddrs(ap(nodeAddr, int(neighPort)), ap(beNode3, 8080)).forwarded(macA, macB)), ret: tcRedirect,
 			fwd: feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
 		{name: "snat_ttl_expiring_dropped_not_a_martian", hook: hookUplinkTC, env: e, iif: "up0", in: snatTTL, ret: tcShot,
-			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1}},
+			fwd: sf.feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1}},
 		{name: "not_a_frontend_passes_untouched", hook: hookUplinkTC, env: e, iif: "up0",
 			in: tcpFrame(ap(outside, 48000), nodeAddr+":22", tcpSYN, "")},
 		{name: "internal_frontend_not_matched", hook: hookUplinkTC, env: e, iif: "up0",
 			before: func(t *testing.T, d *Datapath) { mustSet(t, d, fe("10.96.0.10:80", TCP), be(ap(beNode2, 8080))) },
 			in:     tcpFrame(ap(outside, 48001), "10.96.0.10:80", tcpSYN, "")},
-	}
+	}...)
 	runTable(t, d, rows)
 }
 
