@@ -335,17 +335,9 @@ func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, foun
 	if err != nil {
 		return "", "", false, fmt.Errorf("%s link of %s: %w", h, ifname, err)
 	}
-	prog, err := ebpf.NewProgramFromID(info.Program)
-	if err != nil {
-		return "", "", false, fmt.Errorf("%s program of %s: %w", h, ifname, err)
-	}
-	defer prog.Close()
-	pinfo, err := prog.Info()
-	if err != nil {
-		return "", "", false, fmt.Errorf("%s program of %s: %w", h, ifname, err)
-	}
+	name = d.programName(info.Program)
 	if h != hookXDP {
-		return pinfo.Name, "", true, nil
+		return name, "", true, nil
 	}
 	nl, err := netlink.LinkByName(ifname)
 	if err != nil {
@@ -361,5 +353,22 @@ func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, foun
 	default:
 		mode = strconv.Itoa(int(x.AttachMode))
 	}
-	return pinfo.Name, mode, true, nil
+	return name, mode, true, nil
+}
+
+// programName names the program with kernel id: one of this process's
+// uplink programs, or "program <id>" (another process's; opening it by id
+// would take CAP_SYS_ADMIN, which the agent does not have).
+func (d *Datapath) programName(id ebpf.ProgramID) string {
+	for name, p := range map[string]*ebpf.Program{
+		xdpProgXdpLb: d.xdpProg, uplinkProgTcUplink: d.uplinkProg,
+		uplinkProgTcUplinkLb: d.uplinkLBProg, tcProgTcLbEgress: d.tcEgressProg,
+	} {
+		if info, err := p.Info(); err == nil {
+			if pid, ok := info.ID(); ok && pid == id {
+				return name
+			}
+		}
+	}
+	return fmt.Sprintf("program %d", id)
 }
