@@ -128,6 +128,7 @@ func TestCapabilities(t *testing.T) {
 				t.Errorf("pin %s: %v", pin, err)
 			}
 		}
+		checkUplinkReadBack(t, p)
 		if err := p.stop(10 * time.Second); err != nil {
 			t.Errorf("agent did not stop cleanly: %v\nstderr:\n%s", err, p.stderr.String())
 		}
@@ -282,6 +283,31 @@ func newCapsNode(t *testing.T) *capsNode {
 // capsAgentArgs runs the agent on node-a in standalone mode, pinning at
 // pinPath and attaching the socket hooks under cgroupPath, with the default
 // (automatic) uplinks and pod interfaces, as the DaemonSet does.
+// checkUplinkReadBack checks that the agent, with only the listed
+// capabilities, reads its uplink's path back from the kernel for
+// /debug/state (and so for topolb_uplink_path).
+func checkUplinkReadBack(t *testing.T, p *agentProc) {
+	t.Helper()
+	resp, err := p.ns.HTTPClient(5 * time.Second).Get("http://127.0.0.1:9966/debug/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Uplinks []struct {
+			Interface, Path string
+			Programs        []string
+		} `json:"uplinks"`
+		UplinksError string `json:"uplinksError"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("decode /debug/state: %v", err)
+	}
+	if st.UplinksError != "" || len(st.Uplinks) != 1 || st.Uplinks[0].Interface != "uplink0" || st.Uplinks[0].Path != "xdp" {
+		t.Errorf("/debug/state uplinks %+v (error %q), want uplink0 on xdp", st.Uplinks, st.UplinksError)
+	}
+}
+
 func capsAgentArgs(pinPath, cgroupPath, manifest string) []string {
 	// XDP forced: uplink0's peer has no XDP program, so auto would take
 	// the tc path, and the capabilities must be enough for XDP too.
