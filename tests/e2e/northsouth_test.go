@@ -71,6 +71,14 @@ func checkUplinkPaths(t *testing.T, tb *testbed.Testbed) {
 		if len(st.Uplinks) != 1 || st.Uplinks[0].Path != want {
 			t.Errorf("agent on %s: uplinks %+v (%s), want one on path %s", a.Node.Name, st.Uplinks, st.UplinksError, want)
 		}
+		m, err := a.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := `topolb_uplink_path{interface="` + testbed.UplinkName + `",path="` + want + `"} 1`
+		if !strings.Contains(m, line) {
+			t.Errorf("agent on %s: /metrics lacks %s", a.Node.Name, line)
+		}
 	}
 }
 
