@@ -17,7 +17,7 @@ GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 
-.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
+.PHONY: all deps build generate check-generate test test-northsouth-plain demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
 
 all: build
 
@@ -45,6 +45,13 @@ kube-bins:
 # when its build is missing.
 test: deps kube-bins check-generate vet build
 	TOPOLB_KUBE_REQUIRED=1 $(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
+	$(MAKE) test-northsouth-plain
+
+# The north-south e2e tests again on switch ports without XDP programs (a
+# veth peer without NAPI, as a kind node's eth0): the uplinks take tc.
+test-northsouth-plain: deps kube-bins
+	TOPOLB_KUBE_REQUIRED=1 TOPOLB_E2E_SWITCH_PORTS=plain $(GO) test $(GOTEST_FLAGS) -timeout 15m \
+		-run 'TestNorthSouth|TestNetfilterInvalidDrop|TestRejectEmptyService|TestOutsideClientThroughKubeProxy' ./tests/e2e/
 
 demo: deps build
 	$(BIN)/topolb-demo

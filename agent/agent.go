@@ -35,6 +35,8 @@ type Datapath interface {
 	Services() map[maps.Frontend]maps.Service
 	// Programmed reads every frontend back from the kernel maps.
 	Programmed() (map[maps.Frontend]maps.ProgrammedService, error)
+	// Uplinks reads every uplink's path back from the kernel.
+	Uplinks() ([]maps.UplinkStatus, error)
 }
 
 // EventSink receives the decisions operators should hear about on the

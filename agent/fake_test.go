@@ -58,6 +58,9 @@ func (f *fakeDP) DeleteFrontend(fe dpmaps.Frontend) (int, error) {
 
 func (f *fakeDP) Services() map[dpmaps.Frontend]dpmaps.Service { return maps.Clone(f.fes) }
 
+// Uplinks: the fake has none.
+func (f *fakeDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
+
 // Programmed renders the fake's contents as the kernel would hold them:
 // active backends with one slot each (or their weight), then draining ones.
 func (f *fakeDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {

@@ -118,6 +118,7 @@ func (m *Metrics) programErrors(err error) {
 type DatapathReader interface {
 	Counters() (maps.Counters, error)
 	Usage() maps.Usage
+	Uplinks() ([]maps.UplinkStatus, error)
 }
 
 // DatapathCollector exports, at scrape time, the datapath's counters and
@@ -131,6 +132,7 @@ type DatapathCollector struct {
 	entries, capacity, ctEntries, ctCreated, ctExpired, ctEvicted           *prometheus.Desc
 	ctTable, ctTableCap, snatPorts                                          *prometheus.Desc
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
+	uplinkPath                                                              *prometheus.Desc
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -161,6 +163,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		driftRemaining:  d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
 		upkeepErrors:    d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
 		pendingCleanups: d("topolb_datapath_pending_cleanups", "Map cleanups queued after failed writes, retried on every change."),
+		uplinkPath:      d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
 		zoneShare:       d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
 	}
 }
@@ -169,7 +172,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare} {
+		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath} {
 		ch <- d
 	}
 }
@@ -191,6 +194,13 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.capacity, float64(u.MaxBackends), "backend_ids")
 	gauge(c.pendingCleanups, float64(u.Pending))
 	c.collectUpkeep(gauge, counter)
+	if ups, err := c.DP.Uplinks(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.uplinkPath, err)
+	} else {
+		for _, up := range ups {
+			gauge(c.uplinkPath, 1, up.Interface, up.Path)
+		}
+	}
 
 	cnt, err := c.DP.Counters()
 	if err != nil {

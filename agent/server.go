@@ -31,6 +31,12 @@ type DebugState struct {
 	// DatapathError says why the maps could not be read; "" when they
 	// were.
 	DatapathError string `json:"datapathError,omitempty"`
+	// Uplinks are the uplinks and the path each uses (XDP or tc), read
+	// back from the kernel: the programs attached to them.
+	Uplinks []maps.UplinkStatus `json:"uplinks,omitempty"`
+	// UplinksError says why the uplinks could not be read; "" when they
+	// were.
+	UplinksError string `json:"uplinksError,omitempty"`
 }
 
 // ProgrammedFrontend is one frontend as the kernel maps hold it.
@@ -77,9 +83,14 @@ func (a *Agent) decideAgain() (ds []topology.PortDecision, node topology.Node, s
 	return ds, node, a.synced
 }
 
-// readDatapath fills the datapath half of st from the kernel maps:
-// Programmed and Datapath, or DatapathError.
+// readDatapath fills the datapath half of st from the kernel: Programmed
+// and Datapath, or DatapathError; Uplinks, or UplinksError.
 func (a *Agent) readDatapath(st *DebugState) {
+	if up, err := a.dp.Uplinks(); err != nil {
+		st.UplinksError = err.Error()
+	} else {
+		st.Uplinks = up
+	}
 	prog, err := a.dp.Programmed()
 	if err != nil {
 		st.DatapathError = err.Error()
@@ -240,6 +251,14 @@ func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*De
 	if st.DatapathError != "" {
 		j.raw(`,"datapathError":`)
 		j.value(st.DatapathError)
+	}
+	if len(st.Uplinks) > 0 {
+		j.raw(`,"uplinks":`)
+		j.value(st.Uplinks)
+	}
+	if st.UplinksError != "" {
+		j.raw(`,"uplinksError":`)
+		j.value(st.UplinksError)
 	}
 	j.raw("}\n")
 	if j.err != nil {

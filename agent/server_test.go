@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
 
@@ -22,6 +23,9 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 	}
 	withError := full
 	withError.DatapathError = "example"
+	withError.Uplinks = []dpmaps.UplinkStatus{{Interface: "eth0", Path: "tc", Programs: []string{"tc_uplink_lb", "tc_lb_egress"}, Reason: "example"}}
+	withUplinksError := full
+	withUplinksError.UplinksError = "example"
 	for _, c := range []struct {
 		name  string
 		want  DebugState
@@ -33,8 +37,16 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 			st := DebugState{Synced: withError.Synced}
 			fill := func(d *DebugState) {
 				d.Programmed, d.Datapath, d.DatapathError = withError.Programmed, withError.Datapath, withError.DatapathError
+				d.Uplinks = withError.Uplinks
 			}
 			return writeDebugState(b, walkerOf(withError.Report), &st, fill)
+		}},
+		{"uplinks error", withUplinksError, func(b *bytes.Buffer) error {
+			st := DebugState{Synced: withUplinksError.Synced}
+			fill := func(d *DebugState) {
+				d.Programmed, d.Datapath, d.UplinksError = withUplinksError.Programmed, withUplinksError.Datapath, withUplinksError.UplinksError
+			}
+			return writeDebugState(b, walkerOf(withUplinksError.Report), &st, fill)
 		}},
 	} {
 		want, err := json.Marshal(c.want)

@@ -180,8 +180,9 @@ func TestUpkeepErrorsCounted(t *testing.T) {
 // emptyReader is a DatapathReader with no counters and no usage.
 type emptyReader struct{}
 
-func (emptyReader) Counters() (dpmaps.Counters, error) { return dpmaps.Counters{}, nil }
-func (emptyReader) Usage() dpmaps.Usage                { return dpmaps.Usage{} }
+func (emptyReader) Counters() (dpmaps.Counters, error)      { return dpmaps.Counters{}, nil }
+func (emptyReader) Usage() dpmaps.Usage                     { return dpmaps.Usage{} }
+func (emptyReader) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 
 // TestUpkeepExportsConntrackTables: what a sweep found of the two
 // conntrack tables and the SNAT ports is exported at the next scrape.

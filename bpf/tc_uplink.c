@@ -1,23 +1,34 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 //go:build ignore
 
-/* tcx ingress on the node's uplinks: finishes what xdp_lb started for
- * frames it translated but cannot forward itself. XDP cannot redirect
- * into the peer of a pod's veth, nor resolve a next hop; it hands the
- * target over in the frame's metadata (struct fwd_meta, fwd.h), and this
- * program delivers the skb into the pod with bpf_redirect_peer or sends it
- * out through the neighbour subsystem with bpf_redirect_neigh, skipping
- * the host stack. Frames without topolb's metadata pass untouched. */
+/* tcx ingress on the node's uplinks, one of two programs per the uplink's
+ * path (the agent probes and chooses, docs/datapath.md "Uplink paths"):
+ *   tc_uplink, beside xdp_lb (path xdp): finishes what xdp_lb started for
+ *     frames it translated but cannot forward itself. XDP cannot redirect
+ *     into the peer of a pod's veth, nor resolve a next hop; it hands the
+ *     target over in the frame's metadata (struct fwd_meta, fwd.h), and
+ *     this program delivers the skb into the pod with bpf_redirect_peer or
+ *     sends it out through the neighbour subsystem with
+ *     bpf_redirect_neigh, skipping the host stack. Frames without
+ *     topolb's metadata pass untouched.
+ *   tc_uplink_lb, alone (path tc): balances frontends of scope external
+ *     itself, where XDP's transmitted frames would be lost (a veth whose
+ *     peer has no NAPI) or XDP has no native mode: the same core, maps
+ *     and conntrack as xdp_lb, on skbs (tc.h, as tc_lb on pod veths). It
+ *     also finishes XDP handovers, so the swap between the two paths
+ *     loses no frame in flight. */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-#include "fwd.h"
-#include "stats.h"
+#define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
+#include "tc.h"
 
-SEC("tcx/ingress")
-int tc_uplink(struct __sk_buff *skb)
+/* uplink_handover forwards a frame that xdp_lb handed over with its target
+ * in the metadata. Returns 1 with the verdict in *verdict for such a
+ * frame, 0 for any other. */
+static __always_inline int uplink_handover(struct __sk_buff *skb, int *verdict)
 {
 	void *data = (void *)(long)skb->data;
 	struct fwd_meta *m = (void *)(long)skb->data_meta;
@@ -28,12 +39,12 @@ int tc_uplink(struct __sk_buff *skb)
 	 * checked on its own first: it is what tells the verifier m is
 	 * readable. */
 	if ((void *)(m + 1) > data)
-		return TC_PASS;
+		return 0;
 	if (m->magic != FWD_META_MAGIC)
-		return TC_PASS;
+		return 0;
 	asm volatile("" ::: "memory");
 	if ((void *)(m + 1) != data)
-		return TC_PASS;
+		return 0;
 	t.kind = m->kind;
 	t.ifindex = m->ifindex;
 	__builtin_memcpy(t.dmac, m->dmac, ETH_ALEN);
@@ -43,9 +54,30 @@ int tc_uplink(struct __sk_buff *skb)
 	/* Consumed: an skb that comes back through this hook (the stack
 	 * may re-inject one) is not forwarded twice. */
 	m->magic = 0;
-	if (t.kind != CT_REDIRECT_PEER && t.kind != CT_REDIRECT_NEIGH)
-		return TC_PASS;
-	return fwd_skb(skb, &t, no_stack);
+	*verdict = TC_PASS;
+	if (t.kind == CT_REDIRECT_PEER || t.kind == CT_REDIRECT_NEIGH)
+		*verdict = fwd_skb(skb, &t, no_stack);
+	return 1;
+}
+
+SEC("tcx/ingress")
+int tc_uplink(struct __sk_buff *skb)
+{
+	int verdict;
+
+	if (uplink_handover(skb, &verdict))
+		return verdict;
+	return TC_PASS;
+}
+
+SEC("tcx/ingress")
+int tc_uplink_lb(struct __sk_buff *skb)
+{
+	int verdict;
+
+	if (uplink_handover(skb, &verdict))
+		return verdict;
+	return tc_balance(skb);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

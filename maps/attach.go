@@ -27,8 +27,9 @@ const (
 	hookTCEgress hook = "tcegress"
 	// hookXDP is xdp_lb on an uplink.
 	hookXDP hook = "xdp"
-	// hookUplink is tc_uplink on the tcx ingress of an uplink: it
-	// delivers what xdp_lb hands over in packet metadata.
+	// hookUplink is the tcx ingress of an uplink: tc_uplink beside XDP
+	// (it delivers what xdp_lb hands over in packet metadata), or
+	// tc_uplink_lb alone on the tc path (uplink.go).
 	hookUplink hook = "uplink"
 	// hookUplinkEgress is tc_lb_egress on the tcx egress of an uplink:
 	// replies of host-network backends to outside clients.
@@ -53,22 +54,6 @@ func (d *Datapath) linkPin(h hook, ifname string) string {
 func (d *Datapath) AttachPod(ifname string) error {
 	if err := d.attach(ifname, tcIfaceKindIFACE_POD, hookTC, hookTCEgress); err != nil {
 		return fmt.Errorf("attach to pod interface %s: %w", ifname, err)
-	}
-	return nil
-}
-
-// AttachUplink attaches the uplink programs to ifname: tc_uplink to its
-// tcx ingress, then the XDP program, in driver mode where supported and
-// generic mode otherwise, then tc_lb_egress to its tcx egress (replies of
-// host-network backends on this node to outside clients); it pins the
-// links and records ifname as an uplink in tlb_ifaces, so flows are
-// forwarded out of it without the host stack. Each program works without
-// the others (without tc_uplink, what XDP hands over goes up the stack),
-// so a failure leaves what was attached in place; Detach removes them
-// all. Attaching again updates pinned links.
-func (d *Datapath) AttachUplink(ifname string) error {
-	if err := d.attach(ifname, tcIfaceKindIFACE_UPLINK, hookUplink, hookXDP, hookUplinkEgress); err != nil {
-		return fmt.Errorf("attach to uplink %s: %w", ifname, err)
 	}
 	return nil
 }
@@ -102,7 +87,7 @@ func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 			return err
 		}
 		for _, h := range hs {
-			if err := d.attachHook(iface, h); err != nil {
+			if err := d.attachHook(iface, h, d.program(h), xdpDriverOrGeneric); err != nil {
 				return fmt.Errorf("%s: %w", h, err)
 			}
 		}
@@ -119,10 +104,20 @@ func (d *Datapath) linksReady() error {
 	return os.MkdirAll(d.linksDir(), 0o700)
 }
 
-// attachHook attaches h's program to iface and pins the link, or updates
-// the link an earlier process pinned.
-func (d *Datapath) attachHook(iface *net.Interface, h hook) error {
-	prog := d.program(h)
+// xdpModes are the XDP attach modes attachHook tries, in order.
+type xdpModes int
+
+const (
+	// xdpDriverOrGeneric falls back to generic (skb) mode where the
+	// driver has no native XDP.
+	xdpDriverOrGeneric xdpModes = iota
+	// xdpDriverOnly fails where the driver has no native XDP.
+	xdpDriverOnly
+)
+
+// attachHook attaches prog at h to iface and pins the link, or updates
+// the link an earlier process pinned. modes applies to hookXDP.
+func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	pin := d.linkPin(h, iface.Name)
 	if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
 		return err
@@ -138,7 +133,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook) error {
 		l, err = link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: ebpf.AttachTCXEgress})
 	case hookXDP:
 		l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPDriverMode})
-		if err != nil {
+		if err != nil && modes == xdpDriverOrGeneric {
 			d.log.Info("driver-mode XDP unavailable, using generic mode", "interface", iface.Name, "err", err)
 			l, err = link.AttachXDP(link.XDPOptions{Interface: iface.Index, Program: prog, Flags: link.XDPGenericMode})
 		}
@@ -214,27 +209,37 @@ func (d *Datapath) Detach(ifname string) error {
 func (d *Datapath) detach(ifname string) error {
 	var errs []error
 	for _, h := range hooks {
-		pin := d.linkPin(h, ifname)
-		l, err := link.LoadPinnedLink(pin, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
+		if err := d.unpinLink(h, ifname, true); err != nil {
+			errs = append(errs, err)
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
-			continue
-		}
-		ifindex := linkIfindex(l)
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
-		}
-		l.Close()
-		if ifindex > 0 && !d.closed() {
-			if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
-			}
-		}
-		d.log.Info("detached", "hook", h, "interface", ifname)
 	}
+	return errors.Join(errs...)
+}
+
+// unpinLink removes the link h pinned for ifname, which detaches its
+// program; with forget, it also forgets the interface in tlb_ifaces. A
+// missing pin is not an error.
+func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
+	pin := d.linkPin(h, ifname)
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("detach %s from %s: %w", h, ifname, err)
+	}
+	defer l.Close()
+	var errs []error
+	ifindex := linkIfindex(l)
+	if err := l.Unpin(); err != nil {
+		errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
+	}
+	if forget && ifindex > 0 && !d.closed() {
+		if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+		}
+	}
+	d.log.Info("detached", "hook", h, "interface", ifname)
 	return errors.Join(errs...)
 }
 

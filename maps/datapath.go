@@ -44,6 +44,11 @@ type Datapath struct {
 
 	tcColl, xdpColl, uplinkColl, sockColl     *ebpf.Collection
 	tcProg, tcEgressProg, xdpProg, uplinkProg *ebpf.Program
+	// uplinkLBProg is tc_uplink_lb, the uplinks' tc path (UplinkTC).
+	uplinkLBProg *ebpf.Program
+	// uplinkReasons holds, per uplink this process attached, why its
+	// path was chosen (UplinkStatus.Reason).
+	uplinkReasons map[string]string
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -75,6 +80,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxAffinity == 0 {
 		o.MaxAffinity = DefaultMaxAffinity
+	}
+	if o.UplinkPath == "" {
+		o.UplinkPath = UplinkAuto
+	}
+	if _, err := ParseUplinkPath(string(o.UplinkPath)); err != nil {
+		return o, fmt.Errorf("options: %w", err)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -115,7 +126,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
-	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu}
+	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}}
 	if d.lock, err = lockDir(opts.PinPath); err != nil {
 		return nil, err
 	}
@@ -208,6 +219,9 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return err
 	}
 	sizeMaps(uplinkSpec, d.opts)
+	if err := configure(uplinkSpec, d.opts); err != nil {
+		return err
+	}
 	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
 	if err != nil {
 		return fmt.Errorf("load uplink tc program: %w", err)
@@ -225,6 +239,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
 	d.uplinkProg = d.uplinkColl.Programs[uplinkProgTcUplink]
+	d.uplinkLBProg = d.uplinkColl.Programs[uplinkProgTcUplinkLb]
 	return nil
 }
 

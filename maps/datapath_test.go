@@ -59,6 +59,8 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 		prog, okV, dropV = d.xdpProg, xdpPass, xdpDrop
 	case hookTCEgress:
 		prog = d.tcEgressProg
+	case hookUplinkTC:
+		prog = d.uplinkLBProg
 	}
 	var (
 		ret       uint32

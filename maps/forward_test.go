@@ -298,6 +298,97 @@ func both(fs ...func(t *testing.T, d *Datapath)) func(t *testing.T, d *Datapath)
 	}
 }
 
+// snatFlows are the source-NATed north-south flows that xdp_lb and the
+// uplinks' tc path (tc_uplink_lb) handle alike up to the verdict: to
+// feCluster (pod2 here, beNode2 on node2; the client lands on beNode2),
+// feRemote (beNode2, from a client behind up1) and feRemoteUDP (beNode2).
+type snatFlows struct {
+	feCluster, feRemote, feRemoteUDP Frontend
+	cToNode2, snatSrc, cUDP, cUp1    string
+	udpPort, up1Port                 uint16
+}
+
+// newSNATFlows programs the frontends of snatFlows into e's datapath.
+func newSNATFlows(t *testing.T, e *fwdEnv) snatFlows {
+	t.Helper()
+	f := snatFlows{feCluster: extFrontend(nodeAddr+":30081", TCP), feRemote: extFrontend(nodeAddr+":30082", TCP),
+		feRemoteUDP: extFrontend(nodeAddr+":30053", UDP), cUDP: ap(outside, 42000), cUp1: ap(outsideUp1, 44000)}
+	mustSet(t, e.d, f.feCluster, local(ap(pod2, 8080)), be(ap(beNode2, 8080)))
+	mustSet(t, e.d, f.feRemote, be(ap(beNode2, 8080)))
+	mustSet(t, e.d, f.feRemoteUDP, be(ap(beNode2, 5353)))
+	f.cToNode2 = srcFor(t, outside, f.feCluster, 1, 2, 41000)
+	f.snatSrc = ap(nodeAddr, int(snatPortOf(netip.MustParseAddrPort(f.cToNode2), f.feCluster.Addr, protoTCP, 0, DefaultSNATPorts)))
+	f.udpPort = snatPortOf(netip.MustParseAddrPort(f.cUDP), f.feRemoteUDP.Addr, protoUDP, 0, DefaultSNATPorts)
+	f.up1Port = snatPortOf(netip.MustParseAddrPort(f.cUp1), f.feRemote.Addr, protoTCP, 0, DefaultSNATPorts)
+	return f
+}
+
+// rows runs the flows through h's program: a new TCP flow to a remote
+// backend, its reply and an established packet, a UDP query and answer,
+// all leaving by up0, the uplink they came in by (verdict same), and a
+// flow from behind up1 leaving by up0 (verdict other).
+func (f snatFlows) rows(e *fwdEnv, h hook, same, other uint32) []pktCase {
+	upMAC0 := e.mac["up0"]
+	syn := tcpFrame(f.cToNode2, f.feCluster.Addr.String(), tcpSYN, "")
+	reply := tcpFrame(ap(beNode2, 8080), f.snatSrc, tcpSYN|tcpACK, "")
+	ack := tcpFrame(f.cToNode2, f.feCluster.Addr.String(), tcpACK, "GET / odd")
+	udpQ := udpFrame(f.cUDP, f.feRemoteUDP.Addr.String(), "query")
+	udpA := udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(f.udpPort)), "answer!")
+	up1Syn := tcpFrame(f.cUp1, f.feRemote.Addr.String(), tcpSYN, "")
+	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
+	return []pktCase{
+		{name: "cluster_remote_backend_snat", hook: h, env: e, iif: "up0", in: syn,
+			out: ptr(syn.withAddrs(f.snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: same,
+			fwd: f.feCluster, newFlow: true, stats: newSNAT, after: e.snatEntries(f.feCluster, f.cToNode2, f.snatSrc)},
+		{name: "cluster_remote_reply_back_to_the_client", hook: h, env: e, iif: "up0", in: reply,
+			out: ptr(reply.withAddrs(f.feCluster.Addr.String(), f.cToNode2).forwarded(upMAC0, macRouter)), ret: same,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "cluster_remote_established_hit", hook: h, env: e, iif: "up0", in: ack,
+			out: ptr(ack.withAddrs(f.snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: same, fwd: f.feCluster,
+			stats: stats{StatConntrackPromoted: 1}},
+		{name: "udp_snat", hook: h, env: e, iif: "up0", in: udpQ,
+			out: ptr(udpQ.withAddrs(ap(nodeAddr, int(f.udpPort)), ap(beNode2, 5353)).forwarded(upMAC0, macNode2)), ret: same,
+			fwd: f.feRemoteUDP, newFlow: true, stats: newSNAT},
+		{name: "udp_snat_reply", hook: h, env: e, iif: "up0", in: udpA,
+			out: ptr(udpA.withAddrs(f.feRemoteUDP.Addr.String(), f.cUDP).forwarded(upMAC0, macRouter)), ret: same,
+			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "snat_to_another_uplink", hook: h, env: e, iif: "up1", in: up1Syn,
+			out: ptr(up1Syn.withAddrs(ap(nodeAddr, int(f.up1Port)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: other,
+			fwd: f.feRemote, newFlow: true, stats: newSNAT, after: e.up1ReplyEntry(f.feRemote, f.cUp1, ap(nodeAddr, int(f.up1Port)))},
+	}
+}
+
+// etpLocalEntries expects both entries of a new flow from client to fe
+// (eTP Local, on pod1), which entered by up0 from the router's side.
+func (e *fwdEnv) etpLocalEntries(fe Frontend, client string) func(t *testing.T, d *Datapath) {
+	return both(
+		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+			ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
+		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
+			ifindex: e.idx["up0"], smac: e.mac["up0"], dmac: macRouter, svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), client, protoTCP)),
+	)
+}
+
+// snatEntries expects both entries of a new flow from client to fe,
+// source-NATed to snatSrc towards beNode2 out of up0, which entered by up0.
+func (e *fwdEnv) snatEntries(fe Frontend, client, snatSrc string) func(t *testing.T, d *Datapath) {
+	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
+	return both(
+		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode2, 8080), nat: snatSrc, redirect: tcCtRedirectCT_REDIRECT_XDP,
+			ifindex: up0, smac: upMAC0, dmac: macNode2, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
+		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), nat: client, redirect: tcCtRedirectCT_REDIRECT_XDP,
+			ifindex: up0, smac: upMAC0, dmac: macRouter, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
+	)
+}
+
+// up1ReplyEntry expects the reply entry of a flow from client (behind
+// up1) to fe, source-NATed to snatSrc towards beNode2: replies go back out
+// of up1.
+func (e *fwdEnv) up1ReplyEntry(fe Frontend, client, snatSrc string) func(t *testing.T, d *Datapath) {
+	return entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), nat: client, redirect: tcCtRedirectCT_REDIRECT_XDP,
+		ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP))
+}
+
 func extFrontend(addr string, proto Protocol) Frontend {
 	return Frontend{Addr: netip.MustParseAddrPort(addr), Proto: proto, Scope: ScopeExternal}
 }
@@ -319,17 +410,13 @@ func TestXDPNorthSouth(t *testing.T) {
 	e := newFwdEnv(t, Options{})
 	d := e.d
 	feLocal := extFrontend(nodeAddr+":30080", TCP)
-	feCluster := extFrontend(nodeAddr+":30081", TCP)
-	feRemote := extFrontend(nodeAddr+":30082", TCP)
-	feRemoteUDP := extFrontend(nodeAddr+":30053", UDP)
+	sf := newSNATFlows(t, e)
+	feCluster, feRemote, feRemoteUDP := sf.feCluster, sf.feRemote, sf.feRemoteUDP
 	feNeigh := extFrontend(nodeAddr+":30083", TCP)
 	feOther := extFrontend(nodeAddr+":30085", TCP)
 	feNoRoute := extFrontend(nodeAddr+":30086", TCP)
 	feGone := extFrontend(nodeAddr+":30087", TCP)
 	mustSet(t, d, feLocal, local(ap(pod1, 8080)))
-	mustSet(t, d, feCluster, local(ap(pod2, 8080)), be(ap(beNode2, 8080)))
-	mustSet(t, d, feRemote, be(ap(beNode2, 8080)))
-	mustSet(t, d, feRemoteUDP, be(ap(beNode2, 5353)))
 	mustSet(t, d, feNeigh, be(ap(beNode3, 8080)))
 	mustSet(t, d, feOther, be(ap(beOther, 8080)))
 	mustSet(t, d, feNoRoute, be("192.0.2.99:8080"))
@@ -338,8 +425,7 @@ func TestXDPNorthSouth(t *testing.T) {
 		t.Fatal("feCluster's table is not in the order written")
 	}
 	snat := DefaultSNATPorts
-	up0, up1 := e.idx["up0"], e.idx["up1"]
-	upMAC0, upMAC1 := e.mac["up0"], e.mac["up1"]
+	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
 
 	// eTP Local: DNAT only, into pod1 through tc_uplink.
 	cLocal := ap(outside, 40000)
@@ -351,20 +437,11 @@ func TestXDPNorthSouth(t *testing.T) {
 	// eTP Cluster: a client port that lands on the local backend, one
 	// that lands on the remote one.
 	cToPod2 := srcFor(t, outside, feCluster, 0, 2, 41000)
-	cToNode2 := srcFor(t, outside, feCluster, 1, 2, 41000)
 	clusterLocal := tcpFrame(cToPod2, feCluster.Addr.String(), tcpSYN, "")
-	clusterRemote := tcpFrame(cToNode2, feCluster.Addr.String(), tcpSYN, "")
-	remotePort := snatPortOf(netip.MustParseAddrPort(cToNode2), feCluster.Addr, protoTCP, 0, snat)
-	snatSrc := ap(nodeAddr, int(remotePort))
-	clusterReply := tcpFrame(ap(beNode2, 8080), snatSrc, tcpSYN|tcpACK, "")
-	clusterAck := tcpFrame(cToNode2, feCluster.Addr.String(), tcpACK, "GET / odd")
 
 	// UDP, source-translated.
-	cUDP := ap(outside, 42000)
-	udpQ := udpFrame(cUDP, feRemoteUDP.Addr.String(), "query")
-	udpPort := snatPortOf(netip.MustParseAddrPort(cUDP), feRemoteUDP.Addr, protoUDP, 0, snat)
-	udpA := udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), "answer!")
-	udpZero := udpZeroSumReply(t, udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(udpPort)), ""), feRemoteUDP.Addr.String(), cUDP)
+	cUDP := sf.cUDP
+	udpZero := udpZeroSumReply(t, udpFrame(ap(beNode2, 5353), ap(nodeAddr, int(sf.udpPort)), ""), feRemoteUDP.Addr.String(), cUDP)
 
 	// A client whose first port is taken by a flow to the same backend.
 	cTaken := ap(outside, 43000)
@@ -380,10 +457,8 @@ func TestXDPNorthSouth(t *testing.T) {
 
 	// A client behind up1: the forward leaves by up0 (XDP_REDIRECT); a
 	// large reply to it does not fit up1's MTU.
-	cUp1 := ap(outsideUp1, 44000)
-	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
-	up1Port := snatPortOf(netip.MustParseAddrPort(cUp1), feRemote.Addr, protoTCP, 0, snat)
-	bigReply := tcpFrame(ap(beNode2, 8080), ap(nodeAddr, int(up1Port)), tcpACK, string(bytes.Repeat([]byte("x"), 1450-40)))
+	cUp1 := sf.cUp1
+	bigReply := tcpFrame(ap(beNode2, 8080), ap(nodeAddr, int(sf.up1Port)), tcpACK, string(bytes.Repeat([]byte("x"), 1450-40)))
 
 	// Next hop without a neighbour entry, learnt later.
 	cNeigh := ap(outside, 45000)
@@ -418,12 +493,7 @@ func TestXDPNorthSouth(t *testing.T) {
 			out: ptr(localSyn.withAddrs("", ap(pod1, 8080))), ret: xdpPass,
 			meta: handoff(tcCtRedirectCT_REDIRECT_PEER, e.idx["hp1"], e.mac[pod1], e.mac["hp1"], 0),
 			fwd:  feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1},
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(cLocal, feLocal.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feLocal, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), cLocal, protoTCP)),
-			)},
+			after: e.etpLocalEntries(feLocal, cLocal)},
 		{name: "etp_local_reply_out_of_the_uplink", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(feLocal.Addr.String(), "").forwarded(upMAC0, macRouter)), ret: tcRedirect,
 			stats: stats{StatReverseNAT: 1}},
@@ -434,38 +504,16 @@ func TestXDPNorthSouth(t *testing.T) {
 			out: ptr(clusterLocal.withAddrs("", ap(pod2, 8080))), ret: xdpPass,
 			meta: handoff(tcCtRedirectCT_REDIRECT_PEER, e.idx["hp2"], [6]byte{}, [6]byte{}, 0),
 			fwd:  feCluster, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1}},
-		{name: "cluster_remote_backend_snat_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: clusterRemote,
-			out: ptr(clusterRemote.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
-			fwd: feCluster, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode2, 8080), nat: snatSrc, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(cToNode2, feCluster.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feCluster.Addr.String(), nat: cToNode2, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feCluster, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
-			)},
-		{name: "cluster_remote_reply_back_to_the_client", hook: hookXDP, env: e, iif: "up0", in: clusterReply,
-			out: ptr(clusterReply.withAddrs(feCluster.Addr.String(), cToNode2).forwarded(upMAC0, macRouter)), ret: xdpTX,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "cluster_remote_established_hit", hook: hookXDP, env: e, iif: "up0", in: clusterAck,
-			out: ptr(clusterAck.withAddrs(snatSrc, ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feCluster,
-			stats: stats{StatConntrackPromoted: 1}},
-		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
-			out: ptr(udpQ.withAddrs(ap(nodeAddr, int(udpPort)), ap(beNode2, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
-			fwd: feRemoteUDP, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}},
-		{name: "udp_snat_reply", hook: hookXDP, env: e, iif: "up0", in: udpA,
-			out: ptr(udpA.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
-			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+	}
+	// XDP_TX out of the uplink a frame came in by, XDP_REDIRECT to another.
+	rows = append(rows, sf.rows(e, hookXDP, xdpTX, xdpRedirect)...)
+	rows = append(rows, []pktCase{
 		{name: "udp_reply_checksum_computed_zero_sent_as_all_ones", hook: hookXDP, env: e, iif: "up0", in: udpZero,
 			out: ptr(udpZero.withAddrs(feRemoteUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
 			stats: stats{StatReverseNAT: 1}},
 		{name: "snat_port_taken_walks_on", hook: hookXDP, env: e, iif: "up0", in: takenSyn, before: plantTaken,
 			out: ptr(takenSyn.withAddrs(ap(nodeAddr, int(taken1)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
 			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatSNATCollision: 1, StatFwdL2: 2}},
-		{name: "snat_to_another_uplink_xdp_redirect", hook: hookXDP, env: e, iif: "up1", in: up1Syn,
-			out: ptr(up1Syn.withAddrs(ap(nodeAddr, int(up1Port)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: xdpRedirect,
-			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
-			after: entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cUp1, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: up1, smac: upMAC1, dmac: macNode4, svc: feRemote, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), ap(nodeAddr, int(up1Port)), protoTCP))},
 		{name: "reply_beyond_the_egress_mtu_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: bigReply,
 			out: ptr(bigReply.withAddrs(feRemote.Addr.String(), cUp1)), ret: xdpPass,
 			stats: stats{StatReverseNAT: 1, StatFwdFallbackMTU: 1}},
@@ -499,7 +547,7 @@ func TestXDPNorthSouth(t *testing.T) {
 			ret: xdpDrop, fwd: feGone, stats: stats{StatDropSNATFallback: 1},
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode5, 8080), nat: ap(nodeAddr, int(gonePort)),
 				redirect: tcCtRedirectCT_REDIRECT_STACK, svc: feGone, backendAddr: ap(beNode5, 8080)}.expect(ctKey(cGone, feGone.Addr.String(), protoTCP))},
-	}
+	}...)
 	runTable(t, d, rows)
 }
 
@@ -549,7 +597,7 @@ func TestSNATPortsExhausted(t *testing.T) {
 // source is now the node's own address, which the stack takes for a
 // martian), as XDP marked it in the metadata.
 func TestSNATHandoffBeyondMTU(t *testing.T) {
-	e := newFwdEnv(t, Options{})
+	e := newFwdEnv(t, Options{UplinkPath: UplinkXDP})
 	must(t, e.node.AddRouteDev("10.244.7.0/24", "up1", "10.251.0.7"))
 	f := extFrontend(nodeAddr+":30088", UDP)
 	mustSet(t, e.d, f, be("10.244.7.10:5353"))

@@ -95,9 +95,13 @@ func FuzzNonServiceTraffic(f *testing.F) {
 		if related {
 			return
 		}
-		for _, h := range hooks {
+		for _, h := range append(hooks, hookUplinkTC) {
 			prog, okV, dropV := d.tcProg, uint32(tcOK), uint32(tcShot)
 			switch h {
+			case hookUplinkTC:
+				// The uplinks' tc path judges a frame as XDP does,
+				// on an skb.
+				prog = d.uplinkLBProg
 			case hookXDP:
 				prog, okV, dropV = d.xdpProg, xdpPass, xdpDrop
 			case hookTCEgress:

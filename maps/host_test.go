@@ -25,11 +25,17 @@ import (
 // bpffs and attaches the socket hooks to the cgroup v2 root.
 func hostDatapath(t *testing.T, ns *nettest.NS) *Datapath {
 	t.Helper()
+	return hostDatapathOpts(t, Options{NetNS: ns.Path})
+}
+
+// hostDatapathOpts is hostDatapath with more options (NetNS set).
+func hostDatapathOpts(t *testing.T, opts Options) *Datapath {
+	t.Helper()
 	root, err := CgroupRoot("auto")
 	if err != nil {
 		t.Skipf("no cgroup v2 root for the socket hooks: %v", err)
 	}
-	d := newDatapath(t, Options{NetNS: ns.Path})
+	d := newDatapath(t, opts)
 	must(t, d.AttachHost(root))
 	return d
 }

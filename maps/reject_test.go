@@ -114,7 +114,7 @@ func runFrame(t *testing.T, prog *ebpf.Program, in []byte) (uint32, []byte) {
 }
 
 // TestRejects answers new flows to empty reject frontends from pods (tc)
-// and from northClient (XDP): resets for TCP segments (never for a reset),
+// and from northClient (XDP, and the uplinks' tc path): resets for TCP segments (never for a reset),
 // port unreachables for UDP, from the frontend, back where they came from;
 // frontends empty by policy keep dropping.
 func TestRejects(t *testing.T) {
@@ -151,11 +151,18 @@ func TestRejects(t *testing.T) {
 		{"xdp_syn_reset", hookXDP, extSyn, resetFor(extSyn), stats{StatReject: 1}},
 		{"xdp_udp_port_unreachable", hookXDP, extUDP, unreachableFor(extUDP), stats{StatReject: 1}},
 		{"xdp_internal_frontend_not_matched", hookXDP, tcpFrame(northClient, vipRejectTCP, tcpSYN, ""), syn.bytes()[:0], nil},
+		{"uplink_tc_syn_reset", hookUplinkTC, extSyn, resetFor(extSyn), stats{StatReject: 1}},
+		{"uplink_tc_udp_port_unreachable", hookUplinkTC, extUDP, unreachableFor(extUDP), stats{StatReject: 1}},
+		{"uplink_tc_internal_frontend_not_matched", hookUplinkTC, tcpFrame(northClient, vipRejectTCP, tcpSYN, ""), syn.bytes()[:0], nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			prog, answered, dropped, passed := d.tcProg, uint32(rejectedTC), uint32(tcShot), uint32(tcOK)
-			if c.hook == hookXDP {
+			switch c.hook {
+			case hookXDP:
 				prog, answered, dropped, passed = d.xdpProg, rejectedXDP, xdpDrop, xdpPass
+			case hookUplinkTC:
+				// Back out of the uplink: bpf_redirect to its egress.
+				prog = d.uplinkLBProg
 			}
 			before, err := d.Counters()
 			must(t, err)

@@ -52,13 +52,19 @@ func udpSendRefused(t *testing.T, ns *nettest.NS, target string) error {
 // from each kind of client, within 100 ms: a pod (a reset or port
 // unreachable from tc), the node's own processes (the socket call fails
 // with ECONNREFUSED), and a client outside the node reaching an external
-// frontend (a reset or port unreachable from XDP; node2 stands in for
-// it). A service empty by policy keeps dropping: the pod's connection
+// frontend (a reset or port unreachable from XDP or from the uplink's tc
+// path, both ways; node2 stands in for it). A service empty by policy keeps dropping: the pod's connection
 // times out.
 func TestRejectRealTraffic(t *testing.T) {
 	requirePrivileges(t)
+	for _, path := range []UplinkPath{UplinkXDP, UplinkTC} {
+		t.Run(string(path), func(t *testing.T) { testRejectRealTraffic(t, path) })
+	}
+}
+
+func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 	tb := newTestbed(t)
-	d := hostDatapath(t, tb.node1)
+	d := hostDatapathOpts(t, Options{NetNS: tb.node1.Path, UplinkPath: path})
 	const (
 		vipTCP, vipUDP   = "10.96.0.30:80", "10.96.0.30:53"
 		dropTCP          = "10.96.0.31:80"
@@ -77,8 +83,11 @@ func TestRejectRealTraffic(t *testing.T) {
 	}
 	must(t, d.AttachUplink("w1"))
 	must(t, tb.node2.AddRoute("192.0.2.0/24", "10.9.0.1"))
-	// XDP_TX on w1 hands frames to w2, which takes them only in NAPI mode.
-	xdpPassOn(t, tb.node2, "w2")
+	if path == UplinkXDP {
+		// XDP_TX on w1 hands frames to w2, which takes them only in
+		// NAPI mode; tc's redirect needs nothing of w2.
+		xdpPassOn(t, tb.node2, "w2")
+	}
 
 	for _, c := range []struct {
 		name   string

@@ -161,7 +161,9 @@ func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
 	pin := filepath.Join(bpffs(t), "topolb")
 	tb := newTestbed(t)
-	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path})
+	// XDP on w1: its frames to the pods are handed over to tc_uplink
+	// (nothing is sent back out of w1 with XDP_TX here).
+	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP})
 
 	for name, ns := range map[string]*nettest.NS{"b1": tb.b1, "b2": tb.b2, "b3": tb.b3} {
 		ns.ServeHTTPName(t, ":8080", name)
@@ -242,7 +244,7 @@ func TestRealTraffic(t *testing.T) {
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
-		d2, err := Load(Options{PinPath: pin, NetNS: tb.node1.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096})
+		d2, err := Load(Options{PinPath: pin, NetNS: tb.node1.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096, UplinkPath: UplinkXDP})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -276,6 +276,10 @@ type Options struct {
 	// (net.ipv4.ip_local_port_range) nor the NodePort range: a reply to
 	// a translated flow is recognised by its destination port alone.
 	SNATPorts PortRange
+	// UplinkPath says how AttachUplink balances an uplink: UplinkAuto
+	// (the zero value) probes each uplink, UplinkXDP and UplinkTC force
+	// one path (see UplinkPath).
+	UplinkPath UplinkPath
 	// Logger receives operator-level events (load, adopt, attach,
 	// rollback and repair) at Info or Warn and every map write at
 	// Debug-4. Nil discards.

@@ -112,6 +112,11 @@ type uplinkRegistryValue struct {
 	Gen   uint32
 }
 
+type uplinkRejectBudgetValue struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -150,19 +155,27 @@ type uplinkSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkMapTlbAffinity     = "tlb_affinity"
-	uplinkMapTlbBackendStats = "tlb_backend_stats"
-	uplinkMapTlbBackends     = "tlb_backends"
-	uplinkMapTlbConntrack    = "tlb_conntrack"
-	uplinkMapTlbCtNew        = "tlb_ct_new"
-	uplinkMapTlbCtSrc        = "tlb_ct_src"
-	uplinkMapTlbIfaces       = "tlb_ifaces"
-	uplinkMapTlbMeta         = "tlb_meta"
-	uplinkMapTlbRegistry     = "tlb_registry"
-	uplinkMapTlbServices     = "tlb_services"
-	uplinkMapTlbSockRevnat   = "tlb_sock_revnat"
-	uplinkMapTlbStats        = "tlb_stats"
-	uplinkProgTcUplink       = "tc_uplink"
+	uplinkMapRejectBudget     = "reject_budget"
+	uplinkMapTlbAffinity      = "tlb_affinity"
+	uplinkMapTlbBackendStats  = "tlb_backend_stats"
+	uplinkMapTlbBackends      = "tlb_backends"
+	uplinkMapTlbConntrack     = "tlb_conntrack"
+	uplinkMapTlbCtNew         = "tlb_ct_new"
+	uplinkMapTlbCtSrc         = "tlb_ct_src"
+	uplinkMapTlbIfaces        = "tlb_ifaces"
+	uplinkMapTlbMeta          = "tlb_meta"
+	uplinkMapTlbRegistry      = "tlb_registry"
+	uplinkMapTlbServices      = "tlb_services"
+	uplinkMapTlbSockRevnat    = "tlb_sock_revnat"
+	uplinkMapTlbStats         = "tlb_stats"
+	uplinkProgTcUplink        = "tc_uplink"
+	uplinkProgTcUplinkLb      = "tc_uplink_lb"
+	uplinkVarCfgCtSrcBurst    = "cfg_ct_src_burst"
+	uplinkVarCfgCtSrcInterval = "cfg_ct_src_interval"
+	uplinkVarCfgHashSeed      = "cfg_hash_seed"
+	uplinkVarCfgScope         = "cfg_scope"
+	uplinkVarCfgSnatPortMax   = "cfg_snat_port_max"
+	uplinkVarCfgSnatPortMin   = "cfg_snat_port_min"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -207,13 +220,15 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	TcUplink *ebpf.ProgramSpec `ebpf:"tc_uplink"`
+	TcUplink   *ebpf.ProgramSpec `ebpf:"tc_uplink"`
+	TcUplinkLb *ebpf.ProgramSpec `ebpf:"tc_uplink_lb"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
+	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
@@ -232,6 +247,12 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -254,6 +275,7 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
+	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
@@ -270,6 +292,7 @@ type uplinkMaps struct {
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
+		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
 		m.TlbBackends,
@@ -289,18 +312,26 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	TcUplink *ebpf.Program `ebpf:"tc_uplink"`
+	TcUplink   *ebpf.Program `ebpf:"tc_uplink"`
+	TcUplinkLb *ebpf.Program `ebpf:"tc_uplink_lb"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
 		p.TcUplink,
+		p.TcUplinkLb,
 	)
 }
 

@@ -36,3 +36,35 @@ func TestMetricsListenAddress(t *testing.T) {
 		})
 	}
 }
+
+// TestUplinkPathFlag: --uplink-path takes auto, xdp or tc, and refuses
+// anything else naming the flag.
+func TestUplinkPathFlag(t *testing.T) {
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767"}
+	for _, tt := range []struct {
+		value   string
+		want    string
+		wantErr string
+	}{
+		{value: "auto", want: "auto"},
+		{value: "xdp", want: "xdp"},
+		{value: "tc", want: "tc"},
+		{value: "generic", wantErr: `--uplink-path: uplink path "generic": want auto, xdp or tc`},
+		{value: "", wantErr: "--uplink-path"},
+	} {
+		t.Run(tt.value, func(t *testing.T) {
+			f := base
+			f.uplinkPath = tt.value
+			s, err := checkFlags(f)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || string(s.uplinkPath) != tt.want {
+				t.Errorf("got %q, %v; want %q", s.uplinkPath, err, tt.want)
+			}
+		})
+	}
+}

@@ -35,6 +35,7 @@ type flags struct {
 	fromFile       string
 	podInterfaces  string
 	uplinks        string
+	uplinkPath     string
 	hostServices   bool
 	cgroupRoot     string
 	apiserver      string
@@ -72,7 +73,7 @@ func main() {
 (from the cluster, or from a manifest file with --from-file), decides for
 this node which backends each service port may use (the same decision as
 'topolbctl explain'), and writes only those into pinned BPF maps. The tc
-programs on pod interfaces, the XDP program on uplinks and the socket hooks
+programs on pod interfaces, the XDP or tc program on uplinks and the socket hooks
 on the cgroup v2 root (the node's own processes) balance traffic from
 them. The datapath is pinned under --bpffs and outlives the agent: a
 restart adopts it and never flushes it.
@@ -100,7 +101,8 @@ answers 200 once the first full sync is in the maps.`,
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
-	fl.StringVar(&f.uplinks, "uplinks", "auto", `comma-separated uplink interfaces for the XDP program, or "auto": the devices of the default routes`)
+	fl.StringVar(&f.uplinks, "uplinks", "auto", `comma-separated uplink interfaces, balancing traffic from outside the node (--uplink-path), or "auto": the devices of the default routes`)
+	fl.StringVar(&f.uplinkPath, "uplink-path", string(maps.UplinkAuto), `how uplinks balance traffic from outside: "xdp" (XDP, with generic mode where the driver has no native XDP), "tc" (tcx ingress), or "auto": per uplink, XDP where the frames it sends back out are taken (a veth whose peer has a native XDP program, a driver where native XDP attaches), tc elsewhere (a veth whose peer has none or cannot be inspected, as a kind node's eth0; drivers without native XDP). Restarting with another path keeps established flows`)
 	fl.BoolVar(&f.hostServices, "host-services", true, "balance the node's own processes (host network) to cluster IPs, NodePorts, external and load-balancer IPs with cgroup socket hooks; false detaches hooks an earlier agent attached")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "auto", `the node's cgroup v2 root for the socket hooks (or a directory holding it as "unified", as on hybrid hosts), or "auto": the cgroup2 mount of this process, which in a pod with its own cgroup namespace is not the root and is refused`)
 	fl.StringVar(&f.bpffs, "bpffs", maps.DefaultPinPath, "directory on a bpf filesystem where maps and links are pinned")
@@ -151,7 +153,7 @@ func run(ctx context.Context, f flags) error {
 		}
 	}
 	checkSNATPorts(log, s.snatPorts, s.options.NodePortRange)
-	dp, err := loadDatapath(log, f, s.snatPorts)
+	dp, err := loadDatapath(log, f, s)
 	if err != nil {
 		return err
 	}
@@ -195,6 +197,8 @@ type settings struct {
 	metricsAddress string
 	// snatPorts are the source ports of source-NATed flows.
 	snatPorts maps.PortRange
+	// uplinkPath is how uplinks balance traffic from outside.
+	uplinkPath maps.UplinkPath
 }
 
 // checkFlags returns the settings the flags give, or an error naming the
@@ -223,6 +227,9 @@ func checkFlags(f flags) (settings, error) {
 	}
 	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
 		return s, fmt.Errorf("--snat-ports: %w", err)
+	}
+	if s.uplinkPath, err = maps.ParseUplinkPath(f.uplinkPath); err != nil {
+		return s, fmt.Errorf("--uplink-path: %w", err)
 	}
 	return s, nil
 }
@@ -264,7 +271,7 @@ func conntrackSize(flag uint32) (uint32, error) {
 // why it could not: another agent holds the pin path's lock (wrapping
 // maps.ErrLocked; nothing was touched), missing capabilities, or the
 // load's own error.
-func loadDatapath(log *slog.Logger, f flags, snatPorts maps.PortRange) (*maps.Datapath, error) {
+func loadDatapath(log *slog.Logger, f flags, s settings) (*maps.Datapath, error) {
 	if err := ensureBPFFS(log, f.bpffs, bpffsRoot); err != nil {
 		return nil, err
 	}
@@ -279,7 +286,7 @@ func loadDatapath(log *slog.Logger, f flags, snatPorts maps.PortRange) (*maps.Da
 	dp, err := maps.Load(maps.Options{
 		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends,
 		MaxConntrack: maxConntrack, MaxConntrackNew: f.maxCtNew, NewFlowsPerSource: perSource,
-		SNATPorts: snatPorts, Logger: log.With("component", "datapath"),
+		SNATPorts: s.snatPorts, UplinkPath: s.uplinkPath, Logger: log.With("component", "datapath"),
 	})
 	switch {
 	case err == nil:
@@ -296,9 +303,10 @@ func loadDatapath(log *slog.Logger, f flags, snatPorts maps.PortRange) (*maps.Da
 	return nil, fmt.Errorf("load datapath: %w", err)
 }
 
-// attachDatapath attaches the datapath's programs to the uplinks (XDP),
-// the pod interfaces (tc, followed as they come and go with "auto") and
-// the node's cgroup (socket hooks), and returns the uplinks it chose.
+// attachDatapath attaches the datapath's programs to the uplinks (XDP or
+// tc, --uplink-path), the pod interfaces (tc, followed as they come and
+// go with "auto") and the node's cgroup (socket hooks), and returns the
+// uplinks it chose.
 func attachDatapath(ctx context.Context, log *slog.Logger, dp *maps.Datapath, f flags) ([]string, error) {
 	uplinks, pods, autoPods, err := agent.ParseInterfaces(f.uplinks, f.podInterfaces)
 	if err != nil {

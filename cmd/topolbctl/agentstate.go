@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -99,7 +100,30 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		}
 		fmt.Fprintln(w, line)
 	}
-	return nil
+	return printUplinks(w, st)
+}
+
+// printUplinks lists the agent's uplinks and the path each takes, as the
+// kernel has them (the programs attached), with the agent's reason.
+func printUplinks(w io.Writer, st agent.DebugState) error {
+	if st.UplinksError != "" {
+		fmt.Fprintf(w, "\nuplinks: cannot be read: %s\n", cell(st.UplinksError, maxText))
+		return nil
+	}
+	if len(st.Uplinks) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nuplinks, read back from the kernel")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INTERFACE\tPATH\tPROGRAMS\tREASON")
+	for _, u := range st.Uplinks {
+		reason := u.Reason
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", cell(u.Interface, maxName), u.Path, strings.Join(u.Programs, " "), cell(reason, maxText))
+	}
+	return tw.Flush()
 }
 
 // decidedFrontends maps the frontends the report decides, keyed as the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"maps"
 	"net/http/httptest"
 	"net/netip"
@@ -25,6 +26,9 @@ func (m memDP) DeleteFrontend(fe dpmaps.Frontend) (int, error) { delete(m, fe); 
 func (m memDP) Services() map[dpmaps.Frontend]dpmaps.Service {
 	return maps.Clone(map[dpmaps.Frontend]dpmaps.Service(m))
 }
+
+// Uplinks: the in-memory datapath has none.
+func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 
 // Programmed hands the services back as the kernel would hold them.
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
@@ -99,6 +103,53 @@ func TestExplainAgent(t *testing.T) {
 	// An agent that is not there is an error, not an empty table.
 	if code := run([]string{"explain", "--agent", "127.0.0.1:1"}, &stdout, &stderr); code == 0 {
 		t.Errorf("unreachable agent: exit 0")
+	}
+}
+
+// uplinkDP is memDP with uplinks, or an error reading them.
+type uplinkDP struct {
+	memDP
+	ups []dpmaps.UplinkStatus
+	err error
+}
+
+func (u uplinkDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return u.ups, u.err }
+
+// TestExplainAgentUplinks: the uplinks and their paths follow the maps,
+// as the agent read them back, or why they could not be read.
+func TestExplainAgentUplinks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		dp   uplinkDP
+		want []string
+	}{
+		{"paths", uplinkDP{memDP: memDP{}, ups: []dpmaps.UplinkStatus{
+			{Interface: "eth0", Path: "tc", Programs: []string{"tc_uplink_lb", "tc_lb_egress"}, Reason: "veth peer veth1 has no native XDP program"},
+			{Interface: "eth1", Path: "xdp", Programs: []string{"xdp_lb/driver", "tc_uplink", "tc_lb_egress"}},
+		}}, []string{
+			"uplinks, read back from the kernel",
+			"INTERFACE  PATH  PROGRAMS                              REASON",
+			"eth0       tc    tc_uplink_lb tc_lb_egress             veth peer veth1 has no native XDP program",
+			"eth1       xdp   xdp_lb/driver tc_uplink tc_lb_egress  -",
+		}},
+		{"error", uplinkDP{memDP: memDP{}, err: errors.New("load pinned link: permission denied")}, []string{
+			"uplinks: cannot be read: load pinned link: permission denied",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, c.dp)
+			srv := httptest.NewServer(a.HealthHandler())
+			defer srv.Close()
+			var stdout, stderr bytes.Buffer
+			if code := run([]string{"explain", "--agent", srv.URL}, &stdout, &stderr); code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			for _, want := range c.want {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, stdout.String())
+				}
+			}
+		})
 	}
 }
 

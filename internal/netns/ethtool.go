@@ -8,11 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ethtool value commands for transmit checksum offload
+// ethtool value commands for transmit checksum offload and GRO
 // (include/uapi/linux/ethtool.h).
 const (
 	ethtoolGTXCSUM = 0x16
 	ethtoolSTXCSUM = 0x17
+	ethtoolSGRO    = 0x2c
 )
 
 // ethtoolValue is struct ethtool_value.
@@ -57,12 +58,18 @@ func (ns *NS) ethtool(ifname string, cmd, data uint32) (uint32, error) {
 // checksums in software before a packet leaves, as a real NIC puts them on
 // the wire, so the receiver verifies what a datapath wrote.
 func (ns *NS) SetTxChecksum(ifname string, on bool) error {
+	return ns.setFlag(ifname, ethtoolSTXCSUM, "tx checksum offload", on)
+}
+
+// setFlag issues the ethtool set command cmd with on as 1 or 0; what
+// names the setting in the error.
+func (ns *NS) setFlag(ifname string, cmd uint32, what string, on bool) error {
 	var data uint32
 	if on {
 		data = 1
 	}
-	if _, err := ns.ethtool(ifname, ethtoolSTXCSUM, data); err != nil {
-		return fmt.Errorf("%s: set tx checksum offload of %s to %v: %w", ns.Name, ifname, on, err)
+	if _, err := ns.ethtool(ifname, cmd, data); err != nil {
+		return fmt.Errorf("%s: set %s of %s to %v: %w", ns.Name, what, ifname, on, err)
 	}
 	return nil
 }
@@ -75,4 +82,11 @@ func (ns *NS) TxChecksum(ifname string) (bool, error) {
 		return false, fmt.Errorf("%s: get tx checksum offload of %s: %w", ns.Name, ifname, err)
 	}
 	return v != 0, nil
+}
+
+// SetGRO switches generic receive offload of ifname, as `ethtool -K
+// IFNAME gro on|off` does (ETHTOOL_SGRO). On a veth it also starts a NAPI
+// instance.
+func (ns *NS) SetGRO(ifname string, on bool) error {
+	return ns.setFlag(ifname, ethtoolSGRO, "GRO", on)
 }

@@ -121,13 +121,14 @@ func TestCapabilities(t *testing.T) {
 		if !slices.Equal(eff, listed) {
 			t.Errorf("agent's effective capabilities = %v, want %v", eff, listed)
 		}
-		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0",
+		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0", "links/uplink_uplink0",
 			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4",
 			"links/sock_connect6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
 			if _, err := os.Stat(filepath.Join(n.pinPath, pin)); err != nil {
 				t.Errorf("pin %s: %v", pin, err)
 			}
 		}
+		checkUplinkReadBack(t, p)
 		if err := p.stop(10 * time.Second); err != nil {
 			t.Errorf("agent did not stop cleanly: %v\nstderr:\n%s", err, p.stderr.String())
 		}
@@ -282,8 +283,35 @@ func newCapsNode(t *testing.T) *capsNode {
 // capsAgentArgs runs the agent on node-a in standalone mode, pinning at
 // pinPath and attaching the socket hooks under cgroupPath, with the default
 // (automatic) uplinks and pod interfaces, as the DaemonSet does.
+// checkUplinkReadBack checks that the agent, with only the listed
+// capabilities, reads its uplink's path back from the kernel for
+// /debug/state (and so for topolb_uplink_path).
+func checkUplinkReadBack(t *testing.T, p *agentProc) {
+	t.Helper()
+	resp, err := p.ns.HTTPClient(5 * time.Second).Get("http://127.0.0.1:9966/debug/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Uplinks []struct {
+			Interface, Path string
+			Programs        []string
+		} `json:"uplinks"`
+		UplinksError string `json:"uplinksError"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("decode /debug/state: %v", err)
+	}
+	if st.UplinksError != "" || len(st.Uplinks) != 1 || st.Uplinks[0].Interface != "uplink0" || st.Uplinks[0].Path != "xdp" {
+		t.Errorf("/debug/state uplinks %+v (error %q), want uplink0 on xdp", st.Uplinks, st.UplinksError)
+	}
+}
+
 func capsAgentArgs(pinPath, cgroupPath, manifest string) []string {
-	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath,
+	// XDP forced: uplink0's peer has no XDP program, so auto would take
+	// the tc path, and the capabilities must be enough for XDP too.
+	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath, "--uplink-path=xdp",
 		"--health-address=127.0.0.1:9966", "--metrics-address=",
 		"--max-frontends=" + strconv.Itoa(capsMaxFrontends), "--max-backends=" + strconv.Itoa(capsMaxBackends),
 		"--max-conntrack=" + strconv.Itoa(capsMaxConntrack)}

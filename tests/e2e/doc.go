@@ -7,6 +7,14 @@
 // compares topolb with kube-proxy: their programmed endpoints
 // (TestKubeProxyAgrees) and their speed (BenchmarkE2E, `make bench-e2e`).
 //
+// TOPOLB_E2E_SWITCH_PORTS=plain runs the testbed with switch ports that
+// have no XDP program (a veth peer without NAPI, as a kind node's eth0):
+// the agents' uplinks take the tc path instead of XDP. Run the north-south
+// tests both ways:
+//
+//	go test -run 'TestNorthSouth|TestRejectEmptyService' ./tests/e2e/
+//	TOPOLB_E2E_SWITCH_PORTS=plain go test -run 'TestNorthSouth|TestRejectEmptyService' ./tests/e2e/
+//
 // The tests need root and skip without it; those that need a real
 // apiserver or kube-proxy skip without `make kube-bins` (and fail without
 // it under TOPOLB_KUBE_REQUIRED, as `make test` sets). They build

@@ -130,6 +130,23 @@ func requireAgent(t testing.TB) string {
 	return agent.binary
 }
 
+// plainSwitchPorts reads TOPOLB_E2E_SWITCH_PORTS: "plain" gives the
+// testbed's switch ports no XDP program, as a kind node's eth0 has its
+// peer on the host's bridge (the agents' uplinks then take the tc path);
+// "" or "xdp" keeps them (the uplinks take XDP). Run the suite both ways.
+func plainSwitchPorts(t testing.TB) bool {
+	t.Helper()
+	switch v := os.Getenv("TOPOLB_E2E_SWITCH_PORTS"); v {
+	case "", "xdp":
+		return false
+	case "plain":
+		return true
+	default:
+		t.Fatalf("TOPOLB_E2E_SWITCH_PORTS=%q: want xdp or plain", v)
+		return false
+	}
+}
+
 // newTestbed creates a testbed from spec and tears it down when the test
 // ends, printing the agents' last log lines first if it failed.
 func newTestbed(t testing.TB, spec *testbed.Spec) *testbed.Testbed {
@@ -142,7 +159,7 @@ func newTestbed(t testing.TB, spec *testbed.Spec) *testbed.Testbed {
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
+	tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log, PlainSwitchPorts: plainSwitchPorts(t)})
 	if err != nil {
 		t.Fatalf("testbed: %v", err)
 	}

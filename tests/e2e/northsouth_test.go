@@ -53,6 +53,35 @@ func outsideSpec(t *testing.T) *testbed.Spec {
 	return spec
 }
 
+// checkUplinkPaths checks that every agent's uplink takes the path its
+// switch port allows, as the agent reads it back from the kernel: tc
+// where the port has no XDP program (TOPOLB_E2E_SWITCH_PORTS=plain), XDP
+// where it has one.
+func checkUplinkPaths(t *testing.T, tb *testbed.Testbed) {
+	t.Helper()
+	want := string(maps.UplinkXDP)
+	if plainSwitchPorts(t) {
+		want = string(maps.UplinkTC)
+	}
+	for _, a := range tb.Agents() {
+		st, err := a.State(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Uplinks) != 1 || st.Uplinks[0].Path != want {
+			t.Errorf("agent on %s: uplinks %+v (%s), want one on path %s", a.Node.Name, st.Uplinks, st.UplinksError, want)
+		}
+		m, err := a.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := `topolb_uplink_path{interface="` + testbed.UplinkName + `",path="` + want + `"} 1`
+		if !strings.Contains(m, line) {
+			t.Errorf("agent on %s: /metrics lacks %s", a.Node.Name, line)
+		}
+	}
+}
+
 // ipForwarded is a node's Ip ForwDatagrams: packets its stack routed
 // between interfaces. topolb's translated flows bypass it.
 func ipForwarded(t *testing.T, n *testbed.Node) uint64 {
@@ -106,6 +135,7 @@ func TestNorthSouth(t *testing.T) {
 		t.Run(dp.name, func(t *testing.T) {
 			tb := newTestbed(t, outsideSpec(t))
 			dp.start(t, tb)
+			checkUplinkPaths(t, tb)
 			apply(t, tb, northSouthServices())
 			ext := tb.External("ext1")
 			b1 := tb.Node("node-b1")

@@ -147,7 +147,24 @@ func (a *Agent) Args() []string {
 
 // get GETs a path of the agent's health endpoint from inside the node.
 func (a *Agent) get(ctx context.Context, path string) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentHealthAddress+path, nil)
+	return a.getAt(ctx, AgentHealthAddress, path)
+}
+
+// Metrics reads the agent's /metrics, in Prometheus' text format.
+func (a *Agent) Metrics(ctx context.Context) (string, error) {
+	body, code, err := a.getAt(ctx, AgentMetricsAddress, "/metrics")
+	if err != nil {
+		return "", fmt.Errorf("agent on %s: metrics: %w", a.Node.Name, err)
+	}
+	if code != http.StatusOK {
+		return "", fmt.Errorf("agent on %s: metrics: status %d: %.200s", a.Node.Name, code, body)
+	}
+	return string(body), nil
+}
+
+// getAt GETs path at addr from inside the node.
+func (a *Agent) getAt(ctx context.Context, addr, path string) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	if err != nil {
 		return nil, 0, err
 	}

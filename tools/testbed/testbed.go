@@ -67,6 +67,13 @@ type Options struct {
 	StateRoot string
 	// Logger receives progress at Info and details at Debug. Nil discards.
 	Logger *slog.Logger
+	// PlainSwitchPorts leaves the nodes' switch ports without an XDP
+	// program (and without GRO), as a kind node's eth0 has its peer on
+	// the host's bridge: frames a node's XDP program transmits back out
+	// of its uplink are then dropped by the kernel, and the agents'
+	// uplinks take the tc path (--uplink-path auto). By default every
+	// node's port has one (napiForXDP) and the uplinks take XDP.
+	PlainSwitchPorts bool
 }
 
 // Testbed is a running testbed. Close tears it down completely.
@@ -82,6 +89,8 @@ type Testbed struct {
 
 	log     *slog.Logger
 	servers []*backendServers
+	// plainPorts is Options.PlainSwitchPorts.
+	plainPorts bool
 
 	mu        sync.Mutex
 	objs      *kube.Objects
@@ -120,7 +129,7 @@ func New(ctx context.Context, spec *Spec, opts Options) (_ *Testbed, err error) 
 		log.Warn("removing leftovers of earlier runs", "err", err)
 	}
 	id := fmt.Sprintf("%d-%d", os.Getpid(), seq.Add(1))
-	tb := &Testbed{Layout: layout, ID: id, Dir: filepath.Join(opts.StateRoot, id), log: log}
+	tb := &Testbed{Layout: layout, ID: id, Dir: filepath.Join(opts.StateRoot, id), log: log, plainPorts: opts.PlainSwitchPorts}
 	defer func() {
 		if err != nil {
 			if cerr := tb.Close(); cerr != nil {
@@ -215,7 +224,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 			}
 		}
 		port := "n" + strconv.Itoa(n.Index)
-		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU, true); err != nil {
+		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU, !tb.plainPorts); err != nil {
 			return err
 		}
 		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
@@ -249,9 +258,10 @@ func (tb *Testbed) build(ctx context.Context) error {
 // port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
 // a real NIC, both ends put finished checksums on the wire (transmit
 // checksum offload off), so receivers verify them. With napi (a node's
-// port) the switch port gets a NAPI instance (napiForXDP), so the node's
-// XDP program can send frames back out of its uplink (XDP_TX,
-// XDP_REDIRECT); the router's port does without: a NAPI veth takes at most
+// port, unless Options.PlainSwitchPorts) the switch port gets a NAPI
+// instance (napiForXDP), so the node's XDP program can send frames back
+// out of its uplink (XDP_TX, XDP_REDIRECT); the router's port does
+// without: a NAPI veth takes at most
 // its ring (256 frames) between two polls, where a plain one queues to the
 // CPU's backlog.
 func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int, napi bool) error {

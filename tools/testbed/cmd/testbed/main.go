@@ -50,7 +50,7 @@ func loadSpec(path string) (*testbed.Spec, error) {
 func upCommand() *cobra.Command {
 	var (
 		file, scenario, datapath, agentBin string
-		verbose, useKube                   bool
+		verbose, useKube, plainPorts       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -68,7 +68,7 @@ func upCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
+			tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log, PlainSwitchPorts: plainPorts})
 			if err != nil {
 				return err
 			}
@@ -120,6 +120,7 @@ func upCommand() *cobra.Command {
 	cmd.Flags().StringVar(&agentBin, "agent-binary", "bin/topolb-agent", "topolb-agent binary for --datapath agent")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log details")
 	cmd.Flags().BoolVar(&useKube, "kube", false, "also serve the objects from a real kube-apiserver (make kube-bins); agents then watch it")
+	cmd.Flags().BoolVar(&plainPorts, "plain-switch-ports", false, "give the nodes' switch ports no XDP program (no NAPI), as a kind node's eth0 has its peer on the host's bridge: the agents' uplinks then take the tc path")
 	return cmd
 }
 

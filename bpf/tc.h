@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The tc (skb) half of every hook that balances at a tcx ingress: tc_lb
+ * on pod veths (scope internal) and tc_uplink_lb on uplinks where XDP
+ * cannot transmit (scope external). One path for both: the core (lb.h),
+ * the rewrite with the skb checksum helpers, which know CHECKSUM_PARTIAL
+ * (nat.h), and forwarding with bpf_redirect, bpf_redirect_neigh and
+ * bpf_redirect_peer (fwd.h). The entry file defines LB_SCOPE_DEFAULT
+ * before including this header; only the reject's way out differs by
+ * scope (tc_reject). */
+#ifndef TOPOLB_TC_H
+#define TOPOLB_TC_H
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+/* Every program here reads an skb (lb.h's new-flow checks read the frame). */
+#define LB_FRAME struct __sk_buff
+#include "lb.h"
+#include "fwd.h"
+#include "icmp.h"
+#include "nat.h"
+#include "reject.h"
+
+/* tc_pull makes the first len bytes of the frame linear, where it has
+ * them, so packet pointers reach them. */
+static __always_inline void tc_pull(struct __sk_buff *skb, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + len > data_end && skb->len > data_end - data)
+		bpf_skb_pull_data(skb, skb->len < len ? skb->len : len);
+}
+
+/* tc_tagged reports whether skb carries a VLAN tag. The kernel keeps an
+ * skb's outer tag out of the frame: skb_vlan_untag takes it off before tc
+ * ingress, and a VLAN device (or bpf_skb_vlan_push) hands its tag down
+ * that way on egress, so the frame looks untagged. Such a packet belongs
+ * to a VLAN topolb does not serve: it passes untouched, as a frame with
+ * a tag still in it (an inner one) does, whose EtherType the parser does
+ * not take. */
+static __always_inline int tc_tagged(const struct __sk_buff *skb)
+{
+	return skb->vlan_present;
+}
+
+/* tc_icmp translates an ICMP error about a translated flow (icmp.h). ICMP
+ * always passes: an error about a flow we do not know is not ours. */
+static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *pkt)
+{
+	tc_pull(skb, ICMP_PARSE_LEN);
+	icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	return TC_PASS;
+}
+
+/* tc_reject answers pkt, to an empty reject frontend, in place, and sends
+ * the reply back where pkt came from.
+ *   From a pod (scope internal): straight into the pod
+ *     (bpf_redirect_peer). Not out of the veth: the packet may be
+ *     CHECKSUM_PARTIAL, and a device without checksum offload would then
+ *     "complete" the full checksum the reply already carries; delivered
+ *     to the pod, CHECKSUM_PARTIAL is trusted, and a full checksum is
+ *     right for any other state.
+ *   From the wire (scope external): back out of the uplink (bpf_redirect
+ *     to its egress), as XDP's XDP_TX. A NIC's frames are never
+ *     CHECKSUM_PARTIAL; a veth uplink's are when a process on its peer's
+ *     side sent them with offload on, and the reply is then trusted by
+ *     the peer's stack, which is where such a sender is. */
+static __noinline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
+{
+	struct reject_frame f = {};
+	int len;
+
+	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, &f);
+	if (len < 0)
+		return TC_ACT_SHOT;
+	len &= REJECT_LEN_MASK;
+	if (len > REJECT_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
+	    bpf_skb_store_bytes(skb, 0, (void *)&f + REJECT_FRAME_OFF, len, 0)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	stat_inc(STAT_REJECT);
+	if (cfg_scope == SCOPE_EXTERNAL)
+		return bpf_redirect(skb->ifindex, 0);
+	return bpf_redirect_peer(skb->ifindex, 0);
+}
+
+/* tc_balance is the whole balancing path of a tcx ingress: parse, decide
+ * (lb.h), rewrite and forward, answer ICMP errors and rejects. */
+static __always_inline int tc_balance(struct __sk_buff *skb)
+{
+	struct packet pkt = {};
+	struct nat nat = {};
+	void *data, *data_end;
+
+	if (tc_tagged(skb))
+		return TC_PASS;
+	/* Headers of pod traffic are normally linear already. */
+	tc_pull(skb, MAX_PARSE_LEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+
+	switch (lb_classify(skb, skb->ingress_ifindex, data, data_end, skb->len, &pkt, &nat)) {
+	case LB_REWRITE:
+		if (nat_rewrite_skb(skb, &pkt, &nat)) {
+			stat_inc(STAT_DROP_REWRITE);
+			return TC_ACT_SHOT;
+		}
+		fwd_refresh(skb, skb->ingress_ifindex, nat_new_src(&pkt, &nat), nat_new_dst(&pkt, &nat), pkt.proto,
+			    nat.no_stack, nat.ct, &nat.fwd);
+		return fwd_skb(skb, &nat.fwd, nat.no_stack);
+	case LB_ICMP:
+		return tc_icmp(skb, &pkt);
+	case LB_REJECT:
+		return tc_reject(skb, &pkt);
+	case LB_DROP:
+		return TC_ACT_SHOT;
+	default:
+		return TC_PASS;
+	}
+}
+
+#endif
