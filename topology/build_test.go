@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -49,7 +50,13 @@ func TestServicePorts(t *testing.T) {
 		{name: "dual-stack IPv6 primary uses the IPv4 secondary", svc: svc(func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
 		}), ports: 1},
-		{name: "no cluster IP", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNoIPv4},
+		{name: "no cluster IP is not proxied (kube-proxy's ShouldSkipService)", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNotProxied},
+		{name: "service-proxy-name naming another proxy is not proxied",
+			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"} }), err: ErrNotProxied},
+		{name: "service-proxy-name with an empty value is not proxied either (kube-proxy selects on the key)",
+			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: ""} }), err: ErrNotProxied},
+		{name: "other service.kubernetes.io labels do not matter",
+			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{v1.IsHeadlessService: "", "service.kubernetes.io/other": "x"} }), ports: 1},
 		{name: "eTP Local ignored when not externally accessible",
 			svc:   svc(func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }),
 			ports: 1},
@@ -282,5 +289,36 @@ func TestEndpointHintsAndConditions(t *testing.T) {
 	}
 	if eps[1].ZoneHints != nil || eps[1].NodeHints != nil {
 		t.Errorf("empty hints must be nil: %+v", eps[1])
+	}
+}
+
+// TestSkipReason: the reason names kube-proxy's first filter that skips the
+// Service, in kube-proxy's order (label selector, field selector,
+// ShouldSkipService).
+func TestSkipReason(t *testing.T) {
+	cases := []struct {
+		name string
+		svc  *v1.Service
+		// want is a prefix of the reason; "" means proxied.
+		want string
+	}{
+		{name: "proxied", svc: svc(nil), want: ""},
+		{name: "label before headless", svc: svc(func(s *v1.Service) {
+			s.Labels = map[string]string{LabelServiceProxyName: "cilium"}
+			s.Spec.ClusterIP = v1.ClusterIPNone
+		}), want: `labelled service.kubernetes.io/service-proxy-name="cilium"`},
+		{name: "headless", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone }), want: "headless"},
+		{name: "no cluster IP before ExternalName", svc: svc(func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.Type = "", v1.ServiceTypeExternalName
+		}), want: "no cluster IP"},
+		{name: "ExternalName with a stale cluster IP", svc: svc(func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName }), want: "type ExternalName"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := SkipReason(tc.svc)
+			if tc.want == "" && got != "" || !strings.HasPrefix(got, tc.want) {
+				t.Errorf("SkipReason = %q, want %q...", got, tc.want)
+			}
+		})
 	}
 }

@@ -23,6 +23,17 @@ type Report struct {
 	// Warnings name what was left out: objects, fields and frontends.
 	// Never null.
 	Warnings []string `json:"warnings"`
+	// Skipped are the Services not proxied at all, as kube-proxy skips
+	// them (SkipReason), sorted by service; omitted when none.
+	Skipped []SkippedService `json:"skipped,omitempty"`
+}
+
+// SkippedService is a Service neither topolb nor kube-proxy proxies.
+type SkippedService struct {
+	// Service is "namespace/name".
+	Service string `json:"service"`
+	// Reason is SkipReason's.
+	Reason string `json:"reason"`
 }
 
 // PortReport is one service port's decision in a Report.
@@ -155,6 +166,10 @@ func (r Report) Only(nn types.NamespacedName) Report {
 	out.Services = slices.DeleteFunc(slices.Clone(r.Services), func(p PortReport) bool { return p.Service != name })
 	out.Frontends = slices.DeleteFunc(slices.Clone(r.Frontends), func(f FrontendReport) bool { return f.Service != name })
 	out.Warnings = slices.DeleteFunc(slices.Clone(r.Warnings), func(w string) bool { return !strings.HasPrefix(w, name+": ") })
+	out.Skipped = slices.DeleteFunc(slices.Clone(r.Skipped), func(s SkippedService) bool { return s.Service != name })
+	if len(out.Skipped) == 0 {
+		out.Skipped = nil
+	}
 	return out
 }
 

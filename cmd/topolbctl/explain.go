@@ -96,6 +96,7 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 	ds, warnings := state.DecideNode(node, opts)
 	n, _ := state.Node(node)
 	report := topology.NewReportOptions(n, ds, opts)
+	report.Skipped = state.Skipped()
 	if filter != nil {
 		report = report.Only(*filter)
 		warnings = nil
@@ -105,7 +106,8 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 		_, w := state.DecideService(node, *filter, opts)
 		warnings = append(warnings, w...)
 	}
-	report.Warnings = append(warnings, report.Warnings...)
+	// Never null, as the JSON contract says.
+	report.Warnings = append(append([]string{}, warnings...), report.Warnings...)
 	return report
 }
 
@@ -153,13 +155,36 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(r.Frontends) == 0 {
+	if err := printFrontends(w, r.Frontends); err != nil {
+		return err
+	}
+	return printSkipped(w, r.Skipped)
+}
+
+// printSkipped lists the Services not proxied, as kube-proxy skips them,
+// with the reason.
+func printSkipped(w io.Writer, skipped []topology.SkippedService) error {
+	if len(skipped) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NOT PROXIED\tWHY (kube-proxy skips it too)")
+	for _, s := range skipped {
+		fmt.Fprintf(tw, "%s\t%s\n", cell(s.Service, maxName), cell(s.Reason, maxText))
+	}
+	return tw.Flush()
+}
+
+// printFrontends prints the frontends table, nothing when there are none.
+func printFrontends(w io.Writer, frontends []topology.FrontendReport) error {
+	if len(frontends) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY")
-	for _, f := range r.Frontends {
+	for _, f := range frontends {
 		port := f.Port
 		if port == "" {
 			port = "-"

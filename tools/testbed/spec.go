@@ -190,6 +190,9 @@ type ServiceSpec struct {
 	// externalTrafficPolicy Local. Default: assigned, like node ports.
 	HealthCheckNodePort int32             `json:"healthCheckNodePort,omitempty"`
 	Annotations         map[string]string `json:"annotations,omitempty"`
+	// Labels are the Service's labels (for example
+	// service.kubernetes.io/service-proxy-name).
+	Labels map[string]string `json:"labels,omitempty"`
 	// TrafficDistribution is copied to spec.trafficDistribution
 	// (informational: topolb reads the hints, as kube-proxy does).
 	TrafficDistribution string `json:"trafficDistribution,omitempty"`
@@ -463,6 +466,7 @@ func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
 		svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
 		svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
 		svc.Annotations = copyMap(svc.Annotations)
+		svc.Labels = copyMap(svc.Labels)
 		out[i] = svc
 	}
 	s.mu.Lock()
