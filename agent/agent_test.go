@@ -295,7 +295,9 @@ func TestAgentSkipsServicesNotOurs(t *testing.T) {
 	}{
 		{"service-proxy-name naming another proxy", func(s *v1.Service) { s.Labels = map[string]string{topology.LabelServiceProxyName: "other"} }},
 		{"service-proxy-name empty", func(s *v1.Service) { s.Labels = map[string]string{topology.LabelServiceProxyName: ""} }},
-		{"headless", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone} }},
+		{"headless", func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
+		}},
 		{"no cluster IP", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }},
 	}
 	for _, tc := range cases {

@@ -101,11 +101,18 @@ func trim(obj any) (any, error) {
 	return obj, nil
 }
 
-// trimNode keeps a Node's labels and, of its status, the allocatable CPU,
-// the Ready condition's status (not its heartbeat times) and the
-// addresses.
+// trimNode keeps a Node's labels, its deletion timestamp and the cluster
+// autoscaler's taint and, of its status, the allocatable CPU, the Ready
+// condition's status (not its heartbeat times) and the addresses.
 func trimNode(o *v1.Node) *v1.Node {
 	n := &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true)}
+	n.DeletionTimestamp = o.DeletionTimestamp
+	for _, t := range o.Spec.Taints {
+		if t.Key == topology.ToBeDeletedTaint {
+			n.Spec.Taints = []v1.Taint{t}
+			break
+		}
+	}
 	if cpu, ok := o.Status.Allocatable[v1.ResourceCPU]; ok {
 		n.Status.Allocatable = v1.ResourceList{v1.ResourceCPU: cpu}
 	}

@@ -24,6 +24,8 @@ func TestTrimKeepsTheModel(t *testing.T) {
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{topology.LabelZone: "a", "rack": "r1"},
 			Annotations: map[string]string{"big": "x"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "other", Effect: v1.TaintEffectNoSchedule},
+			{Key: topology.ToBeDeletedTaint, Value: "1700000000", Effect: v1.TaintEffectNoSchedule}}},
 		Status: v1.NodeStatus{
 			Allocatable: v1.ResourceList{v1.ResourceCPU: resource.MustParse("3500m"), v1.ResourceMemory: resource.MustParse("8Gi")},
 			Conditions: []v1.NodeCondition{
@@ -71,6 +73,12 @@ func TestTrimKeepsTheModel(t *testing.T) {
 		if !reflect.DeepEqual(whole, trimmed) {
 			t.Errorf("the model differs after trim:\n whole   %+v\n trimmed %+v", whole, trimmed)
 		}
+	}
+	deleting := node.DeepCopy()
+	deleting.DeletionTimestamp, deleting.Spec.Taints = &created, nil
+	td, _ := trim(deleting.DeepCopy())
+	if got := topology.NodeFromObject(td.(*v1.Node), nil); !reflect.DeepEqual(got, topology.NodeFromObject(deleting, nil)) || got.Leaving == "" {
+		t.Errorf("trim lost the deletion timestamp: %+v", got)
 	}
 	tn, _ := trim(node.DeepCopy())
 	if n := tn.(*v1.Node); len(n.Status.Images) != 0 || n.ManagedFields != nil || n.Status.Conditions[0].LastHeartbeatTime != (metav1.Time{}) {

@@ -266,6 +266,12 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 			break
 		}
 	}
+	switch {
+	case n.DeletionTimestamp != nil:
+		out.Leaving = "being deleted"
+	case slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool { return t.Key == ToBeDeletedTaint }):
+		out.Leaving = "tainted " + ToBeDeletedTaint
+	}
 	return out
 }
 

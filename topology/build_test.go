@@ -56,7 +56,9 @@ func TestServicePorts(t *testing.T) {
 		{name: "service-proxy-name with an empty value is not proxied either (kube-proxy selects on the key)",
 			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: ""} }), err: ErrNotProxied},
 		{name: "other service.kubernetes.io labels do not matter",
-			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{v1.IsHeadlessService: "", "service.kubernetes.io/other": "x"} }), ports: 1},
+			svc: svc(func(s *v1.Service) {
+				s.Labels = map[string]string{v1.IsHeadlessService: "", "service.kubernetes.io/other": "x"}
+			}), ports: 1},
 		{name: "eTP Local ignored when not externally accessible",
 			svc:   svc(func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }),
 			ports: 1},
@@ -318,6 +320,32 @@ func TestSkipReason(t *testing.T) {
 			got := SkipReason(tc.svc)
 			if tc.want == "" && got != "" || !strings.HasPrefix(got, tc.want) {
 				t.Errorf("SkipReason = %q, want %q...", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestNodeLeaving: a node is leaving when kube-proxy's NodeEligible says it
+// is not eligible: being deleted, or tainted by the cluster autoscaler
+// (any value, any effect).
+func TestNodeLeaving(t *testing.T) {
+	now := metav1.Now()
+	cases := []struct {
+		name string
+		node v1.Node
+		want string
+	}{
+		{"plain", v1.Node{}, ""},
+		{"other taints", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "node.kubernetes.io/unschedulable", Effect: v1.TaintEffectNoSchedule}}}}, ""},
+		{"autoscaler taint", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: ToBeDeletedTaint, Value: "1700000000", Effect: v1.TaintEffectNoSchedule}}}}, "tainted " + ToBeDeletedTaint},
+		{"autoscaler taint, PreferNoSchedule", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: ToBeDeletedTaint, Effect: v1.TaintEffectPreferNoSchedule}}}}, "tainted " + ToBeDeletedTaint},
+		{"being deleted", v1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}, "being deleted"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.node.Name = "n1"
+			if got := NodeFromObject(&tc.node, nil).Leaving; got != tc.want {
+				t.Errorf("Leaving = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -89,7 +89,17 @@ type Node struct {
 	// Addresses are the node's IPv4 addresses from status.addresses, in
 	// order, with their types; NodePort frontends are chosen among them.
 	Addresses []NodeAddress
+	// Leaving says why the node is leaving the cluster, "" when it is not:
+	// it is being deleted (deletionTimestamp), or the cluster autoscaler
+	// has tainted it ToBeDeletedTaint. No decision reads it; the proxy
+	// health server's /healthz fails for such a node, as kube-proxy's
+	// (NodeEligible), so load balancers drain it.
+	Leaving string
 }
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node
+// before it deletes it (kube-proxy's healthcheck.ToBeDeletedTaint).
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // NodeAddress is one IPv4 address of a node and its type (InternalIP,
 // ExternalIP, ...).
