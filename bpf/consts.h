@@ -37,6 +37,7 @@ enum map_size {
 	DEFAULT_MAX_CONNTRACK = 262144,
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
+	DEFAULT_MAX_SRC_RANGES = 65536,
 	WEIGHTED_SLOTS = 512,
 	STAT_SLOTS = 64,
 };
@@ -91,7 +92,8 @@ enum stat_reason {
 	STAT_DROP_SNAT_EXHAUSTED = 29, /* no free SNAT port in SNAT_RETRIES tries: new flow dropped */
 	STAT_DROP_SNAT_NO_ROUTE = 30,  /* no route, or no source address, towards a remote backend: new flow dropped */
 	STAT_DROP_SNAT_FALLBACK = 31,  /* a source-NATed packet that could not be forwarded (MTU, TTL): dropped, the stack would take it for a martian */
-	STAT_MAX = 32,
+	STAT_DROP_SRC_RANGE = 32,      /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
+	STAT_MAX = 33,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -125,6 +127,8 @@ enum backend_state {
 enum svc_flag {
 	SVC_F_AFFINITY = 1, /* ClientIP session affinity, svc_value.affinity_timeout */
 	SVC_F_REJECT = 2,   /* no active backend: reject new flows (reject.h) instead of dropping them */
+	SVC_F_SRC_RANGES = 4, /* loadBalancerSourceRanges: new flows only from tlb_src_ranges' prefixes of the frontend (srcrange.h) */
+	SVC_F_SRC_NODE = 8,   /* with SVC_F_SRC_RANGES: a range holds the node's address, so the node's own processes pass */
 };
 
 /* svc_key.scope: which hooks see a frontend. */

@@ -20,7 +20,7 @@ const levelTrace = slog.LevelDebug - 4
 var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
-	tcMapTlbStats, tcMapTlbMeta,
+	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -45,6 +45,9 @@ type Datapath struct {
 	tcProg, tcEgressProg, xdpProg, uplinkProg *ebpf.Program
 
 	services, backends, registry, backendStats *ebpf.Map
+	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
+	// (srcrange.go).
+	srcRanges, srcRangeDrops *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
 
 	mirror
@@ -210,6 +213,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	m := d.tcColl.Maps
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
+	d.srcRanges, d.srcRangeDrops = m[tcMapTlbSrcRanges], m[tcMapTlbSrcRangeDrops]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
@@ -268,6 +272,8 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) {
 	spec.Maps[tcMapTlbConntrack].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbSockRevnat].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbAffinity].MaxEntries = opts.MaxAffinity
+	// Indexed by svc id, 1..MaxFrontends.
+	spec.Maps[tcMapTlbSrcRangeDrops].MaxEntries = opts.MaxFrontends + 1
 }
 
 // checkBPFFS refuses pin paths outside a bpf filesystem, where pinning

@@ -107,6 +107,10 @@ const (
 	// forwarded (MTU, TTL, no route any more): dropped, since the stack
 	// would take their source, this node's address, for a martian.
 	StatDropSNATFallback = Stat(tcStatReasonSTAT_DROP_SNAT_FALLBACK)
+	// StatDropSourceRange: new flows to a frontend with
+	// Service.SourceRanges from a source outside them, dropped (or the
+	// host process's call refused with EPERM).
+	StatDropSourceRange = Stat(tcStatReasonSTAT_DROP_SRC_RANGE)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -145,6 +149,7 @@ var statNames = map[Stat]string{
 	StatDropSNATExhausted:     "drop_snat_exhausted",
 	StatDropSNATNoRoute:       "drop_snat_no_route",
 	StatDropSNATFallback:      "drop_snat_fallback",
+	StatDropSourceRange:       "drop_source_range",
 }
 
 // String returns the counter's stable name.

@@ -114,6 +114,15 @@ type Service struct {
 	// (tc, XDP; rate-limited, see RejectRate), or ECONNREFUSED from the
 	// socket call (host processes), counted as StatReject.
 	Reject bool
+	// SourceRanges, when not empty, are the only sources new flows may
+	// come from (loadBalancerSourceRanges); others are dropped, counted as
+	// StatDropSourceRange and per frontend (SourceRangeDrops). Masked IPv4
+	// prefixes. Established flows are never cut by a change.
+	SourceRanges []netip.Prefix
+	// SourceRangesNode lets the node's own processes (socket hooks) open
+	// flows despite SourceRanges: set it when a range holds the node's
+	// address, which their packets leave with.
+	SourceRangesNode bool
 }
 
 // The rate limit of rejects, shared with the datapath (enum

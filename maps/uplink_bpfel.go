@@ -122,6 +122,13 @@ type uplinkSockRevnatValue struct {
 	Pad  uint16
 }
 
+type uplinkSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type uplinkSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -145,17 +152,19 @@ type uplinkSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkMapTlbAffinity     = "tlb_affinity"
-	uplinkMapTlbBackendStats = "tlb_backend_stats"
-	uplinkMapTlbBackends     = "tlb_backends"
-	uplinkMapTlbConntrack    = "tlb_conntrack"
-	uplinkMapTlbIfaces       = "tlb_ifaces"
-	uplinkMapTlbMeta         = "tlb_meta"
-	uplinkMapTlbRegistry     = "tlb_registry"
-	uplinkMapTlbServices     = "tlb_services"
-	uplinkMapTlbSockRevnat   = "tlb_sock_revnat"
-	uplinkMapTlbStats        = "tlb_stats"
-	uplinkProgTcUplink       = "tc_uplink"
+	uplinkMapTlbAffinity      = "tlb_affinity"
+	uplinkMapTlbBackendStats  = "tlb_backend_stats"
+	uplinkMapTlbBackends      = "tlb_backends"
+	uplinkMapTlbConntrack     = "tlb_conntrack"
+	uplinkMapTlbIfaces        = "tlb_ifaces"
+	uplinkMapTlbMeta          = "tlb_meta"
+	uplinkMapTlbRegistry      = "tlb_registry"
+	uplinkMapTlbServices      = "tlb_services"
+	uplinkMapTlbSockRevnat    = "tlb_sock_revnat"
+	uplinkMapTlbSrcRangeDrops = "tlb_src_range_drops"
+	uplinkMapTlbSrcRanges     = "tlb_src_ranges"
+	uplinkMapTlbStats         = "tlb_stats"
+	uplinkProgTcUplink        = "tc_uplink"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -207,16 +216,18 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -245,16 +256,18 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -268,6 +281,8 @@ func (m *uplinkMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

@@ -127,6 +127,13 @@ type xdpSockRevnatValue struct {
 	Pad  uint16
 }
 
+type xdpSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type xdpSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -150,22 +157,24 @@ type xdpSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapRejectBudget    = "reject_budget"
-	xdpMapTlbAffinity     = "tlb_affinity"
-	xdpMapTlbBackendStats = "tlb_backend_stats"
-	xdpMapTlbBackends     = "tlb_backends"
-	xdpMapTlbConntrack    = "tlb_conntrack"
-	xdpMapTlbIfaces       = "tlb_ifaces"
-	xdpMapTlbMeta         = "tlb_meta"
-	xdpMapTlbRegistry     = "tlb_registry"
-	xdpMapTlbServices     = "tlb_services"
-	xdpMapTlbSockRevnat   = "tlb_sock_revnat"
-	xdpMapTlbStats        = "tlb_stats"
-	xdpProgXdpLb          = "xdp_lb"
-	xdpVarCfgHashSeed     = "cfg_hash_seed"
-	xdpVarCfgScope        = "cfg_scope"
-	xdpVarCfgSnatPortMax  = "cfg_snat_port_max"
-	xdpVarCfgSnatPortMin  = "cfg_snat_port_min"
+	xdpMapRejectBudget     = "reject_budget"
+	xdpMapTlbAffinity      = "tlb_affinity"
+	xdpMapTlbBackendStats  = "tlb_backend_stats"
+	xdpMapTlbBackends      = "tlb_backends"
+	xdpMapTlbConntrack     = "tlb_conntrack"
+	xdpMapTlbIfaces        = "tlb_ifaces"
+	xdpMapTlbMeta          = "tlb_meta"
+	xdpMapTlbRegistry      = "tlb_registry"
+	xdpMapTlbServices      = "tlb_services"
+	xdpMapTlbSockRevnat    = "tlb_sock_revnat"
+	xdpMapTlbSrcRangeDrops = "tlb_src_range_drops"
+	xdpMapTlbSrcRanges     = "tlb_src_ranges"
+	xdpMapTlbStats         = "tlb_stats"
+	xdpProgXdpLb           = "xdp_lb"
+	xdpVarCfgHashSeed      = "cfg_hash_seed"
+	xdpVarCfgScope         = "cfg_scope"
+	xdpVarCfgSnatPortMax   = "cfg_snat_port_max"
+	xdpVarCfgSnatPortMin   = "cfg_snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -217,17 +226,19 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -260,17 +271,19 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *xdpMaps) Close() error {
@@ -285,6 +298,8 @@ func (m *xdpMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

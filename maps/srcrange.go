@@ -1,0 +1,161 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+)
+
+// loadBalancerSourceRanges in the datapath (bpf/srcrange.h): a frontend
+// with Service.SourceRanges carries SVC_F_SRC_RANGES, and tlb_src_ranges
+// holds its prefixes keyed by its svc id. The prefixes of a frontend are
+// written before its service entry can name them (create, update) and
+// deleted after it no longer does, so no new flow from an allowed source
+// is ever refused by a change (between the two, the union is allowed).
+
+// DefaultMaxSourceRanges is the size of tlb_src_ranges: prefixes summed
+// over frontends (one Service with 4 ranges and 2 load-balancer IPs on
+// one port has 2×2×4 = 16: each LB IP has an internal and an external
+// frontend).
+const DefaultMaxSourceRanges = int(tcMapSizeDEFAULT_MAX_SRC_RANGES)
+
+// sourceRangeKey is the tlb_src_ranges key of prefix p of service id.
+func sourceRangeKey(id uint32, p netip.Prefix) tcSrcRangeKey {
+	var wire [4]byte
+	binary.BigEndian.PutUint32(wire[:], id)
+	return tcSrcRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: binary.NativeEndian.Uint32(wire[:]), Addr: be32(p.Addr())}
+}
+
+// sourceRangeFromKey decodes a tlb_src_ranges key; ok is false for a key
+// no prefix makes.
+func sourceRangeFromKey(k tcSrcRangeKey) (id uint32, p netip.Prefix, ok bool) {
+	var wire [4]byte
+	binary.NativeEndian.PutUint32(wire[:], k.SvcId)
+	id = binary.BigEndian.Uint32(wire[:])
+	bits := int(k.Prefixlen) - 32
+	if bits < 0 || bits > 32 {
+		return id, netip.Prefix{}, false
+	}
+	p = netip.PrefixFrom(addrFromBE32(k.Addr), bits)
+	return id, p, p.Masked() == p
+}
+
+// normalizeRanges validates a Service's source ranges: IPv4 prefixes,
+// masked; returned sorted and without duplicates.
+func normalizeRanges(rs []netip.Prefix) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(rs))
+	for _, p := range rs {
+		if !p.IsValid() || !p.Addr().Is4() || p.Masked() != p {
+			return nil, fmt.Errorf("source range %s: want a masked IPv4 prefix", p)
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return slices.Compact(out), nil
+}
+
+// putRanges writes the prefixes of id that the kernel does not hold yet.
+func (d *Datapath) putRanges(t *txn, id uint32, want []netip.Prefix) error {
+	for _, p := range want {
+		if d.ranges[id][p] {
+			continue
+		}
+		if err := t.put(d.srcRanges, "src_ranges", sourceRangeKey(id, p), uint8(1)); err != nil {
+			return err
+		}
+		if d.ranges[id] == nil {
+			d.ranges[id] = map[netip.Prefix]bool{}
+		}
+		d.ranges[id][p] = true
+	}
+	return nil
+}
+
+// pruneRanges deletes the prefixes of id not in keep. A delete that fails
+// leaves the prefix allowed and is tried again by the next change of id.
+func (d *Datapath) pruneRanges(t *txn, id uint32, keep []netip.Prefix) error {
+	var errs []error
+	for p := range d.ranges[id] {
+		if slices.Contains(keep, p) {
+			continue
+		}
+		if err := t.del(d.srcRanges, "src_ranges", sourceRangeKey(id, p)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(d.ranges[id], p)
+	}
+	if len(d.ranges[id]) == 0 {
+		delete(d.ranges, id)
+	}
+	return errors.Join(errs...)
+}
+
+// resetRangeDrops zeroes the refusal counter of a newly assigned id.
+func (d *Datapath) resetRangeDrops(t *txn, id uint32) error {
+	return t.put(d.srcRangeDrops, "src_range_drops", id, uint64(0))
+}
+
+// adoptRanges reads tlb_src_ranges into the mirror and deletes the
+// prefixes of ids no adopted frontend holds.
+func (d *Datapath) adoptRanges(t *txn) error {
+	held := map[uint32]bool{}
+	for _, s := range d.fes {
+		held[s.id] = true
+	}
+	var (
+		k     tcSrcRangeKey
+		v     uint8
+		stale []tcSrcRangeKey
+	)
+	it := d.srcRanges.Iterate()
+	for it.Next(&k, &v) {
+		id, p, ok := sourceRangeFromKey(k)
+		if !ok || !held[id] {
+			stale = append(stale, k)
+			continue
+		}
+		if d.ranges[id] == nil {
+			d.ranges[id] = map[netip.Prefix]bool{}
+		}
+		d.ranges[id][p] = true
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read src_ranges: %w", err)
+	}
+	for _, k := range stale {
+		if err := t.del(d.srcRanges, "src_ranges", k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SourceRangeDrops returns, for every frontend with source ranges, the
+// new flows it refused for coming from outside them since its id was
+// assigned.
+func (d *Datapath) SourceRangeDrops() (map[Frontend]uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[Frontend]uint64{}
+	for fe, s := range d.fes {
+		if !s.set.srcRanges {
+			continue
+		}
+		var n uint64
+		if err := d.srcRangeDrops.Lookup(s.id, &n); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, fmt.Errorf("read src_range_drops of %s: %w", fe, err)
+		}
+		out[fe] = n
+	}
+	return out, nil
+}
