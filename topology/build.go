@@ -53,20 +53,23 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	warn(w)
 	externalIPs, lbIPs, ws := externalFrontendIPs(svc)
 	warn(ws...)
+	sourceRanges, ws := loadBalancerSourceRanges(svc)
+	warn(ws...)
 	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
 	external := hasNodePort(svc) || len(externalIPs) > 0 || len(lbIPs) > 0
 	// Every port of svc shares these fields.
 	shared := ServicePort{
-		Service:              nn,
-		Created:              svc.CreationTimestamp.Time,
-		ClusterIP:            clusterIP,
-		ExternalIPs:          externalIPs,
-		LoadBalancerIPs:      lbIPs,
-		ExternallyAccessible: external,
-		InternalPolicyLocal:  svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
-		ExternalPolicyLocal:  external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		Affinity:             affinity,
-		Annotations:          topolbAnnotations(svc),
+		Service:                  nn,
+		Created:                  svc.CreationTimestamp.Time,
+		ClusterIP:                clusterIP,
+		ExternalIPs:              externalIPs,
+		LoadBalancerIPs:          lbIPs,
+		LoadBalancerSourceRanges: sourceRanges,
+		ExternallyAccessible:     external,
+		InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+		ExternalPolicyLocal:      external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		Affinity:                 affinity,
+		Annotations:              topolbAnnotations(svc),
 	}
 	var ports []ServicePort
 	for i, sp := range svc.Spec.Ports {
@@ -149,6 +152,33 @@ func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs []netip.Addr, warn
 		}
 	}
 	return externalIPs, lbIPs, warnings
+}
+
+// loadBalancerSourceRanges returns svc's IPv4 loadBalancerSourceRanges as
+// kube-proxy's IPv4 proxier uses them: each trimmed of spaces (the API's
+// validation lets them through), IPv6 ones left out, masked; nil when
+// there are none or one allows everything (/0). A range that is not a
+// prefix is left out with a warning (the apiserver refuses them; manifests
+// may hold them).
+func loadBalancerSourceRanges(svc *v1.Service) ([]netip.Prefix, []string) {
+	var out []netip.Prefix
+	var warnings []string
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		switch {
+		case err != nil:
+			warnings = append(warnings, fmt.Sprintf("loadBalancerSourceRange %s is not a prefix: left out", quoteBounded(s)))
+		case !p.Addr().Unmap().Is4():
+		case p.Bits() == 0:
+			return nil, warnings
+		default:
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out, warnings
 }
 
 // hasNodePort reports whether any port of svc has a nodePort.

@@ -350,3 +350,38 @@ func TestNodeLeaving(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadBalancerSourceRanges: the ranges as kube-proxy's IPv4 proxier
+// takes them.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	cases := []struct {
+		name   string
+		ranges []string
+		// want are the prefixes; nil: every source.
+		want     []string
+		warnings int
+	}{
+		{"none", nil, nil, 0},
+		{"trimmed and masked", []string{" 10.0.0.0/8 ", "192.0.2.7/24"}, []string{"10.0.0.0/8", "192.0.2.0/24"}, 0},
+		{"IPv6 ranges are the IPv6 proxier's", []string{"2001:db8::/32", "203.0.113.0/24"}, []string{"203.0.113.0/24"}, 0},
+		{"only IPv6: no IPv4 restriction", []string{"2001:db8::/32"}, nil, 0},
+		{"a /0 allows everything", []string{"203.0.113.0/24", "0.0.0.0/0"}, nil, 0},
+		{"duplicates once", []string{"203.0.113.0/24", "203.0.113.9/24"}, []string{"203.0.113.0/24"}, 0},
+		{"not a prefix: warned and left out", []string{"203.0.113.1", "198.51.100.0/24"}, []string{"198.51.100.0/24"}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ports, warnings, err := ServicePorts(svc(func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = tc.ranges }))
+			if err != nil || len(ports) != 1 {
+				t.Fatalf("ServicePorts: %v, %d ports", err, len(ports))
+			}
+			var got []string
+			for _, p := range ports[0].LoadBalancerSourceRanges {
+				got = append(got, p.String())
+			}
+			if !slices.Equal(got, tc.want) || len(warnings) != tc.warnings {
+				t.Errorf("ranges %v, warnings %q; want %v and %d warnings", got, warnings, tc.want, tc.warnings)
+			}
+		})
+	}
+}

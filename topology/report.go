@@ -116,6 +116,12 @@ type FrontendReport struct {
 	AffinityTimeoutSeconds int32  `json:"affinityTimeoutSeconds"`
 	// WhenEmpty is "reject" or "drop", as PortReport's.
 	WhenEmpty EmptyAction `json:"whenEmpty"`
+	// SourceRanges are the only sources new flows may come from
+	// (loadBalancerSourceRanges, load-balancer IPs only), as prefixes;
+	// omitted for any source. NodePasses says the node's own processes
+	// pass (a range holds its address).
+	SourceRanges []string `json:"sourceRanges,omitempty"`
+	NodePasses   bool     `json:"nodePasses,omitempty"`
 }
 
 // NewReport turns decisions for node into a Report, with the frontends
@@ -146,7 +152,13 @@ func WalkReport(node Node, ds []PortDecision, opts Options, service func(PortRep
 	}
 	fes, warnings := NodeFrontends(node, ds, opts)
 	for _, f := range fes {
+		ranges, nodePasses := f.SourceRanges(node)
+		var rangeNames []string
+		for _, p := range ranges {
+			rangeNames = append(rangeNames, p.String())
+		}
 		frontend(FrontendReport{
+			SourceRanges: rangeNames, NodePasses: nodePasses,
 			Address: f.Addr.String(), Protocol: string(f.Protocol), Scope: f.Scope, Kind: f.Kind,
 			Service: f.Port.Service.String(), Port: f.Port.Name,
 			Backends: addrs(f.Backends), Weights: weightMap(f.Backends, f.Weights), DrainingBackends: addrs(f.Draining),

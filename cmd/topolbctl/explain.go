@@ -158,7 +158,35 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	if err := printFrontends(w, r.Frontends); err != nil {
 		return err
 	}
+	if err := printSourceRanges(w, r.Frontends); err != nil {
+		return err
+	}
 	return printSkipped(w, r.Skipped)
+}
+
+// printSourceRanges lists the frontends that take new flows only from
+// some sources (loadBalancerSourceRanges), nothing when none does.
+func printSourceRanges(w io.Writer, frontends []topology.FrontendReport) error {
+	var tw *tabwriter.Writer
+	for _, f := range frontends {
+		if len(f.SourceRanges) == 0 {
+			continue
+		}
+		if tw == nil {
+			fmt.Fprintln(w)
+			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "FRONTEND\tSCOPE\tONLY FROM (loadBalancerSourceRanges)\tTHIS NODE'S PROCESSES")
+		}
+		node := "refused"
+		if f.NodePasses {
+			node = "pass"
+		}
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\n", f.Address, f.Protocol, f.Scope, strings.Join(f.SourceRanges, " "), node)
+	}
+	if tw == nil {
+		return nil
+	}
+	return tw.Flush()
 }
 
 // printSkipped lists the Services not proxied, as kube-proxy skips them,
