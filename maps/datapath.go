@@ -47,8 +47,8 @@ type Datapath struct {
 	services, backends, registry, backendStats *ebpf.Map
 	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
 	// (srcrange.go).
-	srcRanges, srcRangeDrops *ebpf.Map
-	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
+	srcRanges, srcRangeDrops                 *ebpf.Map
+	conntrack, affinity, ifaces, stats, meta *ebpf.Map
 
 	mirror
 }

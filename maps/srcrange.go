@@ -146,6 +146,14 @@ func (d *Datapath) adoptRanges(t *txn) error {
 func (d *Datapath) SourceRangeDrops() (map[Frontend]uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed() {
+		return nil, ErrClosed
+	}
+	return d.sourceRangeDrops()
+}
+
+// sourceRangeDrops is SourceRangeDrops under d's lock.
+func (d *Datapath) sourceRangeDrops() (map[Frontend]uint64, error) {
 	out := map[Frontend]uint64{}
 	for fe, s := range d.fes {
 		if !s.set.srcRanges {

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -76,6 +77,9 @@ func TestSourceRanges(t *testing.T) {
 	must(t, err)
 	if drops[lbInt] != 1 || drops[lbExt] != 1 || len(drops) != 2 {
 		t.Errorf("per-frontend drops %v, want 1 for each frontend with ranges", drops)
+	}
+	if c, err := d.Counters(); err != nil || !maps.Equal(c.SourceRangeDrops, drops) {
+		t.Errorf("Counters().SourceRangeDrops = %v, %v; want %v", c.SourceRangeDrops, err, drops)
 	}
 
 	// The ranges change to exclude client: its established flow goes on,

@@ -319,6 +319,10 @@ type Counters struct {
 	// Fragments counts IPv4 fragments, which pass untouched: they carry no
 	// ports (or only the first does) and cannot be translated statelessly.
 	Fragments uint64
+	// SourceRangeDrops counts, per frontend with Service.SourceRanges,
+	// the new flows refused for coming from outside them (since its id
+	// was assigned, or the ranges turned on).
+	SourceRangeDrops map[Frontend]uint64
 	// Stats holds every named datapath counter (Drops, ReverseNAT and
 	// Fragments included), by reason.
 	Stats map[Stat]uint64
