@@ -1,13 +1,10 @@
 package maps
 
 import (
-	"errors"
 	"maps"
 	"net/netip"
 	"path/filepath"
 	"testing"
-
-	"github.com/cilium/ebpf"
 )
 
 // TestSourceRanges runs new flows and established ones through tc (pods)
@@ -148,17 +145,5 @@ func TestSourceRangesAdopted(t *testing.T) {
 // rangesHeld counts the kernel's tlb_src_ranges entries.
 func rangesHeld(t *testing.T, d *Datapath) int {
 	t.Helper()
-	var (
-		k tcSrcRangeKey
-		v uint8
-		n int
-	)
-	it := d.srcRanges.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Fatal(err)
-	}
-	return n
+	return countEntries[tcSrcRangeKey, uint8](t, d.srcRanges)
 }

@@ -167,51 +167,33 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 // printSourceRanges lists the frontends that take new flows only from
 // some sources (loadBalancerSourceRanges), nothing when none does.
 func printSourceRanges(w io.Writer, frontends []topology.FrontendReport) error {
-	var tw *tabwriter.Writer
+	var rows [][]string
 	for _, f := range frontends {
 		if len(f.SourceRanges) == 0 {
 			continue
-		}
-		if tw == nil {
-			fmt.Fprintln(w)
-			tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "FRONTEND\tSCOPE\tONLY FROM (loadBalancerSourceRanges)\tTHIS NODE'S PROCESSES")
 		}
 		node := "refused"
 		if f.NodePasses {
 			node = "pass"
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\n", f.Address, f.Protocol, f.Scope, strings.Join(f.SourceRanges, " "), node)
+		rows = append(rows, []string{f.Address + "/" + f.Protocol, string(f.Scope), strings.Join(f.SourceRanges, " "), node})
 	}
-	if tw == nil {
-		return nil
-	}
-	return tw.Flush()
+	return printSection(w, "FRONTEND\tSCOPE\tONLY FROM (loadBalancerSourceRanges)\tTHIS NODE'S PROCESSES", rows)
 }
 
 // printSkipped lists the Services not proxied, as kube-proxy skips them,
 // with the reason.
 func printSkipped(w io.Writer, skipped []topology.SkippedService) error {
-	if len(skipped) == 0 {
-		return nil
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NOT PROXIED\tWHY (kube-proxy skips it too)")
+	rows := make([][]string, 0, len(skipped))
 	for _, s := range skipped {
-		fmt.Fprintf(tw, "%s\t%s\n", cell(s.Service, maxName), cell(s.Reason, maxText))
+		rows = append(rows, []string{cell(s.Service, maxName), cell(s.Reason, maxText)})
 	}
-	return tw.Flush()
+	return printSection(w, "NOT PROXIED\tWHY (kube-proxy skips it too)", rows)
 }
 
 // printFrontends prints the frontends table, nothing when there are none.
 func printFrontends(w io.Writer, frontends []topology.FrontendReport) error {
-	if len(frontends) == 0 {
-		return nil
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY")
+	rows := make([][]string, 0, len(frontends))
 	for _, f := range frontends {
 		port := f.Port
 		if port == "" {
@@ -221,8 +203,23 @@ func printFrontends(w io.Writer, frontends []topology.FrontendReport) error {
 		if affinity == "ClientIP" {
 			affinity += fmt.Sprintf(" %ds", f.AffinityTimeoutSeconds)
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", f.Address, f.Protocol, f.Scope, f.Kind, cell(f.Service, maxName), cell(port, maxName),
-			frontendBackends(f), len(f.DrainingBackends), affinity)
+		rows = append(rows, []string{f.Address + "/" + f.Protocol, string(f.Scope), string(f.Kind), cell(f.Service, maxName), cell(port, maxName),
+			frontendBackends(f), fmt.Sprint(len(f.DrainingBackends)), affinity})
+	}
+	return printSection(w, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY", rows)
+}
+
+// printSection prints a blank line and a table of header (tab-separated)
+// and rows, or nothing when there are no rows.
+func printSection(w io.Writer, header string, rows [][]string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
 }
