@@ -334,6 +334,8 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			ClusterIPs:          []string{svc.ClusterIP},
 			ExternalIPs:         slices.Clone(svc.ExternalIPs),
 			HealthCheckNodePort: svc.HealthCheckNodePort,
+
+			LoadBalancerSourceRanges: slices.Clone(svc.LoadBalancerSourceRanges),
 		},
 	}
 	if s.Spec.Type == "" {
