@@ -16,6 +16,7 @@ type kernelState struct {
 	slots    map[tcBackendKey]tcBackendValue
 	registry []tcRegistryValue // index: backend id
 	records  []record          // index: backend id, up to the largest id referenced
+	ranges   map[tcSrcRangeKey]bool
 }
 
 // snapshot reads services, every slot, the registry and the records of
@@ -24,6 +25,18 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 	k := &kernelState{
 		services: make(map[tcSvcKey]tcSvcValue),
 		slots:    make(map[tcBackendKey]tcBackendValue),
+		ranges:   make(map[tcSrcRangeKey]bool),
+	}
+	var (
+		rk tcSrcRangeKey
+		rv uint8
+	)
+	rit := d.srcRanges.Iterate()
+	for rit.Next(&rk, &rv) {
+		k.ranges[rk] = true
+	}
+	if err := rit.Err(); err != nil {
+		return nil, fmt.Errorf("read src_ranges: %w", err)
 	}
 	svcs, err := d.readServices()
 	if err != nil {

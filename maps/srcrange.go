@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -166,4 +167,60 @@ func (d *Datapath) sourceRangeDrops() (map[Frontend]uint64, error) {
 		out[fe] = n
 	}
 	return out, nil
+}
+
+// wantedRanges are the tlb_src_ranges keys the mirror holds.
+func (d *Datapath) wantedRanges() map[tcSrcRangeKey]bool {
+	out := map[tcSrcRangeKey]bool{}
+	for id, ps := range d.ranges {
+		for p := range ps {
+			out[sourceRangeKey(id, p)] = true
+		}
+	}
+	return out
+}
+
+// verifyRanges reports the prefixes the kernel lacks or holds beyond the
+// mirror, sorted.
+func (d *Datapath) verifyRanges(k *kernelState) []Drift {
+	byID := make(map[uint32]Frontend, len(d.fes))
+	for _, s := range d.fes {
+		byID[s.id] = s.fe
+	}
+	var out []Drift
+	add := func(key tcSrcRangeKey, what string) {
+		id, p, _ := sourceRangeFromKey(key)
+		out = append(out, Drift{Kind: DriftSourceRange, Frontend: byID[id], Detail: fmt.Sprintf("service id %d: prefix %s %s", id, p, what)})
+	}
+	want := d.wantedRanges()
+	for key := range want {
+		if !k.ranges[key] {
+			add(key, "missing: its sources are refused")
+		}
+	}
+	for key := range k.ranges {
+		if !want[key] {
+			add(key, "not programmed: its sources are let in")
+		}
+	}
+	slices.SortFunc(out, func(a, b Drift) int { return cmp.Compare(a.Detail, b.Detail) })
+	return out
+}
+
+// fixRanges writes the prefixes the kernel lacks and deletes those it
+// holds beyond the mirror.
+func (d *Datapath) fixRanges(t *txn, k *kernelState) error {
+	var errs []error
+	want := d.wantedRanges()
+	for key := range want {
+		if !k.ranges[key] {
+			errs = append(errs, t.put(d.srcRanges, "src_ranges", key, uint8(1)))
+		}
+	}
+	for key := range k.ranges {
+		if !want[key] {
+			errs = append(errs, t.del(d.srcRanges, "src_ranges", key))
+		}
+	}
+	return errors.Join(errs...)
 }

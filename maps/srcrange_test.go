@@ -147,3 +147,42 @@ func rangesHeld(t *testing.T, d *Datapath) int {
 	t.Helper()
 	return countEntries[tcSrcRangeKey, uint8](t, d.srcRanges)
 }
+
+// TestSourceRangesRepaired: verification finds a prefix missing from
+// tlb_src_ranges and one nobody programmed, and repair restores what was
+// programmed, which the datapath then enforces again.
+func TestSourceRangesRepaired(t *testing.T) {
+	d := newDatapath(t, Options{})
+	lb := Frontend{Addr: netip.MustParseAddrPort("192.0.2.30:80"), Proto: TCP, Scope: ScopeExternal}
+	backend := Backend{Addr: netip.MustParseAddrPort("10.1.0.1:8080"), NodeLocal: true}
+	allowed := netip.MustParsePrefix("203.0.113.0/24")
+	mustSetService(t, d, lb, Service{Backends: []Backend{backend}, SourceRanges: []netip.Prefix{allowed}})
+	id := d.fes[lb].id
+	must(t, d.srcRanges.Delete(sourceRangeKey(id, allowed)))
+	must(t, d.srcRanges.Put(sourceRangeKey(id, netip.MustParsePrefix("198.51.100.0/24")), uint8(1)))
+	if ret, _ := run(t, d.xdpProg, tcpFrame("198.51.100.7:5000", lb.Addr.String(), tcpSYN, "").bytes()); ret == xdpDrop {
+		t.Fatal("the stray prefix does not let its source in: the corruption did not take")
+	}
+	found, err := d.Verify()
+	must(t, err)
+	kinds := 0
+	for _, dr := range found {
+		if dr.Kind == DriftSourceRange && dr.Frontend == lb {
+			kinds++
+		}
+	}
+	if kinds != 2 || len(found) != 2 {
+		t.Fatalf("Verify found %v, want the missing and the stray prefix of %s", found, lb)
+	}
+	rep, err := d.Repair()
+	must(t, err)
+	if len(rep.Remaining) != 0 || len(rep.Reprogrammed) != 0 {
+		t.Errorf("repair left %v, reprogrammed %v; want the prefixes fixed alone", rep.Remaining, rep.Reprogrammed)
+	}
+	if ret, _ := run(t, d.xdpProg, tcpFrame("198.51.100.7:5001", lb.Addr.String(), tcpSYN, "").bytes()); ret != xdpDrop {
+		t.Errorf("after repair the stray prefix's source: verdict %d, want drop", ret)
+	}
+	if ret, _ := run(t, d.xdpProg, tcpFrame("203.0.113.7:5000", lb.Addr.String(), tcpSYN, "").bytes()); ret == xdpDrop {
+		t.Error("after repair the programmed prefix's source is still dropped")
+	}
+}
