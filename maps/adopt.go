@@ -26,7 +26,7 @@ func (d *Datapath) adopt() (adoptStats, error) {
 	}
 	t := &txn{d: d}
 	broken := d.adoptServices(k)
-	if err := d.adoptRanges(t); err != nil {
+	if err := d.adoptRanges(t, k); err != nil {
 		return st, err
 	}
 	if err := d.adoptSlots(t, k, &st); err != nil {

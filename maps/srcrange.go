@@ -106,37 +106,26 @@ func (d *Datapath) resetRangeDrops(t *txn, id uint32) error {
 	return t.put(d.srcRangeDrops, "src_range_drops", id, uint64(0))
 }
 
-// adoptRanges reads tlb_src_ranges into the mirror and deletes the
-// prefixes of ids no adopted frontend holds.
-func (d *Datapath) adoptRanges(t *txn) error {
+// adoptRanges takes the prefixes of the kernel's tlb_src_ranges (k) into
+// the mirror and deletes those of ids no adopted frontend holds.
+func (d *Datapath) adoptRanges(t *txn, k *kernelState) error {
 	held := map[uint32]bool{}
 	for _, s := range d.fes {
 		held[s.id] = true
 	}
-	var (
-		k     tcSrcRangeKey
-		v     uint8
-		stale []tcSrcRangeKey
-	)
-	it := d.srcRanges.Iterate()
-	for it.Next(&k, &v) {
-		id, p, ok := sourceRangeFromKey(k)
+	for key := range k.ranges {
+		id, p, ok := sourceRangeFromKey(key)
 		if !ok || !held[id] {
-			stale = append(stale, k)
+			if err := t.del(d.srcRanges, "src_ranges", key); err != nil {
+				return err
+			}
+			delete(k.ranges, key)
 			continue
 		}
 		if d.ranges[id] == nil {
 			d.ranges[id] = map[netip.Prefix]bool{}
 		}
 		d.ranges[id][p] = true
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read src_ranges: %w", err)
-	}
-	for _, k := range stale {
-		if err := t.del(d.srcRanges, "src_ranges", k); err != nil {
-			return err
-		}
 	}
 	return nil
 }
