@@ -45,6 +45,11 @@ type ProgrammedFrontend struct {
 	DrainingBackends       []string `json:"drainingBackends"`
 	AffinityTimeoutSeconds int64    `json:"affinityTimeoutSeconds"`
 	Reject                 bool     `json:"reject"`
+	// SourceRanges are the prefixes new flows must come from, sorted;
+	// omitted when any source may. NodePasses: the node's processes
+	// pass them.
+	SourceRanges []string `json:"sourceRanges,omitempty"`
+	NodePasses   bool     `json:"nodePasses,omitempty"`
 	// Problems are inconsistencies found reading the frontend back (a
 	// missing slot, an id standing for two backends, ...): the periodic
 	// verification repairs them.
@@ -92,7 +97,11 @@ func (a *Agent) readDatapath(st *DebugState) {
 	st.Datapath = make(map[string]ProgrammedFrontend, len(prog))
 	for f, ps := range prog {
 		pf := ProgrammedFrontend{Slots: map[string]uint32{}, Backends: []string{}, DrainingBackends: []string{},
-			AffinityTimeoutSeconds: int64(ps.Affinity.Seconds()), Reject: ps.Reject, Problems: ps.Problems}
+			AffinityTimeoutSeconds: int64(ps.Affinity.Seconds()), Reject: ps.Reject, Problems: ps.Problems,
+			NodePasses: ps.SourceRangesNode}
+		for _, p := range ps.SourceRanges {
+			pf.SourceRanges = append(pf.SourceRanges, p.String())
+		}
 		for _, b := range ps.Backends {
 			if b.Draining {
 				pf.DrainingBackends = append(pf.DrainingBackends, b.Addr.String())

@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -129,6 +130,11 @@ type ProgrammedService struct {
 	Slots      uint32 // the table's size (svc_value.count)
 	Affinity   time.Duration
 	Reject     bool
+	// SourceRanges are the prefixes tlb_src_ranges holds for the
+	// frontend, sorted, when its entry asks for source ranges; nil when
+	// it does not. SourceRangesNode is its SVC_F_SRC_NODE.
+	SourceRanges     []netip.Prefix
+	SourceRangesNode bool
 	// Backends are the active ones in order of their first slot, then the
 	// draining ones (current registry entries of this frontend) by
 	// address.
@@ -184,7 +190,10 @@ func (k *kernelState) programmed() map[Frontend]ProgrammedService {
 		fe := frontend(key)
 		set := settingsFromValue(v)
 		ps := ProgrammedService{ID: v.Id, Generation: v.Generation, Buffer: v.Buffer, Slots: v.Count,
-			Affinity: time.Duration(set.affinity) * time.Second, Reject: set.reject}
+			Affinity: time.Duration(set.affinity) * time.Second, Reject: set.reject, SourceRangesNode: set.srcNode}
+		if set.srcRanges {
+			ps.SourceRanges = k.rangesOf(v.Id)
+		}
 		if other, dup := byID[v.Id]; dup {
 			ps.Problems = append(ps.Problems, fmt.Sprintf("service id %d also used by %s", v.Id, other))
 		}

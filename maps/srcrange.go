@@ -213,3 +213,15 @@ func (d *Datapath) fixRanges(t *txn, k *kernelState) error {
 	}
 	return errors.Join(errs...)
 }
+
+// rangesOf returns the prefixes k holds for service id, sorted; never nil.
+func (k *kernelState) rangesOf(id uint32) []netip.Prefix {
+	out := []netip.Prefix{}
+	for key := range k.ranges {
+		if kid, p, ok := sourceRangeFromKey(key); ok && kid == id {
+			out = append(out, p)
+		}
+	}
+	sorted, _ := normalizeRanges(out)
+	return sorted
+}

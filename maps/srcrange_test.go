@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -24,6 +25,11 @@ func TestSourceRanges(t *testing.T) {
 	mustSetService(t, d, lbInt, Service{Backends: []Backend{backend}, SourceRanges: pods})
 	mustSetService(t, d, lbExt, Service{Backends: []Backend{backend}, SourceRanges: outside})
 	mustSetService(t, d, open, Service{Backends: []Backend{backend}})
+	prog, err := d.Programmed()
+	must(t, err)
+	if got := prog[lbExt].SourceRanges; !slices.Equal(got, []netip.Prefix{outside[1], outside[0]}) || prog[open].SourceRanges != nil {
+		t.Errorf("read back: %v for %s (want %v sorted), %v for %s (want nil)", got, lbExt, outside, prog[open].SourceRanges, open)
+	}
 
 	type row struct {
 		name    string
