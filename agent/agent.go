@@ -288,7 +288,14 @@ func (a *Agent) fold(b kube.Batch) map[types.NamespacedName]bool {
 			a.state.Nodes[name] = node
 			cur = &node
 		}
-		a.nodeAffects(name == a.cfg.NodeName, prev, cur, affected)
+		self := name == a.cfg.NodeName
+		if self {
+			a.live.setSelf(cur)
+			if cur != nil && cur.Leaving != "" && (prev == nil || prev.Leaving == "") {
+				a.log.Info("this node is leaving the cluster: the proxy health server's /healthz fails so load balancers drain it", "node", name, "why", cur.Leaving)
+			}
+		}
+		a.nodeAffects(self, prev, cur, affected)
 	}
 	return affected
 }

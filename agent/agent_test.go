@@ -283,3 +283,52 @@ func TestAgentMetrics(t *testing.T) {
 }
 
 func mustAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// TestAgentSkipsServicesNotOurs: a Service kube-proxy skips programs
+// nothing, and one that becomes such a Service (as a manifest edit shows
+// it; the informers deliver a delete instead) loses its frontends, and
+// gets them back when it stops being one.
+func TestAgentSkipsServicesNotOurs(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(*v1.Service)
+	}{
+		{"service-proxy-name naming another proxy", func(s *v1.Service) { s.Labels = map[string]string{topology.LabelServiceProxyName: "other"} }},
+		{"service-proxy-name empty", func(s *v1.Service) { s.Labels = map[string]string{topology.LabelServiceProxyName: ""} }},
+		{"headless", func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
+		}},
+		{"no cluster IP", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := newFakeDP()
+			a := New(Config{NodeName: "a1", Options: topology.DefaultOptions()}, dp)
+			tr := kube.NewTracker()
+			tr.NodeChanged(nil, node("a1", "zone-a"))
+			plain := service("web", "10.96.0.1", nil)
+			skipped := service("web", "10.96.0.1", nil)
+			tc.mut(skipped)
+			tr.ServiceChanged(nil, skipped)
+			tr.SliceChanged(nil, epSlice("web", "web-1", endpoint{"10.0.1.1", "a1", "zone-a", "", true}))
+			tr.Resync()
+			a.Apply(tr.Drain())
+			if got := dp.programmed(); len(got) != 0 {
+				t.Fatalf("skipped service programmed: %v", got)
+			}
+			if st := a.State(); len(st.Skipped) != 1 || st.Skipped[0].Service != "default/web" {
+				t.Errorf("/debug/state skipped %+v, want default/web", st.Skipped)
+			}
+			tr.ServiceChanged(skipped, plain)
+			a.Apply(tr.Drain())
+			if got := dp.programmed(); len(got) != 2 {
+				t.Fatalf("service no longer skipped: programmed %v, want its 2 ports", got)
+			}
+			tr.ServiceChanged(plain, skipped)
+			a.Apply(tr.Drain())
+			if got := dp.programmed(); len(got) != 0 {
+				t.Errorf("service skipped again: programmed %v, want nothing", got)
+			}
+		})
+	}
+}

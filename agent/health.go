@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/topolb/topolb/kube"
+	"github.com/topolb/topolb/topology"
 )
 
 // DefaultHealthTimeout is how long a change may wait for the maps, or one
@@ -39,6 +40,16 @@ type liveness struct {
 	tracker  *kube.Tracker
 	syncing  time.Time
 	lastSync time.Time
+	// self is this node as last folded in, nil while it is unknown or
+	// deleted: the proxy health server's node eligibility.
+	self *topology.Node
+}
+
+// setSelf records this node's latest version (nil: unknown or deleted).
+func (l *liveness) setSelf(n *topology.Node) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.self = n
 }
 
 func (l *liveness) watch(t *kube.Tracker) {

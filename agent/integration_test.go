@@ -274,6 +274,35 @@ func TestIntegrationAgainstAPIServer(t *testing.T) {
 	it.apply(node("a1", "zone-a"))
 	it.expectExplained("own node recreated")
 
+	// A Service labelled for another proxy leaves the watch (kube-proxy's
+	// label selector, applied by the apiserver): its frontends go; they
+	// come back with the label removed. A headless Service is never
+	// watched.
+	labelled := webService()
+	labelled.Labels = map[string]string{topology.LabelServiceProxyName: "other-proxy"}
+	it.apply(labelled)
+	headless := service("headless", v1.ClusterIPNone, nil)
+	headless.Spec.ClusterIPs = []string{v1.ClusterIPNone}
+	it.apply(headless)
+	got = it.expectExplained("service labelled for another proxy")
+	if _, ok := got["10.96.0.10:80/TCP"]; ok {
+		t.Errorf("service labelled for another proxy: still programmed %v", got)
+	}
+	st := it.agent.State()
+	for _, p := range st.Services {
+		if p.Service == "default/web" || p.Service == "default/headless" {
+			t.Errorf("the agent decides %s, which its watch excludes", p.Service)
+		}
+	}
+	if len(st.Skipped) != 0 {
+		t.Errorf("the agent holds Services its watch excludes: skipped %v", st.Skipped)
+	}
+	it.apply(webService())
+	got = it.expectExplained("label removed")
+	if _, ok := got["10.96.0.10:80/TCP"]; !ok {
+		t.Errorf("label removed: not programmed again: %v", got)
+	}
+
 	// Mode change events reach the Service (aggregated by the recorder).
 	deadline := time.Now().Add(10 * time.Second)
 	for {

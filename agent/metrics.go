@@ -133,6 +133,7 @@ type DatapathCollector struct {
 	ctTable, ctTableCap, snatPorts                                          *prometheus.Desc
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 	uplinkPath                                                              *prometheus.Desc
+	sourceRangeDrops                                                        *prometheus.Desc
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -143,28 +144,29 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 	}
 	return &DatapathCollector{
 		DP: dp, Agent: a,
-		packets:         d("topolb_datapath_packets_total", "Packets sent to a service frontend.", "frontend"),
-		bytes:           d("topolb_datapath_bytes_total", "L3 bytes sent to a service frontend.", "frontend"),
-		flows:           d("topolb_datapath_flows_total", "New flows balanced at a service frontend.", "frontend"),
-		backendPackets:  d("topolb_datapath_backend_packets_total", "Packets sent to backends, by backend zone.", "zone"),
-		drops:           d("topolb_datapath_drops_total", "Packets dropped by the datapath, by reason.", "reason"),
-		reverse:         d("topolb_datapath_reverse_nat_total", "Replies rewritten back to a service address."),
-		events:          d("topolb_datapath_events_total", "Every named datapath counter (drops, paths, conntrack and affinity events), by name.", "event"),
-		entries:         d("topolb_map_entries", "Entries in use in the datapath maps (frontends, backend slots, backend ids).", "map"),
-		capacity:        d("topolb_map_capacity", "Capacity of the datapath maps.", "map"),
-		ctEntries:       d("topolb_conntrack_entries", "Live conntrack entries at the last sweep (one per flow direction), by protocol and TCP state.", "kind"),
-		ctCreated:       d("topolb_conntrack_flows_created_total", "Flows the datapath created (two entries each), since its maps were created."),
-		ctExpired:       d("topolb_conntrack_expired_total", "Conntrack entries deleted by sweeps after they expired, since the maps were created."),
-		ctEvicted:       d("topolb_conntrack_evicted_total", "Conntrack entries the LRU of the unreplied table evicted to make room (derived at each sweep); established flows are never evicted."),
-		ctTable:         d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).", "table"),
-		ctTableCap:      d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).", "table"),
-		snatPorts:       d("topolb_snat_ports_in_use", "SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).", "backend"),
-		driftRepaired:   d("topolb_datapath_drift_repaired_total", "Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.", "kind"),
-		driftRemaining:  d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
-		upkeepErrors:    d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
-		pendingCleanups: d("topolb_datapath_pending_cleanups", "Map cleanups queued after failed writes, retried on every change."),
-		uplinkPath:      d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
-		zoneShare:       d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
+		packets:          d("topolb_datapath_packets_total", "Packets sent to a service frontend.", "frontend"),
+		bytes:            d("topolb_datapath_bytes_total", "L3 bytes sent to a service frontend.", "frontend"),
+		flows:            d("topolb_datapath_flows_total", "New flows balanced at a service frontend.", "frontend"),
+		backendPackets:   d("topolb_datapath_backend_packets_total", "Packets sent to backends, by backend zone.", "zone"),
+		drops:            d("topolb_datapath_drops_total", "Packets dropped by the datapath, by reason.", "reason"),
+		reverse:          d("topolb_datapath_reverse_nat_total", "Replies rewritten back to a service address."),
+		events:           d("topolb_datapath_events_total", "Every named datapath counter (drops, paths, conntrack and affinity events), by name.", "event"),
+		entries:          d("topolb_map_entries", "Entries in use in the datapath maps (frontends, backend slots, backend ids).", "map"),
+		capacity:         d("topolb_map_capacity", "Capacity of the datapath maps.", "map"),
+		ctEntries:        d("topolb_conntrack_entries", "Live conntrack entries at the last sweep (one per flow direction), by protocol and TCP state.", "kind"),
+		ctCreated:        d("topolb_conntrack_flows_created_total", "Flows the datapath created (two entries each), since its maps were created."),
+		ctExpired:        d("topolb_conntrack_expired_total", "Conntrack entries deleted by sweeps after they expired, since the maps were created."),
+		ctEvicted:        d("topolb_conntrack_evicted_total", "Conntrack entries the LRU of the unreplied table evicted to make room (derived at each sweep); established flows are never evicted."),
+		ctTable:          d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).", "table"),
+		ctTableCap:       d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).", "table"),
+		snatPorts:        d("topolb_snat_ports_in_use", "SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).", "backend"),
+		driftRepaired:    d("topolb_datapath_drift_repaired_total", "Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.", "kind"),
+		driftRemaining:   d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
+		upkeepErrors:     d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
+		pendingCleanups:  d("topolb_datapath_pending_cleanups", "Map cleanups queued after failed writes, retried on every change."),
+		uplinkPath:       d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
+		zoneShare:        d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
+		sourceRangeDrops: d("topolb_source_range_drops_total", "New flows to a load-balancer IP refused for coming from outside its loadBalancerSourceRanges, by frontend.", "frontend"),
 	}
 }
 
@@ -172,7 +174,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath} {
+		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.sourceRangeDrops} {
 		ch <- d
 	}
 }
@@ -229,6 +231,9 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.drops, float64(n), reason)
 	}
 	counter(c.reverse, float64(cnt.ReverseNAT))
+	for f, n := range cnt.SourceRangeDrops {
+		counter(c.sourceRangeDrops, float64(n), f.String())
+	}
 	for st, n := range cnt.Stats {
 		counter(c.events, float64(n), st.String())
 	}

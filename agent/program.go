@@ -48,12 +48,14 @@ func DatapathFrontend(k topology.Key) (maps.Frontend, bool) {
 //     weight (all 0, meaning equal, when the decision's weights are equal);
 //   - its draining backends, which keep their established flows;
 //   - ClientIP affinity with the owning port's timeout, or none;
-//   - Reject when an empty active set must be refused rather than dropped.
+//   - Reject when an empty active set must be refused rather than dropped;
+//   - the source ranges of a load-balancer IP (topology.Frontend.SourceRanges).
 func DatapathService(f topology.Frontend, node topology.Node) maps.Service {
 	s := maps.Service{
 		Backends: make([]maps.Backend, 0, len(f.Backends)+len(f.Draining)),
 		Reject:   f.WhenEmpty == topology.EmptyReject,
 	}
+	s.SourceRanges, s.SourceRangesNode = f.SourceRanges(node)
 	weights := integerWeights(f.Weights)
 	for i, ep := range f.Backends {
 		b := backend(ep, node)

@@ -325,3 +325,31 @@ func TestAgentSameServiceClaims(t *testing.T) {
 }
 
 func resourceQuantity(s string) resource.Quantity { return resource.MustParse(s) }
+
+// TestAgentSourceRanges: loadBalancerSourceRanges reach the datapath on the
+// load-balancer IP's frontends, both scopes, and nowhere else; the node
+// passes when a range holds its address.
+func TestAgentSourceRanges(t *testing.T) {
+	lb := external("lb", "10.96.0.1", v1.ServiceExternalTrafficPolicyCluster)
+	lb.Spec.Type = v1.ServiceTypeLoadBalancer
+	lb.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "10.250.0.0/16"}
+	lb.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.20"}}
+	_, dp, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"), lb,
+		epSlice("lb", "lb-1", endpoint{"10.0.1.1", "a1", "zone-a", "", true}))
+	want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("10.250.0.0/16"), netip.MustParsePrefix("198.51.100.20/32")}
+	restricted := 0
+	for fe, s := range dp.fes {
+		isLB := fe.Addr.Addr() == netip.MustParseAddr("198.51.100.20")
+		switch {
+		case isLB && (!slices.Equal(s.SourceRanges, want) || !s.SourceRangesNode):
+			t.Errorf("%s: source ranges %v node %v, want %v and the node passing", fe, s.SourceRanges, s.SourceRangesNode, want)
+		case !isLB && (s.SourceRanges != nil || s.SourceRangesNode):
+			t.Errorf("%s: source ranges %v on a frontend that is not a load-balancer IP", fe, s.SourceRanges)
+		case isLB:
+			restricted++
+		}
+	}
+	if restricted != 4 { // TCP and UDP, internal and external
+		t.Errorf("%d load-balancer IP frontends restricted, want 4", restricted)
+	}
+}

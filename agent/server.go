@@ -51,6 +51,11 @@ type ProgrammedFrontend struct {
 	DrainingBackends       []string `json:"drainingBackends"`
 	AffinityTimeoutSeconds int64    `json:"affinityTimeoutSeconds"`
 	Reject                 bool     `json:"reject"`
+	// SourceRanges are the prefixes new flows must come from, sorted;
+	// omitted when any source may. NodePasses: the node's processes
+	// pass them.
+	SourceRanges []string `json:"sourceRanges,omitempty"`
+	NodePasses   bool     `json:"nodePasses,omitempty"`
 	// Problems are inconsistencies found reading the frontend back (a
 	// missing slot, an id standing for two backends, ...): the periodic
 	// verification repairs them.
@@ -69,18 +74,21 @@ func (a *Agent) State() DebugState {
 // debugDecisions returns the decisions half of the state: Report and
 // Synced.
 func (a *Agent) debugDecisions() DebugState {
-	ds, node, synced := a.decideAgain()
-	return DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+	ds, skipped, node, synced := a.decideAgain()
+	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+	st.Skipped = skipped
+	return st
 }
 
 // decideAgain decides every service for this node from the objects the
-// agent holds, and says whether the first full sync has been written.
-func (a *Agent) decideAgain() (ds []topology.PortDecision, node topology.Node, synced bool) {
+// agent holds, lists those it does not proxy, and says whether the first
+// full sync has been written.
+func (a *Agent) decideAgain() (ds []topology.PortDecision, skipped []topology.SkippedService, node topology.Node, synced bool) {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	ds, _ = a.state.DecideNode(a.cfg.NodeName, a.cfg.Options)
 	node, _ = a.state.Node(a.cfg.NodeName)
-	return ds, node, a.synced
+	return ds, a.state.Skipped(), node, a.synced
 }
 
 // readDatapath fills the datapath half of st from the kernel: Programmed
@@ -100,7 +108,11 @@ func (a *Agent) readDatapath(st *DebugState) {
 	st.Datapath = make(map[string]ProgrammedFrontend, len(prog))
 	for f, ps := range prog {
 		pf := ProgrammedFrontend{Slots: map[string]uint32{}, Backends: []string{}, DrainingBackends: []string{},
-			AffinityTimeoutSeconds: int64(ps.Affinity.Seconds()), Reject: ps.Reject, Problems: ps.Problems}
+			AffinityTimeoutSeconds: int64(ps.Affinity.Seconds()), Reject: ps.Reject, Problems: ps.Problems,
+			NodePasses: ps.SourceRangesNode}
+		for _, p := range ps.SourceRanges {
+			pf.SourceRanges = append(pf.SourceRanges, p.String())
+		}
 		for _, b := range ps.Backends {
 			if b.Draining {
 				pf.DrainingBackends = append(pf.DrainingBackends, b.Addr.String())
@@ -178,6 +190,7 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 // reportWalker yields a topology.Report one entry at a time.
 type reportWalker struct {
 	node, zone string
+	skipped    []topology.SkippedService
 	// walk hands every port report to service, then every frontend
 	// report to frontend, and returns the warnings.
 	walk func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string
@@ -188,9 +201,9 @@ type reportWalker struct {
 // never their whole report, and the maps only once the decisions are
 // written and let go.
 func (a *Agent) writeDebug(w io.Writer) error {
-	ds, node, synced := a.decideAgain()
+	ds, skipped, node, synced := a.decideAgain()
 	st := DebugState{Synced: synced}
-	rw := reportWalker{node: node.Name, zone: node.Zone(), walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
+	rw := reportWalker{node: node.Name, zone: node.Zone(), skipped: skipped, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
 		warnings := topology.WalkReport(node, ds, a.cfg.Options, service, frontend)
 		ds = nil
 		return warnings
@@ -239,6 +252,10 @@ func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*De
 		warnings = []string{}
 	}
 	j.value(warnings)
+	if len(rw.skipped) > 0 {
+		j.raw(`,"skipped":`)
+		j.value(rw.skipped)
+	}
 	j.raw(`,"synced":`)
 	j.value(st.Synced)
 	if fill != nil {

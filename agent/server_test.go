@@ -15,10 +15,11 @@ import (
 // agent with services and for one without, and with a datapath error.
 func TestWriteDebugStateIsMarshal(t *testing.T) {
 	a, _, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"), external("web", "10.96.0.1", "Local"),
-		epSlice("web", "web-1", endpoint{"10.0.1.1", "a1", "zone-a", "zone-a", true}, endpoint{"10.0.2.1", "b1", "zone-b", "zone-b", true}))
+		epSlice("web", "web-1", endpoint{"10.0.1.1", "a1", "zone-a", "zone-a", true}, endpoint{"10.0.2.1", "b1", "zone-b", "zone-b", true}),
+		service("headless", "None", nil))
 	empty, _, _ := syncAll(t, nodeWithIP("a1", "zone-a", "10.250.0.2"))
 	full := a.State()
-	if len(full.Datapath) == 0 || len(full.Services) == 0 || len(full.Frontends) == 0 {
+	if len(full.Datapath) == 0 || len(full.Services) == 0 || len(full.Frontends) == 0 || len(full.Skipped) == 0 {
 		t.Fatal("no decisions or programmed frontends: the test compares nothing")
 	}
 	withError := full
@@ -72,7 +73,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 
 // walkerOf walks a Report already built.
 func walkerOf(r topology.Report) reportWalker {
-	return reportWalker{node: r.Node, zone: r.Zone, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
+	return reportWalker{node: r.Node, zone: r.Zone, skipped: r.Skipped, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
 		for _, p := range r.Services {
 			service(p)
 		}

@@ -38,6 +38,7 @@ enum map_size {
 	DEFAULT_MAX_CT_SRC = 65536,     /* tlb_ct_src, sources with a new-flow budget */
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
+	DEFAULT_MAX_SRC_RANGES = 65536,
 	WEIGHTED_SLOTS = 512,
 	STAT_SLOTS = 64,
 };
@@ -107,7 +108,8 @@ enum stat_reason {
 	STAT_CT_ORPHAN = 36,            /* forward entries whose reply entry was gone (evicted): deleted, the packet balanced as new */
 	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
 	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
-	STAT_MAX = 39,
+	STAT_DROP_SRC_RANGE = 39,     /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
+	STAT_MAX = 40,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -141,6 +143,8 @@ enum backend_state {
 enum svc_flag {
 	SVC_F_AFFINITY = 1, /* ClientIP session affinity, svc_value.affinity_timeout */
 	SVC_F_REJECT = 2,   /* no active backend: reject new flows (reject.h) instead of dropping them */
+	SVC_F_SRC_RANGES = 4, /* loadBalancerSourceRanges: new flows only from tlb_src_ranges' prefixes of the frontend (srcrange.h) */
+	SVC_F_SRC_NODE = 8,   /* with SVC_F_SRC_RANGES: a range holds the node's address, so the node's own processes pass */
 };
 
 /* svc_key.scope: which hooks see a frontend. */

@@ -26,6 +26,7 @@
 #include "maps.h"
 #include "nat.h"
 #include "parse.h"
+#include "srcrange.h"
 #include "stats.h"
 
 #ifndef LB_SCOPE_DEFAULT
@@ -699,6 +700,8 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 		stat_inc(STAT_DROP_PARSE_ERROR);
 		return LB_DROP;
 	}
+	if (!src_range_allows(&svc, pkt->saddr))
+		return LB_DROP;
 	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
 		stat_inc(STAT_TCP_MIDFLOW_MISS);
 	if (svc.count == 0) {

@@ -128,4 +128,25 @@ struct {
 	__type(value, struct meta);
 } tlb_meta SEC(".maps");
 
+/* loadBalancerSourceRanges: the allowed source prefixes of frontends with
+ * SVC_F_SRC_RANGES, keyed by (svc id, prefix). Read on the new-flow path
+ * only (srcrange.h). LPM tries need BPF_F_NO_PREALLOC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DEFAULT_MAX_SRC_RANGES);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+} tlb_src_ranges SEC(".maps");
+
+/* New flows each frontend dropped for coming from outside its source
+ * ranges, indexed by svc id (as tlb_services' ids: 1..max_frontends). Not
+ * per CPU: rare, and one counter per frontend stays small. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEFAULT_MAX_FRONTENDS + 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} tlb_src_range_drops SEC(".maps");
+
 #endif

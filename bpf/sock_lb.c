@@ -18,6 +18,8 @@
  *     IPv4-mapped addresses): the backend a socket's datagram came from,
  *     or a connected socket's peer, is shown as the frontend the socket
  *     asked for.
+ *   A frontend with loadBalancerSourceRanges refuses the call with EPERM
+ *     unless a range holds the node's address (srcrange.h).
  * Attached to the cgroup v2 root they see every socket of the machine and
  * act only on those of this node's network namespace (cfg_netns_cookie):
  * pods keep the tc path, and several nodes on one machine never translate
@@ -104,6 +106,12 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, __be32 vip, __
 	if (!v)
 		return SOCK_PROCEED;
 	svc = *v;
+	/* Refused at once with EPERM (kube-proxy's OUTPUT rule drops the
+	 * SYNs instead, and the connect times out). */
+	if (!src_range_allows_node(&svc)) {
+		bpf_set_retval(-EPERM);
+		return SOCK_REJECT;
+	}
 	if (svc.count == 0) {
 		if (svc.flags & SVC_F_REJECT) {
 			stat_inc(STAT_REJECT);

@@ -153,6 +153,15 @@ struct sock_revnat_value {
 	__u16 pad;   /* zero */
 };
 
+/* tlb_src_ranges key (LPM trie): an allowed source prefix of one frontend.
+ * prefixlen counts svc_id's 32 bits (always matched whole) plus the
+ * prefix's. 12 bytes. */
+struct src_range_key {
+	__u32 prefixlen; /* host byte order; 32 + the source prefix's length */
+	__u32 svc_id;    /* network byte order: LPM matches bytes from the first */
+	__be32 addr;     /* network byte order */
+};
+
 /* tlb_meta value (single entry). Written by the loader only. 16 bytes. */
 struct meta {
 	__u32 layout_version; /* host byte order; 0 = not yet initialised */

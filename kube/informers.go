@@ -7,19 +7,36 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/topolb/topolb/topology"
 )
 
 // Watch starts shared informers for Services, EndpointSlices and Nodes that
 // feed t, waits for their caches to sync, then asks t for a full resync.
 // The informers stop when ctx is done.
+//
+// Like kube-proxy, it does not watch the Services it never proxies, nor
+// their EndpointSlices: the Service watch selects neither a
+// service.kubernetes.io/service-proxy-name label nor clusterIP None, the
+// EndpointSlice watch no service.kubernetes.io/headless label (the
+// endpointslice controller's mark on a headless Service's slices). A
+// Service that gains the label, so, is deleted from t. The decision engine
+// skips the same Services (topology.SkipReason) for manifests and explain.
 func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
-	f := informers.NewSharedInformerFactory(c, 0)
-	svc := f.Core().V1().Services().Informer()
-	es := f.Discovery().V1().EndpointSlices().Informer()
-	nodes := f.Core().V1().Nodes().Informer()
+	sf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector, o.FieldSelector = ServiceSelectors()
+	}))
+	ef := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = SliceSelector()
+	}))
+	nf := informers.NewSharedInformerFactory(c, 0)
+	svc := sf.Core().V1().Services().Informer()
+	es := ef.Discovery().V1().EndpointSlices().Informer()
+	nodes := nf.Core().V1().Nodes().Informer()
 	// Keep only what decisions read, so 100,000 endpoints' managedFields
 	// and node statuses do not stay in memory.
 	for _, inf := range []cache.SharedIndexInformer{svc, es, nodes} {
@@ -36,16 +53,29 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 	if _, err := nodes.AddEventHandler(handler(t.NodeChanged)); err != nil {
 		return fmt.Errorf("watch nodes: %w", err)
 	}
-	f.Start(ctx.Done())
-	synced := f.WaitForCacheSync(ctx.Done())
-	for typ, ok := range synced {
-		if !ok {
-			return fmt.Errorf("informer cache for %v did not sync: %w", typ, ctx.Err())
+	for _, f := range []informers.SharedInformerFactory{sf, ef, nf} {
+		f.Start(ctx.Done())
+	}
+	for _, f := range []informers.SharedInformerFactory{sf, ef, nf} {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("informer cache for %v did not sync: %w", typ, ctx.Err())
+			}
 		}
 	}
 	t.Resync()
 	return nil
 }
+
+// ServiceSelectors are the label and field selectors of the Service watch,
+// kube-proxy's: no service-proxy-name label, not headless.
+func ServiceSelectors() (label, field string) {
+	return "!" + topology.LabelServiceProxyName, fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
+}
+
+// SliceSelector is the label selector of the EndpointSlice watch,
+// kube-proxy's: not a headless Service's.
+func SliceSelector() string { return "!" + v1.IsHeadlessService }
 
 // trim drops the parts of objects topolb never reads. What it keeps must
 // cover everything the decision engine's model reads of them
@@ -57,7 +87,12 @@ func trim(obj any) (any, error) {
 	case *v1.Node:
 		return trimNode(o), nil
 	case *v1.Service:
-		o.ObjectMeta = trimMeta(o.ObjectMeta, false)
+		meta := trimMeta(o.ObjectMeta, false)
+		// The watch never delivers it, but the model reads it.
+		if name, ok := o.Labels[topology.LabelServiceProxyName]; ok {
+			meta.Labels = map[string]string{topology.LabelServiceProxyName: name}
+		}
+		o.ObjectMeta = meta
 		return o, nil
 	case *discovery.EndpointSlice:
 		o.ObjectMeta = trimMeta(o.ObjectMeta, true)
@@ -66,11 +101,18 @@ func trim(obj any) (any, error) {
 	return obj, nil
 }
 
-// trimNode keeps a Node's labels and, of its status, the allocatable CPU,
-// the Ready condition's status (not its heartbeat times) and the
-// addresses.
+// trimNode keeps a Node's labels, its deletion timestamp and the cluster
+// autoscaler's taint and, of its status, the allocatable CPU, the Ready
+// condition's status (not its heartbeat times) and the addresses.
 func trimNode(o *v1.Node) *v1.Node {
 	n := &v1.Node{TypeMeta: o.TypeMeta, ObjectMeta: trimMeta(o.ObjectMeta, true)}
+	n.DeletionTimestamp = o.DeletionTimestamp
+	for _, t := range o.Spec.Taints {
+		if t.Key == topology.ToBeDeletedTaint {
+			n.Spec.Taints = []v1.Taint{t}
+			break
+		}
+	}
 	if cpu, ok := o.Status.Allocatable[v1.ResourceCPU]; ok {
 		n.Status.Allocatable = v1.ResourceList{v1.ResourceCPU: cpu}
 	}

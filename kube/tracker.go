@@ -178,12 +178,20 @@ func (t *Tracker) Drain() Batch {
 }
 
 // serviceEqual compares what topolb reads of a Service: its spec, its
-// load-balancer status and its topolb.io/ annotations.
+// load-balancer status, its topolb.io/ annotations and its
+// service-proxy-name label (topology.SkipReason).
 func serviceEqual(a, b *v1.Service) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
 	}
-	return equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
+	proxyName := func(s *v1.Service) (string, bool) {
+		v, ok := s.Labels[topology.LabelServiceProxyName]
+		return v, ok
+	}
+	an, aok := proxyName(a)
+	bn, bok := proxyName(b)
+	return an == bn && aok == bok &&
+		equality.Semantic.DeepEqual(a.Spec, b.Spec) &&
 		equality.Semantic.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer) &&
 		equality.Semantic.DeepEqual(topolbAnnotations(a.Annotations), topolbAnnotations(b.Annotations))
 }

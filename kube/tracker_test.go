@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/topolb/topolb/topology"
 )
 
 func svcObj(rv, ip string, ann map[string]string) *v1.Service {
@@ -37,6 +39,16 @@ func TestTrackerDropsNoOps(t *testing.T) {
 		}},
 		{name: "a topolb annotation is read", present: true, wantIP: "10.96.0.1", events: func(tr *Tracker) {
 			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.1", map[string]string{"topolb.io/zone-threshold": "2"}))
+		}},
+		{name: "gaining the service-proxy-name label is read", present: true, wantIP: "10.96.0.1", events: func(tr *Tracker) {
+			labelled := svcObj("2", "10.96.0.1", nil)
+			labelled.Labels = map[string]string{topology.LabelServiceProxyName: ""}
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), labelled)
+		}},
+		{name: "other labels are not read", events: func(tr *Tracker) {
+			labelled := svcObj("2", "10.96.0.1", nil)
+			labelled.Labels = map[string]string{"app": "web"}
+			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), labelled)
 		}},
 		{name: "change and change back cancel out", events: func(tr *Tracker) {
 			tr.ServiceChanged(svcObj("1", "10.96.0.1", nil), svcObj("2", "10.96.0.2", nil))

@@ -26,6 +26,9 @@ func (d *Datapath) adopt() (adoptStats, error) {
 	}
 	t := &txn{d: d}
 	broken := d.adoptServices(k)
+	if err := d.adoptRanges(t, k); err != nil {
+		return st, err
+	}
 	if err := d.adoptSlots(t, k, &st); err != nil {
 		return st, err
 	}

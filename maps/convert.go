@@ -117,13 +117,19 @@ func affinitySeconds(d time.Duration) (uint32, error) {
 }
 
 // svcFlags are a service's svc_value.flags.
-func svcFlags(affinity uint32, reject bool) uint8 {
+func svcFlags(set settings) uint8 {
 	var f uint8
-	if affinity > 0 {
+	if set.affinity > 0 {
 		f |= uint8(tcSvcFlagSVC_F_AFFINITY)
 	}
-	if reject {
+	if set.reject {
 		f |= uint8(tcSvcFlagSVC_F_REJECT)
+	}
+	if set.srcRanges {
+		f |= uint8(tcSvcFlagSVC_F_SRC_RANGES)
+		if set.srcNode {
+			f |= uint8(tcSvcFlagSVC_F_SRC_NODE)
+		}
 	}
 	return f
 }
@@ -202,12 +208,16 @@ func stateName(s uint8) string {
 // buffer, flip generation gen and settings set.
 func svcValue(id, count, gen uint32, buffer uint8, set settings) tcSvcValue {
 	return tcSvcValue{Id: id, Count: count, Generation: gen, AffinityTimeout: set.affinity,
-		Buffer: buffer, Flags: svcFlags(set.affinity, set.reject)}
+		Buffer: buffer, Flags: svcFlags(set)}
 }
 
 // settingsFromValue decodes a service's settings.
 func settingsFromValue(v tcSvcValue) settings {
-	set := settings{reject: v.Flags&uint8(tcSvcFlagSVC_F_REJECT) != 0}
+	set := settings{
+		reject:    v.Flags&uint8(tcSvcFlagSVC_F_REJECT) != 0,
+		srcRanges: v.Flags&uint8(tcSvcFlagSVC_F_SRC_RANGES) != 0,
+	}
+	set.srcNode = set.srcRanges && v.Flags&uint8(tcSvcFlagSVC_F_SRC_NODE) != 0
 	if v.Flags&uint8(tcSvcFlagSVC_F_AFFINITY) != 0 {
 		set.affinity = v.AffinityTimeout
 	}

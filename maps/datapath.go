@@ -21,7 +21,7 @@ const levelTrace = slog.LevelDebug - 4
 var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
-	tcMapTlbStats, tcMapTlbMeta,
+	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -55,6 +55,9 @@ type Datapath struct {
 	// ctNew is the unreplied conntrack table (conntrack the established
 	// one), ctSrc the per-source budgets of new flows.
 	ctNew, ctSrc *ebpf.Map
+	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
+	// (srcrange.go).
+	srcRanges, srcRangeDrops *ebpf.Map
 
 	mirror
 }
@@ -235,6 +238,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
 	d.ctNew, d.ctSrc = m[tcMapTlbCtNew], m[tcMapTlbCtSrc]
+	d.srcRanges, d.srcRangeDrops = m[tcMapTlbSrcRanges], m[tcMapTlbSrcRangeDrops]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
 	d.xdpProg = d.xdpColl.Programs[xdpProgXdpLb]
@@ -302,6 +306,8 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) {
 	spec.Maps[tcMapTlbCtNew].MaxEntries = opts.MaxConntrackNew
 	spec.Maps[tcMapTlbSockRevnat].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbAffinity].MaxEntries = opts.MaxAffinity
+	// Indexed by svc id, 1..MaxFrontends.
+	spec.Maps[tcMapTlbSrcRangeDrops].MaxEntries = opts.MaxFrontends + 1
 }
 
 // checkBPFFS refuses pin paths outside a bpf filesystem, where pinning

@@ -22,6 +22,10 @@ type member struct {
 type settings struct {
 	affinity uint32 // seconds; 0: off
 	reject   bool
+	// srcRanges: new flows only from the frontend's prefixes in
+	// tlb_src_ranges (mirror.ranges); srcNode: the node's own processes
+	// pass too.
+	srcRanges, srcNode bool
 }
 
 // service is the mirror of one frontend.
@@ -110,6 +114,8 @@ type mirror struct {
 	// dirty holds frontends whose kernel slots may differ from the mirror
 	// (an undo failed); reprogrammed on retry.
 	dirty map[Frontend]bool
+	// ranges holds the prefixes tlb_src_ranges holds, by svc id.
+	ranges map[uint32]map[netip.Prefix]bool
 }
 
 // retiring is an id waiting for its generation to become gen.
@@ -124,6 +130,7 @@ func newMirror(opts Options) mirror {
 		beIDs:       idAlloc{next: 0, limit: opts.MaxBackends},
 		fixRegistry: make(map[uint32]bool),
 		dirty:       make(map[Frontend]bool),
+		ranges:      make(map[uint32]map[netip.Prefix]bool),
 	}
 }
 

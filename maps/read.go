@@ -207,6 +207,9 @@ func (d *Datapath) Counters() (Counters, error) {
 		ReverseNAT: stats[StatReverseNAT],
 		Fragments:  stats[StatFragment],
 	}
+	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
+		return Counters{}, err
+	}
 	var recs []record
 	if maxID, ok := d.maxMemberID(); ok {
 		if recs, err = d.readRecords(maxID); err != nil {

@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -16,6 +17,7 @@ type kernelState struct {
 	slots    map[tcBackendKey]tcBackendValue
 	registry []tcRegistryValue // index: backend id
 	records  []record          // index: backend id, up to the largest id referenced
+	ranges   map[tcSrcRangeKey]bool
 }
 
 // snapshot reads services, every slot, the registry and the records of
@@ -24,6 +26,18 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 	k := &kernelState{
 		services: make(map[tcSvcKey]tcSvcValue),
 		slots:    make(map[tcBackendKey]tcBackendValue),
+		ranges:   make(map[tcSrcRangeKey]bool),
+	}
+	var (
+		rk tcSrcRangeKey
+		rv uint8
+	)
+	rit := d.srcRanges.Iterate()
+	for rit.Next(&rk, &rv) {
+		k.ranges[rk] = true
+	}
+	if err := rit.Err(); err != nil {
+		return nil, fmt.Errorf("read src_ranges: %w", err)
 	}
 	svcs, err := d.readServices()
 	if err != nil {
@@ -116,6 +130,11 @@ type ProgrammedService struct {
 	Slots      uint32 // the table's size (svc_value.count)
 	Affinity   time.Duration
 	Reject     bool
+	// SourceRanges are the prefixes tlb_src_ranges holds for the
+	// frontend, sorted, when its entry asks for source ranges; nil when
+	// it does not. SourceRangesNode is its SVC_F_SRC_NODE.
+	SourceRanges     []netip.Prefix
+	SourceRangesNode bool
 	// Backends are the active ones in order of their first slot, then the
 	// draining ones (current registry entries of this frontend) by
 	// address.
@@ -171,7 +190,10 @@ func (k *kernelState) programmed() map[Frontend]ProgrammedService {
 		fe := frontend(key)
 		set := settingsFromValue(v)
 		ps := ProgrammedService{ID: v.Id, Generation: v.Generation, Buffer: v.Buffer, Slots: v.Count,
-			Affinity: time.Duration(set.affinity) * time.Second, Reject: set.reject}
+			Affinity: time.Duration(set.affinity) * time.Second, Reject: set.reject, SourceRangesNode: set.srcNode}
+		if set.srcRanges {
+			ps.SourceRanges = k.rangesOf(v.Id)
+		}
 		if other, dup := byID[v.Id]; dup {
 			ps.Problems = append(ps.Problems, fmt.Sprintf("service id %d also used by %s", v.Id, other))
 		}

@@ -127,6 +127,13 @@ type sockSockRevnatValue struct {
 	Pad  uint16
 }
 
+type sockSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type sockSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -161,6 +168,8 @@ const (
 	sockMapTlbRegistry       = "tlb_registry"
 	sockMapTlbServices       = "tlb_services"
 	sockMapTlbSockRevnat     = "tlb_sock_revnat"
+	sockMapTlbSrcRangeDrops  = "tlb_src_range_drops"
+	sockMapTlbSrcRanges      = "tlb_src_ranges"
 	sockMapTlbStats          = "tlb_stats"
 	sockProgSockConnect4     = "sock_connect4"
 	sockProgSockConnect6     = "sock_connect6"
@@ -233,18 +242,20 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -280,18 +291,20 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *sockMaps) Close() error {
@@ -307,6 +320,8 @@ func (m *sockMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

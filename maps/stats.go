@@ -136,6 +136,10 @@ const (
 	// sent to two Services sharing a backend. Its replies from then on
 	// show the last frontend it sent to (README, Limits).
 	StatSockRevNATClobbered = Stat(tcStatReasonSTAT_SOCK_REVNAT_CLOBBER)
+	// StatDropSourceRange: new flows to a frontend with
+	// Service.SourceRanges from a source outside them, dropped (or the
+	// host process's call refused with EPERM).
+	StatDropSourceRange = Stat(tcStatReasonSTAT_DROP_SRC_RANGE)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -181,6 +185,7 @@ var statNames = map[Stat]string{
 	StatConntrackOrphan:       "conntrack_orphan",
 	StatSNATReclaimed:         "snat_reclaimed",
 	StatSockRevNATClobbered:   "sock_revnat_clobbered",
+	StatDropSourceRange:       "drop_source_range",
 }
 
 // String returns the counter's stable name.

@@ -195,14 +195,15 @@ type tcIfaceValue struct {
 type tcMapSize uint32
 
 const (
-	tcMapSizeDEFAULT_MAX_FRONTENDS tcMapSize = 100000
-	tcMapSizeDEFAULT_MAX_BACKENDS  tcMapSize = 1000000
-	tcMapSizeDEFAULT_MAX_CONNTRACK tcMapSize = 262144
-	tcMapSizeDEFAULT_MAX_CT_SRC    tcMapSize = 65536
-	tcMapSizeDEFAULT_MAX_AFFINITY  tcMapSize = 65536
-	tcMapSizeDEFAULT_MAX_IFACES    tcMapSize = 4096
-	tcMapSizeWEIGHTED_SLOTS        tcMapSize = 512
-	tcMapSizeSTAT_SLOTS            tcMapSize = 64
+	tcMapSizeDEFAULT_MAX_FRONTENDS  tcMapSize = 100000
+	tcMapSizeDEFAULT_MAX_BACKENDS   tcMapSize = 1000000
+	tcMapSizeDEFAULT_MAX_CONNTRACK  tcMapSize = 262144
+	tcMapSizeDEFAULT_MAX_CT_SRC     tcMapSize = 65536
+	tcMapSizeDEFAULT_MAX_AFFINITY   tcMapSize = 65536
+	tcMapSizeDEFAULT_MAX_IFACES     tcMapSize = 4096
+	tcMapSizeDEFAULT_MAX_SRC_RANGES tcMapSize = 65536
+	tcMapSizeWEIGHTED_SLOTS         tcMapSize = 512
+	tcMapSizeSTAT_SLOTS             tcMapSize = 64
 )
 
 type tcMeta struct {
@@ -264,6 +265,13 @@ type tcSockRevnatValue struct {
 	Pad  uint16
 }
 
+type tcSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type tcStatReason uint32
 
 const (
@@ -306,14 +314,17 @@ const (
 	tcStatReasonSTAT_CT_ORPHAN            tcStatReason = 36
 	tcStatReasonSTAT_SNAT_RECLAIMED       tcStatReason = 37
 	tcStatReasonSTAT_SOCK_REVNAT_CLOBBER  tcStatReason = 38
-	tcStatReasonSTAT_MAX                  tcStatReason = 39
+	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
+	tcStatReasonSTAT_MAX                  tcStatReason = 40
 )
 
 type tcSvcFlag uint32
 
 const (
-	tcSvcFlagSVC_F_AFFINITY tcSvcFlag = 1
-	tcSvcFlagSVC_F_REJECT   tcSvcFlag = 2
+	tcSvcFlagSVC_F_AFFINITY   tcSvcFlag = 1
+	tcSvcFlagSVC_F_REJECT     tcSvcFlag = 2
+	tcSvcFlagSVC_F_SRC_RANGES tcSvcFlag = 4
+	tcSvcFlagSVC_F_SRC_NODE   tcSvcFlag = 8
 )
 
 type tcSvcKey struct {
@@ -351,6 +362,8 @@ const (
 	tcMapTlbRegistry      = "tlb_registry"
 	tcMapTlbServices      = "tlb_services"
 	tcMapTlbSockRevnat    = "tlb_sock_revnat"
+	tcMapTlbSrcRangeDrops = "tlb_src_range_drops"
+	tcMapTlbSrcRanges     = "tlb_src_ranges"
 	tcMapTlbStats         = "tlb_stats"
 	tcProgTcLb            = "tc_lb"
 	tcProgTcLbEgress      = "tc_lb_egress"
@@ -412,19 +425,21 @@ type tcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
-	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // tcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -459,19 +474,21 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
-	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *tcMaps) Close() error {
@@ -488,6 +505,8 @@ func (m *tcMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

@@ -114,6 +114,15 @@ type Service struct {
 	// (tc, XDP; rate-limited, see RejectRate), or ECONNREFUSED from the
 	// socket call (host processes), counted as StatReject.
 	Reject bool
+	// SourceRanges, when not empty, are the only sources new flows may
+	// come from (loadBalancerSourceRanges); others are dropped, counted as
+	// StatDropSourceRange and per frontend (SourceRangeDrops). Masked IPv4
+	// prefixes. Established flows are never cut by a change.
+	SourceRanges []netip.Prefix
+	// SourceRangesNode lets the node's own processes (socket hooks) open
+	// flows despite SourceRanges: set it when a range holds the node's
+	// address, which their packets leave with.
+	SourceRangesNode bool
 }
 
 // The rate limit of rejects, shared with the datapath (enum
@@ -358,6 +367,10 @@ type Counters struct {
 	// Fragments counts IPv4 fragments, which pass untouched: they carry no
 	// ports (or only the first does) and cannot be translated statelessly.
 	Fragments uint64
+	// SourceRangeDrops counts, per frontend with Service.SourceRanges,
+	// the new flows refused for coming from outside them (since its id
+	// was assigned, or the ranges turned on).
+	SourceRangeDrops map[Frontend]uint64
 	// Stats holds every named datapath counter (Drops, ReverseNAT and
 	// Fragments included), by reason.
 	Stats map[Stat]uint64

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -73,7 +74,7 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 		if svc := d.fes[fe]; svc == nil {
 			err = d.create(t, fe, key, tg)
 		} else {
-			err = d.update(t, svc, tg)
+			err = d.updateWithRanges(t, svc, tg)
 		}
 		if err != nil {
 			return fmt.Errorf("set service %s: %w", fe, err)
@@ -103,6 +104,7 @@ type target struct {
 	active   []Backend // caller's order, duplicates dropped
 	draining []Backend
 	set      settings
+	ranges   []netip.Prefix // sorted
 }
 
 // normalizeService validates s and splits its backends by state. The same
@@ -112,7 +114,12 @@ func normalizeService(s Service) (target, error) {
 	if err != nil {
 		return target{}, err
 	}
-	tg := target{set: settings{affinity: aff, reject: s.Reject}}
+	ranges, err := normalizeRanges(s.SourceRanges)
+	if err != nil {
+		return target{}, err
+	}
+	tg := target{set: settings{affinity: aff, reject: s.Reject, srcRanges: len(ranges) > 0, srcNode: len(ranges) > 0 && s.SourceRangesNode},
+		ranges: ranges}
 	seen := make(map[netip.AddrPort]Backend, len(s.Backends))
 	for _, b := range s.Backends {
 		b, err := normalize(b)
@@ -281,13 +288,28 @@ func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
 		return fmt.Errorf("no free service id: %w", ErrMapFull)
 	}
 	// A new frontend is a rewrite of an empty one: buffer 0 is written,
-	// then "flipped" to by creating the service entry.
+	// then "flipped" to by creating the service entry. Its source ranges
+	// and a zero refusal count go in before.
 	s := &service{fe: fe, key: key, id: id, buffer: 1, members: make(map[netip.AddrPort]*member)}
-	p := planChange(s, tg)
-	committed, err := d.rewrite(t, s, p)
+	var err error
+	if tg.set.srcRanges {
+		err = d.resetRangeDrops(t, id)
+	}
+	if err == nil {
+		// A reused id may still hold prefixes a failed delete left.
+		err = d.pruneRanges(t, id, tg.ranges)
+	}
+	if err == nil {
+		err = d.putRanges(t, id, tg.ranges)
+	}
+	committed := false
+	if err == nil {
+		committed, err = d.rewrite(t, s, planChange(s, tg))
+	}
 	if !committed {
 		// Nothing is visible; delete what was written under the id
 		// before the id can be handed out again.
+		err = errors.Join(err, d.pruneRanges(t, id, nil))
 		d.trim(t, s, 0, 0)
 		if s.high[0] == 0 {
 			d.svcIDs.release(id)
@@ -296,6 +318,23 @@ func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
 	}
 	d.fes[fe] = s
 	return err
+}
+
+// updateWithRanges is update with the source ranges around it: prefixes
+// in before the service entry names them, out after (srcrange.go).
+func (d *Datapath) updateWithRanges(t *txn, s *service, tg target) error {
+	if err := d.putRanges(t, s.id, tg.ranges); err != nil {
+		return err
+	}
+	if tg.set.srcRanges && !s.set.srcRanges {
+		if err := d.resetRangeDrops(t, s.id); err != nil {
+			return err
+		}
+	}
+	if err := d.update(t, s, tg); err != nil {
+		return err
+	}
+	return d.pruneRanges(t, s.id, tg.ranges)
 }
 
 func (d *Datapath) update(t *txn, s *service, tg target) error {
@@ -776,6 +815,9 @@ func (d *Datapath) deleteFrontend(t *txn, fe Frontend) error {
 	}
 	d.trim(t, s, 0, 0)
 	d.trim(t, s, 1, 0)
+	if rerr := d.pruneRanges(t, s.id, nil); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 	// Slots that could not be deleted keep the service id until Load
 	// collects them.
 	if s.high == [2]uint32{} {

@@ -17,12 +17,18 @@ import (
 // kernelSlots counts the entries of the backends map.
 func kernelSlots(t *testing.T, d *Datapath) int {
 	t.Helper()
+	return countEntries[tcBackendKey, tcBackendValue](t, d.backends)
+}
+
+// countEntries counts the entries of m, whose keys are K and values V.
+func countEntries[K, V any](t *testing.T, m *ebpf.Map) int {
+	t.Helper()
 	var (
-		k tcBackendKey
-		v tcBackendValue
+		k K
+		v V
 		n int
 	)
-	it := d.backends.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}

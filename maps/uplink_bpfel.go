@@ -132,6 +132,13 @@ type uplinkSockRevnatValue struct {
 	Pad  uint16
 }
 
+type uplinkSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type uplinkSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -167,6 +174,8 @@ const (
 	uplinkMapTlbRegistry      = "tlb_registry"
 	uplinkMapTlbServices      = "tlb_services"
 	uplinkMapTlbSockRevnat    = "tlb_sock_revnat"
+	uplinkMapTlbSrcRangeDrops = "tlb_src_range_drops"
+	uplinkMapTlbSrcRanges     = "tlb_src_ranges"
 	uplinkMapTlbStats         = "tlb_stats"
 	uplinkProgTcUplink        = "tc_uplink"
 	uplinkProgTcUplinkLb      = "tc_uplink_lb"
@@ -228,19 +237,21 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -275,19 +286,21 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -304,6 +317,8 @@ func (m *uplinkMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

@@ -37,6 +37,9 @@ const (
 	// tlb_backend_stats (or the CPUs disagree), so its flows are not
 	// honoured.
 	DriftGeneration DriftKind = "generation"
+	// DriftSourceRange: tlb_src_ranges lacks a programmed prefix (its
+	// sources are refused) or holds one not programmed (let in).
+	DriftSourceRange DriftKind = "source_range"
 )
 
 // Drift is one disagreement between the kernel and the mirror.
@@ -82,6 +85,7 @@ func (d *Datapath) verify(k *kernelState) []Drift {
 	}
 	slices.SortFunc(unexpected, func(a, b Drift) int { return cmp.Compare(a.Frontend.String(), b.Frontend.String()) })
 	out = append(out, unexpected...)
+	out = append(out, d.verifyRanges(k)...)
 	retiring := make(map[uint32]bool, len(d.retire))
 	for _, r := range d.retire {
 		retiring[r.id] = true
@@ -218,6 +222,7 @@ func (d *Datapath) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Fron
 	var errs []error
 	reprogram := map[Frontend]bool{}
 	owners := d.owners()
+	fixedRanges := false
 	for _, dr := range rep.Found {
 		switch dr.Kind {
 		case DriftFrontendUnexpected:
@@ -241,6 +246,14 @@ func (d *Datapath) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Fron
 			}
 			rep.Regenerated = append(rep.Regenerated, dr.ID)
 			reprogram[s.fe] = true
+		case DriftSourceRange:
+			if fixedRanges {
+				continue
+			}
+			fixedRanges = true
+			if err := d.fixRanges(t, k); err != nil {
+				errs = append(errs, err)
+			}
 		case DriftRegistry:
 			if reprogram[dr.Frontend] {
 				continue // the reprogram rewrites it

@@ -132,6 +132,13 @@ type xdpSockRevnatValue struct {
 	Pad  uint16
 }
 
+type xdpSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Addr      uint32
+}
+
 type xdpSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -167,6 +174,8 @@ const (
 	xdpMapTlbRegistry      = "tlb_registry"
 	xdpMapTlbServices      = "tlb_services"
 	xdpMapTlbSockRevnat    = "tlb_sock_revnat"
+	xdpMapTlbSrcRangeDrops = "tlb_src_range_drops"
+	xdpMapTlbSrcRanges     = "tlb_src_ranges"
 	xdpMapTlbStats         = "tlb_stats"
 	xdpProgXdpLb           = "xdp_lb"
 	xdpVarCfgCtSrcBurst    = "cfg_ct_src_burst"
@@ -226,19 +235,21 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	RejectBudget    *ebpf.MapSpec `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.MapSpec `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.MapSpec `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.MapSpec `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.MapSpec `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.MapSpec `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.MapSpec `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.MapSpec `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.MapSpec `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.MapSpec `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.MapSpec `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.MapSpec `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.MapSpec `ebpf:"tlb_stats"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -273,19 +284,21 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	RejectBudget    *ebpf.Map `ebpf:"reject_budget"`
-	TlbAffinity     *ebpf.Map `ebpf:"tlb_affinity"`
-	TlbBackendStats *ebpf.Map `ebpf:"tlb_backend_stats"`
-	TlbBackends     *ebpf.Map `ebpf:"tlb_backends"`
-	TlbConntrack    *ebpf.Map `ebpf:"tlb_conntrack"`
-	TlbCtNew        *ebpf.Map `ebpf:"tlb_ct_new"`
-	TlbCtSrc        *ebpf.Map `ebpf:"tlb_ct_src"`
-	TlbIfaces       *ebpf.Map `ebpf:"tlb_ifaces"`
-	TlbMeta         *ebpf.Map `ebpf:"tlb_meta"`
-	TlbRegistry     *ebpf.Map `ebpf:"tlb_registry"`
-	TlbServices     *ebpf.Map `ebpf:"tlb_services"`
-	TlbSockRevnat   *ebpf.Map `ebpf:"tlb_sock_revnat"`
-	TlbStats        *ebpf.Map `ebpf:"tlb_stats"`
+	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
+	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
+	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
+	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
+	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
+	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
+	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
+	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
+	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
+	TlbSrcRanges     *ebpf.Map `ebpf:"tlb_src_ranges"`
+	TlbStats         *ebpf.Map `ebpf:"tlb_stats"`
 }
 
 func (m *xdpMaps) Close() error {
@@ -302,6 +315,8 @@ func (m *xdpMaps) Close() error {
 		m.TlbRegistry,
 		m.TlbServices,
 		m.TlbSockRevnat,
+		m.TlbSrcRangeDrops,
+		m.TlbSrcRanges,
 		m.TlbStats,
 	)
 }

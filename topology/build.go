@@ -15,9 +15,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
+// LabelServiceProxyName names the proxy that serves a Service. kube-proxy
+// skips every Service that carries it, whatever its value (its Service
+// watch selects !service.kubernetes.io/service-proxy-name), and so does
+// topolb: another proxy serves such a Service. kube.Watch filters with the
+// same selector; SkipReason decides the same for manifests and explain.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
 // Errors ServicePorts returns for Services topolb does not proxy. Callers
-// branch on them with errors.Is: ErrNotProxied is normal (headless and
-// ExternalName Services), ErrNoIPv4 deserves a warning.
+// branch on them with errors.Is: ErrNotProxied is normal (the Services
+// kube-proxy skips, see SkipReason), ErrNoIPv4 deserves a warning.
 var (
 	ErrNotProxied = errors.New("service is not proxied")
 	ErrNoIPv4     = errors.New("service has no IPv4 cluster IP")
@@ -46,20 +53,23 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	warn(w)
 	externalIPs, lbIPs, ws := externalFrontendIPs(svc)
 	warn(ws...)
+	sourceRanges, ws := loadBalancerSourceRanges(svc)
+	warn(ws...)
 	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
 	external := hasNodePort(svc) || len(externalIPs) > 0 || len(lbIPs) > 0
 	// Every port of svc shares these fields.
 	shared := ServicePort{
-		Service:              nn,
-		Created:              svc.CreationTimestamp.Time,
-		ClusterIP:            clusterIP,
-		ExternalIPs:          externalIPs,
-		LoadBalancerIPs:      lbIPs,
-		ExternallyAccessible: external,
-		InternalPolicyLocal:  svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
-		ExternalPolicyLocal:  external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		Affinity:             affinity,
-		Annotations:          topolbAnnotations(svc),
+		Service:                  nn,
+		Created:                  svc.CreationTimestamp.Time,
+		ClusterIP:                clusterIP,
+		ExternalIPs:              externalIPs,
+		LoadBalancerIPs:          lbIPs,
+		LoadBalancerSourceRanges: sourceRanges,
+		ExternallyAccessible:     external,
+		InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+		ExternalPolicyLocal:      external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+		Affinity:                 affinity,
+		Annotations:              topolbAnnotations(svc),
 	}
 	var ports []ServicePort
 	for i, sp := range svc.Spec.Ports {
@@ -78,16 +88,35 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	return ports, warnings, nil
 }
 
-// proxiedClusterIP returns svc's IPv4 cluster IP, or why topolb does not
-// proxy svc: an error wrapping ErrNotProxied (ExternalName, headless),
-// ErrNoIPv4 (no IPv4 cluster IP) or ErrUnusableAddress (a cluster IP that
-// cannot be a frontend).
-func proxiedClusterIP(svc *v1.Service, nn types.NamespacedName) (netip.Addr, error) {
+// SkipReason says why svc is one of the Services kube-proxy v1.37 does not
+// proxy, in kube-proxy's order, or returns "" when it proxies it:
+//   - labelled service.kubernetes.io/service-proxy-name, any value (its
+//     watch's label selector);
+//   - headless, clusterIP None (its watch's field selector);
+//   - without a cluster IP, then of type ExternalName
+//     (proxyutil.ShouldSkipService).
+func SkipReason(svc *v1.Service) string {
+	if name, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return fmt.Sprintf("labelled %s=%s: another proxy serves it", LabelServiceProxyName, quoteBounded(name))
+	}
 	switch {
-	case svc.Spec.Type == v1.ServiceTypeExternalName:
-		return netip.Addr{}, fmt.Errorf("%s: type ExternalName: %w", nn, ErrNotProxied)
 	case svc.Spec.ClusterIP == v1.ClusterIPNone:
-		return netip.Addr{}, fmt.Errorf("%s: headless: %w", nn, ErrNotProxied)
+		return "headless (clusterIP None): DNS serves it"
+	case svc.Spec.ClusterIP == "":
+		return "no cluster IP"
+	case svc.Spec.Type == v1.ServiceTypeExternalName:
+		return "type ExternalName: DNS serves it"
+	}
+	return ""
+}
+
+// proxiedClusterIP returns svc's IPv4 cluster IP, or why topolb does not
+// proxy svc: an error wrapping ErrNotProxied (SkipReason), ErrNoIPv4 (no
+// IPv4 cluster IP) or ErrUnusableAddress (a cluster IP that cannot be a
+// frontend).
+func proxiedClusterIP(svc *v1.Service, nn types.NamespacedName) (netip.Addr, error) {
+	if reason := SkipReason(svc); reason != "" {
+		return netip.Addr{}, fmt.Errorf("%s: %s: %w", nn, reason, ErrNotProxied)
 	}
 	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
 	if !ok {
@@ -123,6 +152,33 @@ func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs []netip.Addr, warn
 		}
 	}
 	return externalIPs, lbIPs, warnings
+}
+
+// loadBalancerSourceRanges returns svc's IPv4 loadBalancerSourceRanges as
+// kube-proxy's IPv4 proxier uses them: each trimmed of spaces (the API's
+// validation lets them through), IPv6 ones left out, masked; nil when
+// there are none or one allows everything (/0). A range that is not a
+// prefix is left out with a warning (the apiserver refuses them; manifests
+// may hold them).
+func loadBalancerSourceRanges(svc *v1.Service) ([]netip.Prefix, []string) {
+	var out []netip.Prefix
+	var warnings []string
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		switch {
+		case err != nil:
+			warnings = append(warnings, fmt.Sprintf("loadBalancerSourceRange %s is not a prefix: left out", quoteBounded(s)))
+		case !p.Addr().Unmap().Is4():
+		case p.Bits() == 0:
+			return nil, warnings
+		default:
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out, warnings
 }
 
 // hasNodePort reports whether any port of svc has a nodePort.
@@ -239,6 +295,12 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 			out.Ready = c.Status
 			break
 		}
+	}
+	switch {
+	case n.DeletionTimestamp != nil:
+		out.Leaving = "being deleted"
+	case slices.ContainsFunc(n.Spec.Taints, func(t v1.Taint) bool { return t.Key == ToBeDeletedTaint }):
+		out.Leaving = "tainted " + ToBeDeletedTaint
 	}
 	return out
 }

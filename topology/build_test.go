@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -49,7 +50,15 @@ func TestServicePorts(t *testing.T) {
 		{name: "dual-stack IPv6 primary uses the IPv4 secondary", svc: svc(func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
 		}), ports: 1},
-		{name: "no cluster IP", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNoIPv4},
+		{name: "no cluster IP is not proxied (kube-proxy's ShouldSkipService)", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNotProxied},
+		{name: "service-proxy-name naming another proxy is not proxied",
+			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"} }), err: ErrNotProxied},
+		{name: "service-proxy-name with an empty value is not proxied either (kube-proxy selects on the key)",
+			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: ""} }), err: ErrNotProxied},
+		{name: "other service.kubernetes.io labels do not matter",
+			svc: svc(func(s *v1.Service) {
+				s.Labels = map[string]string{v1.IsHeadlessService: "", "service.kubernetes.io/other": "x"}
+			}), ports: 1},
 		{name: "eTP Local ignored when not externally accessible",
 			svc:   svc(func(s *v1.Service) { s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal }),
 			ports: 1},
@@ -282,5 +291,97 @@ func TestEndpointHintsAndConditions(t *testing.T) {
 	}
 	if eps[1].ZoneHints != nil || eps[1].NodeHints != nil {
 		t.Errorf("empty hints must be nil: %+v", eps[1])
+	}
+}
+
+// TestSkipReason: the reason names kube-proxy's first filter that skips the
+// Service, in kube-proxy's order (label selector, field selector,
+// ShouldSkipService).
+func TestSkipReason(t *testing.T) {
+	cases := []struct {
+		name string
+		svc  *v1.Service
+		// want is a prefix of the reason; "" means proxied.
+		want string
+	}{
+		{name: "proxied", svc: svc(nil), want: ""},
+		{name: "label before headless", svc: svc(func(s *v1.Service) {
+			s.Labels = map[string]string{LabelServiceProxyName: "cilium"}
+			s.Spec.ClusterIP = v1.ClusterIPNone
+		}), want: `labelled service.kubernetes.io/service-proxy-name="cilium"`},
+		{name: "headless", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP = v1.ClusterIPNone }), want: "headless"},
+		{name: "no cluster IP before ExternalName", svc: svc(func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.Type = "", v1.ServiceTypeExternalName
+		}), want: "no cluster IP"},
+		{name: "ExternalName with a stale cluster IP", svc: svc(func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName }), want: "type ExternalName"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := SkipReason(tc.svc)
+			if tc.want == "" && got != "" || !strings.HasPrefix(got, tc.want) {
+				t.Errorf("SkipReason = %q, want %q...", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestNodeLeaving: a node is leaving when kube-proxy's NodeEligible says it
+// is not eligible: being deleted, or tainted by the cluster autoscaler
+// (any value, any effect).
+func TestNodeLeaving(t *testing.T) {
+	now := metav1.Now()
+	cases := []struct {
+		name string
+		node v1.Node
+		want string
+	}{
+		{"plain", v1.Node{}, ""},
+		{"other taints", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "node.kubernetes.io/unschedulable", Effect: v1.TaintEffectNoSchedule}}}}, ""},
+		{"autoscaler taint", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: ToBeDeletedTaint, Value: "1700000000", Effect: v1.TaintEffectNoSchedule}}}}, "tainted " + ToBeDeletedTaint},
+		{"autoscaler taint, PreferNoSchedule", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: ToBeDeletedTaint, Effect: v1.TaintEffectPreferNoSchedule}}}}, "tainted " + ToBeDeletedTaint},
+		{"being deleted", v1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}, "being deleted"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.node.Name = "n1"
+			if got := NodeFromObject(&tc.node, nil).Leaving; got != tc.want {
+				t.Errorf("Leaving = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLoadBalancerSourceRanges: the ranges as kube-proxy's IPv4 proxier
+// takes them.
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	cases := []struct {
+		name   string
+		ranges []string
+		// want are the prefixes; nil: every source.
+		want     []string
+		warnings int
+	}{
+		{"none", nil, nil, 0},
+		{"trimmed and masked", []string{" 10.0.0.0/8 ", "192.0.2.7/24"}, []string{"10.0.0.0/8", "192.0.2.0/24"}, 0},
+		{"IPv6 ranges are the IPv6 proxier's", []string{"2001:db8::/32", "203.0.113.0/24"}, []string{"203.0.113.0/24"}, 0},
+		{"only IPv6: no IPv4 restriction", []string{"2001:db8::/32"}, nil, 0},
+		{"a /0 allows everything", []string{"203.0.113.0/24", "0.0.0.0/0"}, nil, 0},
+		{"duplicates once", []string{"203.0.113.0/24", "203.0.113.9/24"}, []string{"203.0.113.0/24"}, 0},
+		{"not a prefix: warned and left out", []string{"203.0.113.1", "198.51.100.0/24"}, []string{"198.51.100.0/24"}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ports, warnings, err := ServicePorts(svc(func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = tc.ranges }))
+			if err != nil || len(ports) != 1 {
+				t.Fatalf("ServicePorts: %v, %d ports", err, len(ports))
+			}
+			var got []string
+			for _, p := range ports[0].LoadBalancerSourceRanges {
+				got = append(got, p.String())
+			}
+			if !slices.Equal(got, tc.want) || len(warnings) != tc.warnings {
+				t.Errorf("ranges %v, warnings %q; want %v and %d warnings", got, warnings, tc.want, tc.warnings)
+			}
+		})
 	}
 }

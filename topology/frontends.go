@@ -182,6 +182,32 @@ type Frontend struct {
 	BackendSet
 }
 
+// SourceRanges returns the only sources new flows to f may come from, nil
+// for any, and whether the node's own processes pass, as kube-proxy
+// enforces loadBalancerSourceRanges: on load-balancer IPs only (not on
+// NodePorts, externalIPs or cluster IPs), in both scopes. The node passes
+// when a range holds its primary address (its first InternalIP, else its
+// first ExternalIP, as kube-proxy's node IP); the load-balancer IPs
+// themselves are then allowed sources too (kube-proxy's allowFromNode: a
+// node's request to a VIP it holds locally loops back from the VIP).
+func (f Frontend) SourceRanges(node Node) (ranges []netip.Prefix, nodePasses bool) {
+	rs := f.Port.LoadBalancerSourceRanges
+	if f.Kind != KindLoadBalancerIP || len(rs) == 0 {
+		return nil, false
+	}
+	primary, ok := node.primaryAddr()
+	nodePasses = ok && slices.ContainsFunc(rs, func(p netip.Prefix) bool { return p.Contains(primary) })
+	ranges = slices.Clone(rs)
+	if nodePasses {
+		for _, ip := range f.Port.LoadBalancerIPs {
+			if p := netip.PrefixFrom(ip, 32); !slices.Contains(ranges, p) {
+				ranges = append(ranges, p)
+			}
+		}
+	}
+	return ranges, nodePasses
+}
+
 // Key identifies a frontend in the datapath: two claims on one Key are a
 // conflict.
 type Key struct {

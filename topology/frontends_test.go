@@ -365,3 +365,44 @@ func TestReadsAffected(t *testing.T) {
 		})
 	}
 }
+
+// TestFrontendSourceRanges: source ranges apply to load-balancer IPs only,
+// and the node's processes pass when a range holds the node's primary
+// address, which also allows the load-balancer IPs as sources (kube-proxy's
+// allowFromNode).
+func TestFrontendSourceRanges(t *testing.T) {
+	ranges := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("203.0.113.0/24")}
+	lbIP := netip.MustParseAddr("198.51.100.20")
+	port := ServicePort{LoadBalancerIPs: []netip.Addr{lbIP}, LoadBalancerSourceRanges: ranges}
+	node := func(addrs ...NodeAddress) Node { return Node{Name: "n1", Addresses: addrs} }
+	internal := func(a string) NodeAddress { return NodeAddress{Type: v1.NodeInternalIP, Addr: netip.MustParseAddr(a)} }
+	external := func(a string) NodeAddress { return NodeAddress{Type: v1.NodeExternalIP, Addr: netip.MustParseAddr(a)} }
+	cases := []struct {
+		name string
+		kind FrontendKind
+		node Node
+		// want are the ranges; nil: any source.
+		want       []netip.Prefix
+		nodePasses bool
+	}{
+		{"NodePort: not restricted", KindNodePort, node(internal("10.0.0.5")), nil, false},
+		{"externalIP: not restricted", KindExternalIP, node(internal("10.0.0.5")), nil, false},
+		{"cluster IP: not restricted", KindClusterIP, node(internal("10.0.0.5")), nil, false},
+		{"LB IP, node inside a range", KindLoadBalancerIP, node(internal("10.0.0.5")), append(slices.Clone(ranges), netip.PrefixFrom(lbIP, 32)), true},
+		{"LB IP, node outside", KindLoadBalancerIP, node(internal("10.9.0.5")), ranges, false},
+		{"LB IP, the primary address is the first InternalIP", KindLoadBalancerIP, node(external("203.0.113.5"), internal("10.9.0.5")), ranges, false},
+		{"LB IP, ExternalIP when no InternalIP", KindLoadBalancerIP, node(external("203.0.113.5")), append(slices.Clone(ranges), netip.PrefixFrom(lbIP, 32)), true},
+		{"LB IP, node without addresses", KindLoadBalancerIP, node(), ranges, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, nodePasses := Frontend{Kind: tc.kind, Port: port}.SourceRanges(tc.node)
+			if !slices.Equal(got, tc.want) || nodePasses != tc.nodePasses {
+				t.Errorf("SourceRanges = %v, %v; want %v, %v", got, nodePasses, tc.want, tc.nodePasses)
+			}
+		})
+	}
+	if got, _ := (Frontend{Kind: KindLoadBalancerIP, Port: ServicePort{LoadBalancerIPs: []netip.Addr{lbIP}}}).SourceRanges(node(internal("10.0.0.5"))); got != nil {
+		t.Errorf("no ranges: %v, want nil (any source)", got)
+	}
+}

@@ -89,13 +89,36 @@ type Node struct {
 	// Addresses are the node's IPv4 addresses from status.addresses, in
 	// order, with their types; NodePort frontends are chosen among them.
 	Addresses []NodeAddress
+	// Leaving says why the node is leaving the cluster, "" when it is not:
+	// it is being deleted (deletionTimestamp), or the cluster autoscaler
+	// has tainted it ToBeDeletedTaint. No decision reads it; the proxy
+	// health server's /healthz fails for such a node, as kube-proxy's
+	// (NodeEligible), so load balancers drain it.
+	Leaving string
 }
+
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node
+// before it deletes it (kube-proxy's healthcheck.ToBeDeletedTaint).
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // NodeAddress is one IPv4 address of a node and its type (InternalIP,
 // ExternalIP, ...).
 type NodeAddress struct {
 	Type v1.NodeAddressType
 	Addr netip.Addr
+}
+
+// primaryAddr returns the node's first InternalIP, else its first
+// ExternalIP: kube-proxy's node IP.
+func (n Node) primaryAddr() (netip.Addr, bool) {
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range n.Addresses {
+			if a.Type == t {
+				return a.Addr, true
+			}
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // Zone returns the node's topology.kubernetes.io/zone label, or "".
@@ -161,6 +184,12 @@ type ServicePort struct {
 	// LoadBalancerIPs are the IPv4 load-balancer ingress IPs whose ipMode is
 	// not Proxy.
 	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges are the IPv4 prefixes of
+	// spec.loadBalancerSourceRanges, as kube-proxy's IPv4 proxier takes
+	// them (trimmed, masked; nil when there are none or one is /0, which
+	// allows everything): the only sources new flows to LoadBalancerIPs
+	// may come from (Frontend.SourceRanges).
+	LoadBalancerSourceRanges []netip.Prefix
 	// ExternallyAccessible is true when any port of the Service has a
 	// nodePort, the Service has IPv4 externalIPs, or it has an IPv4
 	// load-balancer ingress IP whose ipMode is not Proxy.

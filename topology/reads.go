@@ -34,7 +34,9 @@ type NodeReads struct {
 
 // Reads returns what the port's decision and frontends read of the Nodes.
 func (p ServicePort) Reads() NodeReads {
-	r := NodeReads{SelfAddresses: p.NodePort != 0}
+	// NodePort frontends and the node's pass through source ranges
+	// (Frontend.SourceRanges) read this node's addresses.
+	r := NodeReads{SelfAddresses: p.NodePort != 0 || len(p.LoadBalancerSourceRanges) > 0 && len(p.LoadBalancerIPs) > 0}
 	if !p.UsesClusterEndpoints() {
 		return r
 	}

@@ -23,6 +23,17 @@ type Report struct {
 	// Warnings name what was left out: objects, fields and frontends.
 	// Never null.
 	Warnings []string `json:"warnings"`
+	// Skipped are the Services not proxied at all, as kube-proxy skips
+	// them (SkipReason), sorted by service; omitted when none.
+	Skipped []SkippedService `json:"skipped,omitempty"`
+}
+
+// SkippedService is a Service neither topolb nor kube-proxy proxies.
+type SkippedService struct {
+	// Service is "namespace/name".
+	Service string `json:"service"`
+	// Reason is SkipReason's.
+	Reason string `json:"reason"`
 }
 
 // PortReport is one service port's decision in a Report.
@@ -105,6 +116,12 @@ type FrontendReport struct {
 	AffinityTimeoutSeconds int32  `json:"affinityTimeoutSeconds"`
 	// WhenEmpty is "reject" or "drop", as PortReport's.
 	WhenEmpty EmptyAction `json:"whenEmpty"`
+	// SourceRanges are the only sources new flows may come from
+	// (loadBalancerSourceRanges, load-balancer IPs only), as prefixes;
+	// omitted for any source. NodePasses says the node's own processes
+	// pass (a range holds its address).
+	SourceRanges []string `json:"sourceRanges,omitempty"`
+	NodePasses   bool     `json:"nodePasses,omitempty"`
 }
 
 // NewReport turns decisions for node into a Report, with the frontends
@@ -135,7 +152,13 @@ func WalkReport(node Node, ds []PortDecision, opts Options, service func(PortRep
 	}
 	fes, warnings := NodeFrontends(node, ds, opts)
 	for _, f := range fes {
+		ranges, nodePasses := f.SourceRanges(node)
+		var rangeNames []string
+		for _, p := range ranges {
+			rangeNames = append(rangeNames, p.String())
+		}
 		frontend(FrontendReport{
+			SourceRanges: rangeNames, NodePasses: nodePasses,
 			Address: f.Addr.String(), Protocol: string(f.Protocol), Scope: f.Scope, Kind: f.Kind,
 			Service: f.Port.Service.String(), Port: f.Port.Name,
 			Backends: addrs(f.Backends), Weights: weightMap(f.Backends, f.Weights), DrainingBackends: addrs(f.Draining),
@@ -155,6 +178,10 @@ func (r Report) Only(nn types.NamespacedName) Report {
 	out.Services = slices.DeleteFunc(slices.Clone(r.Services), func(p PortReport) bool { return p.Service != name })
 	out.Frontends = slices.DeleteFunc(slices.Clone(r.Frontends), func(f FrontendReport) bool { return f.Service != name })
 	out.Warnings = slices.DeleteFunc(slices.Clone(r.Warnings), func(w string) bool { return !strings.HasPrefix(w, name+": ") })
+	out.Skipped = slices.DeleteFunc(slices.Clone(r.Skipped), func(s SkippedService) bool { return s.Service != name })
+	if len(out.Skipped) == 0 {
+		out.Skipped = nil
+	}
 	return out
 }
 

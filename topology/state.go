@@ -171,6 +171,19 @@ func (s *State) Node(name string) (Node, []string) {
 	return n, warnings
 }
 
+// Skipped lists the Services that are not proxied (SkipReason), sorted by
+// service; nil when there are none.
+func (s *State) Skipped() []SkippedService {
+	var out []SkippedService
+	for nn, svc := range s.Services {
+		if reason := SkipReason(svc); reason != "" {
+			out = append(out, SkippedService{Service: nn.String(), Reason: reason})
+		}
+	}
+	slices.SortFunc(out, func(a, b SkippedService) int { return cmp.Compare(a.Service, b.Service) })
+	return out
+}
+
 // DecideNode decides every proxied port of every Service for nodeName. The
 // result is sorted by service, port name and protocol. Warnings name what was
 // skipped; they never stop the other decisions.

@@ -45,6 +45,7 @@ type flags struct {
 	nodeIP         string
 	healthAddress  string
 	healthTimeout  time.Duration
+	proxyHealth    string
 	allowEmpty     bool
 	maxFrontends   uint32
 	maxBackends    uint32
@@ -87,7 +88,13 @@ one to switch atomically.
 
 /healthz answers 503 when a change has waited longer than --health-timeout
 for the maps, or one sync has run longer (the sync loop is stuck); /readyz
-answers 200 once the first full sync is in the maps.`,
+answers 200 once the first full sync is in the maps.
+
+--healthz-bind-address serves kube-proxy's proxy health server (port 10256
+by default, as kube-proxy): /livez as the /healthz above, and /healthz also
+503 while this node is being deleted or carries the cluster autoscaler's
+ToBeDeletedByClusterAutoscaler taint, so load balancers drain it. Beside
+kube-proxy, which listens there, pass it empty or another port.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -110,6 +117,7 @@ answers 200 once the first full sync is in the maps.`,
 	fl.BoolVar(&f.metricsNodeIP, "metrics-on-node-ip", false, "serve /metrics on --node-ip at the port of --metrics-address instead, so Prometheus can scrape it over the network: opt in only where every client that reaches the node may read service names and traffic counters")
 	fl.StringVar(&f.nodeIP, "node-ip", os.Getenv("NODE_IP"), "this node's IP address, for --metrics-on-node-ip (default $NODE_IP)")
 	fl.StringVar(&f.healthAddress, "health-address", "127.0.0.1:9966", "address serving /healthz, /readyz and /debug/state (empty disables)")
+	fl.StringVar(&f.proxyHealth, "healthz-bind-address", agent.DefaultProxyHealthAddress, "address of the proxy health server, kube-proxy's flag of that name: /healthz (503 when the sync loop is behind or this node is being deleted or tainted ToBeDeletedByClusterAutoscaler; cloud load balancers probe it) and /livez; empty disables, and beside kube-proxy, which serves this port, it must be empty or another port")
 	fl.DurationVar(&f.healthTimeout, "health-timeout", agent.DefaultHealthTimeout, "/healthz fails when a change has waited longer than this for the maps, or one sync has run longer (kube-proxy: 2 × its 30 s sync period)")
 	fl.Uint32Var(&f.maxFrontends, "max-frontends", maps.DefaultMaxFrontends, "capacity of the services map (frontends)")
 	fl.Uint32Var(&f.maxBackends, "max-backends", maps.DefaultMaxBackends, "capacity of the backends map (sum of backends over frontends)")
@@ -166,7 +174,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	a, reg, closeAgent := newAgent(log, f, s.options, client, dp)
 	defer closeAgent()
-	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, reg, a); err != nil {
+	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, f.proxyHealth, reg, a); err != nil {
 		return err
 	}
 	tracker := kube.NewTracker()
@@ -359,10 +367,11 @@ func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernete
 	return a, reg, closeAll
 }
 
-// startServers serves /metrics at metricsAddress and the health endpoints
-// at healthAddress (an empty address serves nothing) until ctx is done; the
-// error says which could not listen.
-func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthAddress string, reg *prometheus.Registry, a *agent.Agent) error {
+// startServers serves /metrics at metricsAddress, the agent's health
+// endpoints at healthAddress and kube-proxy's at proxyHealthAddress (an
+// empty address serves nothing) until ctx is done; the error says which
+// could not listen (kube-proxy, too, exits when its health server cannot).
+func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthAddress, proxyHealthAddress string, reg *prometheus.Registry, a *agent.Agent) error {
 	if metricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -372,6 +381,11 @@ func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthA
 	}
 	if healthAddress != "" {
 		if err := serve(ctx, log, "health", healthAddress, a.HealthHandler()); err != nil {
+			return err
+		}
+	}
+	if proxyHealthAddress != "" {
+		if err := serve(ctx, log, "proxy health (--healthz-bind-address; beside kube-proxy, leave it empty or take another port)", proxyHealthAddress, a.ProxyHealthHandler()); err != nil {
 			return err
 		}
 	}

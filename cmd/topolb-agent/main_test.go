@@ -135,8 +135,14 @@ func newBed(t *testing.T) *bed {
 // writeManifest replaces the manifest by rename, as editors and ConfigMap
 // volume updates do.
 func (b *bed) writeManifest(hint1, hint2 string) {
+	b.writeRaw(manifest, hint1, hint2)
+}
+
+// writeRaw is writeManifest of another template with manifest's two hint
+// verbs.
+func (b *bed) writeRaw(template, hint1, hint2 string) {
 	tmp := b.manifest + ".tmp"
-	must(b.t, os.WriteFile(tmp, []byte(fmt.Sprintf(manifest, hint1, hint2)), 0o644))
+	must(b.t, os.WriteFile(tmp, []byte(fmt.Sprintf(template, hint1, hint2)), 0o644))
 	must(b.t, os.Rename(tmp, b.manifest))
 }
 

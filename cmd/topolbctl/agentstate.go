@@ -87,6 +87,10 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 			}); len(extra) > 0 {
 				marks = append(marks, fmt.Sprintf("MISMATCH: draining %v, which the decision does not keep", extra))
 			}
+			programmed, decided := slices.Sorted(slices.Values(got.SourceRanges)), slices.Sorted(slices.Values(want.SourceRanges))
+			if !slices.Equal(programmed, decided) || got.NodePasses != want.NodePasses {
+				marks = append(marks, fmt.Sprintf("MISMATCH: source ranges %v (node passes: %v), decided %v (%v)", programmed, got.NodePasses, decided, want.NodePasses))
+			}
 		}
 		for _, p := range got.Problems {
 			marks = append(marks, "PROBLEM: "+cell(p, maxText))

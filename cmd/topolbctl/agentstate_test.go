@@ -34,7 +34,7 @@ func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
 	out := map[dpmaps.Frontend]dpmaps.ProgrammedService{}
 	for fe, s := range m {
-		ps := dpmaps.ProgrammedService{Affinity: s.Affinity, Reject: s.Reject}
+		ps := dpmaps.ProgrammedService{Affinity: s.Affinity, Reject: s.Reject, SourceRanges: s.SourceRanges, SourceRangesNode: s.SourceRangesNode}
 		for _, b := range s.Backends {
 			ps.Backends = append(ps.Backends, dpmaps.ProgrammedBackend{Backend: b})
 		}
@@ -169,5 +169,42 @@ func TestExplainAgentRefusesOtherInputs(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr.String(), flag[0]+" does not apply with --agent") {
 			t.Errorf("%v: exit %d, stderr %q; want a usage error naming %s", args, code, stderr.String(), flag[0])
 		}
+	}
+}
+
+// TestExplainAgentSourceRanges: explain --agent shows no mismatch while the
+// maps hold the decided source ranges of testdata/frontends.yaml's
+// load-balancer IP, and flags one when they hold others.
+func TestExplainAgentSourceRanges(t *testing.T) {
+	dp := memDP{}
+	a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, dp)
+	tr := kube.NewTracker()
+	w := &kube.FileWatcher{Path: "testdata/frontends.yaml", Tracker: tr}
+	if err := w.Load(); err != nil {
+		t.Fatal(err)
+	}
+	a.Apply(tr.Drain())
+	srv := httptest.NewServer(a.HealthHandler())
+	defer srv.Close()
+	explain := func() string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		return stdout.String()
+	}
+	if out := explain(); strings.Contains(out, "MISMATCH") || !strings.Contains(out, "203.0.113.0/24 192.0.2.0/25") {
+		t.Errorf("want the ranges listed and no mismatch:\n%s", out)
+	}
+	fe := dpmaps.Frontend{Addr: netip.MustParseAddrPort("198.51.100.20:80"), Proto: dpmaps.TCP, Scope: dpmaps.ScopeExternal}
+	s, ok := dp[fe]
+	if !ok || len(s.SourceRanges) != 2 {
+		t.Fatalf("%s programmed %+v (%v), want two source ranges", fe, s, ok)
+	}
+	s.SourceRanges = s.SourceRanges[:1]
+	dp[fe] = s
+	if out := explain(); !strings.Contains(out, "MISMATCH: source ranges [203.0.113.0/24] (node passes: false), decided [192.0.2.0/25 203.0.113.0/24] (false)") {
+		t.Errorf("a lost range not flagged:\n%s", out)
 	}
 }

@@ -96,6 +96,7 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 	ds, warnings := state.DecideNode(node, opts)
 	n, _ := state.Node(node)
 	report := topology.NewReportOptions(n, ds, opts)
+	report.Skipped = state.Skipped()
 	if filter != nil {
 		report = report.Only(*filter)
 		warnings = nil
@@ -105,7 +106,8 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 		_, w := state.DecideService(node, *filter, opts)
 		warnings = append(warnings, w...)
 	}
-	report.Warnings = append(warnings, report.Warnings...)
+	// Never null, as the JSON contract says.
+	report.Warnings = append(append([]string{}, warnings...), report.Warnings...)
 	return report
 }
 
@@ -153,13 +155,46 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(r.Frontends) == 0 {
-		return nil
+	if err := printFrontends(w, r.Frontends); err != nil {
+		return err
 	}
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY")
-	for _, f := range r.Frontends {
+	if err := printSourceRanges(w, r.Frontends); err != nil {
+		return err
+	}
+	return printSkipped(w, r.Skipped)
+}
+
+// printSourceRanges lists the frontends that take new flows only from
+// some sources (loadBalancerSourceRanges), nothing when none does.
+func printSourceRanges(w io.Writer, frontends []topology.FrontendReport) error {
+	var rows [][]string
+	for _, f := range frontends {
+		if len(f.SourceRanges) == 0 {
+			continue
+		}
+		node := "refused"
+		if f.NodePasses {
+			node = "pass"
+		}
+		rows = append(rows, []string{f.Address + "/" + f.Protocol, string(f.Scope), strings.Join(f.SourceRanges, " "), node})
+	}
+	return printSection(w, "FRONTEND\tSCOPE\tONLY FROM (loadBalancerSourceRanges)\tTHIS NODE'S PROCESSES", rows)
+}
+
+// printSkipped lists the Services not proxied, as kube-proxy skips them,
+// with the reason.
+func printSkipped(w io.Writer, skipped []topology.SkippedService) error {
+	rows := make([][]string, 0, len(skipped))
+	for _, s := range skipped {
+		rows = append(rows, []string{cell(s.Service, maxName), cell(s.Reason, maxText)})
+	}
+	return printSection(w, "NOT PROXIED\tWHY (kube-proxy skips it too)", rows)
+}
+
+// printFrontends prints the frontends table, nothing when there are none.
+func printFrontends(w io.Writer, frontends []topology.FrontendReport) error {
+	rows := make([][]string, 0, len(frontends))
+	for _, f := range frontends {
 		port := f.Port
 		if port == "" {
 			port = "-"
@@ -168,8 +203,23 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 		if affinity == "ClientIP" {
 			affinity += fmt.Sprintf(" %ds", f.AffinityTimeoutSeconds)
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", f.Address, f.Protocol, f.Scope, f.Kind, cell(f.Service, maxName), cell(port, maxName),
-			frontendBackends(f), len(f.DrainingBackends), affinity)
+		rows = append(rows, []string{f.Address + "/" + f.Protocol, string(f.Scope), string(f.Kind), cell(f.Service, maxName), cell(port, maxName),
+			frontendBackends(f), fmt.Sprint(len(f.DrainingBackends)), affinity})
+	}
+	return printSection(w, "FRONTEND\tSCOPE\tKIND\tSERVICE\tPORT\tBACKENDS\tDRAINING\tAFFINITY", rows)
+}
+
+// printSection prints a blank line and a table of header (tab-separated)
+// and rows, or nothing when there are no rows.
+func printSection(w io.Writer, header string, rows [][]string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
 }

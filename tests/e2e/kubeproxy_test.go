@@ -64,6 +64,11 @@ func hintServices(t *testing.T) []testbed.ServiceSpec {
 		testbed.ServiceSpec{Name: "all-terminating", ClusterIP: "10.96.1.4", Ports: ports, Endpoints: []testbed.EndpointSpec{
 			ep("web-a1", testbed.Terminating, ""), ep("web-b2", testbed.Terminating, ""), ep("web-c1", testbed.NotReady, "")}},
 		testbed.ServiceSpec{Name: "empty", ClusterIP: "10.96.1.5", Ports: ports},
+		// Another proxy's: neither programs it (a frontend either
+		// programs is one no service port has, a difference).
+		testbed.ServiceSpec{Name: "other-proxy", ClusterIP: "10.96.1.8", Ports: ports, Hints: testbed.HintsZone,
+			Labels:    map[string]string{topology.LabelServiceProxyName: "other-proxy"},
+			Endpoints: []testbed.EndpointSpec{ep("web-a1", "", ""), ep("web-b1", "", "")}},
 		// Externally reachable: topology applies to externalTrafficPolicy
 		// Cluster; Local keeps external traffic on the node's endpoints
 		// while traffic from inside uses the cluster set.
@@ -101,7 +106,9 @@ func TestKubeProxyAgrees(t *testing.T) {
 	// The apiserver's default/kubernetes Service has one port.
 	wantPorts := 1
 	for _, s := range svcs {
-		wantPorts += len(s.Ports)
+		if _, other := s.Labels[topology.LabelServiceProxyName]; !other {
+			wantPorts += len(s.Ports)
+		}
 	}
 	for _, mode := range []testbed.KubeProxyMode{testbed.KubeProxyNFTables, testbed.KubeProxyIPTables} {
 		t.Run(string(mode), func(t *testing.T) {

@@ -153,6 +153,9 @@ install_topolb() {
 		[[ -n $cp ]] || die "no control plane address"
 		grep -q 'TOPOLB_APISERVER: ""' "$WORK/topolb.yaml" || die "deploy/configmap.yaml TOPOLB_APISERVER changed; update this script"
 		sed -i "s#TOPOLB_APISERVER: \"\"#TOPOLB_APISERVER: \"$cp:6443\"#" "$WORK/topolb.yaml"
+		# kube-proxy's health port is free: serve it for load balancers.
+		grep -q 'TOPOLB_HEALTHZ_BIND_ADDRESS: ""' "$WORK/topolb.yaml" || die "deploy/configmap.yaml TOPOLB_HEALTHZ_BIND_ADDRESS changed; update this script"
+		sed -i 's#TOPOLB_HEALTHZ_BIND_ADDRESS: ""#TOPOLB_HEALTHZ_BIND_ADDRESS: "0.0.0.0:10256"#' "$WORK/topolb.yaml"
 		log "no kube-proxy: the agents reach the API server at $cp:6443"
 	fi
 	kubectl apply -f "$WORK/topolb.yaml" >/dev/null

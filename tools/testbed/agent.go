@@ -24,6 +24,10 @@ import (
 const (
 	AgentMetricsAddress = "127.0.0.1:9965"
 	AgentHealthAddress  = "127.0.0.1:9966"
+	// AgentProxyHealthAddress is the agent's --healthz-bind-address: not
+	// kube-proxy's port, since tests run kube-proxy beside the agent
+	// (KubeProxyHealthAddress).
+	AgentProxyHealthAddress = "127.0.0.1:10266"
 )
 
 // AgentOptions configure the agents the testbed runs.
@@ -132,6 +136,7 @@ func (a *Agent) Args() []string {
 		"--bpffs", a.tb.BPFFS(a.Node.Name),
 		"--metrics-address", AgentMetricsAddress,
 		"--health-address", AgentHealthAddress,
+		"--healthz-bind-address", AgentProxyHealthAddress,
 		"--max-frontends", strconv.FormatUint(uint64(a.opts.MaxFrontends), 10),
 		"--max-backends", strconv.FormatUint(uint64(a.opts.MaxBackends), 10),
 		"--max-conntrack", strconv.FormatUint(uint64(a.opts.MaxConntrack), 10),

@@ -301,6 +301,7 @@ func syncService(ctx context.Context, c kubernetes.Interface, want *v1.Service) 
 			cur.Spec.SessionAffinity = v1.ServiceAffinityNone
 		}
 		cur.Spec.SessionAffinityConfig = want.Spec.SessionAffinityConfig
+		cur.Spec.LoadBalancerSourceRanges = want.Spec.LoadBalancerSourceRanges
 		if cur, err = api.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("update service %s: %w", name, err)
 		}

@@ -326,6 +326,7 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			Name:        svc.Name,
 			Namespace:   svc.Namespace,
 			Annotations: copyMap(svc.Annotations),
+			Labels:      copyMap(svc.Labels),
 		},
 		Spec: v1.ServiceSpec{
 			Type:                svc.Type,
@@ -333,6 +334,8 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			ClusterIPs:          []string{svc.ClusterIP},
 			ExternalIPs:         slices.Clone(svc.ExternalIPs),
 			HealthCheckNodePort: svc.HealthCheckNodePort,
+
+			LoadBalancerSourceRanges: slices.Clone(svc.LoadBalancerSourceRanges),
 		},
 	}
 	if s.Spec.Type == "" {

@@ -177,6 +177,9 @@ type ServiceSpec struct {
 	// LoadBalancerIPs are written to status.loadBalancer.ingress, as a
 	// cloud controller would (type LoadBalancer only).
 	LoadBalancerIPs []string `json:"loadBalancerIPs,omitempty"`
+	// LoadBalancerSourceRanges are written to
+	// spec.loadBalancerSourceRanges.
+	LoadBalancerSourceRanges []string `json:"loadBalancerSourceRanges,omitempty"`
 	// ExternalTrafficPolicy is Cluster (the default) or Local; only for
 	// externally accessible Services (NodePort, LoadBalancer, or with
 	// externalIPs).
@@ -190,6 +193,9 @@ type ServiceSpec struct {
 	// externalTrafficPolicy Local. Default: assigned, like node ports.
 	HealthCheckNodePort int32             `json:"healthCheckNodePort,omitempty"`
 	Annotations         map[string]string `json:"annotations,omitempty"`
+	// Labels are the Service's labels (for example
+	// service.kubernetes.io/service-proxy-name).
+	Labels map[string]string `json:"labels,omitempty"`
 	// TrafficDistribution is copied to spec.trafficDistribution
 	// (informational: topolb reads the hints, as kube-proxy does).
 	TrafficDistribution string `json:"trafficDistribution,omitempty"`
@@ -462,7 +468,9 @@ func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
 		svc.Endpoints = slices.Clone(svc.Endpoints)
 		svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
 		svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
+		svc.LoadBalancerSourceRanges = slices.Clone(svc.LoadBalancerSourceRanges)
 		svc.Annotations = copyMap(svc.Annotations)
+		svc.Labels = copyMap(svc.Labels)
 		out[i] = svc
 	}
 	s.mu.Lock()
