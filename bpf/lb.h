@@ -282,7 +282,9 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	 * for a full table is tried again only once a second. */
 	int stale = now + ct_lifetime(state, flags) > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
 	struct ct_key peer_key = {};
-	struct ct_value *peer, *moved, a, b;
+	struct ct_value *peer, *moved;
+	struct ct_pair *pair;
+	__u32 zero = 0;
 	__u64 expires;
 
 	if (promote)
@@ -301,20 +303,24 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 		ct_delete_in(ct->flags, key);
 		return NULL;
 	}
-	if (promote || demote) {
-		a = *ct;
-		b = *peer;
-		a.state = b.state = state;
-		a.flags = b.flags = flags & ~CT_F_FULL;
-		a.expires = b.expires = expires;
-		fwd_mark_stale(&a);
-		fwd_mark_stale(&b);
-		moved = ct_move(key, &a, &peer_key, &b);
+	/* The copies live in per-CPU scratch space, not on the stack. */
+	pair = (promote || demote) ? bpf_map_lookup_elem(&tlb_ct_scratch, &zero) : NULL;
+	if ((promote || demote) && !pair)
+		return ct; /* cannot happen (one slot per CPU); changes nothing */
+	if (pair) {
+		pair->a = *ct;
+		pair->b = *peer;
+		pair->a.state = pair->b.state = state;
+		pair->a.flags = pair->b.flags = flags & ~CT_F_FULL;
+		pair->a.expires = pair->b.expires = expires;
+		fwd_mark_stale(&pair->a);
+		fwd_mark_stale(&pair->b);
+		moved = ct_move(key, &pair->a, &peer_key, &pair->b);
 		if (moved) {
 			if (promote) {
 				stat_inc(STAT_CT_PROMOTED);
 				/* From the copy: ct's element is freed. */
-				ct_src_give(ct_client(pkt, &a));
+				ct_src_give(ct_client(pkt, &pair->a));
 			} else {
 				stat_inc(STAT_CT_DEMOTED);
 			}

@@ -86,6 +86,22 @@ struct {
 	__type(value, struct ct_src);
 } tlb_ct_src SEC(".maps");
 
+/* Room for the two entries a flow moving between the conntrack tables is
+ * written from (ct_touch): 112 bytes the hooks' 512-byte stacks do not
+ * have. One slot per CPU, used within one packet only. Not shared and not
+ * pinned: each program object has its own. */
+struct ct_pair {
+	struct ct_value a;
+	struct ct_value b;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct_pair);
+} tlb_ct_scratch SEC(".maps");
+
 /* ClientIP session affinity: (client, service) -> backend. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

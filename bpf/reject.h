@@ -56,6 +56,36 @@ _Static_assert(__builtin_offsetof(struct reject_frame, icmp) % 4 == 0, "ICMP hea
 _Static_assert(REJECT_MAX_LEN <= L4_OFF_MASK, "reply length fits its mask");
 #define REJECT_LEN_MASK L4_OFF_MASK
 
+/* Where a reply is built: per-CPU scratch space, not the stack, which the
+ * hooks' new-flow paths have filled to the 512-byte limit. The verifier
+ * bounds the reads of the frame (the checksum over its headers, the copy
+ * into the packet) by the lengths' mask, not by the frame's size: room
+ * for a masked length behind any byte of it. */
+struct reject_room {
+	__u8 room[sizeof(struct reject_frame) + REJECT_LEN_MASK + 1];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct reject_room);
+} tlb_reject_scratch SEC(".maps");
+
+/* reject_frame_get returns this CPU's reply frame, zeroed, or NULL (which
+ * cannot happen: one slot per CPU). */
+static __always_inline struct reject_frame *reject_frame_get(void)
+{
+	__u32 zero = 0;
+	struct reject_room *r = bpf_map_lookup_elem(&tlb_reject_scratch, &zero);
+
+	if (!r)
+		return NULL;
+	/* Map values are 8-byte aligned: so is the frame. */
+	__builtin_memset(r->room, 0, sizeof(struct reject_frame));
+	return (struct reject_frame *)r->room;
+}
+
 /* The TCP pseudo-header (RFC 9293 3.1). */
 struct tcp_pseudo {
 	__be32 saddr;

@@ -67,17 +67,19 @@ static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *p
  *     CHECKSUM_PARTIAL; a veth uplink's are when a process on its peer's
  *     side sent them with offload on, and the reply is then trusted by
  *     the peer's stack, which is where such a sender is. */
-static __noinline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
+static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
 {
-	struct reject_frame f = {};
+	struct reject_frame *f = reject_frame_get();
 	int len;
 
-	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, &f);
+	if (!f)
+		return TC_ACT_SHOT;
+	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, f);
 	if (len < 0)
 		return TC_ACT_SHOT;
 	len &= REJECT_LEN_MASK;
 	if (len > REJECT_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
-	    bpf_skb_store_bytes(skb, 0, (void *)&f + REJECT_FRAME_OFF, len, 0)) {
+	    bpf_skb_store_bytes(skb, 0, (void *)f + REJECT_FRAME_OFF, len, 0)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}

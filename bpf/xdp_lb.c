@@ -45,15 +45,17 @@ static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *p
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct reject_frame f = {};
+	struct reject_frame *f = reject_frame_get();
 	int len;
 
-	len = reject_prepare(data, data_end, pkt, &f);
+	if (!f)
+		return XDP_DROP;
+	len = reject_prepare(data, data_end, pkt, f);
 	if (len < 0)
 		return XDP_DROP;
 	len &= REJECT_LEN_MASK;
 	if (len > REJECT_MAX_LEN || xdp_resize(ctx, len) ||
-	    bpf_xdp_store_bytes(ctx, 0, (void *)&f + REJECT_FRAME_OFF, len)) {
+	    bpf_xdp_store_bytes(ctx, 0, (void *)f + REJECT_FRAME_OFF, len)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return XDP_DROP;
 	}

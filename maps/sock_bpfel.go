@@ -63,6 +63,12 @@ type sockCtKey struct {
 	Pad   [3]uint8
 }
 
+type sockCtPair struct {
+	_ structs.HostLayout
+	A sockCtValue
+	B sockCtValue
+}
+
 type sockCtSrc struct {
 	_   structs.HostLayout
 	Tat uint64
@@ -162,6 +168,7 @@ const (
 	sockMapTlbBackends       = "tlb_backends"
 	sockMapTlbConntrack      = "tlb_conntrack"
 	sockMapTlbCtNew          = "tlb_ct_new"
+	sockMapTlbCtScratch      = "tlb_ct_scratch"
 	sockMapTlbCtSrc          = "tlb_ct_src"
 	sockMapTlbIfaces         = "tlb_ifaces"
 	sockMapTlbMeta           = "tlb_meta"
@@ -247,6 +254,7 @@ type sockMapSpecs struct {
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -296,6 +304,7 @@ type sockMaps struct {
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -314,6 +323,7 @@ func (m *sockMaps) Close() error {
 		m.TlbBackends,
 		m.TlbConntrack,
 		m.TlbCtNew,
+		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,

@@ -10,7 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// TestSweepSparesReopenedFlows sweeps a table of expired closing flows
+// TestSweepSparesReopenedFlows sweeps a table (tlb_ct_new, where closing
+// flows live) of expired closing flows
 // while clients reuse their tuples, as wrk's new connection per request
 // does within seconds: each SYN reopens its expired flow (two fresh
 // entries, 60 s to live), and the sweep, which found the old entries
@@ -20,7 +21,7 @@ import (
 // the client resets the backend's connection.
 func TestSweepSparesReopenedFlows(t *testing.T) {
 	const flows = 30000
-	d := newDatapath(t, Options{MaxConntrack: 4 * flows})
+	d := newDatapath(t, Options{MaxConntrack: 4 * flows, MaxConntrackNew: 4 * flows})
 	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
 
 	client := func(i int) string {
@@ -43,7 +44,7 @@ func TestSweepSparesReopenedFlows(t *testing.T) {
 		v tcCtValue
 	)
 	var keys []tcCtKey
-	it := d.conntrack.Iterate()
+	it := d.ctNew.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
 	}
@@ -54,11 +55,11 @@ func TestSweepSparesReopenedFlows(t *testing.T) {
 		t.Fatalf("%d conntrack entries, want %d", len(keys), 2*flows)
 	}
 	for _, k := range keys {
-		if err := d.conntrack.Lookup(&k, &v); err != nil {
+		if err := d.ctNew.Lookup(&k, &v); err != nil {
 			t.Fatal(err)
 		}
 		v.Expires = past
-		if err := d.conntrack.Update(&k, &v, ebpf.UpdateExist); err != nil {
+		if err := d.ctNew.Update(&k, &v, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,7 +93,7 @@ func TestSweepSparesReopenedFlows(t *testing.T) {
 	for i := range reopened {
 		f := flowOf(client(i), vipTCP, beTCP, protoTCP)
 		for _, k := range []tcCtKey{f.fwd, f.rev} {
-			if err := d.conntrack.Lookup(&k, &v); err != nil {
+			if err := d.ctNew.Lookup(&k, &v); err != nil {
 				lost++
 				if first == "" {
 					first = fmt.Sprintf("%s -> %s: %v", addrPortFromWire(k.Saddr, k.Sport), addrPortFromWire(k.Daddr, k.Dport), err)

@@ -94,6 +94,12 @@ type tcCtKey struct {
 	Pad   [3]uint8
 }
 
+type tcCtPair struct {
+	_ structs.HostLayout
+	A tcCtValue
+	B tcCtValue
+}
+
 type tcCtRedirect uint32
 
 const (
@@ -235,6 +241,11 @@ const (
 	tcRejectLimitREJECT_BURST tcRejectLimit = 50
 )
 
+type tcRejectRoom struct {
+	_    structs.HostLayout
+	Room [240]uint8
+}
+
 type tcScope uint32
 
 const (
@@ -356,10 +367,12 @@ const (
 	tcMapTlbBackends      = "tlb_backends"
 	tcMapTlbConntrack     = "tlb_conntrack"
 	tcMapTlbCtNew         = "tlb_ct_new"
+	tcMapTlbCtScratch     = "tlb_ct_scratch"
 	tcMapTlbCtSrc         = "tlb_ct_src"
 	tcMapTlbIfaces        = "tlb_ifaces"
 	tcMapTlbMeta          = "tlb_meta"
 	tcMapTlbRegistry      = "tlb_registry"
+	tcMapTlbRejectScratch = "tlb_reject_scratch"
 	tcMapTlbServices      = "tlb_services"
 	tcMapTlbSockRevnat    = "tlb_sock_revnat"
 	tcMapTlbSrcRangeDrops = "tlb_src_range_drops"
@@ -431,10 +444,12 @@ type tcMapSpecs struct {
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.MapSpec `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
@@ -480,10 +495,12 @@ type tcMaps struct {
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.Map `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
@@ -499,10 +516,12 @@ func (m *tcMaps) Close() error {
 		m.TlbBackends,
 		m.TlbConntrack,
 		m.TlbCtNew,
+		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
+		m.TlbRejectScratch,
 		m.TlbServices,
 		m.TlbSockRevnat,
 		m.TlbSrcRangeDrops,

@@ -63,6 +63,12 @@ type uplinkCtKey struct {
 	Pad   [3]uint8
 }
 
+type uplinkCtPair struct {
+	_ structs.HostLayout
+	A uplinkCtValue
+	B uplinkCtValue
+}
+
 type uplinkCtSrc struct {
 	_   structs.HostLayout
 	Tat uint64
@@ -117,6 +123,11 @@ type uplinkRejectBudgetValue struct {
 	Tat uint64
 }
 
+type uplinkRejectRoom struct {
+	_    structs.HostLayout
+	Room [240]uint8
+}
+
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -168,10 +179,12 @@ const (
 	uplinkMapTlbBackends      = "tlb_backends"
 	uplinkMapTlbConntrack     = "tlb_conntrack"
 	uplinkMapTlbCtNew         = "tlb_ct_new"
+	uplinkMapTlbCtScratch     = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc         = "tlb_ct_src"
 	uplinkMapTlbIfaces        = "tlb_ifaces"
 	uplinkMapTlbMeta          = "tlb_meta"
 	uplinkMapTlbRegistry      = "tlb_registry"
+	uplinkMapTlbRejectScratch = "tlb_reject_scratch"
 	uplinkMapTlbServices      = "tlb_services"
 	uplinkMapTlbSockRevnat    = "tlb_sock_revnat"
 	uplinkMapTlbSrcRangeDrops = "tlb_src_range_drops"
@@ -243,10 +256,12 @@ type uplinkMapSpecs struct {
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.MapSpec `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
@@ -292,10 +307,12 @@ type uplinkMaps struct {
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.Map `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
@@ -311,10 +328,12 @@ func (m *uplinkMaps) Close() error {
 		m.TlbBackends,
 		m.TlbConntrack,
 		m.TlbCtNew,
+		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
+		m.TlbRejectScratch,
 		m.TlbServices,
 		m.TlbSockRevnat,
 		m.TlbSrcRangeDrops,

@@ -63,6 +63,12 @@ type xdpCtKey struct {
 	Pad   [3]uint8
 }
 
+type xdpCtPair struct {
+	_ structs.HostLayout
+	A xdpCtValue
+	B xdpCtValue
+}
+
 type xdpCtSrc struct {
 	_   structs.HostLayout
 	Tat uint64
@@ -117,6 +123,11 @@ type xdpRejectBudgetValue struct {
 	Tat uint64
 }
 
+type xdpRejectRoom struct {
+	_    structs.HostLayout
+	Room [240]uint8
+}
+
 type xdpSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -168,10 +179,12 @@ const (
 	xdpMapTlbBackends      = "tlb_backends"
 	xdpMapTlbConntrack     = "tlb_conntrack"
 	xdpMapTlbCtNew         = "tlb_ct_new"
+	xdpMapTlbCtScratch     = "tlb_ct_scratch"
 	xdpMapTlbCtSrc         = "tlb_ct_src"
 	xdpMapTlbIfaces        = "tlb_ifaces"
 	xdpMapTlbMeta          = "tlb_meta"
 	xdpMapTlbRegistry      = "tlb_registry"
+	xdpMapTlbRejectScratch = "tlb_reject_scratch"
 	xdpMapTlbServices      = "tlb_services"
 	xdpMapTlbSockRevnat    = "tlb_sock_revnat"
 	xdpMapTlbSrcRangeDrops = "tlb_src_range_drops"
@@ -241,10 +254,12 @@ type xdpMapSpecs struct {
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.MapSpec `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
@@ -290,10 +305,12 @@ type xdpMaps struct {
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.Map `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
@@ -309,10 +326,12 @@ func (m *xdpMaps) Close() error {
 		m.TlbBackends,
 		m.TlbConntrack,
 		m.TlbCtNew,
+		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
+		m.TlbRejectScratch,
 		m.TlbServices,
 		m.TlbSockRevnat,
 		m.TlbSrcRangeDrops,
