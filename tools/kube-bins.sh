@@ -3,8 +3,9 @@
 #
 # Builds etcd, kube-apiserver, kube-proxy and kubectl for Kubernetes VERSION
 # (e.g. v1.37.2) from the Go module proxy into OUT, for the integration tests
-# (internal/kubetest). Needs only Go and the module proxy: no git, no C
-# compiler, no prebuilt downloads.
+# (internal/kubetest), and kube-controller-manager, kube-scheduler and
+# kubelet for the local cluster (tools/cluster). Needs only Go and the module
+# proxy: no git, no C compiler, no prebuilt downloads.
 #
 # Cached and idempotent: when OUT/.stamp says the binaries were built for
 # VERSION with this recipe, it exits at once. Otherwise it writes a throwaway
@@ -16,7 +17,7 @@
 set -euo pipefail
 
 # Bump when the build recipe changes, so existing caches are rebuilt.
-RECIPE=1
+RECIPE=2
 
 usage() { echo "usage: $0 OUT VERSION   (e.g. $0 ~/.cache/topolb/kube-bins-v1.37.2 v1.37.2)" >&2; exit 2; }
 [[ $# -eq 2 ]] || usage
@@ -29,7 +30,7 @@ if [[ ! $VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
 fi
 MINOR=${BASH_REMATCH[1]}
 STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
-BINS=(etcd kube-apiserver kube-proxy kubectl)
+BINS=(etcd kube-apiserver kube-proxy kubectl kube-controller-manager kube-scheduler kubelet)
 STAMP_KEY="kubernetes $VERSION recipe $RECIPE"
 
 log() { printf '[kube-bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -129,11 +130,14 @@ count_packages() {
 	'
 }
 
-log "building kube-apiserver, kube-proxy, kubectl (cold: several minutes)"
+log "building kube-apiserver, kube-proxy, kubectl, kube-controller-manager, kube-scheduler, kubelet (cold: several minutes)"
 (cd "$SRC" && go build -v -p 2 -ldflags "$ldflags" -o "$TMP/" \
 	k8s.io/kubernetes/cmd/kube-apiserver \
 	k8s.io/kubernetes/cmd/kube-proxy \
-	k8s.io/kubernetes/cmd/kubectl 2>&1) | count_packages kube
+	k8s.io/kubernetes/cmd/kubectl \
+	k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler \
+	k8s.io/kubernetes/cmd/kubelet 2>&1) | count_packages kube
 
 log "building etcd $etcd_version"
 (cd "$SRC" && go build -v -p 2 -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3 2>&1) | count_packages etcd
@@ -144,6 +148,9 @@ done
 # Smoke-test each binary and its version stamp before publishing it.
 "$TMP/kube-apiserver" --version
 "$TMP/kube-proxy" --version
+"$TMP/kube-controller-manager" --version
+"$TMP/kube-scheduler" --version
+"$TMP/kubelet" --version
 "$TMP/kubectl" version --client
 etcd_out=$("$TMP/etcd" --version)
 echo "${etcd_out%%$'\n'*}"
