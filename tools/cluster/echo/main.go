@@ -2,16 +2,17 @@
 // binary in one image.
 //
 //	echo serve [-addr :8080] [-drain 5s]
-//	echo get -url http://10.215.0.10/ [-n 20] [-interval 0] [-timeout 2s]
+//	echo get -url http://10.215.0.10/ [-n 20 | -duration 30s] [-interval 0] [-timeout 2s]
 //
-// serve answers GET / with one JSON line naming the pod, node and zone it
-// runs in ($POD_NAME, $NODE_NAME, $ZONE, from the downward API; ZONE may be
-// empty) and GET /readyz with 200 until it is told to stop: on SIGTERM it
+// serve answers GET / with one JSON line naming the pod, its IP, the node and
+// the zone it runs in ($POD_NAME, $POD_IP, $NODE_NAME, $ZONE, from the
+// downward API; ZONE may be empty) and GET /readyz with 200 until it is told to stop: on SIGTERM it
 // fails /readyz, keeps serving for -drain (the time the endpoint's removal
 // takes to reach every node) and then shuts down gracefully.
 //
-// get makes -n requests, each on a new connection, and prints one JSON
-// object: the count of answers per "node" value, the number of failed
+// get makes -n requests (or requests for -duration), each on a new
+// connection, and prints one JSON object: the count of answers per node and
+// per pod IP, the number of failed
 // requests and, among them, connections reset, with the first few errors.
 // It exits 1 when a request failed.
 package main
@@ -34,6 +35,7 @@ import (
 // Answer is what serve returns for GET /.
 type Answer struct {
 	Pod  string `json:"pod"`
+	IP   string `json:"ip"`
 	Node string `json:"node"`
 	Zone string `json:"zone,omitempty"`
 }
@@ -42,6 +44,7 @@ type Answer struct {
 type Result struct {
 	Requests int            `json:"requests"`
 	ByNode   map[string]int `json:"byNode"`
+	ByIP     map[string]int `json:"byIP"`
 	Failed   int            `json:"failed"`
 	Resets   int            `json:"resets"`
 	Errors   []string       `json:"errors,omitempty"`
@@ -73,7 +76,7 @@ func serve(args []string) error {
 	drain := fl.Duration("drain", 5*time.Second, "after SIGTERM: keep serving this long, failing /readyz")
 	fl.Parse(args)
 
-	answer, err := json.Marshal(Answer{Pod: os.Getenv("POD_NAME"), Node: os.Getenv("NODE_NAME"), Zone: os.Getenv("ZONE")})
+	answer, err := json.Marshal(Answer{Pod: os.Getenv("POD_NAME"), IP: os.Getenv("POD_IP"), Node: os.Getenv("NODE_NAME"), Zone: os.Getenv("ZONE")})
 	if err != nil {
 		return err
 	}
@@ -113,6 +116,7 @@ func get(args []string) error {
 	fl := flag.NewFlagSet("get", flag.ExitOnError)
 	url := fl.String("url", "", "URL to request")
 	n := fl.Int("n", 20, "requests, each on a new connection")
+	duration := fl.Duration("duration", 0, "instead of -n: make requests for this long")
 	interval := fl.Duration("interval", 0, "pause between requests")
 	timeout := fl.Duration("timeout", 2*time.Second, "timeout per request")
 	fl.Parse(args)
@@ -123,8 +127,12 @@ func get(args []string) error {
 		Timeout:   *timeout,
 		Transport: &http.Transport{DisableKeepAlives: true},
 	}
-	res := Result{ByNode: map[string]int{}}
-	for i := 0; i < *n; i++ {
+	res := Result{ByNode: map[string]int{}, ByIP: map[string]int{}}
+	end := time.Now().Add(*duration)
+	for i := 0; ; i++ {
+		if (*duration == 0 && i >= *n) || (*duration > 0 && time.Now().After(end)) {
+			break
+		}
 		if i > 0 && *interval > 0 {
 			time.Sleep(*interval)
 		}
@@ -141,6 +149,7 @@ func get(args []string) error {
 			continue
 		}
 		res.ByNode[a.Node]++
+		res.ByIP[a.IP]++
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return err

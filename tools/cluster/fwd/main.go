@@ -12,27 +12,17 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/topolb/topolb/internal/netns"
 )
-
-type dialReq struct {
-	reply chan dialRes
-}
-
-type dialRes struct {
-	conn net.Conn
-	err  error
-}
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:16443", "address to listen on, in this namespace")
-	netns := flag.String("netns", "", "network namespace to dial from (a /run/netns path)")
+	ns := flag.String("netns", "", "network namespace to dial from (a /run/netns path)")
 	to := flag.String("to", "", "address to dial in -netns")
 	flag.Parse()
-	if *netns == "" || *to == "" {
+	if *ns == "" || *to == "" {
 		fmt.Fprintln(os.Stderr, "fwd: -netns and -to are required")
 		os.Exit(2)
 	}
@@ -41,13 +31,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fwd:", err)
 		os.Exit(1)
 	}
-	dials := make(chan dialReq)
-	ready := make(chan error, 1)
-	go dialer(*netns, *to, dials, ready)
-	if err := <-ready; err != nil {
-		fmt.Fprintln(os.Stderr, "fwd:", err)
-		os.Exit(1)
-	}
+	d := net.Dialer{Timeout: 5 * time.Second}
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -55,37 +39,19 @@ func main() {
 			os.Exit(1)
 		}
 		go func() {
-			reply := make(chan dialRes, 1)
-			dials <- dialReq{reply}
-			r := <-reply
-			if r.err != nil {
-				fmt.Fprintln(os.Stderr, "fwd: dial:", r.err)
+			// The socket belongs to the namespace it was created in.
+			var up net.Conn
+			err := netns.RunIn(*ns, func() (err error) {
+				up, err = d.Dial("tcp", *to)
+				return err
+			})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "fwd: dial:", err)
 				c.Close()
 				return
 			}
-			pipe(c, r.conn)
+			pipe(c, up)
 		}()
-	}
-}
-
-// dialer owns one OS thread moved into netns: a socket belongs to the
-// namespace of the thread that creates it, and stays there.
-func dialer(netns, to string, reqs <-chan dialReq, ready chan<- error) {
-	runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-	fd, err := unix.Open(netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err == nil {
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-	}
-	if err != nil {
-		ready <- fmt.Errorf("enter %s: %w", netns, err)
-		return
-	}
-	ready <- nil
-	d := net.Dialer{Timeout: 5 * time.Second}
-	for r := range reqs {
-		c, err := d.Dial("tcp", to)
-		r.reply <- dialRes{c, err}
 	}
 }
 
