@@ -79,7 +79,7 @@ log "building containerd-shim-runc-v2"
 for b in "${BINS[@]}"; do mv -f "$SRC/bin/$b" "$OUT/$b"; done
 {
 	echo "$STAMP_KEY"
-	echo "$(go version)"
+	go version
 	echo "built in $((SECONDS - start))s"
 } >"$OUT/.stamp.tmp"
 mv -f "$OUT/.stamp.tmp" "$OUT/.stamp"

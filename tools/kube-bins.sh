@@ -160,7 +160,7 @@ for b in "${BINS[@]}"; do mv -f "$TMP/$b" "$OUT/$b"; done
 	echo "$STAMP_KEY"
 	echo "etcd $etcd_version"
 	echo "staging $STAGING_VERSION"
-	echo "$(go version)"
+	go version
 	echo "built $build_date in $((SECONDS - start))s"
 } >"$OUT/.stamp.tmp"
 mv -f "$OUT/.stamp.tmp" "$OUT/.stamp"

@@ -7,7 +7,7 @@
 # containerd created, the agents' pins, and $TLBC_DIR itself.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=lib.sh
+# shellcheck source=tools/cluster/lib.sh
 source "$HERE/lib.sh"
 [[ $(id -u) == 0 ]] || tlbc_die "needs root"
 

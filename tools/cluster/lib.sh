@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # sourced: the variables are used by its callers
 # tools/cluster/lib.sh: the local cluster's layout, sourced by up.sh, down.sh
 # and (through `env.sh`) the tests. Every name, address and path of the
 # cluster is defined here once.

@@ -7,7 +7,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-# shellcheck source=lib.sh
+# shellcheck source=tools/cluster/lib.sh
 source "$HERE/lib.sh"
 
 trap 'bash "$HERE/down.sh"' EXIT

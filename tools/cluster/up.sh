@@ -24,7 +24,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-# shellcheck source=lib.sh
+# shellcheck source=tools/cluster/lib.sh
 source "$HERE/lib.sh"
 
 KUBE_BINS=${TOPOLB_KUBE_BINS:?set TOPOLB_KUBE_BINS (make cluster does)}
@@ -43,8 +43,9 @@ done
 for b in topolb-agent topolbctl; do
 	[[ -x $ROOT/bin/$b ]] || tlbc_die "$ROOT/bin/$b missing: run make build"
 done
-command -v runc >/dev/null && [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] ||
+if ! command -v runc >/dev/null || [[ ! -x /usr/lib/cni/bridge || ! -x /usr/lib/cni/host-local || ! -x /usr/lib/cni/loopback ]]; then
 	tlbc_die "needs runc and the CNI plugins: bash tools/install-deps.sh cluster"
+fi
 mountpoint -q /sys/fs/bpf || tlbc_die "needs a bpf filesystem at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)"
 [[ -e $TLBC_DIR ]] && tlbc_die "$TLBC_DIR exists: a cluster is up or was not torn down (make cluster-down)"
 ip netns list | grep -q '^tlbc-' && tlbc_die "tlbc-* network namespaces exist: make cluster-down"
@@ -59,7 +60,8 @@ on_exit() {
 	local rc=$?
 	if [[ $ok != 1 ]]; then
 		tlbc_log "bring-up failed (exit $rc); logs in $TLBC_LOGS (kept in /tmp/tlbc-cluster-logs); tearing down"
-		rm -rf /tmp/tlbc-cluster-logs && cp -r "$TLBC_LOGS" /tmp/tlbc-cluster-logs 2>/dev/null || true
+		rm -rf /tmp/tlbc-cluster-logs
+		cp -r "$TLBC_LOGS" /tmp/tlbc-cluster-logs 2>/dev/null || true
 		bash "$HERE/down.sh" || true
 	fi
 	exit "$rc"
@@ -93,6 +95,7 @@ start() {
 	shift 2
 	local pre=()
 	[[ -n $ns ]] && pre=(nsenter "--net=/run/netns/$ns")
+	# shellcheck disable=SC2016 # expanded by the inner bash
 	setsid bash -c 'echo $$ >"$0" && exec "$@"' "/sys/fs/cgroup/pids/$TLBC_CGROUP/cgroup.procs" \
 		"${pre[@]}" "$@" </dev/null >"$TLBC_LOGS/$name.log" 2>&1 &
 	echo $! >"$TLBC_PIDS/$name.pid"
@@ -399,6 +402,7 @@ patches:
       path: /data/TOPOLB_APISERVER
       value: "$apiserver"
 EOF
+# shellcheck disable=SC2016 # a literal $(NODE_NAME), expanded by the kubelet
 "${KUBECTL[@]}" kustomize "$TLBC_DIR/deploy" | grep -q -- '--bpffs=/sys/fs/bpf/topolb/$(NODE_NAME)' ||
 	tlbc_die "deploy/daemonset.yaml's first argument is no longer --bpffs: update the overlay in $0"
 "${KUBECTL[@]}" apply -k "$TLBC_DIR/deploy" >/dev/null
