@@ -7,8 +7,8 @@
 # containerd's own Makefile builds its static release. runc and the CNI
 # plugins come from Debian packages (tools/install-deps.sh cluster).
 #
-# Cached and idempotent like tools/kube-bins.sh: OUT/.stamp names the version
-# and recipe; concurrent runs wait on OUT.lock. Cold: a few minutes on 2 cores.
+# Cached and idempotent like tools/kube-bins.sh (tools/build-cache.sh): OUT/.stamp
+# names the version and recipe; concurrent runs wait on OUT.lock. Cold: a few minutes on 2 cores.
 set -euo pipefail
 
 # Bump when the build recipe changes, so existing caches are rebuilt.
@@ -24,42 +24,20 @@ BINS=(containerd containerd-shim-runc-v2 ctr)
 STAMP_KEY="containerd $VERSION recipe $RECIPE"
 MOD=github.com/containerd/containerd/v2
 
-log() { printf '[containerd-bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+# shellcheck source=tools/build-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
+log() { cache_log containerd-bins "$@"; }
 
-is_built() {
-	[[ -f $OUT/.stamp ]] && [[ "$(head -n1 "$OUT/.stamp")" == "$STAMP_KEY" ]] || return 1
-	local b
-	for b in "${BINS[@]}"; do [[ -x $OUT/$b ]] || return 1; done
-}
-
-if is_built; then
-	log "$VERSION already built in $OUT"
-	exit 0
-fi
-
-command -v go >/dev/null || { echo "containerd-bins: go is not on PATH" >&2; exit 1; }
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+cache_begin containerd-bins "$OUT" "$STAMP_KEY" "${BINS[@]}"
+OUT=$CACHE_OUT
 SRC="$OUT-src"
-
-if command -v flock >/dev/null; then
-	exec 9>"$OUT.lock"
-	if ! flock -n 9; then
-		log "another containerd-bins build holds $OUT.lock; waiting"
-		flock 9
-	fi
-	if is_built; then
-		log "$VERSION already built in $OUT"
-		exit 0
-	fi
-fi
 
 start=$SECONDS
 export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
 export CGO_ENABLED=0
 export GOWORK=off
 
-gomod=$(cd / && go mod download -json "$MOD@$VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+gomod=$(go_mod_file "$MOD@$VERSION")
 [[ -f $gomod ]] || { echo "containerd-bins: could not download $MOD@$VERSION" >&2; exit 1; }
 go_directive=$(awk '$1 == "go" { print $2; exit }' "$gomod")
 
@@ -76,12 +54,8 @@ log "building containerd-shim-runc-v2"
 (cd "$SRC" && go build -p 2 -tags "$tags no_grpc" -ldflags "$ldflags" -o bin/ "$MOD/cmd/containerd-shim-runc-v2")
 
 "$SRC/bin/containerd" --version
-for b in "${BINS[@]}"; do mv -f "$SRC/bin/$b" "$OUT/$b"; done
-{
-	echo "$STAMP_KEY"
-	go version
-	echo "built in $((SECONDS - start))s"
-} >"$OUT/.stamp.tmp"
-mv -f "$OUT/.stamp.tmp" "$OUT/.stamp"
+cache_publish "$SRC/bin" "$STAMP_KEY
+$(go version)
+built in $((SECONDS - start))s" "${BINS[@]}"
 rm -rf "$SRC"
 log "done in $((SECONDS - start))s: ${BINS[*]} in $OUT"

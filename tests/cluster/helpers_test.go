@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	"github.com/topolb/topolb/tools/cluster/echo/api"
 )
 
 const zoneLabel = "topology.kubernetes.io/zone"
@@ -279,15 +281,8 @@ func (e *env) podNode(name string) string {
 	return p.Spec.NodeName
 }
 
-// result is what `echo get` prints (tools/cluster/echo).
-type result struct {
-	Requests int            `json:"requests"`
-	ByNode   map[string]int `json:"byNode"`
-	ByIP     map[string]int `json:"byIP"`
-	Failed   int            `json:"failed"`
-	Resets   int            `json:"resets"`
-	Errors   []string       `json:"errors"`
-}
+// result is what `echo get` prints.
+type result = api.Result
 
 // get runs `echo get` in a client pod. A run with failed requests is
 // returned with them counted, not as an error.

@@ -30,25 +30,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/topolb/topolb/tools/cluster/echo/api"
 )
-
-// Answer is what serve returns for GET /.
-type Answer struct {
-	Pod  string `json:"pod"`
-	IP   string `json:"ip"`
-	Node string `json:"node"`
-	Zone string `json:"zone,omitempty"`
-}
-
-// Result is what get prints.
-type Result struct {
-	Requests int            `json:"requests"`
-	ByNode   map[string]int `json:"byNode"`
-	ByIP     map[string]int `json:"byIP"`
-	Failed   int            `json:"failed"`
-	Resets   int            `json:"resets"`
-	Errors   []string       `json:"errors,omitempty"`
-}
 
 func main() {
 	if len(os.Args) < 2 {
@@ -76,7 +60,7 @@ func serve(args []string) error {
 	drain := fl.Duration("drain", 5*time.Second, "after SIGTERM: keep serving this long, failing /readyz")
 	fl.Parse(args)
 
-	answer, err := json.Marshal(Answer{Pod: os.Getenv("POD_NAME"), IP: os.Getenv("POD_IP"), Node: os.Getenv("NODE_NAME"), Zone: os.Getenv("ZONE")})
+	answer, err := json.Marshal(api.Answer{Pod: os.Getenv("POD_NAME"), IP: os.Getenv("POD_IP"), Node: os.Getenv("NODE_NAME"), Zone: os.Getenv("ZONE")})
 	if err != nil {
 		return err
 	}
@@ -127,7 +111,7 @@ func get(args []string) error {
 		Timeout:   *timeout,
 		Transport: &http.Transport{DisableKeepAlives: true},
 	}
-	res := Result{ByNode: map[string]int{}, ByIP: map[string]int{}}
+	res := api.Result{ByNode: map[string]int{}, ByIP: map[string]int{}}
 	end := time.Now().Add(*duration)
 	for i := 0; ; i++ {
 		if (*duration == 0 && i >= *n) || (*duration > 0 && time.Now().After(end)) {
@@ -160,8 +144,8 @@ func get(args []string) error {
 	return nil
 }
 
-func getOne(client *http.Client, url string) (Answer, error) {
-	var a Answer
+func getOne(client *http.Client, url string) (api.Answer, error) {
+	var a api.Answer
 	resp, err := client.Get(url)
 	if err != nil {
 		return a, err
