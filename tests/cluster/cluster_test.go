@@ -44,7 +44,9 @@ func TestPreferSameZone(t *testing.T) {
 	e := newEnv(t)
 	replicas := int32(2 * len(e.zones))
 	e.deploy("web", replicas)
-	svc := e.service("web", func(s *corev1.Service) { s.Spec.TrafficDistribution = ptr.To(corev1.ServiceTrafficDistributionPreferSameZone) })
+	svc := e.service("web", func(s *corev1.Service) {
+		s.Spec.TrafficDistribution = ptr.To(corev1.ServiceTrafficDistributionPreferSameZone)
+	})
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	clients := e.clients()
 

@@ -210,7 +210,7 @@ func write(out, name string, s spec) error {
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
 		"manifests": []any{m.descriptor(map[string]string{
-			"io.containerd.image.name":         name,
+			"io.containerd.image.name":          name,
 			"org.opencontainers.image.ref.name": tag,
 		})},
 	})
