@@ -16,6 +16,7 @@
 package cluster
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -234,30 +235,20 @@ func TestNodePortFromOutside(t *testing.T) {
 		}
 	}
 	get := func(node string, port int32) error {
-		url := fmt.Sprintf("http://%s/", net.JoinHostPort(e.nodeIP[node], fmt.Sprint(port)))
+		addr := net.JoinHostPort(e.nodeIP[node], fmt.Sprint(port))
 		var lastErr error
 		for range 10 {
 			var body string
-			lastErr = netns.RunIn(outside, func() error {
-				c := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-				resp, err := c.Get(url)
-				if err != nil {
-					return err
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				body = string(b)
-				return err
-			})
+			body, lastErr = getFrom(outside, addr)
 			if lastErr == nil {
 				if !strings.Contains(body, `"node":"`+backendNode+`"`) {
-					return fmt.Errorf("%s answered %q, want the backend on %s", url, body, backendNode)
+					return fmt.Errorf("%s answered %q, want the backend on %s", addr, body, backendNode)
 				}
 				return nil
 			}
 			time.Sleep(time.Second)
 		}
-		return fmt.Errorf("GET %s from %s: %w", url, outside, lastErr)
+		return fmt.Errorf("GET http://%s/ from %s: %w", addr, outside, lastErr)
 	}
 	t.Run("eTP Local, local backend", func(t *testing.T) {
 		if err := get(backendNode, local.Spec.Ports[0].NodePort); err != nil {
@@ -277,4 +268,40 @@ func TestNodePortFromOutside(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// getFrom makes one HTTP GET to addr on a connection from the network
+// namespace ns and returns the body. The connection is dialled on a thread
+// in ns (a socket stays in the namespace it was made in); net/http would
+// dial on a goroutine of its own, on any thread.
+func getFrom(ns, addr string) (string, error) {
+	var c net.Conn
+	err := netns.RunIn(ns, func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 2*time.Second)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(3 * time.Second)); err != nil {
+		return "", err
+	}
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+	if err != nil {
+		return "", err
+	}
+	if err := req.Write(c); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET http://%s/: %s", addr, resp.Status)
+	}
+	return string(b), err
 }
