@@ -39,8 +39,9 @@ import (
 // TestPreferSameZone: the real controller hints every endpoint of a
 // PreferSameZone Service for its own zone, and a client in each zone is
 // answered only by the backends `topolbctl explain` lists for its node,
-// which are exactly the ready endpoints of its zone. Then a rolling restart
-// under steady load from every zone: no request fails, none is reset.
+// which are exactly the ready endpoints of its zone. Then, under steady load
+// from every zone, a rolling restart of the backends and one of topolb's
+// agents: no request fails, none is reset.
 func TestPreferSameZone(t *testing.T) {
 	e := newEnv(t)
 	replicas := int32(2 * len(e.zones))
@@ -105,39 +106,62 @@ func TestPreferSameZone(t *testing.T) {
 	})
 
 	t.Run("rollout restart under load", func(t *testing.T) {
-		const load = 60 * time.Second
-		var wg sync.WaitGroup
-		results := make([]result, len(e.zones))
-		errs := make([]error, len(e.zones))
-		for i, zone := range e.zones {
-			wg.Go(func() {
-				results[i], errs[i] = e.get(clients[zone], url, "-duration", load.String(), "-interval", "20ms", "-timeout", "3s")
-			})
-		}
-		start := time.Now()
-		time.Sleep(3 * time.Second)
-		if _, err := e.kubectlRun("rollout", "restart", "deploy/web"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.kubectlRun("rollout", "status", "deploy/web", "--timeout=120s"); err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(start)
-		wg.Wait()
-		if took > load-5*time.Second {
-			t.Errorf("the rollout took %s, not within the %s of load", took, load)
-		}
-		for i, zone := range e.zones {
-			r := results[i]
-			if errs[i] != nil {
-				t.Fatal(errs[i])
+		e.underLoad(t, clients, url, func() error {
+			if _, err := e.kubectlRun("rollout", "restart", "deploy/web"); err != nil {
+				return err
 			}
-			t.Logf("%s: %d requests during the rollout (%s): %d failed, %d reset; by node %v", clients[zone], r.Requests, took.Round(time.Second), r.Failed, r.Resets, r.ByNode)
-			if r.Requests < 100 || r.Failed > 0 || r.Resets > 0 {
-				t.Errorf("%s: %d requests, %d failed, %d reset: %v", clients[zone], r.Requests, r.Failed, r.Resets, r.Errors)
-			}
-		}
+			_, err := e.kubectlRun("rollout", "status", "deploy/web", "--timeout=120s")
+			return err
+		})
 	})
+
+	// The datapath is pinned: while a node's agent is replaced, its maps
+	// keep forwarding, and the new agent adopts them.
+	t.Run("agents restarted under load", func(t *testing.T) {
+		e.underLoad(t, clients, url, func() error {
+			if _, err := e.kubectlRun("-n", "topolb-system", "rollout", "restart", "ds/topolb-agent"); err != nil {
+				return err
+			}
+			_, err := e.kubectlRun("-n", "topolb-system", "rollout", "status", "ds/topolb-agent", "--timeout=180s")
+			return err
+		})
+	})
+}
+
+// underLoad runs change while every zone's client makes requests to url,
+// one new connection every 20 ms, and requires that none failed or was
+// reset and that the change ended well within the load.
+func (e *env) underLoad(t *testing.T, clients map[string]string, url string, change func() error) {
+	const load = 60 * time.Second
+	var wg sync.WaitGroup
+	results := make([]result, len(e.zones))
+	errs := make([]error, len(e.zones))
+	for i, zone := range e.zones {
+		wg.Go(func() {
+			results[i], errs[i] = e.get(clients[zone], url, "-duration", load.String(), "-interval", "20ms", "-timeout", "3s")
+		})
+	}
+	start := time.Now()
+	time.Sleep(3 * time.Second)
+	changeErr := change()
+	took := time.Since(start)
+	wg.Wait()
+	if changeErr != nil {
+		t.Fatal(changeErr)
+	}
+	if took > load-5*time.Second {
+		t.Errorf("the change took %s, not within the %s of load", took, load)
+	}
+	for i, zone := range e.zones {
+		r := results[i]
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		t.Logf("%s: %d requests, the change took %s: %d failed, %d reset; by node %v", clients[zone], r.Requests, took.Round(time.Second), r.Failed, r.Resets, r.ByNode)
+		if r.Requests < 100 || r.Failed > 0 || r.Resets > 0 {
+			t.Errorf("%s: %d requests, %d failed, %d reset: %v", clients[zone], r.Requests, r.Failed, r.Resets, r.Errors)
+		}
+	}
 }
 
 // TestHintsRemoved: with topology-mode Auto the controller allocates
