@@ -8,12 +8,14 @@
 # proxy: no git, no C compiler, no prebuilt downloads.
 #
 # Cached and idempotent (tools/build-cache.sh): when OUT/.stamp says the
-# binaries were built for VERSION with this recipe, it exits at once. Otherwise it writes a throwaway
-# module next to OUT (OUT-src/, under ~/.cache/topolb/ when run from the Makefile) that
-# requires k8s.io/kubernetes VERSION and pins every staging module that
-# kubernetes' go.mod requires at v0.0.0 to the matching v0.MINOR.PATCH tag,
-# builds there (about 5 minutes and 3 GiB cold on 2 cores), and moves the
-# binaries into OUT before writing the stamp. Concurrent runs wait on a lock.
+# binaries were built for VERSION with this recipe, it exits at once.
+# Otherwise it writes a throwaway module next to OUT (OUT-src/, under
+# ~/.cache/topolb/ when run from the Makefile) that requires
+# k8s.io/kubernetes VERSION and pins every staging module that kubernetes'
+# go.mod requires at v0.0.0 to the matching v0.MINOR.PATCH tag, builds there
+# (about 5 minutes and 3 GiB cold on 2 idle cores, over 20 on busy ones),
+# and moves the binaries into OUT before writing the stamp. Concurrent runs
+# wait on a lock.
 set -euo pipefail
 
 # Bump when the build recipe changes, so existing caches are rebuilt.
