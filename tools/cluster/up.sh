@@ -21,6 +21,7 @@
 #   TLBC_KUBE_PROXY 1: kube-proxy (iptables) runs on every node and topolb
 #                   beside it; default 0: kube-proxy-free (topolb replaces it)
 #   TLBC_EXAMPLE    0: skip the example workload (default 1)
+#   TLBC_KEEP_FAILED 1: leave a failed bring-up up, to look at it
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -58,7 +59,9 @@ started=$SECONDS
 ok=0
 on_exit() {
 	local rc=$?
-	if [[ $ok != 1 ]]; then
+	if [[ $ok != 1 && ${TLBC_KEEP_FAILED:-0} == 1 ]]; then
+		tlbc_log "bring-up failed (exit $rc); left up (TLBC_KEEP_FAILED=1): make cluster-down"
+	elif [[ $ok != 1 ]]; then
 		tlbc_log "bring-up failed (exit $rc); logs in $TLBC_LOGS (kept in /tmp/tlbc-cluster-logs); tearing down"
 		rm -rf /tmp/tlbc-cluster-logs
 		cp -r "$TLBC_LOGS" /tmp/tlbc-cluster-logs 2>/dev/null || true
@@ -377,7 +380,8 @@ fi
 # --- topolb ----------------------------------------------------------------
 # deploy/ as a user applies it, through an overlay: the local image, and
 # per-node pin directories (every node here shares the machine's one bpf
-# filesystem). Without kube-proxy, the API server's own address.
+# filesystem: the pod's /sys/fs/bpf is the node's /sys/fs/bpf/topolb, and
+# each agent pins in its node's directory below it). Without kube-proxy, the API server's own address.
 tlbc_log "topolb from deploy/ (kube-proxy: $([[ $KUBE_PROXY == 1 ]] && echo beside || echo none))"
 apiserver=
 [[ $KUBE_PROXY == 1 ]] || apiserver=$TLBC_FABRIC_IP:6443
@@ -395,7 +399,7 @@ patches:
   patch: |
     - op: replace
       path: /spec/template/spec/containers/0/args/0
-      value: --bpffs=/sys/fs/bpf/topolb/\$(NODE_NAME)
+      value: --bpffs=/sys/fs/bpf/\$(NODE_NAME)
 - target: {kind: ConfigMap, name: topolb-agent}
   patch: |
     - op: replace
@@ -403,7 +407,7 @@ patches:
       value: "$apiserver"
 EOF
 # shellcheck disable=SC2016 # a literal $(NODE_NAME), expanded by the kubelet
-"${KUBECTL[@]}" kustomize "$TLBC_DIR/deploy" | grep -q -- '--bpffs=/sys/fs/bpf/topolb/$(NODE_NAME)' ||
+"${KUBECTL[@]}" kustomize "$TLBC_DIR/deploy" | grep -q -- '--bpffs=/sys/fs/bpf/$(NODE_NAME)' ||
 	tlbc_die "deploy/daemonset.yaml's first argument is no longer --bpffs: update the overlay in $0"
 "${KUBECTL[@]}" apply -k "$TLBC_DIR/deploy" >/dev/null
 "${KUBECTL[@]}" -n topolb-system rollout status ds/topolb-agent --timeout="${TIMEOUT}s" >/dev/null
