@@ -114,7 +114,10 @@ in_ns() {
 tlbc_log "building the cluster's helpers and images"
 (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$TLBC_DIR/bin/" ./tools/cluster/echo ./tools/cluster/pause ./tools/cluster/fwd ./tools/cluster/image)
 img() { "$TLBC_DIR/bin/image" "$@"; }
-img -o "$TLBC_DIR/images/topolb.tar" -name "$TLBC_IMAGE_TOPOLB" -dockerfile "$ROOT/Dockerfile" -context "$ROOT"
+# topolb's binaries as the Dockerfile's build stage makes them (its ENV:
+# static, trimmed), into a context of their own.
+CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false" make -s -C "$ROOT" build BIN="$TLBC_DIR/image-context/bin"
+img -o "$TLBC_DIR/images/topolb.tar" -name "$TLBC_IMAGE_TOPOLB" -dockerfile "$ROOT/Dockerfile" -context "$TLBC_DIR/image-context"
 img -o "$TLBC_DIR/images/echo.tar" -name "$TLBC_IMAGE_ECHO" -file "$TLBC_DIR/bin/echo:/echo" -entrypoint /echo -user 65532:65532
 img -o "$TLBC_DIR/images/pause.tar" -name "$TLBC_IMAGE_PAUSE" -file "$TLBC_DIR/bin/pause:/pause" -entrypoint /pause -user 65535:65535
 
