@@ -176,11 +176,15 @@ func TestHintsRemoved(t *testing.T) {
 	})
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	clients := e.clients()
-	hinted := func(want bool) func() error {
+	// hinted: n ready endpoints, all with zone hints or none.
+	hinted := func(want bool, n int) func() error {
 		return func() error {
 			eps, err := e.readyEndpoints("auto")
 			if err != nil {
 				return err
+			}
+			if len(eps) != n {
+				return fmt.Errorf("%d ready endpoints, want %d", len(eps), n)
 			}
 			for addr, ep := range eps {
 				if has := ep.Hints != nil && len(ep.Hints.ForZones) > 0; has != want {
@@ -190,10 +194,10 @@ func TestHintsRemoved(t *testing.T) {
 			return nil
 		}
 	}
-	e.poll("hints on every endpoint", 60*time.Second, hinted(true))
+	e.poll("hints on every endpoint", 60*time.Second, hinted(true, len(e.zones)))
 
 	e.scale("auto", int32(len(e.zones)-1))
-	e.poll("hints removed", 60*time.Second, hinted(false))
+	e.poll("hints removed", 60*time.Second, hinted(false, len(e.zones)-1))
 	eps, err := e.readyEndpoints("auto")
 	if err != nil {
 		t.Fatal(err)

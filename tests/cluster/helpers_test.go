@@ -186,6 +186,9 @@ func (e *env) deploy(name string, replicas int32) {
 					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
 						MaxSkew: 1, TopologyKey: zoneLabel, WhenUnsatisfiable: corev1.DoNotSchedule,
 						LabelSelector: &metav1.LabelSelector{MatchLabels: labels},
+						// Spread each revision: a rolling update then ends
+						// evenly spread, whatever the old pods' places.
+						MatchLabelKeys: []string{appsv1.DefaultDeploymentUniqueLabelKey},
 					}},
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
 					Containers: []corev1.Container{{
