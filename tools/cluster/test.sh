@@ -10,9 +10,11 @@ ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=tools/cluster/lib.sh
 source "$HERE/lib.sh"
 
-trap 'bash "$HERE/down.sh"' EXIT
 start=$SECONDS
+# up.sh tears down what it set up when it fails, and leaves a cluster it
+# did not start alone.
 TLBC_EXAMPLE=0 bash "$HERE/up.sh"
+trap 'bash "$HERE/down.sh"' EXIT
 up=$((SECONDS - start))
 cd "$ROOT"
 # shellcheck disable=SC2086 # TEST_FLAGS is a list of flags
