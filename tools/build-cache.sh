@@ -22,8 +22,10 @@ cache_is_built() {
 
 # cache_begin NAME OUT STAMP_KEY BIN...: exits the script (0) when OUT is
 # built already, also after waiting for another build of OUT; otherwise
-# returns holding OUT.lock (file descriptor 9) for the caller to build.
-# Sets CACHE_OUT to OUT's absolute path.
+# returns holding OUT.lock (file descriptor 9) for the caller to build, in
+# CACHE_SRC (OUT-src), with the environment both builds use: static,
+# trimmed binaries, modules from the proxy, no workspace. Sets CACHE_OUT to
+# OUT's absolute path.
 cache_begin() {
 	local name=$1 out=$2 key=$3
 	shift 3
@@ -46,6 +48,9 @@ cache_begin() {
 			exit 0
 		fi
 	fi
+	# shellcheck disable=SC2034 # for the caller
+	CACHE_SRC="$CACHE_OUT-src"
+	export GOFLAGS="-trimpath -mod=mod -buildvcs=false" CGO_ENABLED=0 GOWORK=off
 }
 
 # cache_publish FROM STAMP BIN...: moves each BIN from directory FROM into

@@ -29,13 +29,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
 log() { cache_log containerd-bins "$@"; }
 
 cache_begin containerd-bins "$OUT" "$STAMP_KEY" "${BINS[@]}"
-OUT=$CACHE_OUT
-SRC="$OUT-src"
-
-start=$SECONDS
-export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOWORK=off
+OUT=$CACHE_OUT SRC=$CACHE_SRC start=$SECONDS
 
 gomod=$(go_mod_file "$MOD@$VERSION")
 [[ -f $gomod ]] || { echo "containerd-bins: could not download $MOD@$VERSION" >&2; exit 1; }

@@ -40,13 +40,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
 log() { cache_log kube-bins "$@"; }
 
 cache_begin kube-bins "$OUT" "$STAMP_KEY" "${BINS[@]}"
-OUT=$CACHE_OUT
-SRC="$OUT-src"
-
-start=$SECONDS
-export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOWORK=off
+OUT=$CACHE_OUT SRC=$CACHE_SRC start=$SECONDS
 
 log "reading k8s.io/kubernetes@$VERSION go.mod from the module proxy"
 gomod=$(go_mod_file "k8s.io/kubernetes@$VERSION")
