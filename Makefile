@@ -69,9 +69,12 @@ test-cluster: cluster-deps build
 	bash tools/cluster/test.sh
 
 # TOPOLB_KUBE_REQUIRED makes tests that need the apiserver fail, not skip,
-# when its build is missing.
-test: deps kube-bins check-generate vet build
+# when its build is missing. Then the end-to-end suite on a local cluster
+# (test-cluster: about 5 minutes with the builds cached; torn down also on
+# failure).
+test: cluster-deps check-generate vet build
 	TOPOLB_KUBE_REQUIRED=1 $(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
+	bash tools/cluster/test.sh
 
 demo: deps build
 	$(BIN)/topolb-demo
