@@ -15,6 +15,12 @@ import (
 // /sys/fs/bpf.
 const nodePinDir = "/sys/fs/bpf/topolb"
 
+// podPinDir is where the pod sees nodePinDir: a directory of the
+// container's sysfs that exists. The runtime cannot create a mount point in
+// sysfs (mkdir fails there), so /sys/fs/bpf/topolb in the pod would fail
+// every container start.
+const podPinDir = "/sys/fs/bpf"
+
 // nodeCgroupDir is the node's cgroup file system, whose cgroup v2 root the
 // socket hooks attach to; the DaemonSet mounts it read-only.
 const nodeCgroupDir = "/sys/fs/cgroup"
