@@ -105,6 +105,34 @@ func TestPreferSameZone(t *testing.T) {
 		}
 	})
 
+	// A host-network pod is one of the node's own processes: its
+	// connections are balanced by the socket hooks on the node's cgroup
+	// v2 root, with the node's decisions.
+	t.Run("host network lands in its zone", func(t *testing.T) {
+		zone := e.zones[len(e.zones)-1]
+		pod := e.hostClient(zone)
+		node := e.podNode(pod)
+		x := e.explain(node, "web")
+		r, err := e.get(pod, url, "-n", "30")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Failed > 0 {
+			t.Errorf("%s: %d of %d requests failed: %v", pod, r.Failed, r.Requests, r.Errors)
+		}
+		for ip, n := range r.ByIP {
+			if !slices.Contains(x.Backends, net.JoinHostPort(ip, "8080")) {
+				t.Errorf("%s on %s: %d answers from %s, not a backend explain lists (%v)", pod, node, n, ip, x.Backends)
+			}
+		}
+		for n := range r.ByNode {
+			if e.zoneOf[n] != zone {
+				t.Errorf("%s in %s: answered from %s in %s", pod, zone, n, e.zoneOf[n])
+			}
+		}
+		t.Logf("%s on %s (%s): %v", pod, node, zone, r.ByNode)
+	})
+
 	t.Run("rollout restart under load", func(t *testing.T) {
 		e.underLoad(t, clients, url, func() error {
 			if _, err := e.kubectlRun("rollout", "restart", "deploy/web"); err != nil {

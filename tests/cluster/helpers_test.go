@@ -275,6 +275,32 @@ func (e *env) clients() map[string]string {
 	return out
 }
 
+// hostClient starts a host-network client pod in zone and returns its
+// name.
+func (e *env) hostClient(zone string) string {
+	e.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "host-client-" + zone},
+		Spec: corev1.PodSpec{
+			HostNetwork:                   true,
+			NodeSelector:                  map[string]string{zoneLabel: zone},
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{
+				// Its sleep listens on a loopback port no node uses.
+				Name: "client", Image: e.echoImage, Args: []string{"serve", "-addr=127.0.0.1:18081", "-drain=0s"},
+				Resources: smallRequests,
+			}},
+		},
+	}
+	if _, err := e.cs.CoreV1().Pods(e.ns).Create(e.ctx(), p, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.kubectlRun("wait", "--for=condition=Ready", "pod/"+p.Name, "--timeout=120s"); err != nil {
+		e.t.Fatal(err)
+	}
+	return p.Name
+}
+
 func (e *env) podNode(name string) string {
 	e.t.Helper()
 	p, err := e.cs.CoreV1().Pods(e.ns).Get(e.ctx(), name, metav1.GetOptions{})
