@@ -13,11 +13,15 @@ KUBE_VERSION ?= v1.37.2
 # reuses it; internal/kubetest looks in the same place by default.
 XDG_CACHE_HOME ?= $(HOME)/.cache
 KUBE_BINS  := $(XDG_CACHE_HOME)/topolb/kube-bins-$(KUBE_VERSION)
+CONTAINERD_VERSION ?= v2.4.2
+CONTAINERD_BINS := $(XDG_CACHE_HOME)/topolb/containerd-$(CONTAINERD_VERSION)
 GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)
+export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
 
-.PHONY: all deps build generate check-generate test test-northsouth-plain demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image
+.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image test-northsouth-plain \
+	cluster-deps containerd-bins cluster cluster-down test-cluster
 
 all: build
 
@@ -41,11 +45,38 @@ vet:
 kube-bins:
 	bash tools/kube-bins.sh $(KUBE_BINS) $(KUBE_VERSION)
 
+# The local cluster's runtime: containerd built from the module proxy
+# (cached like kube-bins), runc and the CNI plugins from Debian.
+containerd-bins:
+	bash tools/containerd-bins.sh $(CONTAINERD_BINS) $(CONTAINERD_VERSION)
+
+cluster-deps: deps kube-bins containerd-bins
+	bash tools/install-deps.sh cluster
+
+# A local cluster of real Kubernetes components, topolb deployed from
+# deploy/ (README, "A real cluster on one machine"). TLBC_KUBE_PROXY=1 runs
+# kube-proxy beside topolb.
+cluster: cluster-deps build
+	bash tools/cluster/up.sh
+
+cluster-down:
+	bash tools/cluster/down.sh
+
+# The end-to-end suite on a fresh local cluster, torn down afterwards, also
+# on failure. TOPOLB_E2E_REMOTE_NS=1 adds north-south to a backend on
+# another node (needs the tc path of issue 18, item 4).
+test-cluster: cluster-deps build
+	bash tools/cluster/test.sh
+
 # TOPOLB_KUBE_REQUIRED makes tests that need the apiserver fail, not skip,
-# when its build is missing.
-test: deps kube-bins check-generate vet build
+# when its build is missing. Then the north-south tests again with uplinks
+# on the tc path, and the end-to-end suite on a local cluster
+# (test-cluster: about 5 minutes with the builds cached; torn down also on
+# failure).
+test: cluster-deps check-generate vet build
 	TOPOLB_KUBE_REQUIRED=1 $(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
 	$(MAKE) test-northsouth-plain
+	bash tools/cluster/test.sh
 
 # The north-south e2e tests again on switch ports without XDP programs (a
 # veth peer without NAPI, as a kind node's eth0): the uplinks take tc.

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages topolb's build, tests and demo need.
+# Installs the Debian packages topolb's build, tests and demo need; with
+# the argument "cluster" also those of the local cluster (tools/cluster):
+# runc and the CNI plugins (containerd is built: tools/containerd-bins.sh).
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 need=()
+if [ "${1:-}" = cluster ]; then
+  command -v runc >/dev/null 2>&1 || need+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+fi
 for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck wrk:wrk nginx:nginx; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")

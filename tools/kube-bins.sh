@@ -3,20 +3,23 @@
 #
 # Builds etcd, kube-apiserver, kube-proxy and kubectl for Kubernetes VERSION
 # (e.g. v1.37.2) from the Go module proxy into OUT, for the integration tests
-# (internal/kubetest). Needs only Go and the module proxy: no git, no C
-# compiler, no prebuilt downloads.
+# (internal/kubetest), and kube-controller-manager, kube-scheduler and
+# kubelet for the local cluster (tools/cluster). Needs only Go and the module
+# proxy: no git, no C compiler, no prebuilt downloads.
 #
-# Cached and idempotent: when OUT/.stamp says the binaries were built for
-# VERSION with this recipe, it exits at once. Otherwise it writes a throwaway
-# module next to OUT (OUT-src/, under ~/.cache/topolb/ when run from the Makefile) that
-# requires k8s.io/kubernetes VERSION and pins every staging module that
-# kubernetes' go.mod requires at v0.0.0 to the matching v0.MINOR.PATCH tag,
-# builds there (about 5 minutes and 3 GiB cold on 2 cores), and moves the
-# binaries into OUT before writing the stamp. Concurrent runs wait on a lock.
+# Cached and idempotent (tools/build-cache.sh): when OUT/.stamp says the
+# binaries were built for VERSION with this recipe, it exits at once.
+# Otherwise it writes a throwaway module next to OUT (OUT-src/, under
+# ~/.cache/topolb/ when run from the Makefile) that requires
+# k8s.io/kubernetes VERSION and pins every staging module that kubernetes'
+# go.mod requires at v0.0.0 to the matching v0.MINOR.PATCH tag, builds there
+# (about 5 minutes and 3 GiB cold on 2 idle cores, over 20 on busy ones),
+# and moves the binaries into OUT before writing the stamp. Concurrent runs
+# wait on a lock.
 set -euo pipefail
 
 # Bump when the build recipe changes, so existing caches are rebuilt.
-RECIPE=1
+RECIPE=2
 
 usage() { echo "usage: $0 OUT VERSION   (e.g. $0 ~/.cache/topolb/kube-bins-v1.37.2 v1.37.2)" >&2; exit 2; }
 [[ $# -eq 2 ]] || usage
@@ -29,48 +32,18 @@ if [[ ! $VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
 fi
 MINOR=${BASH_REMATCH[1]}
 STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
-BINS=(etcd kube-apiserver kube-proxy kubectl)
+BINS=(etcd kube-apiserver kube-proxy kubectl kube-controller-manager kube-scheduler kubelet)
 STAMP_KEY="kubernetes $VERSION recipe $RECIPE"
 
-log() { printf '[kube-bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+# shellcheck source=tools/build-cache.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
+log() { cache_log kube-bins "$@"; }
 
-is_built() {
-	[[ -f $OUT/.stamp ]] && [[ "$(head -n1 "$OUT/.stamp")" == "$STAMP_KEY" ]] || return 1
-	local b
-	for b in "${BINS[@]}"; do [[ -x $OUT/$b ]] || return 1; done
-}
-
-if is_built; then
-	log "$VERSION already built in $OUT"
-	exit 0
-fi
-
-command -v go >/dev/null || { echo "kube-bins: go is not on PATH" >&2; exit 1; }
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-SRC="$OUT-src"
-
-# One build at a time: a second run waits here and then finds the stamp.
-if command -v flock >/dev/null; then
-	exec 9>"$OUT.lock"
-	if ! flock -n 9; then
-		log "another kube-bins build holds $OUT.lock; waiting"
-		flock 9
-	fi
-	if is_built; then
-		log "$VERSION already built in $OUT"
-		exit 0
-	fi
-fi
-
-start=$SECONDS
-export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
-export CGO_ENABLED=0
-export GOWORK=off
+cache_begin kube-bins "$OUT" "$STAMP_KEY" "${BINS[@]}"
+OUT=$CACHE_OUT SRC=$CACHE_SRC start=$SECONDS
 
 log "reading k8s.io/kubernetes@$VERSION go.mod from the module proxy"
-# Outside any module, so the caller's go.mod is not involved.
-gomod=$(cd / && go mod download -json "k8s.io/kubernetes@$VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+gomod=$(go_mod_file "k8s.io/kubernetes@$VERSION")
 [[ -f $gomod ]] || { echo "kube-bins: could not download k8s.io/kubernetes@$VERSION" >&2; exit 1; }
 
 # Staging modules: required at v0.0.0 and replaced by ./staging/src/... upstream.
@@ -129,32 +102,31 @@ count_packages() {
 	'
 }
 
-log "building kube-apiserver, kube-proxy, kubectl (cold: several minutes)"
+log "building kube-apiserver, kube-proxy, kubectl, kube-controller-manager, kube-scheduler, kubelet (cold: several minutes)"
 (cd "$SRC" && go build -v -p 2 -ldflags "$ldflags" -o "$TMP/" \
 	k8s.io/kubernetes/cmd/kube-apiserver \
 	k8s.io/kubernetes/cmd/kube-proxy \
-	k8s.io/kubernetes/cmd/kubectl 2>&1) | count_packages kube
+	k8s.io/kubernetes/cmd/kubectl \
+	k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler \
+	k8s.io/kubernetes/cmd/kubelet 2>&1) | count_packages kube
 
 log "building etcd $etcd_version"
 (cd "$SRC" && go build -v -p 2 -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3 2>&1) | count_packages etcd
 
-for b in "${BINS[@]}"; do
-	[[ -x $TMP/$b ]] || { echo "kube-bins: $TMP/$b was not built" >&2; exit 1; }
-done
 # Smoke-test each binary and its version stamp before publishing it.
 "$TMP/kube-apiserver" --version
 "$TMP/kube-proxy" --version
+"$TMP/kube-controller-manager" --version
+"$TMP/kube-scheduler" --version
+"$TMP/kubelet" --version
 "$TMP/kubectl" version --client
 etcd_out=$("$TMP/etcd" --version)
 echo "${etcd_out%%$'\n'*}"
 
-for b in "${BINS[@]}"; do mv -f "$TMP/$b" "$OUT/$b"; done
-{
-	echo "$STAMP_KEY"
-	echo "etcd $etcd_version"
-	echo "staging $STAGING_VERSION"
-	echo "$(go version)"
-	echo "built $build_date in $((SECONDS - start))s"
-} >"$OUT/.stamp.tmp"
-mv -f "$OUT/.stamp.tmp" "$OUT/.stamp"
+cache_publish "$TMP" "$STAMP_KEY
+etcd $etcd_version
+staging $STAGING_VERSION
+$(go version)
+built $build_date in $((SECONDS - start))s" "${BINS[@]}"
 log "done in $((SECONDS - start))s: ${BINS[*]} in $OUT"

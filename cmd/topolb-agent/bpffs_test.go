@@ -54,7 +54,8 @@ func mountTmpfs(t *testing.T) string {
 // pin path does not exist yet and nothing above it is a bpf filesystem
 // (a node without systemd's mount); never when the pin path exists on one,
 // as in the DaemonSet, which mounts only the node's /sys/fs/bpf/topolb into
-// a pod whose own /sys/fs/bpf is an empty directory.
+// a pod (at its /sys/fs/bpf), a directory below a file system that is not
+// a bpf filesystem.
 func TestEnsureBPFFS(t *testing.T) {
 	nettest.RequireRoot(t)
 	log := slog.New(slog.DiscardHandler)

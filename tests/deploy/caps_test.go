@@ -67,8 +67,8 @@ const (
 // capabilities in its bounding, permitted and effective sets, and no new
 // privileges. In a node namespace of its own (a pod veth for tc, a default
 // route device for XDP, a private bpffs) and with the pod's mounts (only the
-// node's pin directory, at the DaemonSet's mountPath, over a /sys/fs/bpf
-// that is not a bpf filesystem) it must load, attach both hooks, pin, write
+// node's pin directory, at the DaemonSet's mountPath in a fresh sysfs, as a
+// container runtime mounts one) it must load, attach both hooks, pin, write
 // the service into the maps and report ready. Then, for each
 // listed capability, the agent runs without it and must fail with an error
 // that names the step and the denied permission: a capability the agent
@@ -336,22 +336,26 @@ func startRestricted(t *testing.T, ns *nettest.NS, agent string, keep, env, agen
 }
 
 // podMounts sets up, in a mount namespace of the agent's own, the mounts
-// deploy/daemonset.yaml gives the pod: the node's pin directory ($1,
-// created as the kubelet's DirectoryOrCreate does) bind-mounted at $2 under
-// /sys/fs/bpf, which in the pod is the container's sysfs directory and no
-// bpf filesystem: a tmpfs stands in for it; and the node's cgroup file
-// system ($4, with its submounts) read-only at $3 under /run, which in the
-// pod is the container's: a tmpfs stands in for it too, so nothing is
-// created on the machine's /run. Then it runs the rest of its arguments.
+// deploy/daemonset.yaml gives the pod, as a container runtime does: the
+// node's cgroup file system ($4, with its submounts) read-only at $3 under
+// /run, which in the pod is the container's (a tmpfs stands in for it, so
+// nothing is created on the machine's /run); a fresh sysfs at /sys, as the
+// runtime mounts for the container; and the node's pin directory ($1,
+// created as the kubelet's DirectoryOrCreate does) bind-mounted at $2,
+// whose mount point must already exist in that sysfs (mkdir fails there,
+// as it fails the runtime). Then it runs the rest of its arguments.
 const podMounts = `set -e
 mkdir -p "$1"
-mount -t tmpfs -o size=1m,mode=0755 tmpfs /sys/fs/bpf
-mkdir -p "$2"
-mount --bind "$1" "$2"
 mount -t tmpfs -o size=1m,mode=0755 tmpfs /run
 mkdir -p "$3"
 mount --rbind "$4" "$3"
 mount -o remount,bind,ro "$3"
+mkdir /run/.pin
+mount --bind "$1" /run/.pin
+mount -t sysfs sysfs /sys
+mkdir -p "$2"
+mount --move /run/.pin "$2"
+rmdir /run/.pin
 shift 4
 exec "$@"`
 

@@ -71,7 +71,7 @@ func TestServerSideDryRun(t *testing.T) {
 			if name == "daemonset.yaml" {
 				// Only privileged containers may propagate mounts back to
 				// the host: validation must refuse this.
-				fixed := "          mountPath: " + nodePinDir + "\n"
+				fixed := "          mountPath: " + podPinDir + "\n"
 				if !bytes.Contains(data, []byte(fixed)) {
 					t.Fatalf("deploy/daemonset.yaml no longer contains %q: update this test", fixed)
 				}

@@ -6,12 +6,19 @@ import (
 	"testing"
 )
 
-// TestShellScripts checks the kind script, which cannot run on machines
-// without a Docker engine, at least parses (bash -n) and passes shellcheck.
+// TestShellScripts checks that the project's scripts (the kind script,
+// which cannot run on machines without a Docker engine, the local cluster's
+// and the build scripts) at least parse (bash -n) and pass shellcheck,
+// following the files they source.
 func TestShellScripts(t *testing.T) {
-	scripts, err := filepath.Glob(filepath.Join(repoRoot(t), "tests", "kind", "*.sh"))
-	if err != nil || len(scripts) == 0 {
-		t.Fatalf("no scripts in tests/kind (%v)", err)
+	root := repoRoot(t)
+	var scripts []string
+	for _, dir := range []string{"tests/kind", "tools/cluster", "tools"} {
+		s, err := filepath.Glob(filepath.Join(root, dir, "*.sh"))
+		if err != nil || len(s) == 0 {
+			t.Fatalf("no scripts in %s (%v)", dir, err)
+		}
+		scripts = append(scripts, s...)
 	}
 	for _, s := range scripts {
 		name := filepath.Base(s)
@@ -24,7 +31,9 @@ func TestShellScripts(t *testing.T) {
 			if _, err := exec.LookPath("shellcheck"); err != nil {
 				t.Skip("shellcheck not installed (make deps installs it)")
 			}
-			if out, err := exec.Command("shellcheck", "--severity=style", s).CombinedOutput(); err != nil {
+			cmd := exec.Command("shellcheck", "-x", "--severity=style", s)
+			cmd.Dir = root // where `# shellcheck source=` paths start
+			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Errorf("shellcheck %s: %v\n%s", name, err, out)
 			}
 		})

@@ -22,6 +22,9 @@
 #               none (no kube-proxy: topolb replaces it)
 #   KEEP=1      keep the cluster afterwards (default: delete it)
 #   REUSE=1     use an existing cluster named $CLUSTER instead of creating one
+#   SUITE=1     afterwards, run the end-to-end suite of tests/cluster (the
+#               one `make test-cluster` runs on the local cluster) on this
+#               cluster, with its test backend image loaded (needs go)
 set -euo pipefail
 
 CLUSTER=${CLUSTER:-topolb}
@@ -30,6 +33,7 @@ REQUESTS=${REQUESTS:-60}
 KUBE_PROXY=${KUBE_PROXY:-iptables}
 KEEP=${KEEP:-0}
 REUSE=${REUSE:-0}
+SUITE=${SUITE:-0}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 WORK=$ROOT/tests/kind/.work
 ZONES=(zone-a zone-b zone-c)
@@ -372,6 +376,22 @@ main() {
 	scenario topology-keys-hostname "$local_node" only_zone_a
 
 	log "all scenarios passed"
+	if [[ $SUITE == 1 ]]; then
+		run_suite
+	fi
+}
+
+# run_suite: tests/cluster on this cluster. Its backend image is written
+# as an OCI archive by tools/cluster/image, as for the local cluster.
+run_suite() {
+	local echo_image=localhost/topolb-echo:dev
+	log "the end-to-end suite (tests/cluster)"
+	(cd "$ROOT" && CGO_ENABLED=0 go build -o "$WORK/" ./tools/cluster/echo ./tools/cluster/image)
+	"$WORK/image" -o "$WORK/echo.tar" -name "$echo_image" -file "$WORK/echo:/echo" -entrypoint /echo -user 65532:65532
+	kind load image-archive "$WORK/echo.tar" --name "$CLUSTER" >/dev/null
+	make -C "$ROOT" build >/dev/null
+	(cd "$ROOT" && TOPOLB_E2E_KUBECONFIG=$KUBECONFIG TOPOLB_E2E_ECHO_IMAGE=$echo_image go test -count=1 -v ./tests/cluster/) ||
+		die "the end-to-end suite failed"
 }
 
 main "$@"
