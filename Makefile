@@ -63,8 +63,7 @@ cluster-down:
 	bash tools/cluster/down.sh
 
 # The end-to-end suite on a fresh local cluster, torn down afterwards, also
-# on failure. TOPOLB_E2E_REMOTE_NS=1 adds north-south to a backend on
-# another node (needs the tc path of issue 18, item 4).
+# on failure.
 test-cluster: cluster-deps build
 	bash tools/cluster/test.sh
 

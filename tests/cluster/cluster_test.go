@@ -10,9 +10,7 @@
 // (tools/cluster/echo; default localhost/topolb-echo:dev);
 // TOPOLB_E2E_OUTSIDE_NETNS, a network namespace outside the cluster that
 // reaches the nodes' InternalIPs (the local cluster's fabric), for
-// NodePort tests; TOPOLB_E2E_REMOTE_NS=1 also runs north-south to a backend
-// on another node (issue 18, item 4: needs a datapath that delivers on
-// plain veth uplinks).
+// NodePort tests.
 package cluster
 
 import (
@@ -260,8 +258,10 @@ func TestHintsRemoved(t *testing.T) {
 // TestNodePortFromOutside: a NodePort from a client outside the cluster
 // (TOPOLB_E2E_OUTSIDE_NETNS, the local cluster's fabric), to a node with a
 // local backend: externalTrafficPolicy Local answers from that node only;
-// Cluster from a node without a backend reaches one on another node, which
-// needs issue 18 item 4 on plain veth uplinks (TOPOLB_E2E_REMOTE_NS=1).
+// Cluster from a node without a backend reaches one on another node: the
+// nodes' uplinks are plain veths (their peers on the fabric bridge have no
+// XDP program), where XDP_TX would black-hole the frames, so the agents
+// must have chosen the tc path by themselves.
 func TestNodePortFromOutside(t *testing.T) {
 	outside := os.Getenv("TOPOLB_E2E_OUTSIDE_NETNS")
 	if outside == "" {
@@ -317,9 +317,6 @@ func TestNodePortFromOutside(t *testing.T) {
 		}
 	})
 	t.Run("eTP Cluster, remote backend", func(t *testing.T) {
-		if os.Getenv("TOPOLB_E2E_REMOTE_NS") != "1" {
-			t.Skip("north-south to a backend on another node over plain veth uplinks needs issue 18 item 4 (tc path); TOPOLB_E2E_REMOTE_NS=1 runs it")
-		}
 		if err := get(otherNode, cluster.Spec.Ports[0].NodePort); err != nil {
 			t.Error(err)
 		}

@@ -3,7 +3,6 @@
 # (up.sh, without the example), runs the end-to-end suite (tests/cluster)
 # against it and tears it down, also when the bring-up or a test fails.
 # Extra `go test` flags: TEST_FLAGS (e.g. TEST_FLAGS='-run PreferSameZone -v').
-# TOPOLB_E2E_REMOTE_NS=1 adds north-south to a backend on another node;
 # TLBC_KUBE_PROXY=1 runs the suite with kube-proxy beside topolb (up.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
