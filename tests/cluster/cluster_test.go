@@ -87,18 +87,7 @@ func TestPreferSameZone(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Errorf("explain %s (zone %s): backends %v (%s, %s), want the zone's endpoints %v", node, zone, got, x.Mode, x.Reason, want)
 			}
-			r, err := e.get(pod, url, "-n", "30")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Failed > 0 {
-				t.Errorf("%s: %d of %d requests failed: %v", pod, r.Failed, r.Requests, r.Errors)
-			}
-			for ip, n := range r.ByIP {
-				if !slices.Contains(want, net.JoinHostPort(ip, "8080")) {
-					t.Errorf("%s in %s: %d answers from %s, not a backend explain lists (%v)", pod, zone, n, ip, want)
-				}
-			}
+			r := e.answeredBy(t, pod, url, want)
 			t.Logf("%s on %s (%s): %v", pod, node, zone, r.ByNode)
 		}
 	})
@@ -111,18 +100,7 @@ func TestPreferSameZone(t *testing.T) {
 		pod := e.hostClient(zone)
 		node := e.podNode(pod)
 		x := e.explain(node, "web")
-		r, err := e.get(pod, url, "-n", "30")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Failed > 0 {
-			t.Errorf("%s: %d of %d requests failed: %v", pod, r.Failed, r.Requests, r.Errors)
-		}
-		for ip, n := range r.ByIP {
-			if !slices.Contains(x.Backends, net.JoinHostPort(ip, "8080")) {
-				t.Errorf("%s on %s: %d answers from %s, not a backend explain lists (%v)", pod, node, n, ip, x.Backends)
-			}
-		}
+		r := e.answeredBy(t, pod, url, x.Backends)
 		for n := range r.ByNode {
 			if e.zoneOf[n] != zone {
 				t.Errorf("%s in %s: answered from %s in %s", pod, zone, n, e.zoneOf[n])

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -312,6 +314,26 @@ func (e *env) podNode(name string) string {
 
 // result is what `echo get` prints.
 type result = api.Result
+
+// answeredBy makes 30 requests from pod to url and fails t when one fails
+// or is answered from outside want (backends as ip:8080, what explain
+// lists); it returns what answered.
+func (e *env) answeredBy(t *testing.T, pod, url string, want []string) result {
+	t.Helper()
+	r, err := e.get(pod, url, "-n", "30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failed > 0 {
+		t.Errorf("%s: %d of %d requests failed: %v", pod, r.Failed, r.Requests, r.Errors)
+	}
+	for ip, n := range r.ByIP {
+		if !slices.Contains(want, net.JoinHostPort(ip, "8080")) {
+			t.Errorf("%s: %d answers from %s, not a backend explain lists (%v)", pod, n, ip, want)
+		}
+	}
+	return r
+}
 
 // get runs `echo get` in a client pod. A run with failed requests is
 // returned with them counted, not as an error.
