@@ -71,7 +71,7 @@ struct {
  * that floods churn. LRU; looked up only when tlb_conntrack misses. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, DEFAULT_MAX_CONNTRACK / 4);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 } tlb_ct_new SEC(".maps");

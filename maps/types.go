@@ -167,7 +167,7 @@ const (
 // table's own, so the table takes about 1/512 of the memory: 131,072
 // entries (65,536 flows) at 8 GiB, 262,144 from 16 GiB, as many flows as
 // netfilter's nf_conntrack_max default on nodes above 4 GiB from 32 GiB.
-// The unreplied table gets a quarter of it (DefaultMaxConntrackNew).
+// The unreplied table gets as many (DefaultMaxConntrackNew).
 func ConntrackSizeFor(mem uint64) uint32 {
 	const perEntry, lo, hi = 64 << 10, 1 << 15, 1 << 20
 	n := uint32(lo)
@@ -182,10 +182,16 @@ func ConntrackSizeFor(mem uint64) uint32 {
 const NoSourceLimit = ^uint32(0)
 
 // DefaultMaxConntrackNew is the default Options.MaxConntrackNew for an
-// established table of maxConntrack entries: a quarter of it, at least
-// 1,024 entries.
+// established table of maxConntrack entries: the same size, at least
+// 1,024 entries. Closing flows live in the unreplied table for
+// CT_TIMEOUT_TCP_CLOSING (10 s) beside the handshakes in progress, so it
+// holds two entries per connection of the last 10 s: at a quarter of
+// 262,144 entries, 9,000 short connections a second (wrk through
+// TestWrkNoReset) made its LRU evict entries of live handshakes
+// (conntrack_orphan, then a reset); at the established table's size it
+// holds the churn the one table of layout 2 held.
 func DefaultMaxConntrackNew(maxConntrack uint32) uint32 {
-	return max(maxConntrack/4, 1024)
+	return max(maxConntrack, 1024)
 }
 
 // PortRange is an inclusive range of ports.
