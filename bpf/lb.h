@@ -297,6 +297,13 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	ct_peer_key(pkt, ct, &peer_key);
 	peer = ct_find_in(ct->flags, &peer_key);
 	if (!peer || !ct_is_peer(pkt, ct, peer)) {
+		/* Another CPU may be moving the flow between the tables (a
+		 * promotion or demotion by a packet of the other direction):
+		 * its peer is then in the other table already. Not an orphan:
+		 * this packet goes on by its entry, the next finds both moved. */
+		peer = ct_find_in(ct->flags ^ CT_F_ASSURED, &peer_key);
+		if (peer && ct_is_peer(pkt, ct, peer))
+			return ct;
 		if (ct->dir == CT_REVERSE)
 			return ct;
 		stat_inc(STAT_CT_ORPHAN);
