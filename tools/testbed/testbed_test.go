@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -238,20 +239,38 @@ func TestFloodUDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 20000
+	backlogBefore, err := backlogDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := CountArrivals(tb.Pod("b2").NS, func() (FloodResult, error) {
 		return tb.Pod("c").FloodUDP(netip.MustParseAddrPort("10.96.9.9:9"), n)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d frames in %v: %.0f pps; %d reached b2", res.Sent, res.Took, res.PPS, res.Arrived)
+	backlogAfter, err := backlogDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A veth without NAPI hands each frame to the receiving CPU's backlog
+	// queue (net.core.netdev_max_backlog), which drops what it cannot
+	// hold when the CPUs are busy with other work (make test runs
+	// packages side by side: 4,721 of 20,000 once). Those losses are the
+	// kernel's, counted in softnet_stat, not the datapath's: they count as
+	// delivered here. Drops by the datapath are not in softnet_stat.
+	if backlogAfter < backlogBefore {
+		t.Fatalf("softnet_stat's drops went back from %d to %d (a counter wrapped): run again", backlogBefore, backlogAfter)
+	}
+	queued := backlogAfter - backlogBefore
+	t.Logf("%d frames in %v: %.0f pps; %d reached b2; %d dropped by backlog queues", res.Sent, res.Took, res.PPS, res.Arrived, queued)
 	// Sent is the injecting program's own count: a test run interrupted by
 	// a signal runs again, so it may exceed n, never fall short of it.
 	if res.Sent < n {
 		t.Errorf("the flood injected %d frames, asked for %d", res.Sent, n)
 	}
-	if sent := uint64(res.Sent); res.Arrived < sent*9/10 || res.Arrived > sent {
-		t.Errorf("%d of %d datagrams reached the backend, want at least 90%% and at most all", res.Arrived, res.Sent)
+	if sent := uint64(res.Sent); res.Arrived+queued < sent*9/10 || res.Arrived > sent {
+		t.Errorf("%d of %d datagrams reached the backend (%d more dropped by backlog queues), want at least 90%% and at most all", res.Arrived, res.Sent, queued)
 	}
 	if errs, err := tb.ChecksumErrors(); err != nil || len(errs) > 0 {
 		t.Errorf("checksum errors %v, %v", errs, err)
@@ -471,4 +490,26 @@ func TestProcessInPod(t *testing.T) {
 	if p.Running() {
 		t.Error("process still running after Close")
 	}
+}
+
+// backlogDrops sums the frames every CPU's backlog queue dropped
+// (/proc/net/softnet_stat, second column, hexadecimal), since boot.
+func backlogDrops() (uint64, error) {
+	b, err := os.ReadFile("/proc/net/softnet_stat")
+	if err != nil {
+		return 0, err
+	}
+	var sum uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			return 0, fmt.Errorf("softnet_stat line %q: want at least 2 columns", line)
+		}
+		v, err := strconv.ParseUint(f[1], 16, 32)
+		if err != nil {
+			return 0, fmt.Errorf("softnet_stat line %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, nil
 }
