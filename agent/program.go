@@ -49,11 +49,13 @@ func DatapathFrontend(k topology.Key) (maps.Frontend, bool) {
 //   - its draining backends, which keep their established flows;
 //   - ClientIP affinity with the owning port's timeout, or none;
 //   - Reject when an empty active set must be refused rather than dropped;
-//   - the source ranges of a load-balancer IP (topology.Frontend.SourceRanges).
+//   - the source ranges of a load-balancer IP (topology.Frontend.SourceRanges);
+//   - the owning port's name (ServiceName), for readers of the pinned maps.
 func DatapathService(f topology.Frontend, node topology.Node) maps.Service {
 	s := maps.Service{
 		Backends: make([]maps.Backend, 0, len(f.Backends)+len(f.Draining)),
 		Reject:   f.WhenEmpty == topology.EmptyReject,
+		Name:     ServiceName(f.Port),
 	}
 	s.SourceRanges, s.SourceRangesNode = f.SourceRanges(node)
 	weights := integerWeights(f.Weights)
@@ -73,6 +75,15 @@ func DatapathService(f topology.Frontend, node topology.Node) maps.Service {
 		s.Affinity = time.Duration(a.TimeoutSeconds) * time.Second
 	}
 	return s
+}
+
+// ServiceName names a service port as the pinned maps record it:
+// "namespace/name:port", or "namespace/name" for an unnamed port.
+func ServiceName(p topology.ServicePort) string {
+	if p.Name == "" {
+		return p.Service.String()
+	}
+	return p.Service.String() + ":" + p.Name
 }
 
 // backend converts one endpoint, marking it node-local and zone-local as

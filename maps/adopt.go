@@ -39,6 +39,9 @@ func (d *Datapath) adopt() (adoptStats, error) {
 	if err := d.adoptBroken(t, k, broken, &st); err != nil {
 		return st, err
 	}
+	if err := d.adoptNames(t); err != nil {
+		return st, err
+	}
 	if t.writes > 0 {
 		d.log.Info("garbage-collected pinned maps", "writes", t.writes, "rewritten", st.rewritten)
 	}

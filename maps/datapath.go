@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,6 +59,8 @@ type Datapath struct {
 	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
 	// (srcrange.go).
 	srcRanges, srcRangeDrops *ebpf.Map
+	// names is tlb_names (names.go), which only user space reads.
+	names *ebpf.Map
 
 	mirror
 }
@@ -154,6 +157,9 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, err
 	}
 	if err := d.initMeta(fingerprint); err != nil {
+		return nil, err
+	}
+	if d.names, err = loadNames(opts.PinPath, opts.MaxFrontends); err != nil {
 		return nil, err
 	}
 
@@ -375,6 +381,10 @@ func (d *Datapath) Close() error {
 		d.tcColl.Close()
 		d.tcColl = nil
 	}
+	if d.names != nil {
+		d.names.Close()
+		d.names = nil
+	}
 	if d.lock != nil {
 		err := d.lock.Close()
 		d.lock = nil
@@ -405,7 +415,7 @@ func (d *Datapath) Unpin() error {
 		}
 	}
 	// By path, so Unpin also works after Close.
-	for _, name := range sharedMaps {
+	for _, name := range append(slices.Clone(sharedMaps), namesMap) {
 		path := filepath.Join(d.opts.PinPath, name)
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))

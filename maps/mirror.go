@@ -48,6 +48,8 @@ type service struct {
 	// released sums the final counts of ids this process released, so the
 	// frontend's counters never go backwards.
 	released Traffic
+	// name is what tlb_names says for the frontend ("": nothing).
+	name string
 }
 
 // equalWeights reports whether the table holds every active member once.

@@ -31,7 +31,7 @@ func (d *Datapath) Services() map[Frontend]Service {
 	defer d.mu.Unlock()
 	out := make(map[Frontend]Service, len(d.fes))
 	for fe, s := range d.fes {
-		out[fe] = Service{Backends: s.backends(), Affinity: time.Duration(s.set.affinity) * time.Second, Reject: s.set.reject}
+		out[fe] = Service{Backends: s.backends(), Affinity: time.Duration(s.set.affinity) * time.Second, Reject: s.set.reject, Name: s.name}
 	}
 	return out
 }
@@ -97,11 +97,15 @@ type svcEntry struct {
 }
 
 func (d *Datapath) readServices() ([]svcEntry, error) {
+	return d.kernelMaps().readServices()
+}
+
+func (km kernelMaps) readServices() ([]svcEntry, error) {
 	var (
 		out []svcEntry
 		e   svcEntry
 	)
-	it := d.services.Iterate()
+	it := km.services.Iterate()
 	for it.Next(&e.key, &e.value) {
 		out = append(out, e)
 	}
@@ -146,17 +150,21 @@ const recordBatch = 1024
 
 // readRecords reads the records of ids [0, upto] with batch lookups.
 func (d *Datapath) readRecords(upto uint32) ([]record, error) {
+	return d.kernelMaps().readRecords(upto)
+}
+
+func (km kernelMaps) readRecords(upto uint32) ([]record, error) {
 	out := make([]record, 0, upto+1)
 	keys := make([]uint32, recordBatch)
-	vals := make([]tcBackendStats, recordBatch*d.ncpu)
+	vals := make([]tcBackendStats, recordBatch*km.ncpu)
 	var cursor ebpf.MapBatchCursor
 	for uint32(len(out)) <= upto {
-		n, err := d.backendStats.BatchLookup(&cursor, keys, vals, nil)
+		n, err := km.backendStats.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n && uint32(len(out)) <= upto; i++ {
 			if keys[i] != uint32(len(out)) {
 				return nil, fmt.Errorf("read backend records: batch returned id %d, expected %d", keys[i], len(out))
 			}
-			out = append(out, sumRecord(vals[i*d.ncpu:(i+1)*d.ncpu]))
+			out = append(out, sumRecord(vals[i*km.ncpu:(i+1)*km.ncpu]))
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			break

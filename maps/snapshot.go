@@ -20,9 +20,32 @@ type kernelState struct {
 	ranges   map[tcSrcRangeKey]bool
 }
 
+// kernelMaps are the maps that describe frontends, as a Datapath or a
+// read-only Pinned view holds them.
+type kernelMaps struct {
+	services, backends, registry, backendStats, srcRanges *ebpf.Map
+	// maxBackends is the registry's size; ncpu the per-CPU values' length.
+	maxBackends uint32
+	ncpu        int
+}
+
+// kernelMaps returns the Datapath's maps that describe frontends.
+func (d *Datapath) kernelMaps() kernelMaps {
+	return kernelMaps{services: d.services, backends: d.backends, registry: d.registry, backendStats: d.backendStats,
+		srcRanges: d.srcRanges, maxBackends: d.opts.MaxBackends, ncpu: d.ncpu}
+}
+
 // snapshot reads services, every slot, the registry and the records of
-// every id a slot or a registry entry refers to.
+// every id a slot, a registry entry or the mirror refers to.
 func (d *Datapath) snapshot() (*kernelState, error) {
+	mID, ok := d.maxMemberID()
+	return d.kernelMaps().snapshot(mID, ok)
+}
+
+// snapshot reads services, every slot, the registry and the records of
+// every id a slot or a registry entry refers to, and of the ids up to
+// minID when withMin.
+func (km kernelMaps) snapshot(minID uint32, withMin bool) (*kernelState, error) {
 	k := &kernelState{
 		services: make(map[tcSvcKey]tcSvcValue),
 		slots:    make(map[tcBackendKey]tcBackendValue),
@@ -32,14 +55,14 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 		rk tcSrcRangeKey
 		rv uint8
 	)
-	rit := d.srcRanges.Iterate()
+	rit := km.srcRanges.Iterate()
 	for rit.Next(&rk, &rv) {
 		k.ranges[rk] = true
 	}
 	if err := rit.Err(); err != nil {
 		return nil, fmt.Errorf("read src_ranges: %w", err)
 	}
-	svcs, err := d.readServices()
+	svcs, err := km.readServices()
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +74,7 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 		bv    tcBackendValue
 		maxID uint32
 	)
-	it := d.backends.Iterate()
+	it := km.backends.Iterate()
 	for it.Next(&bk, &bv) {
 		k.slots[bk] = bv
 		maxID = max(maxID, bv.Id)
@@ -59,7 +82,7 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read backends: %w", err)
 	}
-	if k.registry, err = d.readRegistry(); err != nil {
+	if k.registry, err = km.readRegistry(); err != nil {
 		return nil, err
 	}
 	for id, r := range k.registry {
@@ -67,27 +90,27 @@ func (d *Datapath) snapshot() (*kernelState, error) {
 			maxID = max(maxID, uint32(id))
 		}
 	}
-	if mID, ok := d.maxMemberID(); ok {
-		maxID = max(maxID, mID)
+	if withMin {
+		maxID = max(maxID, minID)
 	}
-	if maxID >= d.opts.MaxBackends {
-		maxID = d.opts.MaxBackends - 1
+	if maxID >= km.maxBackends {
+		maxID = km.maxBackends - 1
 	}
-	if k.records, err = d.readRecords(maxID); err != nil {
+	if k.records, err = km.readRecords(maxID); err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
 // readRegistry reads the whole registry array with batch lookups.
-func (d *Datapath) readRegistry() ([]tcRegistryValue, error) {
+func (km kernelMaps) readRegistry() ([]tcRegistryValue, error) {
 	const chunk = 4096
-	out := make([]tcRegistryValue, 0, d.opts.MaxBackends)
+	out := make([]tcRegistryValue, 0, km.maxBackends)
 	keys := make([]uint32, chunk)
 	vals := make([]tcRegistryValue, chunk)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := d.registry.BatchLookup(&cursor, keys, vals, nil)
+		n, err := km.registry.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
 			if keys[i] != uint32(len(out)) {
 				return nil, fmt.Errorf("read registry: batch returned id %d, expected %d", keys[i], len(out))
@@ -157,6 +180,9 @@ type ProgrammedBackend struct {
 	// generation.
 	State   string
 	Current bool
+	// Traffic is what its id counted since it was assigned (zero when the
+	// id's record is not of this generation).
+	Traffic Traffic
 }
 
 // Programmed reads every frontend back from the kernel: settings,
@@ -234,7 +260,8 @@ func (k *kernelState) programmed() map[Frontend]ProgrammedService {
 				continue
 			}
 			b := withFlags(Backend{Addr: addrPortFromWire(r.Addr, r.Port), Draining: true}, r.Flags)
-			ps.Backends = append(ps.Backends, ProgrammedBackend{Backend: b, ID: uint32(id), Gen: r.Gen, State: stateName(r.State), Current: true})
+			rec, _ := k.recordOf(uint32(id))
+			ps.Backends = append(ps.Backends, ProgrammedBackend{Backend: b, ID: uint32(id), Gen: r.Gen, State: stateName(r.State), Current: true, Traffic: rec.traffic})
 		}
 		slices.SortFunc(ps.Backends[start:], func(a, b ProgrammedBackend) int { return a.Addr.Compare(b.Addr) })
 		out[fe] = ps
@@ -247,6 +274,9 @@ func (k *kernelState) programmed() map[Frontend]ProgrammedService {
 func (k *kernelState) programmedBackend(b Backend, id, gen, svcID uint32, ps *ProgrammedService) ProgrammedBackend {
 	pb := ProgrammedBackend{Backend: b, ID: id, Gen: gen, State: "none"}
 	rec, ok := k.recordOf(id)
+	if ok && rec.gen == gen {
+		pb.Traffic = rec.traffic
+	}
 	if !ok || rec.gen != gen || rec.mixed {
 		ps.Problems = append(ps.Problems, fmt.Sprintf("backend %s id %d: slot generation %d, record %d (mixed %t)", b.Addr, id, gen, rec.gen, rec.mixed))
 	}

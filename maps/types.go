@@ -123,6 +123,11 @@ type Service struct {
 	// flows despite SourceRanges: set it when a range holds the node's
 	// address, which their packets leave with.
 	SourceRangesNode bool
+	// Name is what the frontend serves, as readers of the pinned maps
+	// show it (the agent: "namespace/name:port"); at most MaxNameLen
+	// bytes, no NUL. Recorded in tlb_names, which no program reads; ""
+	// records nothing.
+	Name string
 }
 
 // The rate limit of rejects, shared with the datapath (enum

@@ -68,6 +68,9 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 	if err != nil {
 		return 0, fmt.Errorf("frontend %s: %w", fe, err)
 	}
+	if _, err := encodeName(s.Name); err != nil {
+		return 0, fmt.Errorf("frontend %s: %w", fe, err)
+	}
 
 	return d.write(func(t *txn) error {
 		var err error
@@ -75,6 +78,12 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 			err = d.create(t, fe, key, tg)
 		} else {
 			err = d.updateWithRanges(t, svc, tg)
+		}
+		// The name follows the frontend once it exists, also when a
+		// finishing write failed; a failed name write is retried by
+		// the next SetService.
+		if svc := d.fes[fe]; svc != nil {
+			err = errors.Join(err, t.putName(svc, s.Name))
 		}
 		if err != nil {
 			return fmt.Errorf("set service %s: %w", fe, err)
@@ -817,6 +826,11 @@ func (d *Datapath) deleteFrontend(t *txn, fe Frontend) error {
 	d.trim(t, s, 1, 0)
 	if rerr := d.pruneRanges(t, s.id, nil); rerr != nil {
 		err = errors.Join(err, rerr)
+	}
+	// A name left behind names nothing (readers show names of
+	// frontends in tlb_services only) and Load deletes it.
+	if nerr := t.putName(s, ""); nerr != nil {
+		d.log.Warn("frontend deleted, its name record stays until the next load", "frontend", fe, "err", nerr)
 	}
 	// Slots that could not be deleted keep the service id until Load
 	// collects them.
