@@ -216,6 +216,11 @@ func printSection(w io.Writer, header string, rows [][]string) error {
 		return nil
 	}
 	fmt.Fprintln(w)
+	return writeTable(w, header, rows)
+}
+
+// writeTable writes header (tab-separated) and rows, aligned.
+func writeTable(w io.Writer, header string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
