@@ -15,8 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// levelTrace is the verbosity of per-map-write logs (developers only).
-const levelTrace = slog.LevelDebug - 4
+// levelTrace is the verbosity of per-map-write logs (developers only):
+// klog's -v 5, Kubernetes' "trace level", where Debug is -v 4.
+const levelTrace = slog.LevelDebug - 1
 
 // sharedMaps are created once, pinned, and shared by every program.
 var sharedMaps = []string{

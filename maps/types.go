@@ -302,7 +302,7 @@ type Options struct {
 	UplinkPath UplinkPath
 	// Logger receives operator-level events (load, adopt, attach,
 	// rollback and repair) at Info or Warn and every map write at
-	// Debug-4. Nil discards.
+	// Debug-1 (klog -v 5). Nil discards.
 	Logger *slog.Logger
 }
 

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/topolb/topolb/agent"
+	"github.com/topolb/topolb/internal/logging"
 	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -56,7 +57,8 @@ type flags struct {
 	events         bool
 	coalesce       time.Duration
 	retry          time.Duration
-	verbosity      int
+	maxAffinity    uint32
+	logging        *logging.Options
 
 	nodePortAddresses []string
 	nodePortRange     string
@@ -67,6 +69,16 @@ type flags struct {
 
 func main() {
 	var f flags
+	cmd := newCommand(&f)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		os.Exit(1)
+	}
+}
+
+// newCommand returns the agent's command with its flags bound to f.
+func newCommand(f *flags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "topolb-agent",
 		Short: "Program this node's topology-aware eBPF load balancer",
@@ -98,7 +110,7 @@ kube-proxy, which listens there, pass it empty or another port.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd.Context(), f)
+			return run(cmd.Context(), *f)
 		},
 	}
 	fl := cmd.Flags()
@@ -128,18 +140,15 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.BoolVar(&f.events, "events", true, "emit Kubernetes Events on Services when this node's mode changes or programming fails (rate-limited)")
 	fl.DurationVar(&f.coalesce, "sync-coalesce", 2*time.Millisecond, "wait this long after a change so a burst of changes becomes one sync")
 	fl.DurationVar(&f.retry, "retry-interval", time.Second, "how often services whose programming failed are retried")
-	fl.IntVarP(&f.verbosity, "v", "v", 0, "log verbosity: 0 operators (mode changes, errors), 1 debug, 4 every map write")
+	fl.Uint32Var(&f.maxAffinity, "max-affinity", maps.DefaultMaxAffinity, "entries of the LRU session-affinity table, one per (client address, frontend with ClientIP affinity); beyond, the oldest memories are lost")
+	f.logging = logging.AddFlags(fl)
+	fl.Lookup("v").Usage = "log verbosity, klog's as in Kubernetes components: 0 operators (mode changes, errors), 4 debug, 5 every map write"
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts (and health check NodePorts) on this node's addresses inside these CIDRs, as kube-proxy's flag (default: the Node's InternalIP and ExternalIP addresses)")
 	fl.StringVar(&f.nodePortRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "serve only nodePorts in this range, the apiserver's --service-node-port-range; others are warned about and not served")
 	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
 	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
 	fl.DurationVar(&f.verifyInterval, "verify-interval", agent.DefaultVerifyInterval, "how often the kernel maps are compared with what the agent programmed and repaired on drift (also once at start); 0 disables")
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		os.Exit(1)
-	}
+	return cmd
 }
 
 // run is the agent's life, one step per call: check the flags, load the
@@ -149,7 +158,10 @@ kube-proxy, which listens there, pass it empty or another port.`,
 // and run the sync loop until ctx is done. The datapath stays pinned after
 // it returns.
 func run(ctx context.Context, f flags) error {
-	log := newLogger(f.verbosity)
+	log, err := f.logging.Apply()
+	if err != nil {
+		return err
+	}
 	s, err := checkFlags(f)
 	if err != nil {
 		return err
@@ -184,17 +196,6 @@ func run(ctx context.Context, f flags) error {
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping; the datapath stays pinned and keeps serving")
 	return nil
-}
-
-// newLogger returns the agent's logger at -v's level: 0 info (operators),
-// 1 debug, and each step above lowers the level by 4 more (4: every map
-// write).
-func newLogger(verbosity int) *slog.Logger {
-	level := slog.LevelInfo - slog.Level(verbosity)*4
-	if verbosity == 1 {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
 // settings are the values parsed out of the flags.
@@ -294,7 +295,7 @@ func loadDatapath(log *slog.Logger, f flags, s settings) (*maps.Datapath, error)
 	dp, err := maps.Load(maps.Options{
 		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends,
 		MaxConntrack: maxConntrack, MaxConntrackNew: f.maxCtNew, NewFlowsPerSource: perSource,
-		SNATPorts: s.snatPorts, UplinkPath: s.uplinkPath, Logger: log.With("component", "datapath"),
+		MaxAffinity: f.maxAffinity, SNATPorts: s.snatPorts, UplinkPath: s.uplinkPath, Logger: log.With("component", "datapath"),
 	})
 	switch {
 	case err == nil:

@@ -8,10 +8,11 @@
 // `explain` reports. It needs root and tears everything down on exit and
 // on Ctrl-C.
 //
-//	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300]
+//	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300] [-v N]
 //
 // KUBE=1 (or --kube) serves the cluster from a real kube-apiserver
-// (`make kube-bins`) instead of a manifest file.
+// (`make kube-bins`) instead of a manifest file. -v is klog's verbosity, as
+// in the agents it starts and Kubernetes components.
 package main
 
 import (
@@ -31,9 +32,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 
 	"github.com/topolb/topolb/internal/kubetest"
+	"github.com/topolb/topolb/internal/logging"
 	"github.com/topolb/topolb/tools/testbed"
 )
 
@@ -43,23 +45,15 @@ type config struct {
 	agentBin  string
 	requests  int
 	kube      bool
-	verbosity int
+	logging   *logging.Options
 	keepGoing bool
 }
 
 func main() {
 	var c config
-	pflag.StringVar(&c.specFile, "spec", "", "testbed spec with scenarios (default: the built-in demo, tools/testbed/examples/demo.yaml)")
-	pflag.StringVar(&c.datapath, "datapath", "", "who programs the nodes: agent (topolb-agent on every node) or direct (this process, through maps/); default agent when the binary exists")
-	pflag.StringVar(&c.agentBin, "agent-binary", "", "topolb-agent binary (default: next to this binary, else bin/topolb-agent)")
-	pflag.IntVar(&c.requests, "requests", 300, "requests per scenario and protocol")
-	pflag.BoolVar(&c.kube, "kube", os.Getenv("KUBE") == "1", "serve the cluster from a real kube-apiserver (also KUBE=1)")
-	pflag.IntVarP(&c.verbosity, "verbosity", "v", 0, "agent log verbosity")
-	pflag.Parse()
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := run(ctx, os.Stdout, c)
+	err := newCommand(&c).ExecuteContext(ctx)
 	if errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "interrupted; everything was torn down")
 		os.Exit(130)
@@ -68,6 +62,36 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
+}
+
+// newCommand returns the demo's command with its flags bound to c.
+func newCommand(c *config) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "topolb-demo",
+		Short: "Show where topolb sends a client's requests, scenario by scenario, on a testbed of network namespaces",
+		Long: `topolb-demo stands up a 3-zone, 6-node testbed out of network namespaces,
+runs topolb-agent on every node, and for each scenario of the spec sends
+requests over HTTP and UDP from a client pod (to the cluster IP or its
+node's NodePort) or from a client outside the cluster (to a node's
+NodePort), then prints where they landed, the source address each backend
+saw, and the mode 'topolbctl explain' reports, and checks that they agree.
+It needs root and tears everything down on exit and on Ctrl-C.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.Context(), cmd.OutOrStdout(), *c)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&c.specFile, "spec", "", "testbed spec with scenarios (default: the built-in demo, tools/testbed/examples/demo.yaml)")
+	fl.StringVar(&c.datapath, "datapath", "", "who programs the nodes: agent (topolb-agent on every node) or direct (this process, through maps/); default agent when the binary exists")
+	fl.StringVar(&c.agentBin, "agent-binary", "", "topolb-agent binary (default: next to this binary, else bin/topolb-agent)")
+	fl.IntVar(&c.requests, "requests", 300, "requests per scenario and protocol")
+	fl.BoolVar(&c.kube, "kube", os.Getenv("KUBE") == "1", "serve the cluster from a real kube-apiserver (also KUBE=1)")
+	c.logging = logging.AddFlags(fl)
+	fl.Lookup("v").Usage = "log verbosity, klog's as in Kubernetes components, of this command and the agents it starts (their --v); the testbed's info lines show from -v 2"
+	return cmd
 }
 
 func run(ctx context.Context, out io.Writer, c config) (err error) {
@@ -82,7 +106,13 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 	if err := chooseDatapath(&c, out); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log, err := c.logging.Apply()
+	if err != nil {
+		return err
+	}
+	if c.logging.Verbosity() < 2 {
+		log = logging.AtLeast(log, slog.LevelWarn)
+	}
 
 	tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
 	if err != nil {
@@ -146,7 +176,7 @@ func startDatapath(ctx context.Context, out io.Writer, tb *testbed.Testbed, c co
 	switch c.datapath {
 	case "agent":
 		t0 := time.Now()
-		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: c.agentBin, Verbosity: c.verbosity}); err != nil {
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: c.agentBin, Verbosity: c.logging.Verbosity()}); err != nil {
 			return err
 		}
 		mode := "--from-file " + tb.ManifestPath()

@@ -10,6 +10,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/topolb/topolb/internal/logging"
 )
 
 // exitError carries a process exit code through cobra.
@@ -59,6 +61,14 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	logs := logging.AddFlags(root.PersistentFlags())
+	root.PersistentFlags().Lookup("v").Usage = "log verbosity, klog's as in Kubernetes components and kubectl (6 and up: the API requests)"
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if _, err := logs.Apply(); err != nil {
+			return usageError(err)
+		}
+		return nil
+	}
 	root.AddCommand(newExplainCommand())
 	for _, add := range extraCommands {
 		root.AddCommand(add())
