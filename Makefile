@@ -21,7 +21,7 @@ export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
 
 .PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image test-northsouth-plain \
-	cluster-deps containerd-bins cluster cluster-down test-cluster
+	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags
 
 all: build
 
@@ -41,6 +41,11 @@ check-generate: generate
 
 vet:
 	$(GO) vet ./...
+
+# Rewrite the README's flag tables from the commands (their TestREADMEFlags
+# fail while the README disagrees).
+readme-flags:
+	$(GO) test -p 1 -count=1 -run '^TestREADMEFlags$$' ./cmd/topolb-agent ./cmd/topolbctl ./cmd/topolb-demo -args -update-readme
 
 kube-bins:
 	bash tools/kube-bins.sh $(KUBE_BINS) $(KUBE_VERSION)

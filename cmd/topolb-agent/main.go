@@ -115,7 +115,7 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
-	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration, else $KUBECONFIG)")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG when set, else the in-cluster configuration, else ~/.kube/config)")
 	fl.StringVar(&f.apiserver, "apiserver", "", "the API server's address (host:port) instead of the one in the kubeconfig or the in-cluster configuration: on a cluster without kube-proxy, the kubernetes Service's cluster IP is not translated until this agent has programmed it")
 	fl.StringVar(&f.fromFile, "from-file", "", "standalone mode: read Nodes, Services and EndpointSlices from this manifest file and reload it when it changes")
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
