@@ -158,6 +158,17 @@ func (p *Pinned) servicesByID() (map[uint32]serviceRef, error) {
 	return out, nil
 }
 
+// flowContext is what decoding flows needs: the datapath's clock now
+// and the services by id.
+func (p *Pinned) flowContext() (uint64, map[uint32]serviceRef, error) {
+	now, err := monotonicNow()
+	if err != nil {
+		return 0, nil, err
+	}
+	svcs, err := p.servicesByID()
+	return now, svcs, err
+}
+
 // FlowBackend is the backend a conntrack or affinity entry holds, by id.
 type FlowBackend struct {
 	Addr    netip.AddrPort
@@ -234,11 +245,7 @@ func redirectName(r uint8) string {
 // Conntrack reads every entry of both tables, the established one first,
 // each sorted by protocol, source and destination.
 func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
-	now, err := monotonicNow()
-	if err != nil {
-		return nil, err
-	}
-	svcs, err := p.servicesByID()
+	now, svcs, err := p.flowContext()
 	if err != nil {
 		return nil, err
 	}
@@ -360,11 +367,7 @@ type AffinityEntry struct {
 // Affinity reads every session-affinity entry, sorted by client and
 // frontend.
 func (p *Pinned) Affinity() ([]AffinityEntry, error) {
-	now, err := monotonicNow()
-	if err != nil {
-		return nil, err
-	}
-	svcs, err := p.servicesByID()
+	now, svcs, err := p.flowContext()
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,7 @@ func TestPinnedReadout(t *testing.T) {
 	t.Run("snat", func(t *testing.T) {
 		ports := SNATPorts(entries)
 		want := map[string]string{ // node address:port -> client
-			sf.snatSrc:                   sf.cToNode2,
+			sf.snatSrc:                    sf.cToNode2,
 			ap(nodeAddr, int(sf.udpPort)): sf.cUDP,
 			ap(nodeAddr, int(sf.up1Port)): sf.cUp1,
 		}

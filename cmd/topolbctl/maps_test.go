@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/topolb/topolb/internal/nettest"
 	dpmaps "github.com/topolb/topolb/maps"
 )
@@ -47,15 +45,7 @@ func newMapsTestbed(t *testing.T) *mapsTestbed {
 	if err := nettest.RemoveStale(); err != nil {
 		t.Logf("removing stale namespaces: %v", err)
 	}
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("cannot mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs %s: %v", dir, err)
-		}
-	})
+	dir := nettest.BPFFS(t)
 	node, client, backend := nettest.NewNS(t, "ctl-node"), nettest.NewNS(t, "ctl-client"), nettest.NewNS(t, "ctl-backend")
 	must(t, node.Sysctl("net.ipv4.ip_forward", "1"))
 	must(t, node.Sysctl("net.ipv4.conf.all.rp_filter", "0"))

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/topolb/topolb/internal/netns"
 )
 
@@ -83,4 +85,23 @@ func (ns *NS) SetOffload(ifname, feature string, on bool) error {
 		return fmt.Errorf("%s: offload feature %q: only \"tx\" is supported", ns.Name, feature)
 	}
 	return ns.SetTxChecksum(ifname, on)
+}
+
+// BPFFS mounts a private bpf filesystem for t in a temporary directory,
+// so pins never land in the node's /sys/fs/bpf, and unmounts it in
+// t.Cleanup (which drops the pins: maps, and links, which detaches). It
+// skips t where bpffs cannot be mounted.
+func BPFFS(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Skipf("cannot mount bpffs (kernel without CONFIG_BPF_SYSCALL?): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs %s: %v", dir, err)
+		}
+	})
+	return dir
 }
