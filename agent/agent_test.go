@@ -109,6 +109,19 @@ func TestAgentApply(t *testing.T) {
 	if !a.Synced() {
 		t.Fatalf("not synced after resync")
 	}
+	// Every frontend is named by its Service port, for readers of the
+	// pinned maps (topolbctl maps).
+	for fe, wantName := range map[string]string{"10.96.0.1:80/TCP": "default/web:http", "10.96.0.1:53/UDP": "default/web:dns"} {
+		var name string
+		for f, s := range dp.fes {
+			if f.String() == fe {
+				name = s.Name
+			}
+		}
+		if name != wantName {
+			t.Errorf("%s named %q, want %q", fe, name, wantName)
+		}
+	}
 
 	// One endpoint losing its hint flips the whole service to all
 	// endpoints (never a per-endpoint filter) and emits an event per port.

@@ -12,6 +12,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/topolb/topolb/kube"
@@ -351,5 +352,24 @@ func TestAgentSourceRanges(t *testing.T) {
 	}
 	if restricted != 4 { // TCP and UDP, internal and external
 		t.Errorf("%d load-balancer IP frontends restricted, want 4", restricted)
+	}
+}
+
+// TestServiceName: a frontend is named "namespace/name:port", or
+// "namespace/name" for the one unnamed port a Service may have.
+func TestServiceName(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		port topology.ServicePort
+		want string
+	}{
+		{name: "named", port: topology.ServicePort{Service: types.NamespacedName{Namespace: "default", Name: "web"}, Name: "http"}, want: "default/web:http"},
+		{name: "unnamed", port: topology.ServicePort{Service: types.NamespacedName{Namespace: "kube-system", Name: "dns"}}, want: "kube-system/dns"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ServiceName(tt.port); got != tt.want {
+				t.Errorf("ServiceName = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -166,6 +166,16 @@ func TestPinnedReadout(t *testing.T) {
 		if got := d2.Services()[sf.feRemote].Name; got != "default/remote:http" {
 			t.Errorf("adopted name %q", got)
 		}
+		// Beside a running owner, which holds the directory's lock.
+		beside, err := OpenPinned(pinPath)
+		if err != nil {
+			t.Fatalf("OpenPinned beside a running datapath: %v", err)
+		}
+		fes, err := beside.Frontends()
+		beside.Close()
+		if err != nil || len(fes) != 4 {
+			t.Errorf("beside a running datapath: %d frontends, %v; want 4", len(fes), err)
+		}
 		if n := mustSetService(t, d2, sf.feRemote, remote); n != 0 {
 			t.Errorf("the same service and name after a restart took %d writes, want 0", n)
 		}
