@@ -9,7 +9,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/internal/nettest"
 )
 
 // Verdicts as the hooks return them.
@@ -34,16 +35,7 @@ func requirePrivileges(t testing.TB) {
 func bpffs(t testing.TB) string {
 	t.Helper()
 	requirePrivileges(t)
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("cannot mount bpffs (kernel without CONFIG_BPF_SYSCALL?): %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs %s: %v", dir, err)
-		}
-	})
-	return dir
+	return nettest.BPFFS(t)
 }
 
 // newDatapath loads a datapath pinned in a private bpffs; small maps keep

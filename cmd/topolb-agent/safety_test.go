@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -161,5 +162,23 @@ func mapsEqual2(a, b map[string][]string) bool {
 func TestSNATPortsWarnedAgainstNodePortRange(t *testing.T) {
 	b := newBed(t)
 	b.start("--snat-ports", "61000-65535", "--service-node-port-range", "62000-62100")
-	b.waitLog("--snat-ports overlaps the NodePort range", "nodePorts=62000-62100")
+	b.waitLog("--snat-ports overlaps the NodePort range", "62000-62100")
+}
+
+// TestLogsJSON: --logging-format=json logs one JSON object a line with
+// Kubernetes components' fields, and klog's verbosity -v 4 shows the
+// agent's debug lines.
+func TestLogsJSON(t *testing.T) {
+	b := newBed(t)
+	b.start("--logging-format", "json", "-v", "4", "--snat-ports", "61000-65535", "--service-node-port-range", "62000-62100")
+	line := b.waitLog(`"msg":"--snat-ports overlaps the NodePort range"`, `"nodePorts":"62000-62100"`, `"v":0`, `"ts":`, `"caller":`)
+	var fields map[string]any
+	if err := json.Unmarshal([]byte(line), &fields); err != nil {
+		t.Fatalf("not one JSON object: %v: %s", err, line)
+	}
+	b.waitLog(`"msg":"agent started"`, `"node":"n1"`)
+	debug := b.waitLog(`"v":4`)
+	if err := json.Unmarshal([]byte(debug), &fields); err != nil {
+		t.Fatalf("a debug line is not one JSON object: %v: %s", err, debug)
+	}
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/internal/nettest"
@@ -267,17 +266,9 @@ func newCapsNode(t *testing.T) *capsNode {
 			t.Fatal(step)
 		}
 	}
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("cannot mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		// Unmounting drops the pins: maps, and links (which detaches).
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs %s: %v", dir, err)
-		}
-	})
-	return &capsNode{ns: ns, pinPath: filepath.Join(dir, "topolb")}
+	// Unmounting it in cleanup drops the pins: maps, and links (which
+	// detaches).
+	return &capsNode{ns: ns, pinPath: filepath.Join(nettest.BPFFS(t), "topolb")}
 }
 
 // capsAgentArgs runs the agent on node-a in standalone mode, pinning at
