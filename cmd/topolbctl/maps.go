@@ -203,11 +203,7 @@ func printPinnedFrontends(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		}
 		out = append(out, r)
 	}
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
+	return present(w, f.output, out, "FRONTEND\tSERVICE\tID\tSLOTS\tBACKENDS\tDRAINING\tSETTINGS", func(r pinnedFrontend) []string {
 		settings := []string{}
 		if r.AffinityTimeoutSeconds > 0 {
 			settings = append(settings, fmt.Sprintf("affinity %ds", r.AffinityTimeoutSeconds))
@@ -221,10 +217,9 @@ func printPinnedFrontends(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		if len(r.Problems) > 0 {
 			settings = append(settings, fmt.Sprintf("PROBLEMS: %s", strings.Join(r.Problems, "; ")))
 		}
-		rows = append(rows, []string{r.Frontend, orDash(cell(r.Service, maxName)), fmt.Sprint(r.ID), fmt.Sprint(r.Slots),
-			orDash(strings.Join(r.Backends, " ")), fmt.Sprint(len(r.DrainingBackends)), orDash(cell(strings.Join(settings, ", "), maxText))})
-	}
-	return printTable(w, "FRONTEND\tSERVICE\tID\tSLOTS\tBACKENDS\tDRAINING\tSETTINGS", rows)
+		return []string{r.Frontend, orDash(cell(r.Service, maxName)), fmt.Sprint(r.ID), fmt.Sprint(r.Slots),
+			orDash(strings.Join(r.Backends, " ")), fmt.Sprint(len(r.DrainingBackends)), orDash(cell(strings.Join(settings, ", "), maxText))}
+	})
 }
 
 // pinnedBackend is one backend of a frontend as `maps backends` prints it.
@@ -260,11 +255,7 @@ func printPinnedBackends(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 				Flows: b.Traffic.Flows, Packets: b.Traffic.Packets, Bytes: b.Traffic.Bytes})
 		}
 	}
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
+	return present(w, f.output, out, "FRONTEND\tSERVICE\tBACKEND\tSTATE\tWEIGHT\tLOCAL\tFLOWS\tPACKETS\tBYTES", func(r pinnedBackend) []string {
 		local := []string{}
 		if r.NodeLocal {
 			local = append(local, "node")
@@ -272,10 +263,9 @@ func printPinnedBackends(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		if r.ZoneLocal {
 			local = append(local, "zone")
 		}
-		rows = append(rows, []string{r.Frontend, orDash(cell(r.Service, maxName)), r.Backend, r.State, fmt.Sprint(r.Weight),
-			orDash(strings.Join(local, ",")), fmt.Sprint(r.Flows), fmt.Sprint(r.Packets), fmt.Sprint(r.Bytes)})
-	}
-	return printTable(w, "FRONTEND\tSERVICE\tBACKEND\tSTATE\tWEIGHT\tLOCAL\tFLOWS\tPACKETS\tBYTES", rows)
+		return []string{r.Frontend, orDash(cell(r.Service, maxName)), r.Backend, r.State, fmt.Sprint(r.Weight),
+			orDash(strings.Join(local, ",")), fmt.Sprint(r.Flows), fmt.Sprint(r.Packets), fmt.Sprint(r.Bytes)}
+	})
 }
 
 // conntrackRow is one conntrack entry as `maps conntrack` prints it.
@@ -324,11 +314,7 @@ func printConntrack(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 			State: e.State, SNAT: e.SNAT, ExpiresSeconds: e.Expires.Seconds(), Frontend: frontendName(e.Frontend), Service: e.Name,
 			Backend: e.Backend.Addr.String(), BackendGone: !e.Backend.Current, Redirect: e.Redirect})
 	}
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
+	return present(w, f.output, out, "TABLE\tPROTO\tDIR\tARRIVES\tTRANSLATED\tSTATE\tEXPIRES\tBACKEND\tSERVICE", func(r conntrackRow) []string {
 		backend := r.Backend
 		if r.BackendGone {
 			backend += " (gone)"
@@ -337,10 +323,9 @@ func printConntrack(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		if r.SNAT {
 			state += ",snat"
 		}
-		rows = append(rows, []string{r.Table, r.Protocol, r.Direction, r.Src + " > " + r.Dst, r.NewSrc + " > " + r.NewDst, state,
-			expires(r.ExpiresSeconds), backend, orDash(cell(r.Service, maxName))})
-	}
-	return printTable(w, "TABLE\tPROTO\tDIR\tARRIVES\tTRANSLATED\tSTATE\tEXPIRES\tBACKEND\tSERVICE", rows)
+		return []string{r.Table, r.Protocol, r.Direction, r.Src + " > " + r.Dst, r.NewSrc + " > " + r.NewDst, state,
+			expires(r.ExpiresSeconds), backend, orDash(cell(r.Service, maxName))}
+	})
 }
 
 // snatRow is one SNAT port in use as `maps snat` prints it.
@@ -372,14 +357,9 @@ func printSNAT(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 			perBackend[s.Backend.String()]++
 		}
 	}
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
-		rows = append(rows, []string{r.Backend, r.Protocol, r.Node, r.Client, orDash(cell(r.Service, maxName)), r.State, expires(r.ExpiresSeconds)})
-	}
-	if err := printTable(w, "BACKEND\tPROTO\tNODE PORT\tCLIENT\tSERVICE\tSTATE\tEXPIRES", rows); err != nil {
+	if err := present(w, f.output, out, "BACKEND\tPROTO\tNODE PORT\tCLIENT\tSERVICE\tSTATE\tEXPIRES", func(r snatRow) []string {
+		return []string{r.Backend, r.Protocol, r.Node, r.Client, orDash(cell(r.Service, maxName)), r.State, expires(r.ExpiresSeconds)}
+	}); err != nil || f.output != "table" || len(out) == 0 {
 		return err
 	}
 	backends := make([]string, 0, len(perBackend))
@@ -430,14 +410,9 @@ func printAffinity(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		}
 		out = append(out, r)
 	}
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
-		rows = append(rows, []string{r.Client, orDash(r.Frontend), orDash(cell(r.Service, maxName)), orDash(r.Backend), expires(r.ExpiresSeconds)})
-	}
-	return printTable(w, "CLIENT\tFRONTEND\tSERVICE\tBACKEND\tEXPIRES", rows)
+	return present(w, f.output, out, "CLIENT\tFRONTEND\tSERVICE\tBACKEND\tEXPIRES", func(r affinityRow) []string {
+		return []string{r.Client, orDash(r.Frontend), orDash(cell(r.Service, maxName)), orDash(r.Backend), expires(r.ExpiresSeconds)}
+	})
 }
 
 // statRow is one counter as `maps stats` prints it.
@@ -456,14 +431,7 @@ func printPinnedStats(w io.Writer, p *dpmaps.Pinned, f mapsFlags) error {
 		out = append(out, statRow{Counter: s.String(), Value: v})
 	}
 	slices.SortFunc(out, func(a, b statRow) int { return cmp.Compare(a.Counter, b.Counter) })
-	if f.output != "table" {
-		return printStructured(w, out, f.output)
-	}
-	rows := make([][]string, 0, len(out))
-	for _, r := range out {
-		rows = append(rows, []string{r.Counter, fmt.Sprint(r.Value)})
-	}
-	return printTable(w, "COUNTER\tVALUE", rows)
+	return present(w, f.output, out, "COUNTER\tVALUE", func(r statRow) []string { return []string{r.Counter, fmt.Sprint(r.Value)} })
 }
 
 // frontendName is fe's string, "" for the zero Frontend (a service id no
@@ -497,12 +465,19 @@ func prefixed(prefix, s string) string {
 	return prefix + s
 }
 
-// printTable prints a table of header (tab-separated) and rows; with no
-// rows, "no entries".
-func printTable(w io.Writer, header string, rows [][]string) error {
-	if len(rows) == 0 {
+// present prints out as JSON or YAML, or as a table of header
+// (tab-separated) and a row of each (with none, "no entries").
+func present[T any](w io.Writer, output string, out []T, header string, row func(T) []string) error {
+	if output != "table" {
+		return printStructured(w, out, output)
+	}
+	if len(out) == 0 {
 		_, err := fmt.Fprintln(w, "no entries")
 		return err
+	}
+	rows := make([][]string, len(out))
+	for i, r := range out {
+		rows[i] = row(r)
 	}
 	return writeTable(w, header, rows)
 }
