@@ -36,7 +36,7 @@ func TestFloodKeepsConnections(t *testing.T) {
 	tb := newTestbed(t, spec)
 	bin := requireAgent(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2, MaxConntrack: floodTable}); err != nil {
+	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5, MaxConntrack: floodTable}); err != nil {
 		cancel()
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ var (
 		bin := requireAgent(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
-		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2}); err != nil {
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}}
@@ -45,7 +45,7 @@ var (
 		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2}); err != nil {
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}}
