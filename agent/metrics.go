@@ -63,8 +63,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors)
+	// Every reason from the start, 0 until it happens: rates and alerts
+	// see a series before the first error.
+	for _, r := range programErrorReasons {
+		m.ProgramErrors.WithLabelValues(r)
+	}
 	return m
 }
+
+// Reasons of topolb_program_errors_total.
+const (
+	programErrorMapFull = "map_full"
+	programErrorOther   = "other"
+)
+
+var programErrorReasons = []string{programErrorMapFull, programErrorOther}
 
 // observeSync records one sync's duration, latency and writes.
 func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {
@@ -106,9 +119,9 @@ func backendZones(ps []portSummary) map[string]int {
 }
 
 func (m *Metrics) programErrors(err error) {
-	reason := "other"
+	reason := programErrorOther
 	if errors.Is(err, maps.ErrMapFull) {
-		reason = "map_full"
+		reason = programErrorMapFull
 	}
 	m.ProgramErrors.WithLabelValues(reason).Inc()
 }

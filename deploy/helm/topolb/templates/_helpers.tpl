@@ -40,7 +40,8 @@ joined with commas.
 
 {{/*
 topolb.config: the config values in force, as YAML: the variant's defaults
-filled in and its requirements checked.
+filled in, its requirements checked, and null values (the agent's default)
+left out.
 */}}
 {{- define "topolb.config" -}}
 {{- $c := deepCopy .Values.config -}}
@@ -60,9 +61,9 @@ filled in and its requirements checked.
 {{- fail "variant kube-proxy-free: config.host-services must be true: without kube-proxy nothing else balances the node's own processes" -}}
 {{- end -}}
 {{- end -}}
-{{- range $flag, $v := $c -}}
+{{- range $flag, $v := deepCopy $c -}}
 {{- if kindIs "invalid" $v -}}
-{{- fail (printf "config.%s is null: every config flag needs a value (the ConfigMap passes each one); move it to flags to leave it out" $flag) -}}
+{{- $_ := unset $c $flag -}}
 {{- end -}}
 {{- end -}}
 {{- toYaml $c -}}
