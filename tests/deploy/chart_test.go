@@ -535,3 +535,15 @@ func TestChartValues(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmVersion: the Makefile builds the helm these tests look for.
+func TestHelmVersion(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^HELM_VERSION \?= (\S+)$`).FindSubmatch(data)
+	if m == nil || string(m[1]) != helmVersion {
+		t.Errorf("Makefile's HELM_VERSION is %q, these tests look for helm %s", m, helmVersion)
+	}
+}

@@ -509,7 +509,7 @@ func TestMonitoring(t *testing.T) {
 	for name, err := range left {
 		t.Errorf("%s: %v", name, err)
 	}
-	t.Logf("%d dashboard queries and %d alert measures returned series", len(queries), len(measures))
+	t.Logf("%d of %d dashboard queries and alert measures returned series", len(queries)+len(measures)-len(left), len(queries)+len(measures))
 
 	// Prometheus' own evaluation of the rules: every one healthy, and
 	// every alert expression evaluates as a query too.
