@@ -547,3 +547,54 @@ func TestHelmVersion(t *testing.T) {
 		t.Errorf("Makefile's HELM_VERSION is %q, these tests look for helm %s", m, helmVersion)
 	}
 }
+
+// TestServerSideDryRunChart applies the chart's renderings (its defaults,
+// and the kube-proxy-free variant with the metrics opt-in and other
+// values) with --dry-run=server to a real kube-apiserver, which validates
+// and admits every object (Pod Security, priority classes) without
+// persisting it, as TestServerSideDryRun does for deploy/.
+func TestServerSideDryRunChart(t *testing.T) {
+	helmBinary(t)
+	kubectl := kubectlBinary(t)
+	c := kubetest.Start(t)
+	kube := func(args ...string) ([]byte, error) {
+		return runErr(kubectl, append([]string{"--kubeconfig", c.KubeconfigPath}, args...)...)
+	}
+	if out, err := kube("apply", "-f", filepath.Join(deployDir(t), "namespace.yaml")); err != nil {
+		t.Fatalf("create the namespace: %v\n%s", err, out)
+	}
+	for _, v := range []struct {
+		name string
+		args []string
+	}{
+		{"defaults", nil},
+		{"kube-proxy-free", []string{"--set", "variant=kube-proxy-free", "--set", "config.apiserver=10.0.0.1:6443",
+			"--set", "config.metrics-on-node-ip=true", "--set", "rollOnConfigChange=true", "--set", "flags.snat-ports=20000-29999",
+			"--set", "flags.health-address=127.0.0.1:19966", "--set", "config.max-conntrack=1048576"}},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			rendered, err := helmTemplate(t, v.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			objects := len(decodeObjects(t, "helm template", rendered))
+			file := filepath.Join(t.TempDir(), "rendered.yaml")
+			if err := os.WriteFile(file, rendered, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := kube("apply", "--dry-run=server", "-f", file)
+			if err != nil {
+				t.Fatalf("kubectl apply --dry-run=server: %v\n%s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			for _, l := range lines {
+				if !strings.HasSuffix(l, "(server dry run)") {
+					t.Errorf("unexpected output line %q", l)
+				}
+			}
+			if len(lines) != objects {
+				t.Errorf("dry run reported %d objects, the chart renders %d:\n%s", len(lines), objects, out)
+			}
+		})
+	}
+}

@@ -417,23 +417,11 @@ func TestMonitoring(t *testing.T) {
 	bin := requireAgent(t)
 	spec := monitoringSpec(t)
 	tb := newTestbed(t, spec)
-	cluster := kubetest.Start(t)
-	t.Cleanup(func() {
-		if err := tb.Close(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-		t.Fatal(err)
-	}
 	// Sweeps and verifications every second or two, so conntrack and
 	// SNAT figures and drift counters reach Prometheus within the test.
-	agents, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Args: []string{"--conntrack-sweep-interval=1s", "--verify-interval=2s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	agents := startAgentsOnAPIServer(t, tb, testbed.AgentOptions{Binary: bin, Args: []string{"--conntrack-sweep-interval=1s", "--verify-interval=2s"}})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
 	start := time.Now()
 	prom := startPrometheus(t, promBin, serveMetrics(t, agents))
 
