@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
@@ -407,7 +408,8 @@ func monitoringSpec(t *testing.T) *testbed.Spec {
 // node (zone × zone flow shares, per-frontend rates), an outside client
 // through node-b1's NodePort to backends on node-b1 and node-b2 (SNAT
 // ports), and to a load-balancer IP whose source ranges exclude it
-// (source range drops). Then every query of the Grafana dashboard must
+// (source range drops); and deletes a backend slot behind node-a1's agent,
+// which must repair it and count the repair. Then every query of the Grafana dashboard must
 // evaluate without error and return series over the test's time; every
 // alert rule must be healthy in Prometheus' own evaluation, and its
 // measure (the expression without its threshold) must return series.
@@ -460,6 +462,11 @@ func TestMonitoring(t *testing.T) {
 	}
 	cancelRefused()
 
+	// Drift: a backend slot of node-a1 deleted behind its agent's back,
+	// which its next verification (every 2 s) repairs and counts.
+	deleteOneSlot(t, tb.BPFFS("node-a1"))
+	repaired := `sum(topolb_datapath_drift_repaired_total{instance="node-a1"}) > 0`
+
 	// Every query must find series; the figures of the last sweep and
 	// scrape may take a few seconds to arrive.
 	queries := dashboardQueries(t)
@@ -486,6 +493,7 @@ func TestMonitoring(t *testing.T) {
 		for name, m := range measures {
 			check("alert "+name, m)
 		}
+		check("the drift repair on node-a1", repaired)
 		return out
 	}
 	var left map[string]error
@@ -497,7 +505,8 @@ func TestMonitoring(t *testing.T) {
 	for name, err := range left {
 		t.Errorf("%s: %v", name, err)
 	}
-	t.Logf("%d of %d dashboard queries and alert measures returned series", len(queries)+len(measures)-len(left), len(queries)+len(measures))
+	total := len(queries) + len(measures) + 1
+	t.Logf("%d of %d dashboard queries, alert measures and the drift check returned series", total-len(left), total)
 
 	// Prometheus' own evaluation of the rules: every one healthy, and
 	// every alert expression evaluates as a query too.
@@ -543,6 +552,25 @@ func TestMonitoring(t *testing.T) {
 	}
 	for _, a := range alerts.Alerts {
 		t.Errorf("alert %s is %s on a healthy testbed: %v", a.Labels["alertname"], a.State, a.Labels)
+	}
+}
+
+// deleteOneSlot deletes one entry of the backend slots map pinned in
+// pinDir.
+func deleteOneSlot(t *testing.T, pinDir string) {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "tlb_backends"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var k, v []byte
+	it := m.Iterate()
+	if !it.Next(&k, &v) {
+		t.Fatalf("no backend slot in %s to delete: %v", pinDir, it.Err())
+	}
+	if err := m.Delete(k); err != nil {
+		t.Fatal(err)
 	}
 }
 
