@@ -598,3 +598,94 @@ func TestServerSideDryRunChart(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmInstall installs the chart with helm on a real kube-apiserver as
+// deploy/README.md says (--create-namespace: helm keeps the release in
+// the namespace, so it must exist first; the chart's Namespace object then
+// labels it), upgrades it with another config value, which with
+// rollOnConfigChange changes the pod template, and uninstalls it, which
+// removes every object it created. (No node runs the DaemonSet's pods:
+// the apiserver has no kubelet.)
+func TestHelmInstall(t *testing.T) {
+	helm := helmBinary(t)
+	kubectl := kubectlBinary(t)
+	c := kubetest.Start(t)
+	h := func(args ...string) []byte {
+		t.Helper()
+		return run(t, helm, append([]string{"--kubeconfig", c.KubeconfigPath, "--namespace", chartNamespace}, args...)...)
+	}
+	getJSON := func(what string, out any) error {
+		data, err := runErr(kubectl, "--kubeconfig", c.KubeconfigPath, "--namespace", chartNamespace, "get", what, "-o", "json")
+		if err != nil {
+			return err
+		}
+		return yaml.Unmarshal(data, out)
+	}
+	type podTemplate struct {
+		Spec struct {
+			Template struct {
+				Metadata struct {
+					Annotations map[string]string `json:"annotations"`
+				} `json:"metadata"`
+			} `json:"template"`
+		} `json:"spec"`
+	}
+	checksum := func() string {
+		t.Helper()
+		var ds podTemplate
+		if err := getJSON("daemonset/topolb-agent", &ds); err != nil {
+			t.Fatal(err)
+		}
+		return ds.Spec.Template.Metadata.Annotations["checksum/config"]
+	}
+
+	h("install", "topolb", chartDir(t), "--create-namespace", "--set", "rollOnConfigChange=true")
+	for _, what := range []string{"namespace/" + chartNamespace, "serviceaccount/topolb-agent", "clusterrole/topolb-agent",
+		"clusterrolebinding/topolb-agent", "configmap/topolb-agent", "daemonset/topolb-agent"} {
+		var o map[string]any
+		if err := getJSON(what, &o); err != nil {
+			t.Errorf("after helm install: %v", err)
+		}
+	}
+	// The namespace --create-namespace made carries the chart's labels:
+	// the Pod Security level the agent needs.
+	var ns struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
+	if err := getJSON("namespace/"+chartNamespace, &ns); err != nil {
+		t.Fatal(err)
+	}
+	if got := ns.Metadata.Labels["pod-security.kubernetes.io/enforce"]; got != "privileged" {
+		t.Errorf("namespace labels %v, want pod-security.kubernetes.io/enforce=privileged", ns.Metadata.Labels)
+	}
+	before := checksum()
+	if before == "" {
+		t.Fatal("no checksum/config annotation with rollOnConfigChange")
+	}
+
+	h("upgrade", "topolb", chartDir(t), "--set", "rollOnConfigChange=true", "--set", "config.v=2")
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := getJSON("configmap/topolb-agent", &cm); err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data["TOPOLB_VERBOSITY"] != "2" {
+		t.Errorf("after helm upgrade, TOPOLB_VERBOSITY = %q, want 2", cm.Data["TOPOLB_VERBOSITY"])
+	}
+	if after := checksum(); after == before {
+		t.Errorf("helm upgrade with another config value left the pod template's checksum at %s: the agents would not roll", after)
+	}
+
+	// Without --wait: the namespace stays Terminating here, where no
+	// controller manager empties it.
+	h("uninstall", "topolb")
+	for _, what := range []string{"clusterrole/topolb-agent", "clusterrolebinding/topolb-agent"} {
+		var o map[string]any
+		if err := getJSON(what, &o); err == nil {
+			t.Errorf("%s still there after helm uninstall", what)
+		}
+	}
+}
