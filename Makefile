@@ -15,13 +15,18 @@ XDG_CACHE_HOME ?= $(HOME)/.cache
 KUBE_BINS  := $(XDG_CACHE_HOME)/topolb/kube-bins-$(KUBE_VERSION)
 CONTAINERD_VERSION ?= v2.4.2
 CONTAINERD_BINS := $(XDG_CACHE_HOME)/topolb/containerd-$(CONTAINERD_VERSION)
+# helm, for the chart's tests only (tests/deploy: lint, template); built
+# from the module proxy like the kube binaries, never linked into topolb.
+HELM_VERSION ?= v4.3.1
+HELM_BINS  := $(XDG_CACHE_HOME)/topolb/helm-$(HELM_VERSION)
 GOTEST_FLAGS ?= -count=1
 
 export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
+export TOPOLB_HELM_BINS := $(HELM_BINS)
 
 .PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image test-northsouth-plain \
-	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags
+	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags helm-bin
 
 all: build
 
@@ -50,6 +55,9 @@ readme-flags:
 kube-bins:
 	bash tools/kube-bins.sh $(KUBE_BINS) $(KUBE_VERSION)
 
+helm-bin:
+	bash tools/helm-bin.sh $(HELM_BINS) $(HELM_VERSION)
+
 # The local cluster's runtime: containerd built from the module proxy
 # (cached like kube-bins), runc and the CNI plugins from Debian.
 containerd-bins:
@@ -77,7 +85,7 @@ test-cluster: cluster-deps build
 # on the tc path, and the end-to-end suite on a local cluster
 # (test-cluster: about 5 minutes with the builds cached; torn down also on
 # failure).
-test: cluster-deps check-generate vet build
+test: cluster-deps helm-bin check-generate vet build
 	TOPOLB_KUBE_REQUIRED=1 $(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
 	$(MAKE) test-northsouth-plain
 	bash tools/cluster/test.sh

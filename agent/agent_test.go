@@ -254,6 +254,10 @@ func TestAgentFrontendConflict(t *testing.T) {
 func TestAgentMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
+	// Every reason of program errors is there from the start, at 0.
+	if n := testutil.CollectAndCount(m.ProgramErrors); n != len(programErrorReasons) {
+		t.Errorf("%d program error series before any error, want %d (one per reason)", n, len(programErrorReasons))
+	}
 	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Metrics: m}, newFakeDP())
 	tr := kube.NewTracker()
 	tr.NodeChanged(nil, node("a1", "zone-a"))

@@ -63,8 +63,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors)
+	// Every reason from the start, 0 until it happens: rates and alerts
+	// see a series before the first error.
+	for _, r := range programErrorReasons {
+		m.ProgramErrors.WithLabelValues(r)
+	}
 	return m
 }
+
+// Reasons of topolb_program_errors_total.
+const (
+	programErrorMapFull = "map_full"
+	programErrorOther   = "other"
+)
+
+var programErrorReasons = []string{programErrorMapFull, programErrorOther}
 
 // observeSync records one sync's duration, latency and writes.
 func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {
@@ -106,9 +119,9 @@ func backendZones(ps []portSummary) map[string]int {
 }
 
 func (m *Metrics) programErrors(err error) {
-	reason := "other"
+	reason := programErrorOther
 	if errors.Is(err, maps.ErrMapFull) {
-		reason = "map_full"
+		reason = programErrorMapFull
 	}
 	m.ProgramErrors.WithLabelValues(reason).Inc()
 }
@@ -130,7 +143,7 @@ type DatapathCollector struct {
 
 	packets, bytes, flows, backendPackets, drops, reverse, events           *prometheus.Desc
 	entries, capacity, ctEntries, ctCreated, ctExpired, ctEvicted           *prometheus.Desc
-	ctTable, ctTableCap, snatPorts                                          *prometheus.Desc
+	ctTable, ctTableCap, snatPorts, snatPortsCap, nodeInfo                  *prometheus.Desc
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 	uplinkPath                                                              *prometheus.Desc
 	sourceRangeDrops                                                        *prometheus.Desc
@@ -160,6 +173,8 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		ctTable:          d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).", "table"),
 		ctTableCap:       d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).", "table"),
 		snatPorts:        d("topolb_snat_ports_in_use", "SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).", "backend"),
+		snatPortsCap:     d("topolb_snat_ports_capacity", "Size of the SNAT port range (--snat-ports): the ports each backend address:port can be given."),
+		nodeInfo:         d("topolb_node_info", "This agent's node and its zone (topology.kubernetes.io/zone, empty before the Node is seen); always 1. Join on instance to label per-node metrics with the node's zone.", "node", "zone"),
 		driftRepaired:    d("topolb_datapath_drift_repaired_total", "Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.", "kind"),
 		driftRemaining:   d("topolb_datapath_drift_remaining", "Inconsistencies the last repair could not fix, by kind.", "kind"),
 		upkeepErrors:     d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
@@ -174,7 +189,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.sourceRangeDrops} {
+		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.sourceRangeDrops} {
 		ch <- d
 	}
 }
@@ -195,6 +210,9 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.entries, float64(u.BackendIDs), "backend_ids")
 	gauge(c.capacity, float64(u.MaxBackends), "backend_ids")
 	gauge(c.pendingCleanups, float64(u.Pending))
+	gauge(c.snatPortsCap, float64(u.SNATPorts))
+	node, zone := c.Agent.NodeZone()
+	gauge(c.nodeInfo, 1, node, zone)
 	c.collectUpkeep(gauge, counter)
 	if ups, err := c.DP.Uplinks(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.uplinkPath, err)
@@ -260,11 +278,11 @@ func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, 
 			}
 		}
 	}
-	for kind, n := range st.Repairs {
-		counter(c.driftRepaired, float64(n), string(kind))
-	}
-	for kind, n := range st.Remaining {
-		gauge(c.driftRemaining, float64(n), string(kind))
+	// Every kind, 0 until it drifts: rates and alerts see a series from
+	// the start.
+	for _, kind := range maps.DriftKinds {
+		counter(c.driftRepaired, float64(st.Repairs[kind]), string(kind))
+		gauge(c.driftRemaining, float64(st.Remaining[kind]), string(kind))
 	}
 	counter(c.upkeepErrors, float64(st.Errors))
 }

@@ -187,6 +187,15 @@ func (a *Agent) ZoneShares() map[maps.Frontend]map[string]float64 {
 	return out
 }
 
+// NodeZone returns this agent's node name and the zone of its Node as last
+// seen ("" before the Node is seen or when it has no zone label).
+func (a *Agent) NodeZone() (node, zone string) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	n, _ := a.state.Node(a.cfg.NodeName)
+	return a.cfg.NodeName, n.Zone()
+}
+
 // reportWalker yields a topology.Report one entry at a time.
 type reportWalker struct {
 	node, zone string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -209,6 +210,50 @@ topolb_snat_ports_in_use{backend="10.244.2.10:8080"} 12
 `
 	err := testutil.CollectAndCompare(NewDatapathCollector(emptyReader{}, a), strings.NewReader(want),
 		"topolb_conntrack_table_entries", "topolb_conntrack_table_capacity", "topolb_snat_ports_in_use")
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// snatReader is a DatapathReader whose SNAT range has 100 ports.
+type snatReader struct{ emptyReader }
+
+func (snatReader) Usage() dpmaps.Usage { return dpmaps.Usage{SNATPorts: 100} }
+
+// TestCollectorExportsEveryDriftKind: every drift kind is exported from
+// the start (0 until it drifts, so rates and alerts see a series), with
+// what verification found and could not repair; and the SNAT range's size
+// and the node's name and zone, which dashboards join on.
+func TestCollectorExportsEveryDriftKind(t *testing.T) {
+	dp := &fakeUpkeep{drift: []dpmaps.Drift{missing, wrong, wrong}, remaining: []dpmaps.Drift{wrong}}
+	a := runUpkeep(t, dp, 0, time.Hour)
+	waitUntil(t, "the first verification's status", func() bool { return a.UpkeepStatus().Drift != nil })
+	var repaired, remaining strings.Builder
+	for _, k := range dpmaps.DriftKinds {
+		n, left := 0, 0
+		switch k {
+		case dpmaps.DriftFrontendMissing:
+			n = 1
+		case dpmaps.DriftSlotWrong:
+			n, left = 2, 1
+		}
+		repaired.WriteString(`topolb_datapath_drift_repaired_total{kind="` + string(k) + `"} ` + strconv.Itoa(n) + "\n")
+		remaining.WriteString(`topolb_datapath_drift_remaining{kind="` + string(k) + `"} ` + strconv.Itoa(left) + "\n")
+	}
+	want := `
+# HELP topolb_datapath_drift_remaining Inconsistencies the last repair could not fix, by kind.
+# TYPE topolb_datapath_drift_remaining gauge
+` + remaining.String() + `# HELP topolb_datapath_drift_repaired_total Inconsistencies between the kernel maps and what the agent programmed, found and repaired by verification, by kind.
+# TYPE topolb_datapath_drift_repaired_total counter
+` + repaired.String() + `# HELP topolb_node_info This agent's node and its zone (topology.kubernetes.io/zone, empty before the Node is seen); always 1. Join on instance to label per-node metrics with the node's zone.
+# TYPE topolb_node_info gauge
+topolb_node_info{node="a1",zone=""} 1
+# HELP topolb_snat_ports_capacity Size of the SNAT port range (--snat-ports): the ports each backend address:port can be given.
+# TYPE topolb_snat_ports_capacity gauge
+topolb_snat_ports_capacity 100
+`
+	err := testutil.CollectAndCompare(NewDatapathCollector(snatReader{}, a), strings.NewReader(want),
+		"topolb_datapath_drift_repaired_total", "topolb_datapath_drift_remaining", "topolb_snat_ports_capacity", "topolb_node_info")
 	if err != nil {
 		t.Error(err)
 	}

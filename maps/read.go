@@ -58,6 +58,9 @@ type Usage struct {
 	// Pending counts cleanups queued after failed writes (ids to retire,
 	// registry entries and frontends to rewrite), retried on every change.
 	Pending int
+	// SNATPorts is the size of the SNAT port range (Options.SNATPorts):
+	// the source ports each backend address:port can be given.
+	SNATPorts int
 }
 
 // Usage reports the datapath's occupancy.
@@ -70,6 +73,7 @@ func (d *Datapath) Usage() Usage {
 		BackendIDs:  int(d.opts.MaxBackends) - d.beIDs.available(),
 		MaxBackends: int(d.opts.MaxBackends),
 		Pending:     d.pending(),
+		SNATPorts:   d.opts.SNATPorts.Size(),
 	}
 }
 

@@ -42,6 +42,13 @@ const (
 	DriftSourceRange DriftKind = "source_range"
 )
 
+// DriftKinds lists every DriftKind, so metrics can export each one from
+// the start (a kind that never drifted is 0, not absent).
+var DriftKinds = []DriftKind{
+	DriftFrontendMissing, DriftFrontendUnexpected, DriftService, DriftSlotMissing, DriftSlotWrong,
+	DriftIDShared, DriftRegistry, DriftRegistryOrphan, DriftGeneration, DriftSourceRange,
+}
+
 // Drift is one disagreement between the kernel and the mirror.
 type Drift struct {
 	Kind DriftKind

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -468,5 +470,27 @@ func TestCountersNeverGoBackwards(t *testing.T) {
 	}
 	if c.Frontends[f].Packets != 100 || c.Backends[f][netip.MustParseAddrPort("10.1.0.4:53")] != 10 {
 		t.Errorf("after 10 more: %+v, %v", c.Frontends[f], c.Backends[f])
+	}
+}
+
+// TestDriftKindsComplete: DriftKinds lists every DriftKind constant of
+// verify.go once, so the metrics export each kind from the start.
+func TestDriftKindsComplete(t *testing.T) {
+	src, err := os.ReadFile("verify.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var consts []DriftKind
+	for _, m := range regexp.MustCompile(`(?m)^\s+Drift\w+ DriftKind = "([a-z_]+)"$`).FindAllSubmatch(src, -1) {
+		consts = append(consts, DriftKind(m[1]))
+	}
+	if len(consts) < 10 {
+		t.Fatalf("found %d DriftKind constants in verify.go, expected more", len(consts))
+	}
+	got := slices.Clone(DriftKinds)
+	slices.Sort(got)
+	slices.Sort(consts)
+	if !slices.Equal(got, consts) {
+		t.Errorf("DriftKinds %v, the constants are %v", got, consts)
 	}
 }

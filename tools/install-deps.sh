@@ -9,20 +9,22 @@ if [ "${1:-}" = cluster ]; then
   command -v runc >/dev/null 2>&1 || need+=(runc)
   [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 fi
-for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck wrk:wrk nginx:nginx; do
+for pair in clang:clang llc:llvm bpftool:bpftool ip:iproute2 nft:nftables iptables:iptables nsenter:util-linux ethtool:ethtool capsh:libcap2-bin shellcheck:shellcheck wrk:wrk nginx:nginx prometheus:prometheus promtool:prometheus; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
   if [ "$(id -u)" != 0 ]; then
     echo "install-deps: missing packages ${need[*]}; run as root or install them" >&2
     exit 1
   fi
   echo "install-deps: installing ${need[*]}"
   apt-get update -qq
-  # nginx is only a program for the end-to-end benchmark's backends: keep
-  # the package from starting a service on the host while it installs.
+  # nginx is only a program for the end-to-end benchmark's backends, and
+  # prometheus one for the dashboard's and alerts' tests (tests/monitoring):
+  # keep the packages from starting services on the host while they install.
   policy=/usr/sbin/policy-rc.d
   added_policy=
   if [ ! -e "$policy" ]; then

@@ -1,7 +1,9 @@
 // Package deploy tests the deployment artefacts under deploy/ and tests/kind:
 // that the DaemonSet's capability list is exactly what the agent needs, that
 // the apiserver accepts every manifest, that the memory limit covers what
-// the agent uses, and that the kind script is valid shell.
+// the agent uses, that the kind script is valid shell, and that the Helm
+// chart (deploy/helm/topolb) lints, renders deploy/'s objects with its
+// defaults and has every agent flag as a value.
 package deploy
 
 import (

@@ -7,6 +7,10 @@
 // compares topolb with kube-proxy: their programmed endpoints
 // (TestKubeProxyAgrees) and their speed (BenchmarkE2E, `make bench-e2e`).
 //
+// TestMonitoring runs Debian's Prometheus against the agents, with the
+// dashboard (deploy/grafana) and alert rules (deploy/prometheus) the
+// project ships, and TestAlertRules their promtool unit tests.
+//
 // TOPOLB_E2E_SWITCH_PORTS=plain runs the testbed with switch ports that
 // have no XDP program (a veth peer without NAPI, as a kind node's eth0):
 // the agents' uplinks take the tc path instead of XDP. Run the north-south

@@ -31,23 +31,7 @@ var (
 	// (internal/kubetest; skipped without `make kube-bins`) that the agents
 	// watch through a relay in each node.
 	withAgentsAndAPIServer = datapath{"agent-apiserver", func(t *testing.T, tb *testbed.Testbed) {
-		bin := requireAgent(t)
-		cluster := kubetest.Start(t)
-		// Cleanups run last-in first-out: stop the agents before the
-		// apiserver, so it has no watches to drain. Close is idempotent.
-		t.Cleanup(func() {
-			if err := tb.Close(); err != nil {
-				t.Errorf("teardown: %v", err)
-			}
-		})
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-		defer cancel()
-		if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5}); err != nil {
-			t.Fatal(err)
-		}
+		startAgentsOnAPIServer(t, tb, testbed.AgentOptions{Binary: requireAgent(t), Verbosity: 5})
 	}}
 	withDirect = datapath{"direct", func(t *testing.T, tb *testbed.Testbed) {
 		if _, err := tb.AttachDirect(); err != nil {
@@ -56,6 +40,31 @@ var (
 	}}
 	datapaths = []datapath{withAgents, withDirect}
 )
+
+// startAgentsOnAPIServer serves tb's cluster from a real kube-apiserver
+// (internal/kubetest; skipped without `make kube-bins`) and starts agents
+// with o on every node, which watch it through a relay in each node.
+func startAgentsOnAPIServer(t *testing.T, tb *testbed.Testbed, o testbed.AgentOptions) []*testbed.Agent {
+	t.Helper()
+	cluster := kubetest.Start(t)
+	// Cleanups run last-in first-out: stop the agents before the
+	// apiserver, so it has no watches to drain. Close is idempotent.
+	t.Cleanup(func() {
+		if err := tb.Close(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	agents, err := tb.StartAgents(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return agents
+}
 
 // apply makes svcs the cluster's Services and waits until every agent's
 // decisions equal DecideNode's for its node (at once without agents: the
