@@ -219,8 +219,29 @@ func (b *bed) get(path string) (string, error) {
 	return string(body), err
 }
 
+// startTimeout bounds an agent's start: loading and verifying the programs
+// takes seconds on a loaded machine, more than waitFor's budget.
+const startTimeout = 60 * time.Second
+
+// waitStarted waits until the current agent has loaded and attached its
+// datapath (its "agent started" line), ready or not.
+func (b *bed) waitStarted() {
+	b.t.Helper()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		data, err := os.ReadFile(b.log)
+		must(b.t, err)
+		if strings.Contains(string(data), "agent started") {
+			return
+		} else if time.Now().After(deadline) {
+			b.t.Fatalf("agent not started within %v", startTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (b *bed) waitReady() {
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(startTimeout)
 	for {
 		if _, err := b.get("9966/readyz"); err == nil {
 			return
@@ -428,6 +449,7 @@ func TestBadManifestKeepsDatapath(t *testing.T) {
 	_ = cmd.Wait()
 	must(t, os.Truncate(b.manifest, 0))
 	b.startUnready()
+	b.waitStarted()
 	b.waitLog("manifest not applied", "it holds no Node, Service or EndpointSlice")
 	if _, err := b.get("9966/healthz"); err != nil {
 		t.Errorf("healthz of an agent waiting for a good manifest: %v", err)

@@ -11,12 +11,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/topolb/topolb/internal/childproc"
 )
 
 // linkIDs returns the ids of the links pinned in the bed's pin directory,
@@ -54,8 +54,7 @@ func TestSecondAgentRefused(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "nsenter", b.agentArgs("--metrics-address", "127.0.0.1:9975", "--health-address", "127.0.0.1:9976")...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err := cmd.Run()
+	err := childproc.Run(cmd)
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("second agent did not exit with an error (err %v, ctx %v):\n%s", err, ctx.Err(), out.String())
 	}

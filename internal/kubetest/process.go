@@ -9,10 +9,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/topolb/topolb/internal/childproc"
 )
 
 // process is one child (etcd or kube-apiserver) whose output goes to a log
@@ -38,31 +39,21 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 		return nil, fmt.Errorf("stat %s log: %w", name, err)
 	}
 	p := &process{name: name, logPath: logPath, logFrom: fi.Size(), done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		// Pdeathsig fires when the thread that forked the child exits, not
-		// the process: keep this goroutine on its thread until the child is
-		// gone, so the Go runtime never retires that thread under it.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		defer close(p.done)
-		defer logFile.Close()
-
-		cmd := exec.Command(bin, args...)
-		cmd.Stdout = logFile
-		cmd.Stderr = logFile
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		p.cmd = cmd
-		started <- nil
-		p.err = cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	child, err := childproc.Start(cmd)
+	if err != nil {
+		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
+	p.cmd = cmd
+	go func() {
+		p.err = child.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
 	return p, nil
 }
 

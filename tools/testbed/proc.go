@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/topolb/topolb/internal/childproc"
 )
 
 // Process is a program running in a namespace of the testbed (an agent or
@@ -118,11 +120,13 @@ func (p *Process) Start(ctx context.Context) error {
 	fmt.Fprintf(logf, "==== %s start: %s %s\n", time.Now().Format(time.RFC3339Nano), p.binary, strings.Join(args, " "))
 	cmd := exec.Command("nsenter", append([]string{"--net=" + p.ns.Path, p.binary}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// childproc adds the parent-death signal: never outlive the testbed's
+	// process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Pdeathsig: syscall.SIGKILL, // never outlive the testbed's process
-		Setpgid:   true,            // Ctrl-C reaches us, and we stop them in order
+		Setpgid: true, // Ctrl-C reaches us, and we stop them in order
 	}
-	if err := cmd.Start(); err != nil {
+	child, err := childproc.Start(cmd)
+	if err != nil {
 		logf.Close()
 		return fmt.Errorf("start %s on %s: %w", p.what, p.where, err)
 	}
@@ -130,7 +134,7 @@ func (p *Process) Start(ctx context.Context) error {
 	done := make(chan struct{})
 	p.cmd, p.done, p.err = cmd, done, nil
 	go func() {
-		err := cmd.Wait()
+		err := child.Wait()
 		logf.Close()
 		p.mu.Lock()
 		p.err = err
