@@ -33,42 +33,61 @@ type FloodResult struct {
 	// Arrived is the number of datagrams the sink counted (CountArrivals
 	// only).
 	Arrived uint64
+	// Stray is the number of datagrams a WireSink counted at its stray
+	// address (WireSink.CountArrivals only).
+	Stray uint64
 }
 
 // CountArrivals runs flood and sets the result's Arrived to how much the
 // sink namespace's Udp NoPorts counter grew: the flood's target must lead
 // to a port nothing listens on in sink. Frames still in flight when the
-// flood returns are waited for, until the counter has stopped growing for
-// 100 ms (at most 2 s). A failed read, or a counter that went down, is an
-// error: a check built on it must never see a made-up count.
+// flood returns are waited for (settle). A failed read, or a counter that
+// went down, is an error: a check built on it must never see a made-up
+// count.
 func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, error) {
-	before, err := sink.UDPNoPorts()
+	before, after, res, err := arrivals(sink.UDPNoPorts, flood)
 	if err != nil {
-		return FloodResult{}, fmt.Errorf("count arrivals: %w", err)
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
 	}
-	res, err := flood()
-	if err != nil {
-		return res, err
+	if res.Arrived, err = netns.Growth(before, after); err != nil {
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
 	}
+	return res, nil
+}
+
+// arrivals reads a counter, runs flood and reads the counter again once it
+// has settled.
+func arrivals[T comparable](read func() (T, error), flood func() (FloodResult, error)) (before, after T, res FloodResult, err error) {
+	if before, err = read(); err != nil {
+		return before, after, res, err
+	}
+	if res, err = flood(); err != nil {
+		return before, after, res, err
+	}
+	after, err = settle(read)
+	return before, after, res, err
+}
+
+// settle reads a counter until it has stopped changing for 100 ms (at
+// most 2 s: a flood's frames still in flight) and returns its last value.
+func settle[T comparable](read func() (T, error)) (T, error) {
 	const still, limit = 100 * time.Millisecond, 2 * time.Second
-	last, lastChange, deadline := before, time.Now(), time.Now().Add(limit)
-	for {
+	last, err := read()
+	if err != nil {
+		return last, err
+	}
+	lastChange, deadline := time.Now(), time.Now().Add(limit)
+	for time.Since(lastChange) < still && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		now, err := sink.UDPNoPorts()
+		now, err := read()
 		if err != nil {
-			return res, fmt.Errorf("count arrivals: %w", err)
+			return last, err
 		}
 		if now != last {
 			last, lastChange = now, time.Now()
 		}
-		if time.Since(lastChange) >= still || time.Now().After(deadline) {
-			break
-		}
 	}
-	if res.Arrived, err = netns.Growth(before, last); err != nil {
-		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
-	}
-	return res, nil
+	return last, nil
 }
 
 // floodSourcePort is the source port of every flooded datagram.
@@ -85,24 +104,48 @@ const floodSourcePort = 40000
 // is up to the caller to check (CountArrivals: the receiving pod's UDP
 // NoPorts counter when nothing listens on the target port).
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	return floodUDP(p.NS, PodIfName, p.Node.NS, p.HostVeth, netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
-}
-
-// floodUDP injects count frames from the sender (ifname senderIf in
-// sender) as received on ingressIf in ingress, the sender's peer.
-func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, target netip.AddrPort, count int) (FloodResult, error) {
-	srcMAC, err := sender.HardwareAddr(senderIf)
+	podMAC, err := p.NS.HardwareAddr(PodIfName)
 	if err != nil {
 		return FloodResult{}, err
 	}
+	hostMAC, err := p.Node.NS.HardwareAddr(p.HostVeth)
+	if err != nil {
+		return FloodResult{}, err
+	}
+	return floodUDP(injection{ns: p.Node.NS, ifname: p.HostVeth, action: xdpPass, src: podMAC, dst: hostMAC},
+		netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
+}
+
+// XDP actions of the flood's program.
+const (
+	xdpDrop = 1
+	xdpPass = 2
+	xdpTX   = 3
+)
+
+// injection is where a flood's frames enter: the live-frame test run has
+// ifname in ns as its ingress interface and ends each frame with action,
+// xdpPass (the frame is received by ifname, into ns's stack) or xdpTX (the
+// frame is sent out of ifname, received by its veth peer as a frame on the
+// wire; the peer needs a NAPI instance, napiForXDP). src and dst are the
+// frame's MAC addresses.
+type injection struct {
+	ns       *NS
+	ifname   string
+	action   int32
+	src, dst net.HardwareAddr
+}
+
+// floodUDP injects count datagrams from from to target at in.
+func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult, error) {
 	var res FloodResult
-	err = ingress.Do(func() error {
-		in, err := net.InterfaceByName(ingressIf)
+	err := in.ns.Do(func() error {
+		dev, err := net.InterfaceByName(in.ifname)
 		if err != nil {
 			return err
 		}
-		frame := udpFrame(srcMAC, in.HardwareAddr, from, target, []byte("flood"))
-		prog, runs, err := rewriteProgram(frame)
+		frame := udpFrame(in.src, in.dst, from, target, []byte("flood"))
+		prog, runs, err := rewriteProgram(frame, in.action)
 		if err != nil {
 			return err
 		}
@@ -113,7 +156,7 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 			Data:    frame,
 			Repeat:  uint32(count),
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(in.Index)},
+			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(dev.Index)},
 		})
 		res = FloodResult{Took: time.Since(start)}
 		if err != nil {
@@ -141,11 +184,11 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 }
 
 // rewriteProgram returns an XDP program that writes frame over the packet
-// and passes it to the stack, and the one-element array in which it counts
+// and ends with action, and the one-element array in which it counts
 // its runs. Live-frame mode recycles its pages without restoring them, and
 // the stack rewrites the frames it forwards (DNAT, the next hop's MAC
 // address), so each run restores the original bytes first.
-func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
+func rewriteProgram(frame []byte, action int32) (*ebpf.Program, *ebpf.Map, error) {
 	runs, err := ebpf.NewMap(&ebpf.MapSpec{Name: "testbed_runs", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create the flood's run counter: %w", err)
@@ -166,7 +209,7 @@ func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
 		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
 		asm.Mov.Reg(asm.R4, asm.R2),
 		asm.Add.Imm(asm.R4, int32(len(frame))),
-		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+		asm.JGT.Reg(asm.R4, asm.R3, "short"),
 	}
 	i := 0
 	for ; i+4 <= len(frame); i += 4 {
@@ -176,7 +219,9 @@ func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
 		insns = append(insns, asm.StoreImm(asm.R2, int16(i), int64(frame[i]), asm.Byte))
 	}
 	insns = append(insns,
-		asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
+		asm.Mov.Imm(asm.R0, action),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, xdpDrop).WithSymbol("short"), // shorter than the frame: never, the test run's own data
 		asm.Return(),
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_flood", Type: ebpf.XDP, Instructions: insns, License: "GPL"})

@@ -230,7 +230,16 @@ func (e *External) Send(ctx context.Context, l Load) []Record { return send(ctx,
 // to the client. The router forwards them onto the wire, so a node's XDP
 // program on its uplink sees them as real frames; see Pod.FloodUDP.
 func (e *External) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	return floodUDP(e.NS, ExternalIfName, e.Router.NS, e.RouterIf, netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
+	clientMAC, err := e.NS.HardwareAddr(ExternalIfName)
+	if err != nil {
+		return FloodResult{}, err
+	}
+	routerMAC, err := e.Router.NS.HardwareAddr(e.RouterIf)
+	if err != nil {
+		return FloodResult{}, err
+	}
+	return floodUDP(injection{ns: e.Router.NS, ifname: e.RouterIf, action: xdpPass, src: clientMAC, dst: routerMAC},
+		netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
 }
 
 // Client sends requests from inside the testbed: a Pod, or an External
