@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -70,7 +71,7 @@ type goal struct {
 	Issue string
 }
 
-// goals are the end-to-end goals of issues 5, 10 and 11.
+// goals are the end-to-end goals of issues 5, 10, 11 and 23.
 var goals = []goal{
 	{Metric: "requests_per_s", Services: 10000, Vs: implNFT, Min: 1.3, Issue: "11"},
 	{Metric: "requests_per_s", Services: 10000, Vs: implIPT, Min: 1.5, Issue: "11"},
@@ -80,6 +81,8 @@ var goals = []goal{
 	{Metric: "cpu_us_per_req", Services: 10000, Vs: implIPT, Max: 1, Issue: "11"},
 	{Metric: "pps", Services: 10000, Vs: implNFT, Min: 2, Issue: "11"},
 	{Metric: "ns_pps", Services: 10000, Vs: implNFT, Min: 2, Issue: "10"},
+	{Metric: "node_pps", Services: 10000, Vs: implNFT, Min: 3, Issue: "23"},
+	{Metric: "node_ns_pps", Services: 10000, Vs: implNFT, Min: 3, Issue: "23"},
 }
 
 // Verdicts.
@@ -166,6 +169,9 @@ func printResults(rs []result) {
 		res := &rs[i]
 		nft := find(rs, implNFT, res.services)
 		for _, metric := range benchMetrics {
+			if _, measured := res.samples[metric]; !measured {
+				continue
+			}
 			mean, ci, _ := meanCI(res.samples[metric])
 			ratio, rci := math.NaN(), math.NaN()
 			if nft != nil {
@@ -269,6 +275,31 @@ Transfer/sec:      2.74MB
 	} {
 		if r, err := parseWrk([]byte(bad)); err == nil {
 			t.Errorf("parseWrk(%q) = %+v, want an error", bad, r)
+		}
+	}
+}
+
+func TestSelectedMetrics(t *testing.T) {
+	defer func(v string) { *benchOnly = v }(*benchOnly)
+	for _, c := range []struct {
+		name, flag string
+		want       []string // nil: an error
+	}{
+		{"default: all", "", benchMetrics},
+		{"a rate brings its cost", "node_ns_pps", []string{"node_ns_pps", "node_ns_cpu_ns_per_pkt"}},
+		{"wrk's four together, in print order", "update_ms,p99_ms", []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "update_ms"}},
+		{"unknown", "pps,nope", nil},
+	} {
+		*benchOnly = c.flag
+		got, err := selectedMetrics()
+		if c.want == nil {
+			if err == nil {
+				t.Errorf("%s: %v, want an error", c.name, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
 		}
 	}
 }
