@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -30,6 +34,13 @@ type FloodResult struct {
 	Took time.Duration
 	// PPS is Sent / Took.
 	PPS float64
+	// CPU is the CPU time the flood took: the injecting thread's during
+	// the test run, in which the kernel takes every frame through its
+	// whole path, the softirqs it raises included (charged to the thread
+	// they run in, on kernels without CONFIG_IRQ_TIME_ACCOUNTING), plus
+	// the ksoftirqd threads' meanwhile (the softirqs deferred to them).
+	// Unlike the machine's busy time, other processes' work is not in it.
+	CPU time.Duration
 	// Arrived is the number of datagrams the sink counted (CountArrivals
 	// only).
 	Arrived uint64
@@ -151,6 +162,11 @@ func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult
 		}
 		defer prog.Close()
 		defer runs.Close()
+		soft, err := softirqdTime()
+		if err != nil {
+			return err
+		}
+		thread := threadTime()
 		start := time.Now()
 		_, err = prog.Run(&ebpf.RunOptions{
 			Data:    frame,
@@ -158,10 +174,15 @@ func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
 			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(dev.Index)},
 		})
-		res = FloodResult{Took: time.Since(start)}
+		res = FloodResult{Took: time.Since(start), CPU: threadTime() - thread}
 		if err != nil {
 			return err
 		}
+		softAfter, err := softirqdTime()
+		if err != nil {
+			return err
+		}
+		res.CPU += softAfter - soft
 		// A signal (the Go runtime's preemption) interrupts the test run
 		// with EINTR, and cilium/ebpf runs it again from the start: the
 		// program's own count is the number of frames injected.
@@ -181,6 +202,49 @@ func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult
 	}
 	res.PPS = float64(res.Sent) / res.Took.Seconds()
 	return res, nil
+}
+
+// threadTime is the calling thread's CPU time so far.
+func threadTime() time.Duration {
+	var ts unix.Timespec
+	// Cannot fail: the clock exists and ts is valid.
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// softirqdTime is the CPU time of the ksoftirqd threads so far (the first
+// field of /proc/<pid>/schedstat, in ns).
+func softirqdTime() (time.Duration, error) {
+	comms, err := filepath.Glob("/proc/[0-9]*/comm")
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	found := false
+	for _, c := range comms {
+		name, err := os.ReadFile(c)
+		if err != nil || !strings.HasPrefix(string(name), "ksoftirqd/") {
+			continue // a process that exited, or another
+		}
+		stat, err := os.ReadFile(filepath.Join(filepath.Dir(c), "schedstat"))
+		if err != nil {
+			return 0, fmt.Errorf("ksoftirqd's CPU time: %w", err)
+		}
+		fields := strings.Fields(string(stat))
+		if len(fields) == 0 {
+			return 0, fmt.Errorf("ksoftirqd's CPU time: empty %s", filepath.Join(filepath.Dir(c), "schedstat"))
+		}
+		ns, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("ksoftirqd's CPU time in %q: %w", stat, err)
+		}
+		total += time.Duration(ns)
+		found = true
+	}
+	if !found {
+		return 0, errors.New("no ksoftirqd thread in /proc")
+	}
+	return total, nil
 }
 
 // rewriteProgram returns an XDP program that writes frame over the packet
