@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"testing"
+
+	"github.com/topolb/topolb/tools/testbed"
 )
 
 // t95 is Student's t for a two-sided 95% interval, by degrees of freedom
@@ -305,6 +307,25 @@ func TestSelectedMetrics(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+}
+
+func TestCheckArrivals(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		res  testbed.FloodResult
+		ok   bool
+	}{
+		{"all arrived", testbed.FloodResult{Sent: 1000, Arrived: 1000}, true},
+		{"90% arrived", testbed.FloodResult{Sent: 1000, Arrived: 900}, true},
+		{"fewer than 90%", testbed.FloodResult{Sent: 1000, Arrived: 899}, false},
+		{"more than sent", testbed.FloodResult{Sent: 1000, Arrived: 1001}, false},
+		{"fewer injected than asked", testbed.FloodResult{Sent: 999, Arrived: 999}, false},
+		{"one left untranslated", testbed.FloodResult{Sent: 1000, Arrived: 999, Stray: 1}, false},
+	} {
+		if err := checkArrivals(c.res, 1000); (err == nil) != c.ok {
+			t.Errorf("%s: %v, want ok %v", c.name, err, c.ok)
 		}
 	}
 }
