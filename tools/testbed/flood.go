@@ -115,15 +115,8 @@ const floodSourcePort = 40000
 // is up to the caller to check (CountArrivals: the receiving pod's UDP
 // NoPorts counter when nothing listens on the target port).
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	podMAC, err := p.NS.HardwareAddr(PodIfName)
-	if err != nil {
-		return FloodResult{}, err
-	}
-	hostMAC, err := p.Node.NS.HardwareAddr(p.HostVeth)
-	if err != nil {
-		return FloodResult{}, err
-	}
-	return floodUDP(injection{ns: p.Node.NS, ifname: p.HostVeth, action: xdpPass, src: podMAC, dst: hostMAC},
+	host := iface{p.Node.NS, p.HostVeth}
+	return floodUDP(injection{at: host, action: xdpPass, src: iface{p.NS, PodIfName}, dst: host},
 		netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
 }
 
@@ -134,28 +127,41 @@ const (
 	xdpTX   = 3
 )
 
+// iface is an interface of a namespace.
+type iface struct {
+	ns   *NS
+	name string
+}
+
 // injection is where a flood's frames enter: the live-frame test run has
-// ifname in ns as its ingress interface and ends each frame with action,
-// xdpPass (the frame is received by ifname, into ns's stack) or xdpTX (the
-// frame is sent out of ifname, received by its veth peer as a frame on the
-// wire; the peer needs a NAPI instance, napiForXDP). src and dst are the
-// frame's MAC addresses.
+// at as its ingress interface and ends each frame with action, xdpPass
+// (the frame is received by at, into its namespace's stack) or xdpTX (the
+// frame is sent out of at, received by its veth peer as a frame from the
+// wire; the peer needs a NAPI instance, napiForXDP). The frames carry
+// src's MAC address as source and dst's as destination.
 type injection struct {
-	ns       *NS
-	ifname   string
+	at       iface
 	action   int32
-	src, dst net.HardwareAddr
+	src, dst iface
 }
 
 // floodUDP injects count datagrams from from to target at in.
 func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult, error) {
+	srcMAC, err := in.src.ns.HardwareAddr(in.src.name)
+	if err != nil {
+		return FloodResult{}, err
+	}
+	dstMAC, err := in.dst.ns.HardwareAddr(in.dst.name)
+	if err != nil {
+		return FloodResult{}, err
+	}
 	var res FloodResult
-	err := in.ns.Do(func() error {
-		dev, err := net.InterfaceByName(in.ifname)
+	err = in.at.ns.Do(func() error {
+		dev, err := net.InterfaceByName(in.at.name)
 		if err != nil {
 			return err
 		}
-		frame := udpFrame(in.src, in.dst, from, target, []byte("flood"))
+		frame := udpFrame(srcMAC, dstMAC, from, target, []byte("flood"))
 		prog, runs, err := rewriteProgram(frame, in.action)
 		if err != nil {
 			return err

@@ -230,15 +230,8 @@ func (e *External) Send(ctx context.Context, l Load) []Record { return send(ctx,
 // to the client. The router forwards them onto the wire, so a node's XDP
 // program on its uplink sees them as real frames; see Pod.FloodUDP.
 func (e *External) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	clientMAC, err := e.NS.HardwareAddr(ExternalIfName)
-	if err != nil {
-		return FloodResult{}, err
-	}
-	routerMAC, err := e.Router.NS.HardwareAddr(e.RouterIf)
-	if err != nil {
-		return FloodResult{}, err
-	}
-	return floodUDP(injection{ns: e.Router.NS, ifname: e.RouterIf, action: xdpPass, src: clientMAC, dst: routerMAC},
+	router := iface{e.Router.NS, e.RouterIf}
+	return floodUDP(injection{at: router, action: xdpPass, src: iface{e.NS, ExternalIfName}, dst: router},
 		netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
 }
 

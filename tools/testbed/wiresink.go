@@ -207,17 +207,10 @@ func sinkProgram(want, stray netip.AddrPort, counts *ebpf.Map) (*ebpf.Program, e
 // pass program for the flood's duration. The frames carry the router's
 // MAC address as source.
 func (tb *Testbed) FloodWire(e *External, n *Node, target netip.AddrPort, count int) (FloodResult, error) {
-	routerMAC, err := e.Router.NS.HardwareAddr(UplinkName)
-	if err != nil {
-		return FloodResult{}, err
-	}
-	nodeMAC, err := n.NS.HardwareAddr(UplinkName)
-	if err != nil {
-		return FloodResult{}, err
-	}
 	var res FloodResult
-	err = withUplinkNAPI(n, func() error {
-		res, err = floodUDP(injection{ns: tb.Fabric, ifname: n.SwitchPort(), action: xdpTX, src: routerMAC, dst: nodeMAC},
+	err := withUplinkNAPI(n, func() error {
+		var err error
+		res, err = floodUDP(injection{at: iface{tb.Fabric, n.SwitchPort()}, action: xdpTX, src: iface{e.Router.NS, UplinkName}, dst: iface{n.NS, UplinkName}},
 			netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
 		return err
 	})
