@@ -579,7 +579,7 @@ func (bed *benchBed) round(ctx context.Context, b *testing.B, services int, metr
 // arrived, or some left untranslated.
 func checkArrivals(res testbed.FloodResult, asked int) error {
 	if sent := uint64(res.Sent); res.Sent < asked || res.Arrived < sent*9/10 || res.Arrived > sent || res.Stray != 0 {
-		return fmt.Errorf("%d of %d datagrams (%d asked for) reached the backend, %d left untranslated", res.Arrived, res.Sent, asked, res.Stray)
+		return fmt.Errorf("%d of %d datagrams (%d asked for) reached the backend, %d left untranslated (%d dropped by the node's wire)", res.Arrived, res.Sent, asked, res.Stray, res.WireDrops)
 	}
 	return nil
 }

@@ -47,6 +47,10 @@ type FloodResult struct {
 	// Stray is the number of datagrams a WireSink counted at its stray
 	// address (WireSink.CountArrivals only).
 	Stray uint64
+	// WireDrops is the number of frames the node's uplink and its switch
+	// port dropped (WireSink.CountArrivals only): the kernel's losses on
+	// the way to the sink, which say where missing datagrams went.
+	WireDrops uint64
 }
 
 // CountArrivals runs flood and sets the result's Arrived to how much the

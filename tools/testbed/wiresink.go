@@ -28,6 +28,7 @@ func (n *Node) SwitchPort() string { return fmt.Sprintf("n%d", n.Index) }
 // keeps its NAPI instance (napiForXDP), so the node's XDP_TX still works.
 type WireSink struct {
 	tb     *Testbed
+	node   *Node
 	port   string
 	counts *ebpf.Map
 }
@@ -69,7 +70,7 @@ func (tb *Testbed) AttachWireSink(n *Node, want, stray netip.AddrPort) (_ *WireS
 	// The attachment is netlink's, as napiForXDP's: it outlives prog's
 	// file descriptor.
 	defer prog.Close()
-	s := &WireSink{tb: tb, port: n.SwitchPort(), counts: counts}
+	s := &WireSink{tb: tb, node: n, port: n.SwitchPort(), counts: counts}
 	if err := tb.setXDP(s.port, prog.FD()); err != nil {
 		return nil, fmt.Errorf("attach the wire sink to %s: %w", s.port, err)
 	}
@@ -117,19 +118,50 @@ func (s *WireSink) Counts() (SinkCounts, error) {
 }
 
 // CountArrivals runs flood and sets the result's Arrived and Stray to the
-// datagrams the sink dropped meanwhile (see the package's CountArrivals).
+// datagrams the sink dropped meanwhile (see the package's CountArrivals),
+// and WireDrops to the frames the node's uplink and its switch port
+// counted as dropped meanwhile.
 func (s *WireSink) CountArrivals(flood func() (FloodResult, error)) (FloodResult, error) {
+	dropsBefore, err := s.wireDrops()
+	if err != nil {
+		return FloodResult{}, err
+	}
 	before, after, res, err := arrivals(s.Counts, flood)
 	if err != nil {
 		return res, err
 	}
+	dropsAfter, err := s.wireDrops()
+	if err != nil {
+		return res, err
+	}
 	if res.Arrived, err = netns.Growth(before.Want, after.Want); err == nil {
-		res.Stray, err = netns.Growth(before.Stray, after.Stray)
+		if res.Stray, err = netns.Growth(before.Stray, after.Stray); err == nil {
+			res.WireDrops, err = netns.Growth(dropsBefore, dropsAfter)
+		}
 	}
 	if err != nil {
 		return res, fmt.Errorf("wire sink on %s: %w", s.port, err)
 	}
 	return res, nil
+}
+
+// wireDrops is the sum of the receive and transmit drop counters of the
+// node's uplink and its switch port (a veth counts there the frames its
+// ring had no room for).
+func (s *WireSink) wireDrops() (uint64, error) {
+	var total uint64
+	for _, i := range []iface{{s.node.NS, UplinkName}, {s.tb.Fabric, s.port}} {
+		l, err := i.ns.Netlink().LinkByName(i.name)
+		if err != nil {
+			return 0, fmt.Errorf("%s: link %s: %w", i.ns.Name, i.name, err)
+		}
+		st := l.Attrs().Statistics
+		if st == nil {
+			return 0, fmt.Errorf("%s: link %s has no statistics", i.ns.Name, i.name)
+		}
+		total += st.RxDropped + st.TxDropped
+	}
+	return total, nil
 }
 
 // sinkProgram is the WireSink's XDP program: an IPv4 UDP datagram (a

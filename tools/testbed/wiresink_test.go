@@ -91,8 +91,8 @@ func TestWireSink(t *testing.T) {
 		if atB.Arrived != 0 {
 			t.Errorf("%s: %d datagrams got past the sink to %s", name, atB.Arrived, b.Name)
 		}
-		t.Logf("%s: %d frames in %v (%.0f pps, %.0f ns of CPU each): %d at the sink translated, %d untranslated",
-			name, res.Sent, res.Took, res.PPS, float64(res.CPU.Nanoseconds())/float64(res.Sent), res.Arrived, res.Stray)
+		t.Logf("%s: %d frames in %v (%.0f pps, %.0f ns of CPU each): %d at the sink translated, %d untranslated, %d dropped by the wire",
+			name, res.Sent, res.Took, res.PPS, float64(res.CPU.Nanoseconds())/float64(res.Sent), res.Arrived, res.Stray, res.WireDrops)
 		return res
 	}
 
