@@ -35,6 +35,8 @@ var (
 	benchImpls    = flag.String("bench-e2e-impls", "topolb,kube-proxy-nft,kube-proxy-ipt", "implementations BenchmarkE2E measures")
 	benchRounds   = flag.Int("bench-e2e-rounds", 5, "interleaved rounds of every measurement per implementation and scale (at least 2, for a confidence interval)")
 	benchDuration = flag.Duration("bench-e2e-wrk", 3*time.Second, "length of each wrk run")
+	benchNodeN    = flag.Int("bench-e2e-node-frames", 1_000_000, "datagrams of each node-local flood (node_pps, node_ns_pps)")
+	benchOnly     = flag.String("bench-e2e-metrics", "", "metrics BenchmarkE2E measures, comma-separated (default all; wrk's four and each rate with its CPU cost are measured together)")
 )
 
 // Implementations compared by BenchmarkE2E.
@@ -107,7 +109,46 @@ func flipService(impl, to string) testbed.ServiceSpec {
 }
 
 // Metrics, in the order they are printed.
-var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "pps", "ns_pps", "update_ms"}
+var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "pps", "ns_pps",
+	"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt",
+	"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt", "update_ms"}
+
+// Metrics measured together: asking for one measures all.
+var benchGroups = [][]string{
+	{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req"},
+	{"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt"},
+	{"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt"},
+}
+
+// selectedMetrics returns the metrics -bench-e2e-metrics asks for, in
+// benchMetrics order, with their groups.
+func selectedMetrics() ([]string, error) {
+	if *benchOnly == "" {
+		return benchMetrics, nil
+	}
+	asked := map[string]bool{}
+	for _, m := range strings.Split(*benchOnly, ",") {
+		m = strings.TrimSpace(m)
+		if !slices.Contains(benchMetrics, m) {
+			return nil, fmt.Errorf("-bench-e2e-metrics: unknown metric %q (known: %s)", m, strings.Join(benchMetrics, ","))
+		}
+		asked[m] = true
+		for _, g := range benchGroups {
+			if slices.Contains(g, m) {
+				for _, o := range g {
+					asked[o] = true
+				}
+			}
+		}
+	}
+	var out []string
+	for _, m := range benchMetrics {
+		if asked[m] {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
 
 // BenchmarkE2E compares topolb with kube-proxy in nftables and iptables
 // mode at 10, 1,000 and 10,000 Services, all watching one real
@@ -130,6 +171,23 @@ var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_re
 //     node-a1's NodePort of a Service whose backend is on another node
 //     (the whole north-south path); skipped, with the reason printed, for
 //     an implementation whose NodePort does not answer;
+//   - node_pps, node_cpu_ns_per_pkt, node_flood_cpu_ns_per_pkt: the
+//     client node alone (issue 23): 1,000,000 datagrams
+//     (-bench-e2e-node-frames) injected as pps does, counted and dropped
+//     by a testbed.WireSink on node-a1's switch port as they leave the
+//     node, where at least 90% must arrive translated to web-b1 and none
+//     untranslated; neither the bridge nor node-b1 is on the path. Its
+//     cost per datagram, in ns: the machine's busy CPU time during the
+//     flood (as cpu_us_per_req; whatever else the machine ran is in it),
+//     and the flood's own CPU time (testbed.FloodResult.CPU: the
+//     injecting thread's, in whose system call the kernel takes every
+//     frame through node-a1, and ksoftirqd's), which no other load on the
+//     machine skews. Both include the injection and the sink, the same
+//     for every implementation;
+//   - node_ns_pps, node_ns_cpu_ns_per_pkt, node_ns_flood_cpu_ns_per_pkt:
+//     the same from outside, injected into node-a1's uplink as the wire
+//     delivers frames (testbed.Testbed.FloodWire: no router, no bridge),
+//     to its NodePort; skipped as ns_pps is;
 //   - update_ms: from an EndpointSlice update (the implementation's own
 //     one-backend Service swapped to the other pod) to the first new
 //     connection answered by the new pod.
@@ -157,6 +215,10 @@ func BenchmarkE2E(b *testing.B) {
 	}
 	if *benchRounds < 2 {
 		b.Fatalf("-bench-e2e-rounds %d: a confidence interval needs at least 2", *benchRounds)
+	}
+	metrics, err := selectedMetrics()
+	if err != nil {
+		b.Fatal(err)
 	}
 	impls := strings.Split(*benchImpls, ",")
 	for _, impl := range impls {
@@ -193,7 +255,7 @@ func BenchmarkE2E(b *testing.B) {
 			b.Logf("created %d filler Services and EndpointSlices in %v", want-filler, time.Since(t0).Round(time.Millisecond))
 			filler = want
 		}
-		rs := benchScale(b, cluster.Config, spec, impls, agentBin, kp, total)
+		rs := benchScale(b, cluster.Config, spec, impls, metrics, agentBin, kp, total)
 		printResults(rs)
 		all = append(all, rs...)
 	}
@@ -227,7 +289,7 @@ type benchBed struct {
 
 // benchScale sets up one testbed per implementation, measures them in
 // interleaved rounds and tears them down.
-func benchScale(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impls []string, agentBin, kp string, services int) []result {
+func benchScale(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impls, metrics []string, agentBin, kp string, services int) []result {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Minute)
 	defer cancel()
@@ -250,7 +312,11 @@ func benchScale(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impls []stri
 	for i, bed := range beds {
 		results[i] = result{impl: bed.impl, services: services, samples: map[string]sample{}, skipped: map[string]string{}}
 		if bed.nsSkip != "" {
-			results[i].skipped["ns_pps"] = bed.nsSkip
+			for _, m := range nodePortMetrics {
+				if slices.Contains(metrics, m) {
+					results[i].skipped[m] = bed.nsSkip
+				}
+			}
 		}
 	}
 	for r := 0; r < *benchRounds; r++ {
@@ -263,11 +329,11 @@ func benchScale(b *testing.B, cfg *rest.Config, spec *testbed.Spec, impls []stri
 			if err := bed.converge(ctx); err != nil {
 				b.Fatalf("%s, %d services, round %d: %v", bed.impl, services, r+1, err)
 			}
-			m := bed.round(ctx, b, services)
+			m := bed.round(ctx, b, services, metrics)
 			if err := bed.proc.Pause(); err != nil {
 				b.Fatal(err)
 			}
-			for _, metric := range benchMetrics {
+			for _, metric := range metrics {
 				v, ok := m[metric]
 				if !ok {
 					v = math.NaN()
@@ -358,7 +424,9 @@ func setupBed(ctx context.Context, b *testing.B, cfg *rest.Config, spec *testbed
 		b.Fatalf("%s, %d services: %s", impl, services, bed.nsSkip)
 	}
 	if bed.nsSkip != "" {
-		fmt.Printf("BENCH e2e impl=%s services=%d metric=ns_pps skipped: %s\n", impl, services, bed.nsSkip)
+		for _, m := range nodePortMetrics {
+			fmt.Printf("BENCH e2e impl=%s services=%d metric=%s skipped: %s\n", impl, services, m, bed.nsSkip)
+		}
 	}
 	b.Logf("%s ready with %d services in %v", impl, services, time.Since(t0).Round(time.Millisecond))
 	return bed
@@ -420,52 +488,136 @@ func (bed *benchBed) converge(ctx context.Context) error {
 	}
 }
 
+// nodePortMetrics are measured through node-a1's NodePort: not for an
+// implementation whose NodePort does not answer (benchBed.nsSkip).
+var nodePortMetrics = []string{"ns_pps", "node_ns_pps"}
+
 // round measures every metric once.
-func (bed *benchBed) round(ctx context.Context, b *testing.B, services int) map[string]float64 {
+func (bed *benchBed) round(ctx context.Context, b *testing.B, services int, metrics []string) map[string]float64 {
 	b.Helper()
 	out := map[string]float64{}
 	label := fmt.Sprintf("%s, %d services", bed.impl, services)
-	client := bed.tb.Pod("client")
-	w, err := runWrk(ctx, client, fastVIP, *benchDuration)
-	if err != nil {
-		b.Fatalf("%s: %v", label, err)
+	measure := func(metric string) bool {
+		return slices.Contains(metrics, metric) && (bed.nsSkip == "" || !slices.Contains(nodePortMetrics, metric))
 	}
-	out["requests_per_s"], out["p50_ms"], out["p99_ms"], out["cpu_us_per_req"] = w.rate, w.p50ms, w.p99ms, w.cpuUSPerReq
+	client := bed.tb.Pod("client")
+	if measure("requests_per_s") {
+		w, err := runWrk(ctx, client, fastVIP, *benchDuration)
+		if err != nil {
+			b.Fatalf("%s: %v", label, err)
+		}
+		out["requests_per_s"], out["p50_ms"], out["p99_ms"], out["cpu_us_per_req"] = w.rate, w.p50ms, w.p99ms, w.cpuUSPerReq
+	}
 
-	sink := bed.tb.Pod("web-b1").NS
+	backend := bed.tb.Pod("web-b1")
+	ext := bed.tb.External("ext1")
+	nodePort := netip.AddrPortFrom(client.Node.WireAddr.Addr(), nsSinkPort)
 	const frames = 200_000
 	for _, f := range []struct {
 		metric string
 		flood  func() (testbed.FloodResult, error)
 	}{
 		{"pps", func() (testbed.FloodResult, error) { return client.FloodUDP(sinkVIP, frames) }},
-		{"ns_pps", func() (testbed.FloodResult, error) {
-			return bed.tb.External("ext1").FloodUDP(netip.AddrPortFrom(client.Node.WireAddr.Addr(), nsSinkPort), frames)
-		}},
+		{"ns_pps", func() (testbed.FloodResult, error) { return ext.FloodUDP(nodePort, frames) }},
 	} {
-		if f.metric == "ns_pps" && bed.nsSkip != "" {
+		if !measure(f.metric) {
 			continue
 		}
-		res, err := testbed.CountArrivals(sink, f.flood)
+		res, err := testbed.CountArrivals(backend.NS, f.flood)
 		if err != nil {
 			b.Fatalf("%s: %s: %v", label, f.metric, err)
 		}
-		if sent := uint64(res.Sent); res.Sent < frames || res.Arrived < sent*9/10 || res.Arrived > sent {
-			b.Errorf("%s: %s: %d of %d datagrams (%d asked for) reached the backend: the rate does not count", label, f.metric, res.Arrived, res.Sent, frames)
+		if err := checkArrivals(res, frames); err != nil {
+			b.Errorf("%s: %s: %v: the rate does not count", label, f.metric, err)
 			continue
 		}
 		out[f.metric] = res.PPS
 	}
 
-	to := map[string]string{"web-a1": "web-a2", "web-a2": "web-a1"}[bed.flipTo]
-	ms, err := updateLatency(ctx, bed.tb, flipService(bed.impl, to), client, flipVIPs[bed.impl], to)
-	if err != nil {
-		b.Errorf("%s: update: %v", label, err)
-	} else {
-		out["update_ms"] = ms
+	// The node-local floods: the sink on node-a1's switch port takes what
+	// leaves for web-b1's port 9, and counts what leaves untranslated.
+	want := netip.AddrPortFrom(backend.Addr, sinkVIP.Port())
+	for _, f := range []struct {
+		metric, busy, own string
+		target            netip.AddrPort
+		flood             func(target netip.AddrPort, count int) (testbed.FloodResult, error)
+	}{
+		{"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt", sinkVIP, client.FloodUDP},
+		{"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt", nodePort, func(to netip.AddrPort, n int) (testbed.FloodResult, error) {
+			return bed.tb.FloodWire(ext, client.Node, to, n)
+		}},
+	} {
+		if !measure(f.metric) {
+			continue
+		}
+		res, busy, err := nodeFlood(bed.tb, client.Node, want, f.target, *benchNodeN, f.flood)
+		if err != nil {
+			b.Fatalf("%s: %s: %v", label, f.metric, err)
+		}
+		if err := checkArrivals(res, *benchNodeN); err != nil {
+			b.Errorf("%s: %s: %v: the rate does not count", label, f.metric, err)
+			continue
+		}
+		out[f.metric], out[f.busy], out[f.own] = res.PPS, busy, float64(res.CPU.Nanoseconds())/float64(res.Sent)
 	}
-	bed.flipTo = to
+
+	if measure("update_ms") {
+		to := map[string]string{"web-a1": "web-a2", "web-a2": "web-a1"}[bed.flipTo]
+		ms, err := updateLatency(ctx, bed.tb, flipService(bed.impl, to), client, flipVIPs[bed.impl], to)
+		if err != nil {
+			b.Errorf("%s: update: %v", label, err)
+		} else {
+			out["update_ms"] = ms
+		}
+		bed.flipTo = to
+	}
 	return out
+}
+
+// checkArrivals says why a flood's rate does not count: fewer frames
+// injected than asked for, fewer than 90% of them (or more than all)
+// arrived, or some left untranslated.
+func checkArrivals(res testbed.FloodResult, asked int) error {
+	if sent := uint64(res.Sent); res.Sent < asked || res.Arrived < sent*9/10 || res.Arrived > sent || res.Stray != 0 {
+		return fmt.Errorf("%d of %d datagrams (%d asked for) reached the backend, %d left untranslated (%d dropped by the node's wire)", res.Arrived, res.Sent, asked, res.Stray, res.WireDrops)
+	}
+	return nil
+}
+
+// nodeFlood sends a few datagrams to target with flood (so node has
+// resolved its next hop), then count more through a testbed.WireSink on
+// node's switch port for want, and returns the flood's result and the
+// machine's busy CPU time during it per datagram, in ns.
+func nodeFlood(tb *testbed.Testbed, node *testbed.Node, want, target netip.AddrPort, count int,
+	flood func(netip.AddrPort, int) (testbed.FloodResult, error)) (res testbed.FloodResult, cpuNS float64, err error) {
+	if _, err := flood(target, 100); err != nil {
+		return res, 0, err
+	}
+	sink, err := tb.AttachWireSink(node, want, target)
+	if err != nil {
+		return res, 0, err
+	}
+	defer func() { err = errors.Join(err, sink.Close()) }()
+	var before, after time.Duration
+	res, err = sink.CountArrivals(func() (testbed.FloodResult, error) {
+		var err error
+		if before, err = busyCPU(); err != nil {
+			return testbed.FloodResult{}, err
+		}
+		r, err := flood(target, count)
+		if err != nil {
+			return r, err
+		}
+		after, err = busyCPU()
+		return r, err
+	})
+	if err != nil {
+		return res, 0, err
+	}
+	if res.Sent == 0 {
+		return res, 0, errors.New("the flood injected nothing")
+	}
+	return res, float64((after - before).Nanoseconds()) / float64(res.Sent), nil
 }
 
 // startNginx serves the fast Service's port in pod with nginx: one

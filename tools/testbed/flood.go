@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -30,45 +34,75 @@ type FloodResult struct {
 	Took time.Duration
 	// PPS is Sent / Took.
 	PPS float64
+	// CPU is the CPU time the flood took: the injecting thread's during
+	// the test run, in which the kernel takes every frame through its
+	// whole path, the softirqs it raises included (charged to the thread
+	// they run in, on kernels without CONFIG_IRQ_TIME_ACCOUNTING), plus
+	// the ksoftirqd threads' meanwhile (the softirqs deferred to them).
+	// Unlike the machine's busy time, other processes' work is not in it.
+	CPU time.Duration
 	// Arrived is the number of datagrams the sink counted (CountArrivals
 	// only).
 	Arrived uint64
+	// Stray is the number of datagrams a WireSink counted at its stray
+	// address (WireSink.CountArrivals only).
+	Stray uint64
+	// WireDrops is the number of frames the node's uplink and its switch
+	// port dropped (WireSink.CountArrivals only): the kernel's losses on
+	// the way to the sink, which say where missing datagrams went.
+	WireDrops uint64
 }
 
 // CountArrivals runs flood and sets the result's Arrived to how much the
 // sink namespace's Udp NoPorts counter grew: the flood's target must lead
 // to a port nothing listens on in sink. Frames still in flight when the
-// flood returns are waited for, until the counter has stopped growing for
-// 100 ms (at most 2 s). A failed read, or a counter that went down, is an
-// error: a check built on it must never see a made-up count.
+// flood returns are waited for (settle). A failed read, or a counter that
+// went down, is an error: a check built on it must never see a made-up
+// count.
 func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, error) {
-	before, err := sink.UDPNoPorts()
+	before, after, res, err := arrivals(sink.UDPNoPorts, flood)
 	if err != nil {
-		return FloodResult{}, fmt.Errorf("count arrivals: %w", err)
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
 	}
-	res, err := flood()
-	if err != nil {
-		return res, err
+	if res.Arrived, err = netns.Growth(before, after); err != nil {
+		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
 	}
+	return res, nil
+}
+
+// arrivals reads a counter, runs flood and reads the counter again once it
+// has settled.
+func arrivals[T comparable](read func() (T, error), flood func() (FloodResult, error)) (before, after T, res FloodResult, err error) {
+	if before, err = read(); err != nil {
+		return before, after, res, err
+	}
+	if res, err = flood(); err != nil {
+		return before, after, res, err
+	}
+	after, err = settle(read)
+	return before, after, res, err
+}
+
+// settle reads a counter until it has stopped changing for 100 ms (at
+// most 2 s: a flood's frames still in flight) and returns its last value.
+func settle[T comparable](read func() (T, error)) (T, error) {
 	const still, limit = 100 * time.Millisecond, 2 * time.Second
-	last, lastChange, deadline := before, time.Now(), time.Now().Add(limit)
-	for {
+	last, err := read()
+	if err != nil {
+		return last, err
+	}
+	lastChange, deadline := time.Now(), time.Now().Add(limit)
+	for time.Since(lastChange) < still && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		now, err := sink.UDPNoPorts()
+		now, err := read()
 		if err != nil {
-			return res, fmt.Errorf("count arrivals: %w", err)
+			return last, err
 		}
 		if now != last {
 			last, lastChange = now, time.Now()
 		}
-		if time.Since(lastChange) >= still || time.Now().After(deadline) {
-			break
-		}
 	}
-	if res.Arrived, err = netns.Growth(before, last); err != nil {
-		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
-	}
-	return res, nil
+	return last, nil
 }
 
 // floodSourcePort is the source port of every flooded datagram.
@@ -85,40 +119,80 @@ const floodSourcePort = 40000
 // is up to the caller to check (CountArrivals: the receiving pod's UDP
 // NoPorts counter when nothing listens on the target port).
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	return floodUDP(p.NS, PodIfName, p.Node.NS, p.HostVeth, netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
+	host := iface{p.Node.NS, p.HostVeth}
+	return floodUDP(injection{at: host, action: xdpPass, src: iface{p.NS, PodIfName}, dst: host},
+		netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
 }
 
-// floodUDP injects count frames from the sender (ifname senderIf in
-// sender) as received on ingressIf in ingress, the sender's peer.
-func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, target netip.AddrPort, count int) (FloodResult, error) {
-	srcMAC, err := sender.HardwareAddr(senderIf)
+// XDP actions of the flood's program.
+const (
+	xdpDrop = 1
+	xdpPass = 2
+	xdpTX   = 3
+)
+
+// iface is an interface of a namespace.
+type iface struct {
+	ns   *NS
+	name string
+}
+
+// injection is where a flood's frames enter: the live-frame test run has
+// at as its ingress interface and ends each frame with action, xdpPass
+// (the frame is received by at, into its namespace's stack) or xdpTX (the
+// frame is sent out of at, received by its veth peer as a frame from the
+// wire; the peer needs a NAPI instance, napiForXDP). The frames carry
+// src's MAC address as source and dst's as destination.
+type injection struct {
+	at       iface
+	action   int32
+	src, dst iface
+}
+
+// floodUDP injects count datagrams from from to target at in.
+func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult, error) {
+	srcMAC, err := in.src.ns.HardwareAddr(in.src.name)
+	if err != nil {
+		return FloodResult{}, err
+	}
+	dstMAC, err := in.dst.ns.HardwareAddr(in.dst.name)
 	if err != nil {
 		return FloodResult{}, err
 	}
 	var res FloodResult
-	err = ingress.Do(func() error {
-		in, err := net.InterfaceByName(ingressIf)
+	err = in.at.ns.Do(func() error {
+		dev, err := net.InterfaceByName(in.at.name)
 		if err != nil {
 			return err
 		}
-		frame := udpFrame(srcMAC, in.HardwareAddr, from, target, []byte("flood"))
-		prog, runs, err := rewriteProgram(frame)
+		frame := udpFrame(srcMAC, dstMAC, from, target, []byte("flood"))
+		prog, runs, err := rewriteProgram(frame, in.action)
 		if err != nil {
 			return err
 		}
 		defer prog.Close()
 		defer runs.Close()
+		soft, err := softirqdTime()
+		if err != nil {
+			return err
+		}
+		thread := threadTime()
 		start := time.Now()
 		_, err = prog.Run(&ebpf.RunOptions{
 			Data:    frame,
 			Repeat:  uint32(count),
 			Flags:   unix.BPF_F_TEST_XDP_LIVE_FRAMES,
-			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(in.Index)},
+			Context: &xdpMD{DataEnd: uint32(len(frame)), IngressIfindex: uint32(dev.Index)},
 		})
-		res = FloodResult{Took: time.Since(start)}
+		res = FloodResult{Took: time.Since(start), CPU: threadTime() - thread}
 		if err != nil {
 			return err
 		}
+		softAfter, err := softirqdTime()
+		if err != nil {
+			return err
+		}
+		res.CPU += softAfter - soft
 		// A signal (the Go runtime's preemption) interrupts the test run
 		// with EINTR, and cilium/ebpf runs it again from the start: the
 		// program's own count is the number of frames injected.
@@ -140,12 +214,55 @@ func floodUDP(sender *NS, senderIf string, ingress *NS, ingressIf string, from, 
 	return res, nil
 }
 
+// threadTime is the calling thread's CPU time so far.
+func threadTime() time.Duration {
+	var ts unix.Timespec
+	// Cannot fail: the clock exists and ts is valid.
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// softirqdTime is the CPU time of the ksoftirqd threads so far (the first
+// field of /proc/<pid>/schedstat, in ns).
+func softirqdTime() (time.Duration, error) {
+	comms, err := filepath.Glob("/proc/[0-9]*/comm")
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	found := false
+	for _, c := range comms {
+		name, err := os.ReadFile(c)
+		if err != nil || !strings.HasPrefix(string(name), "ksoftirqd/") {
+			continue // a process that exited, or another
+		}
+		stat, err := os.ReadFile(filepath.Join(filepath.Dir(c), "schedstat"))
+		if err != nil {
+			return 0, fmt.Errorf("ksoftirqd's CPU time: %w", err)
+		}
+		fields := strings.Fields(string(stat))
+		if len(fields) == 0 {
+			return 0, fmt.Errorf("ksoftirqd's CPU time: empty %s", filepath.Join(filepath.Dir(c), "schedstat"))
+		}
+		ns, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("ksoftirqd's CPU time in %q: %w", stat, err)
+		}
+		total += time.Duration(ns)
+		found = true
+	}
+	if !found {
+		return 0, errors.New("no ksoftirqd thread in /proc")
+	}
+	return total, nil
+}
+
 // rewriteProgram returns an XDP program that writes frame over the packet
-// and passes it to the stack, and the one-element array in which it counts
+// and ends with action, and the one-element array in which it counts
 // its runs. Live-frame mode recycles its pages without restoring them, and
 // the stack rewrites the frames it forwards (DNAT, the next hop's MAC
 // address), so each run restores the original bytes first.
-func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
+func rewriteProgram(frame []byte, action int32) (*ebpf.Program, *ebpf.Map, error) {
 	runs, err := ebpf.NewMap(&ebpf.MapSpec{Name: "testbed_runs", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create the flood's run counter: %w", err)
@@ -166,7 +283,7 @@ func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
 		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
 		asm.Mov.Reg(asm.R4, asm.R2),
 		asm.Add.Imm(asm.R4, int32(len(frame))),
-		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
+		asm.JGT.Reg(asm.R4, asm.R3, "short"),
 	}
 	i := 0
 	for ; i+4 <= len(frame); i += 4 {
@@ -176,7 +293,9 @@ func rewriteProgram(frame []byte) (*ebpf.Program, *ebpf.Map, error) {
 		insns = append(insns, asm.StoreImm(asm.R2, int16(i), int64(frame[i]), asm.Byte))
 	}
 	insns = append(insns,
-		asm.Mov.Imm(asm.R0, 2).WithSymbol("pass"), // XDP_PASS
+		asm.Mov.Imm(asm.R0, action),
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, xdpDrop).WithSymbol("short"), // shorter than the frame: never, the test run's own data
 		asm.Return(),
 	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_flood", Type: ebpf.XDP, Instructions: insns, License: "GPL"})

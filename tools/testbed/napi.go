@@ -23,7 +23,7 @@ func napiForXDP(ns *NS, ifname string) error {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name: "testbed_pass", Type: ebpf.XDP, License: "GPL",
 		Instructions: asm.Instructions{
-			asm.Mov.Imm(asm.R0, 2), // XDP_PASS
+			asm.Mov.Imm(asm.R0, xdpPass),
 			asm.Return(),
 		},
 	})

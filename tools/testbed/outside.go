@@ -230,7 +230,9 @@ func (e *External) Send(ctx context.Context, l Load) []Record { return send(ctx,
 // to the client. The router forwards them onto the wire, so a node's XDP
 // program on its uplink sees them as real frames; see Pod.FloodUDP.
 func (e *External) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
-	return floodUDP(e.NS, ExternalIfName, e.Router.NS, e.RouterIf, netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
+	router := iface{e.Router.NS, e.RouterIf}
+	return floodUDP(injection{at: router, action: xdpPass, src: iface{e.NS, ExternalIfName}, dst: router},
+		netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
 }
 
 // Client sends requests from inside the testbed: a Pod, or an External

@@ -42,7 +42,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,8 +222,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 				return err
 			}
 		}
-		port := "n" + strconv.Itoa(n.Index)
-		if err := tb.plugIntoWire(n.NS, port, n.WireAddr, n.WireMTU, !tb.plainPorts); err != nil {
+		if err := tb.plugIntoWire(n.NS, n.SwitchPort(), n.WireAddr, n.WireMTU, !tb.plainPorts); err != nil {
 			return err
 		}
 		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
