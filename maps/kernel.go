@@ -18,22 +18,22 @@ import (
 // KernelFeature is one kernel capability the datapath uses.
 type KernelFeature struct {
 	// Name is how README's requirements table and the logs call it.
-	Name string
+	Name string `json:"name"`
 	// Since is the first Linux release that has it.
-	Since string
+	Since string `json:"since"`
 	// Present says whether the running kernel has it.
-	Present bool
+	Present bool `json:"present"`
 	// Without is what the datapath does on a kernel without it; empty
 	// when it cannot run without it.
-	Without string
+	Without string `json:"without,omitempty"`
 }
 
 // KernelReport is what ProbeKernel found on the running kernel.
 type KernelReport struct {
 	// Release is uname -r.
-	Release string
+	Release string `json:"release"`
 	// Features are sorted by name.
-	Features []KernelFeature
+	Features []KernelFeature `json:"features"`
 }
 
 // ErrKernelFeature is wrapped by the error of a kernel that lacks a

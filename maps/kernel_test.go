@@ -68,3 +68,31 @@ func TestProbeKernel(t *testing.T) {
 		t.Errorf("error %v does not wrap ErrKernelFeature", err)
 	}
 }
+
+// TestKernelReportErr: the error names every feature absent without a
+// fallback and the release that brought it, and nothing else.
+func TestKernelReportErr(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		features []KernelFeature
+		want     string // "" for no error
+	}{
+		{"all present", []KernelFeature{{Name: "tcx links", Since: "6.6", Present: true}}, ""},
+		{"absent with fallback", []KernelFeature{{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "dropped"}}, ""},
+		{"absent without fallback", []KernelFeature{
+			{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "dropped"},
+			{Name: "helper bpf_check_mtu", Since: "5.12"},
+			{Name: "tcx links", Since: "6.6"},
+		}, "kernel 5.10.0-32-amd64: kernel lacks a feature topolb needs: helper bpf_check_mtu (Linux 5.12), tcx links (Linux 6.6)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := KernelReport{Release: "5.10.0-32-amd64", Features: c.features}.Err()
+			switch {
+			case c.want == "" && err != nil:
+				t.Errorf("error %v, want none", err)
+			case c.want != "" && (err == nil || err.Error() != c.want || !errors.Is(err, ErrKernelFeature)):
+				t.Errorf("error %v, want %q wrapping ErrKernelFeature", err, c.want)
+			}
+		})
+	}
+}
