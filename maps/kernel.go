@@ -215,7 +215,7 @@ func probeFIBLookupSrc() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("probe BPF_FIB_LOOKUP_SRC: run: %w", err)
 	}
-	return int32(ret) == -int32(unix.EINVAL), nil
+	return int32(ret) != -int32(unix.EINVAL), nil
 }
 
 // probeDatapathKernel probes the features of the datapath's objects, tc's
