@@ -30,7 +30,7 @@ run() { # name dir binary args...
 	(cd "$dir" && "$bin" -test.v -test.count=1 "$@") >"$res/$name.log" 2>&1
 	echo "$?" >"$res/$name.rc"
 }
-run maps "$REPO/maps" "$OUT/bin/maps.test" -test.timeout "${TOPOLB_KERNELS_MAPS_TIMEOUT:-6m}" ${TOPOLB_KERNELS_MAPS_RUN:+-test.run "$TOPOLB_KERNELS_MAPS_RUN"}
+run maps "$REPO/maps" "$OUT/bin/maps.test" -test.timeout "${TOPOLB_KERNELS_MAPS_TIMEOUT:-10m}" ${TOPOLB_KERNELS_MAPS_RUN:+-test.run "$TOPOLB_KERNELS_MAPS_RUN"}
 if [ -n "${TOPOLB_KERNELS_E2E_RUN:-}" ]; then
 	run e2e "$REPO/tests/e2e" "$OUT/bin/e2e.test" -test.timeout "${TOPOLB_KERNELS_E2E_TIMEOUT:-6m}" -test.run "$TOPOLB_KERNELS_E2E_RUN"
 fi

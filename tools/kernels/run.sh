@@ -7,10 +7,11 @@
 # suite names the image package, which apt-get downloads with Dir settings
 # of its own (the host's apt state is untouched) into
 # ~/.cache/topolb/kernels, then unpacks there. The machine's own kernel
-# joins the matrix where /boot/vmlinuz-$(uname -r) and its modules exist.
+# joins the matrix, booted where /boot/vmlinuz-$(uname -r) and its modules
+# exist, else with the same binaries run on the host itself.
 #
-# Each kernel boots in qemu (KVM where /dev/kvm is usable, else TCG, far
-# slower) with a busybox initramfs (init beside this file) whose root is the
+# Each kernel boots in qemu (KVM where /dev/kvm can boot a stock kernel,
+# else TCG, far slower: a PVM /dev/kvm boots only guests built for PVM) with a busybox initramfs (init beside this file) whose root is the
 # host's root shared read-only over virtio-9p under a tmpfs overlay, so the
 # guest has the host's tools, kube-bins and this checkout; the test
 # binaries are built once here (go test -c). guest.sh runs them and writes
@@ -30,7 +31,9 @@
 #
 # Environment: TOPOLB_KERNELS_MAPS_RUN / TOPOLB_KERNELS_E2E_RUN select tests
 # (-test.run; E2E empty skips the e2e binary), TOPOLB_KERNELS_MEM (MiB,
-# default 3072), TOPOLB_KERNELS_BOOT_TIMEOUT (per kernel, default 12m).
+# default 3072), TOPOLB_KERNELS_BOOT_TIMEOUT (per kernel, default 20m),
+# TOPOLB_KERNELS_MAPS_TIMEOUT / TOPOLB_KERNELS_E2E_TIMEOUT (each test
+# binary, default 10m and 6m).
 set -euo pipefail
 
 # choose_accel sets accel to qemu's accelerator flags and says why it is
@@ -58,7 +61,7 @@ main() {
 	: "${TOPOLB_KERNELS_MAPS_RUN:=}"
 	: "${TOPOLB_KERNELS_E2E_RUN=TestFlowsKeepTheirBackend|TestAgentRestartUnderLoad|TestNorthSouth}"
 	: "${TOPOLB_KERNELS_MEM:=3072}"
-	: "${TOPOLB_KERNELS_BOOT_TIMEOUT:=12m}"
+	: "${TOPOLB_KERNELS_BOOT_TIMEOUT:=20m}"
 
 	for cmd in qemu-system-x86_64 busybox cpio apt-get dpkg-deb depmod xz zstd go; do
 		command -v "$cmd" >/dev/null || { echo "test-kernels: $cmd missing (tools/install-deps.sh kernels)" >&2; exit 1; }
@@ -117,6 +120,7 @@ main() {
 		printf 'export TOPOLB_AGENT_BINARY=%q\n' "$WORK/bin/topolb-agent"
 		printf 'export TOPOLB_KUBE_BINS=%q\n' "${TOPOLB_KUBE_BINS:-${XDG_CACHE_HOME:-$HOME/.cache}/topolb/kube-bins-v1.37.2}"
 		printf 'export TOPOLB_KERNELS_MAPS_RUN=%q TOPOLB_KERNELS_E2E_RUN=%q\n' "$TOPOLB_KERNELS_MAPS_RUN" "$TOPOLB_KERNELS_E2E_RUN"
+		printf 'export TOPOLB_KERNELS_MAPS_TIMEOUT=%q TOPOLB_KERNELS_E2E_TIMEOUT=%q\n' "${TOPOLB_KERNELS_MAPS_TIMEOUT:-10m}" "${TOPOLB_KERNELS_E2E_TIMEOUT:-6m}"
 	} >"$WORK/bin/env"
 
 	# initramfs RELEASE MODDIR OUT: busybox, init, and the modules the 9p
