@@ -26,7 +26,7 @@ export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
 export TOPOLB_HELM_BINS := $(HELM_BINS)
 
 .PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image test-northsouth-plain \
-	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags helm-bin
+	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags helm-bin test-kernels
 
 all: build
 
@@ -84,11 +84,21 @@ test-cluster: cluster-deps build
 # when its build is missing. Then the north-south tests again with uplinks
 # on the tc path, and the end-to-end suite on a local cluster
 # (test-cluster: about 5 minutes with the builds cached; torn down also on
-# failure).
+# failure), and the kernel matrix where KVM can boot it (it says why it
+# skips).
 test: cluster-deps helm-bin check-generate vet build
 	TOPOLB_KUBE_REQUIRED=1 $(GO) test $(GOTEST_FLAGS) -timeout 40m ./...
 	$(MAKE) test-northsouth-plain
 	bash tools/cluster/test.sh
+	if bash tools/kernels/run.sh --kvm; then $(MAKE) test-kernels; else echo "make test: kernel matrix skipped (no KVM that boots it); make test-kernels runs it under TCG"; fi
+
+# The maps/ tests and an e2e traffic subset inside Debian's 5.10, 6.1 and
+# 6.12 kernels (and the machine's own, where /boot has it) booted in qemu;
+# one line per kernel: KERNEL <release> <pass|fail> <passed>/<total>
+# (tools/kernels/run.sh; the packages are cached in ~/.cache/topolb/kernels).
+test-kernels: deps kube-bins
+	bash tools/install-deps.sh kernels
+	bash tools/kernels/run.sh
 
 # The north-south e2e tests again on switch ports without XDP programs (a
 # veth peer without NAPI, as a kind node's eth0): the uplinks take tc.

@@ -37,6 +37,8 @@ type Datapath interface {
 	Programmed() (map[maps.Frontend]maps.ProgrammedService, error)
 	// Uplinks reads every uplink's path back from the kernel.
 	Uplinks() ([]maps.UplinkStatus, error)
+	// Kernel is what the datapath found the kernel offers at load.
+	Kernel() maps.KernelReport
 }
 
 // EventSink receives the decisions operators should hear about on the

@@ -61,6 +61,9 @@ func (f *fakeDP) Services() map[dpmaps.Frontend]dpmaps.Service { return maps.Clo
 // Uplinks: the fake has none.
 func (f *fakeDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 
+// Kernel: the fake has no kernel to probe.
+func (f *fakeDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
+
 // Programmed renders the fake's contents as the kernel would hold them:
 // active backends with one slot each (or their weight), then draining ones.
 func (f *fakeDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {

@@ -37,6 +37,9 @@ type DebugState struct {
 	// UplinksError says why the uplinks could not be read; "" when they
 	// were.
 	UplinksError string `json:"uplinksError,omitempty"`
+	// Kernel is the kernel's release and the features the datapath
+	// found at load; nil before a datapath probed one.
+	Kernel *maps.KernelReport `json:"kernel,omitempty"`
 }
 
 // ProgrammedFrontend is one frontend as the kernel maps hold it.
@@ -94,6 +97,9 @@ func (a *Agent) decideAgain() (ds []topology.PortDecision, skipped []topology.Sk
 // readDatapath fills the datapath half of st from the kernel: Programmed
 // and Datapath, or DatapathError; Uplinks, or UplinksError.
 func (a *Agent) readDatapath(st *DebugState) {
+	if k := a.dp.Kernel(); k.Release != "" {
+		st.Kernel = &k
+	}
 	if up, err := a.dp.Uplinks(); err != nil {
 		st.UplinksError = err.Error()
 	} else {
@@ -285,6 +291,10 @@ func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*De
 	if st.UplinksError != "" {
 		j.raw(`,"uplinksError":`)
 		j.value(st.UplinksError)
+	}
+	if st.Kernel != nil {
+		j.raw(`,"kernel":`)
+		j.value(st.Kernel)
 	}
 	j.raw("}\n")
 	if j.err != nil {

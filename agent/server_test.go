@@ -25,6 +25,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 	withError := full
 	withError.DatapathError = "example"
 	withError.Uplinks = []dpmaps.UplinkStatus{{Interface: "eth0", Path: "tc", Programs: []string{"tc_uplink_lb", "tc_lb_egress"}, Reason: "example"}}
+	withError.Kernel = &dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{{Name: "tcx links", Since: "6.6", Present: true}}}
 	withUplinksError := full
 	withUplinksError.UplinksError = "example"
 	for _, c := range []struct {
@@ -38,7 +39,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 			st := DebugState{Synced: withError.Synced}
 			fill := func(d *DebugState) {
 				d.Programmed, d.Datapath, d.DatapathError = withError.Programmed, withError.Datapath, withError.DatapathError
-				d.Uplinks = withError.Uplinks
+				d.Uplinks, d.Kernel = withError.Uplinks, withError.Kernel
 			}
 			return writeDebugState(b, walkerOf(withError.Report), &st, fill)
 		}},

@@ -184,6 +184,7 @@ type emptyReader struct{}
 func (emptyReader) Counters() (dpmaps.Counters, error)      { return dpmaps.Counters{}, nil }
 func (emptyReader) Usage() dpmaps.Usage                     { return dpmaps.Usage{} }
 func (emptyReader) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
+func (emptyReader) Kernel() dpmaps.KernelReport             { return dpmaps.KernelReport{} }
 
 // TestUpkeepExportsConntrackTables: what a sweep found of the two
 // conntrack tables and the SNAT ports is exported at the next scrape.

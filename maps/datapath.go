@@ -51,6 +51,8 @@ type Datapath struct {
 	// uplinkReasons holds, per uplink this process attached, why its
 	// path was chosen (UplinkStatus.Reason).
 	uplinkReasons map[string]string
+	// kernel is what Load found the kernel offers.
+	kernel KernelReport
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -129,6 +131,9 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err := checkBPFFS(opts.PinPath); err != nil {
 		return nil, err
 	}
+	if err := allowBPFMemory(); err != nil {
+		return nil, err
+	}
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
@@ -152,6 +157,13 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, fmt.Errorf("layout fingerprint: %w", err)
 	}
 	if err := checkPinnedLayout(opts.PinPath, fingerprint); err != nil {
+		return nil, err
+	}
+	if d.kernel, err = probeDatapathKernel(tcSpec); err != nil {
+		return nil, err
+	}
+	d.log.Info("kernel", d.kernel.LogArgs()...)
+	if err := d.kernel.Err(); err != nil {
 		return nil, err
 	}
 	if err := d.loadObjects(tcSpec); err != nil {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/agent"
+	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
 
@@ -104,7 +105,29 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		}
 		fmt.Fprintln(w, line)
 	}
-	return printUplinks(w, st)
+	if err := printUplinks(w, st); err != nil {
+		return err
+	}
+	return printKernel(w, st.Kernel)
+}
+
+// printKernel lists the kernel's features the datapath probed at load and
+// what it does where one is missing.
+func printKernel(w io.Writer, k *dpmaps.KernelReport) error {
+	if k == nil {
+		return nil
+	}
+	fmt.Fprintf(w, "\nkernel %s, probed at load\n", k.Release)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FEATURE\tSINCE\tPRESENT\tWITHOUT IT")
+	for _, f := range k.Features {
+		present, without := "yes", "-"
+		if !f.Present {
+			present, without = "no", f.Without
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Name, f.Since, present, cell(without, maxText))
+	}
+	return tw.Flush()
 }
 
 // printUplinks lists the agent's uplinks and the path each takes, as the

@@ -30,6 +30,9 @@ func (m memDP) Services() map[dpmaps.Frontend]dpmaps.Service {
 // Uplinks: the in-memory datapath has none.
 func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 
+// Kernel: the in-memory datapath has no kernel to probe.
+func (m memDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
+
 // Programmed hands the services back as the kernel would hold them.
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
 	out := map[dpmaps.Frontend]dpmaps.ProgrammedService{}
@@ -109,14 +112,17 @@ func TestExplainAgent(t *testing.T) {
 // uplinkDP is memDP with uplinks, or an error reading them.
 type uplinkDP struct {
 	memDP
-	ups []dpmaps.UplinkStatus
-	err error
+	ups    []dpmaps.UplinkStatus
+	err    error
+	kernel dpmaps.KernelReport
 }
 
 func (u uplinkDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return u.ups, u.err }
+func (u uplinkDP) Kernel() dpmaps.KernelReport             { return u.kernel }
 
 // TestExplainAgentUplinks: the uplinks and their paths follow the maps,
-// as the agent read them back, or why they could not be read.
+// as the agent read them back, or why they could not be read; the
+// kernel's features as the datapath probed them.
 func TestExplainAgentUplinks(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -134,6 +140,15 @@ func TestExplainAgentUplinks(t *testing.T) {
 		}},
 		{"error", uplinkDP{memDP: memDP{}, err: errors.New("load pinned link: permission denied")}, []string{
 			"uplinks: cannot be read: load pinned link: permission denied",
+		}},
+		{"kernel", uplinkDP{memDP: memDP{}, kernel: dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{
+			{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "flows dropped"},
+			{Name: "tcx links", Since: "6.6", Present: true},
+		}}}, []string{
+			"kernel 6.1.0-50-amd64, probed at load",
+			"FEATURE             SINCE  PRESENT  WITHOUT IT",
+			"BPF_FIB_LOOKUP_SRC  6.7    no       flows dropped",
+			"tcx links           6.6    yes      -",
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

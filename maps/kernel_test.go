@@ -1,0 +1,119 @@
+package maps
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// kernelEnumValues returns the names of every enum value in the running
+// kernel's BTF: the uapi it was built with, backports included.
+func kernelEnumValues(t *testing.T) map[string]bool {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Skipf("kernel BTF unavailable (CONFIG_DEBUG_INFO_BTF): %v", err)
+	}
+	out := map[string]bool{}
+	for typ, err := range spec.All() {
+		if err != nil {
+			t.Fatalf("read kernel BTF: %v", err)
+		}
+		if e, ok := typ.(*btf.Enum); ok {
+			for _, v := range e.Values {
+				out[v.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// btfName is the uapi enum value whose presence in the kernel's BTF says
+// it has feature f: BPF_FUNC_<helper>, BPF_TCX_INGRESS, the flag itself.
+func btfName(t *testing.T, f KernelFeature) string {
+	t.Helper()
+	if h, ok := strings.CutPrefix(f.Name, "helper bpf_"); ok {
+		return "BPF_FUNC_" + h
+	}
+	switch f.Name {
+	case "tcx links":
+		return "BPF_TCX_INGRESS"
+	case "BPF_FIB_LOOKUP_SRC":
+		return "BPF_FIB_LOOKUP_SRC"
+	}
+	t.Fatalf("feature %q has no BTF name to check it against", f.Name)
+	return ""
+}
+
+// TestProbeKernel checks every probe against the kernel's own BTF: a
+// feature is found exactly where the kernel was built with its uapi value
+// (the kernel matrix, tools/kernels, runs this on 5.10, 6.1, 6.12 and the
+// machine's kernel). Not against the release: Debian's 6.1 has
+// BPF_FIB_LOOKUP_SRC, a 6.7 feature, backported. Every helper the objects
+// call is probed, and the error names each feature missing without a
+// fallback with its release.
+func TestProbeKernel(t *testing.T) {
+	requirePrivileges(t)
+	tcSpec, err := loadTc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := probeDatapathKernel(tcSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kernel %s: %v", r.Release, r.LogArgs())
+	inBTF := kernelEnumValues(t)
+	names := map[string]bool{}
+	for _, f := range r.Features {
+		names[f.Name] = true
+		if want := inBTF[btfName(t, f)]; f.Present != want {
+			t.Errorf("%s (Linux %s): probe says present=%v on %s, its BTF has %s: %v", f.Name, f.Since, f.Present, r.Release, btfName(t, f), want)
+		}
+	}
+	for _, want := range []string{"tcx links", "BPF_FIB_LOOKUP_SRC", "helper bpf_ktime_get_coarse_ns", "helper bpf_fib_lookup", "helper bpf_set_retval"} {
+		if !names[want] {
+			t.Errorf("no feature %q in %v", want, r.LogArgs())
+		}
+	}
+	err = r.Err()
+	for _, f := range r.Features {
+		named := err != nil && strings.Contains(err.Error(), f.Name+" (Linux "+f.Since+")")
+		if blocking := !f.Present && f.Without == ""; named != blocking {
+			t.Errorf("%s: absent without fallback %v, named in the error %v: %v", f.Name, blocking, named, err)
+		}
+	}
+	if err != nil && !errors.Is(err, ErrKernelFeature) {
+		t.Errorf("error %v does not wrap ErrKernelFeature", err)
+	}
+}
+
+// TestKernelReportErr: the error names every feature absent without a
+// fallback and the release that brought it, and nothing else.
+func TestKernelReportErr(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		features []KernelFeature
+		want     string // "" for no error
+	}{
+		{"all present", []KernelFeature{{Name: "tcx links", Since: "6.6", Present: true}}, ""},
+		{"absent with fallback", []KernelFeature{{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "dropped"}}, ""},
+		{"absent without fallback", []KernelFeature{
+			{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "dropped"},
+			{Name: "helper bpf_check_mtu", Since: "5.12"},
+			{Name: "tcx links", Since: "6.6"},
+		}, "kernel 5.10.0-32-amd64: kernel lacks a feature topolb needs: helper bpf_check_mtu (Linux 5.12), tcx links (Linux 6.6)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := KernelReport{Release: "5.10.0-32-amd64", Features: c.features}.Err()
+			switch {
+			case c.want == "" && err != nil:
+				t.Errorf("error %v, want none", err)
+			case c.want != "" && (err == nil || err.Error() != c.want || !errors.Is(err, ErrKernelFeature)):
+				t.Errorf("error %v, want %q wrapping ErrKernelFeature", err, c.want)
+			}
+		})
+	}
+}
