@@ -15,36 +15,17 @@ import (
 // bytes, which a 1,500-byte MTU splits into three fragments.
 const bigDatagram = 4000
 
-// serveBigEcho answers each datagram of exactly bigDatagram bytes that
-// carries bigPayload(its first byte) with name, a colon and the datagram
-// itself, so the answer is fragmented too; other datagrams get no answer.
-func serveBigEcho(t *testing.T, ns *nettest.NS, addr, name string) {
-	t.Helper()
-	c, err := ns.ListenPacket("udp4", addr)
-	if err != nil {
-		t.Fatalf("%s: listen udp %s: %v", ns.Name, addr, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := c.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if n != bigDatagram || !bytes.Equal(buf[:n], bigPayload(buf[0])) {
-				continue // not whole: the check on the client fails
-			}
-			if _, err := c.WriteTo(append([]byte(name+":"), buf[:n]...), from); err != nil {
-				return
-			}
+// bigEcho is the answer of TestFragmentedTraffic's backend name to req:
+// name, a colon and req itself (so the answer is fragmented too) when req
+// is a whole query (bigDatagram bytes of bigPayload(its first byte)); no
+// answer otherwise.
+func bigEcho(name string) func(req []byte) []byte {
+	return func(req []byte) []byte {
+		if len(req) != bigDatagram || !bytes.Equal(req, bigPayload(req[0])) {
+			return nil // not whole: the client's check fails
 		}
-	}()
-	t.Cleanup(func() {
-		c.Close()
-		<-done
-	})
+		return append([]byte(name+":"), req...)
+	}
 }
 
 // bigPayload is the datagram of query seed: bigDatagram bytes that differ
@@ -67,21 +48,16 @@ func bigPayload(seed byte) []byte {
 // the Service address. Each datagram from a new socket: a new flow.
 func TestFragmentedTraffic(t *testing.T) {
 	requirePrivileges(t)
-	pin := filepath.Join(bpffs(t), "topolb")
 	tb := newTestbed(t)
-	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP})
+	d := tb.attachNode1(t, filepath.Join(bpffs(t), "topolb"))
 	for name, ns := range map[string]*nettest.NS{"b1": tb.b1, "b2": tb.b2, "b3": tb.b3} {
-		serveBigEcho(t, ns, ":6000", name)
+		ns.ServeUDP(t, ":6000", bigEcho(name))
 	}
 	const vip = "10.96.0.20:60"
 	mustSet(t, d, fe(vip, UDP),
 		Backend{Addr: netip.MustParseAddrPort("10.1.1.2:6000"), NodeLocal: true, ZoneLocal: true},
 		Backend{Addr: netip.MustParseAddrPort("10.1.2.2:6000"), NodeLocal: true, ZoneLocal: true},
 		Backend{Addr: netip.MustParseAddrPort("10.2.1.2:6000"), ZoneLocal: true})
-	for _, ifname := range []string{"hc", "hb1", "hb2"} {
-		must(t, d.AttachPod(ifname))
-	}
-	must(t, d.AttachUplink("w1"))
 	for _, x := range []struct {
 		ns     *nettest.NS
 		ifname string
@@ -151,13 +127,5 @@ func TestFragmentedTraffic(t *testing.T) {
 	if after.Drops != (Drops{}) {
 		t.Errorf("drops: %+v", after.Drops)
 	}
-	for name, ns := range tb.all() {
-		ce, err := ns.ChecksumErrors()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ce != (nettest.ChecksumErrors{}) {
-			t.Errorf("%s: checksum errors %+v", name, ce)
-		}
-	}
+	tb.noChecksumErrors(t)
 }

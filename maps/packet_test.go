@@ -34,7 +34,7 @@ type frame struct {
 	ipID      uint16 // 0: 0x1234
 	// rawL4: payload is the whole IP payload, no L4 header built (a
 	// later fragment; fragmentsOf).
-	rawL4 bool
+	rawL4     bool
 	noUDPSum  bool // UDP checksum 0 ("none")
 	etherType uint16
 	ttl       uint8   // 0: 64
