@@ -52,27 +52,16 @@ static __always_inline void frag_key_of(const struct iphdr *ip, const struct pac
 	key->proto = pkt->proto;
 }
 
-/* frag_ours reports whether a datagram from saddr:sport to daddr:dport
- * (network byte order) is one the datapath translates: to a frontend of
- * this hook's scope, or of a flow conntrack knows (a reply, an
- * established flow). */
-static __always_inline int frag_ours(__be32 saddr, __be32 daddr, __be16 sport, __be16 dport, __u8 proto)
+/* frag_ours reports whether a datagram with the tuple key is one the
+ * datapath translates: to a frontend of this hook's scope (svc, filled
+ * here), or of a flow conntrack knows (a reply, an established flow). */
+static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *svc)
 {
-	struct svc_key svc = {
-		.vip = daddr,
-		.port = dport,
-		.proto = proto,
-		.scope = cfg_scope,
-	};
-	struct ct_key key = {
-		.saddr = saddr,
-		.daddr = daddr,
-		.sport = sport,
-		.dport = dport,
-		.proto = proto,
-	};
-
-	return bpf_map_lookup_elem(&tlb_services, &svc) || ct_find(&key);
+	svc->vip = key->daddr;
+	svc->port = key->dport;
+	svc->proto = key->proto;
+	svc->scope = cfg_scope;
+	return bpf_map_lookup_elem(&tlb_services, svc) || ct_find(key);
 }
 
 /* frag_remember_first records the ports of a datagram's first fragment
@@ -85,35 +74,52 @@ static __always_inline int frag_ours(__be32 saddr, __be32 daddr, __be16 sport, _
  * A global function, verified once on its own: inlined, or called after
  * lb_process, it multiplied the states the verifier walks (tc_uplink_lb
  * went over the million instructions). Its stack adds to the caller's
- * (512 bytes together): the keys live one after another. It takes
- * scalars only, as 5.10 requires of a global function's arguments:
- * addresses and ports in network byte order as in struct packet, the
- * ports as sport | dport << 16, the header's id and frag_off (network
- * byte order) as id | frag_off << 16. Returns 0. */
+ * (512 bytes together): the lookups' keys and the entry share one area.
+ * It takes scalars only, as 5.10 requires of a global function's
+ * arguments: addresses and ports in network byte order as in struct
+ * packet, the ports as sport | dport << 16, the header's id and frag_off
+ * (network byte order) as id | frag_off << 16. Returns 0. */
 __noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 proto, __u32 id_frag_off)
 {
-	__be16 sport = ports & 0xffff, dport = ports >> 16;
+	union {
+		struct {
+			struct ct_key key;
+			struct svc_key svc;
+		} find;
+		struct {
+			struct frag_key key;
+			struct frag_value v;
+		} put;
+	} u;
 
-	if (!((id_frag_off >> 16) & bpf_htons(IP_MF)) || !frag_ours(saddr, daddr, sport, dport, proto))
+	if (!((id_frag_off >> 16) & bpf_htons(IP_MF)))
 		return 0;
-	{
-		struct frag_key key = {
-			.saddr = saddr,
-			.daddr = daddr,
-			.id = id_frag_off & 0xffff,
-			.proto = proto,
-		};
-		struct frag_value v = {
-			.sport = sport,
-			.dport = dport,
-			.expires = bpf_ktime_get_coarse_ns() + FRAG_TIMEOUT * NSEC_PER_SEC,
-		};
-
-		bpf_map_update_elem(&tlb_frags, &key, &v, BPF_ANY);
-	}
+	__builtin_memset(&u, 0, sizeof(u));
+	u.find.key.saddr = saddr;
+	u.find.key.daddr = daddr;
+	u.find.key.sport = ports & 0xffff;
+	u.find.key.dport = ports >> 16;
+	u.find.key.proto = proto;
+	if (!frag_ours(&u.find.key, &u.find.svc))
+		return 0;
+	/* The entry is built over the lookup's keys: the addresses stay
+	 * where they are (frag_key puts them where ct_key does), the ports
+	 * move to the value before the id takes their place. Fewer values
+	 * live across the calls: none spilled to the stack. */
+	u.put.v.sport = u.find.key.sport;
+	u.put.v.dport = u.find.key.dport;
+	u.put.v.pad = 0;
+	u.put.key.id = id_frag_off & 0xffff;
+	u.put.key.proto = proto;
+	u.put.key.pad = 0;
+	u.put.v.expires = bpf_ktime_get_coarse_ns() + FRAG_TIMEOUT * NSEC_PER_SEC;
+	bpf_map_update_elem(&tlb_frags, &u.put.key, &u.put.v, BPF_ANY);
 	stat_inc(STAT_FRAG_FIRST);
 	return 0;
 }
+_Static_assert(__builtin_offsetof(struct frag_key, saddr) == __builtin_offsetof(struct ct_key, saddr) &&
+		       __builtin_offsetof(struct frag_key, daddr) == __builtin_offsetof(struct ct_key, daddr),
+	       "frag_remember_first leaves the addresses where ct_key has them");
 
 /* frag_remember calls frag_remember_first for pkt (PARSE_OK) in the
  * frame [data, data_end). */
