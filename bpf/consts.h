@@ -39,6 +39,7 @@ enum map_size {
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
 	DEFAULT_MAX_SRC_RANGES = 65536,
+	DEFAULT_MAX_FRAGS = 8192,       /* tlb_frags, fragmented datagrams in flight (frag.h) */
 	WEIGHTED_SLOTS = 512,
 	STAT_SLOTS = 64,
 };
@@ -59,6 +60,12 @@ enum ct_timeout {
 	CT_TIMEOUT_UDP = 60,
 	CT_TIMEOUT_SNAT_UNREPLIED = 10,
 	CT_REFRESH_INTERVAL = 1,
+	/* How long the L4 tuple of a datagram's first fragment is remembered
+	 * for the later ones (frag.h): reordering takes milliseconds; the
+	 * kernel's reassembly waits up to 30 s (net.ipv4.ipfrag_time), but a
+	 * datagram that late is rare, and a short life keeps a reused IP id
+	 * from meeting a stale tuple. */
+	FRAG_TIMEOUT = 10,
 };
 
 /* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned
@@ -69,7 +76,7 @@ enum stat_reason {
 	STAT_DROP_PARSE_ERROR = 2,  /* malformed IPv4/TCP/UDP header */
 	STAT_DROP_REWRITE = 3,      /* a tc rewrite helper failed (should not happen) */
 	STAT_REVERSE_NAT = 4,       /* replies rewritten back to the service address */
-	STAT_FRAGMENT = 5,          /* IPv4 fragments, passed untouched */
+	STAT_FRAGMENT = 5,          /* IPv4 fragments passed untranslated: not to a Service, or a later fragment without its first (frag.h) */
 	STAT_CT_CREATED = 6,        /* flows created (each is two conntrack entries) */
 	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow replaced: deleted or overwritten (expired, stale, reopened, an expired SNAT port taken over) */
 	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
@@ -109,7 +116,10 @@ enum stat_reason {
 	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
 	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
 	STAT_DROP_SRC_RANGE = 39,     /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
-	STAT_MAX = 40,
+	/* 40..44: other branches of issue 21 (renumbered on merge). */
+	STAT_FRAG_FIRST = 45,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
+	STAT_FRAG_FOLLOWED = 46,      /* later fragments translated as their first was */
+	STAT_MAX = 47,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

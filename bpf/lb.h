@@ -64,6 +64,9 @@ volatile const __u32 cfg_hash_seed = 0x746c6221;
 volatile const __u64 cfg_ct_src_interval = NSEC_PER_SEC / CT_SRC_RATE_DEFAULT;
 volatile const __u32 cfg_ct_src_burst = CT_SRC_RATE_DEFAULT;
 
+/* After the node configuration, which it reads (cfg_scope). */
+#include "frag.h"
+
 #define rol32(v, s) (((v) << (s)) | ((v) >> (32 - (s))))
 
 /* jhash_3words from the kernel's jhash.h (Bob Jenkins' lookup3 final mix). */
@@ -776,10 +779,10 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 {
 	switch (parse_packet(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
+		frag_remember(data, data_end, pkt);
 		return lb_process(ctx, iif, pkt, nat);
 	case PARSE_FRAGMENT:
-		stat_inc(STAT_FRAGMENT);
-		return LB_PASS;
+		return frag_follow(data, data_end, pkt, 0, nat);
 	case PARSE_ERROR:
 		stat_inc(STAT_DROP_PARSE_ERROR);
 		return LB_DROP;

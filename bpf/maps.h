@@ -135,6 +135,18 @@ struct {
 } tlb_stats SEC(".maps");
 _Static_assert(STAT_MAX <= STAT_SLOTS, "tlb_stats has a slot for every reason");
 
+/* Fragmented datagrams being translated: the L4 tuple of each first
+ * fragment, for the later fragments of the same datagram (frag.h). LRU
+ * and short-lived (FRAG_TIMEOUT): memory is bounded whatever arrives; a
+ * datagram forgotten loses its later fragments' translation, and the
+ * receiver drops the incomplete datagram as it would a lost fragment. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_FRAGS);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+} tlb_frags SEC(".maps");
+
 /* Layout version and fingerprint of everything above, checked before
  * pinned maps are adopted. */
 struct {

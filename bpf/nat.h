@@ -50,6 +50,7 @@ volatile const __u16 cfg_snat_port_max = SNAT_PORT_MAX_DEFAULT;
 enum nat_flag {
 	NAT_F_DST = 1, /* rewrite the destination to daddr:dport */
 	NAT_F_SRC = 2, /* rewrite the source to saddr:sport */
+	NAT_F_L3 = 4,  /* a later fragment: rewrite the IPv4 header only, it carries no ports (frag.h) */
 };
 
 /* What the core tells a hook to do with a packet: rewrite it, and send it
@@ -192,6 +193,21 @@ static __always_inline int snat_claim(__u32 h, struct ct_key *key, const struct 
 	return -1;
 }
 
+/* nat_rewrite_ip applies n's addresses to the IPv4 header ip, with the
+ * header checksum updated in place (always a full one; the update keeps
+ * the header's sum, and so an skb's csum, unchanged). */
+static __always_inline void nat_rewrite_ip(struct iphdr *ip, const struct packet *pkt, const struct nat *n)
+{
+	if (n->flags & NAT_F_DST) {
+		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
+		ip->daddr = n->daddr;
+	}
+	if (n->flags & NAT_F_SRC) {
+		ip->check = csum_replace4(ip->check, pkt->saddr, n->saddr);
+		ip->saddr = n->saddr;
+	}
+}
+
 /* ---- rewriting frames from the wire (XDP) ---- */
 
 /* nat_rewrite_xdp applies n in place with incremental checksum updates:
@@ -208,6 +224,10 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 
 	if ((void *)(ip + 1) > data_end)
 		return -1;
+	if (n->flags & NAT_F_L3) {
+		nat_rewrite_ip(ip, pkt, n);
+		return 0;
+	}
 	if (pkt->proto == IP_PROTO_TCP) {
 		struct tcphdr *tcp = l4;
 
@@ -230,17 +250,14 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 	if (n->flags & NAT_F_DST) {
 		sum = csum_replace4(sum, pkt->daddr, n->daddr);
 		sum = csum_replace2(sum, pkt->dport, n->dport);
-		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
-		ip->daddr = n->daddr;
 		*dport = n->dport;
 	}
 	if (n->flags & NAT_F_SRC) {
 		sum = csum_replace4(sum, pkt->saddr, n->saddr);
 		sum = csum_replace2(sum, pkt->sport, n->sport);
-		ip->check = csum_replace4(ip->check, pkt->saddr, n->saddr);
-		ip->saddr = n->saddr;
 		*sport = n->sport;
 	}
+	nat_rewrite_ip(ip, pkt, n);
 	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
 	 * its one's-complement twin, all ones (RFC 768). */
 	if (pkt->proto == IP_PROTO_UDP) {
@@ -271,10 +288,8 @@ static __always_inline int nat_skb_l4_csum(struct __sk_buff *skb, __u32 csum_off
 }
 
 /* nat_rewrite_skb applies n to the skb: L4 checksum through the helper,
- * then the IPv4 header checksum in place (always a full one; updating it
- * keeps the header's sum, and so skb->csum, unchanged) and the fields
- * written directly, which is cheaper than bpf_skb_store_bytes. Returns 0
- * on success. */
+ * then the ports and the IPv4 header (nat_rewrite_ip) written directly,
+ * which is cheaper than bpf_skb_store_bytes. Returns 0 on success. */
 static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct packet *pkt, const struct nat *n)
 {
 	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
@@ -283,6 +298,15 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 	void *data, *data_end, *l4;
 	struct iphdr *ip;
 
+	if (n->flags & NAT_F_L3) {
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		nat_rewrite_ip(ip, pkt, n);
+		return 0;
+	}
 	if (pkt->proto == IP_PROTO_TCP) {
 		csum_off = l4_off + offsetof(struct tcphdr, check);
 	} else {
@@ -305,16 +329,11 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 	if ((void *)(ip + 1) > data_end || l4 + sizeof(struct udphdr) > data_end)
 		return -1;
 	/* TCP and UDP ports sit at the same offsets (parse.h). */
-	if (n->flags & NAT_F_DST) {
+	if (n->flags & NAT_F_DST)
 		*(__be16 *)(l4 + offsetof(struct udphdr, dest)) = n->dport;
-		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
-		ip->daddr = n->daddr;
-	}
-	if (n->flags & NAT_F_SRC) {
+	if (n->flags & NAT_F_SRC)
 		*(__be16 *)(l4 + offsetof(struct udphdr, source)) = n->sport;
-		ip->check = csum_replace4(ip->check, pkt->saddr, n->saddr);
-		ip->saddr = n->saddr;
-	}
+	nat_rewrite_ip(ip, pkt, n);
 	return 0;
 }
 

@@ -37,9 +37,9 @@ _Static_assert(__builtin_offsetof(struct tcphdr, source) == __builtin_offsetof(s
 _Static_assert(__builtin_offsetof(struct tcphdr, dest) == __builtin_offsetof(struct udphdr, dest), "destination port offsets");
 
 enum parse_result {
-	PARSE_OK = 0,       /* TCP or UDP, unfragmented, headers complete */
+	PARSE_OK = 0,       /* TCP or UDP, headers complete: unfragmented, or a datagram's first fragment */
 	PARSE_SKIP = 1,     /* not ours: non-IPv4, other protocols */
-	PARSE_FRAGMENT = 2, /* IPv4 fragment: cannot be NATed statelessly */
+	PARSE_FRAGMENT = 2, /* a later IPv4 fragment (no L4 header) or an ICMP one: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
 	PARSE_ICMP = 4,     /* ICMP, unfragmented: addresses and l4_off set, ports 0 */
 };
@@ -86,15 +86,19 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 	if (tot_len < ihl_len || tot_len > l3_avail)
 		return PARSE_ERROR;
 
-	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return PARSE_FRAGMENT;
-
 	pkt->saddr = ip->saddr;
 	pkt->daddr = ip->daddr;
 	pkt->proto = ip->protocol;
 	pkt->tcp_flags = 0;
 	pkt->l4_off = ETH_HLEN + ihl_len;
 	pkt->l3_len = tot_len;
+	/* A first fragment carries the L4 header and goes on as any packet;
+	 * the later ones have none (frag.h). */
+	if (ip->frag_off & bpf_htons(IP_OFFSET)) {
+		pkt->sport = 0;
+		pkt->dport = 0;
+		return PARSE_FRAGMENT;
+	}
 
 	if (ip->protocol == IP_PROTO_TCP) {
 		struct tcphdr *tcp = (void *)ip + ihl_len;
@@ -120,7 +124,8 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
 	if (ip->protocol == IP_PROTO_ICMP) {
 		pkt->sport = 0;
 		pkt->dport = 0;
-		return PARSE_ICMP;
+		/* A fragmented ICMP message is no error we translate. */
+		return ip->frag_off & bpf_htons(IP_MF) ? PARSE_FRAGMENT : PARSE_ICMP;
 	}
 	return PARSE_SKIP;
 }
@@ -134,7 +139,8 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
  *   - TCP: options (doff) reaching beyond the datagram (tcp_v4_rcv drops);
  *   - UDP: a length field below the header or beyond the IP payload
  *     (udp_rcv drops a "short packet"; shorter than the payload is
- *     padding, which it trims).
+ *     padding, which it trims); a first fragment's payload is only the
+ *     start of what the field counts.
  * A packet of an established flow that fails is translated all the same:
  * the incremental checksum update keeps a bad checksum bad, and the
  * receiver drops it. */
@@ -183,7 +189,9 @@ static __always_inline int frame_creates_state(const void *data, const void *dat
 		if ((void *)(udp + 1) > data_end)
 			return 0;
 		udp_len = bpf_ntohs(udp->len);
-		return udp_len >= sizeof(*udp) && udp_len <= l4_len;
+		/* A first fragment holds only the start of what the length
+		 * counts. */
+		return udp_len >= sizeof(*udp) && (udp_len <= l4_len || (ip->frag_off & bpf_htons(IP_MF)));
 	}
 	return 1;
 }

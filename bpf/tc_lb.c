@@ -44,20 +44,30 @@ int tc_lb_egress(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct nat nat = {};
+	void *data, *data_end;
 
 	if (tc_tagged(skb))
 		return TC_PASS;
 	tc_pull(skb, MAX_PARSE_LEN);
-	switch (parse_packet((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt)) {
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	switch (parse_packet(data, data_end, skb->len, &pkt)) {
 	case PARSE_ICMP:
 		return tc_icmp(skb, &pkt);
 	case PARSE_OK:
+		if (skb->ingress_ifindex != 0 || lb_stack_reply(&pkt, &nat) != LB_REWRITE)
+			return TC_PASS;
+		frag_remember(data, data_end, &pkt);
+		break;
+	case PARSE_FRAGMENT:
+		/* A host-network backend's reply, too big for the path
+		 * (frag.h). */
+		if (skb->ingress_ifindex != 0 || frag_follow(data, data_end, &pkt, 1, &nat) != LB_REWRITE)
+			return TC_PASS;
 		break;
 	default:
 		return TC_PASS;
 	}
-	if (skb->ingress_ifindex != 0 || lb_stack_reply(&pkt, &nat) != LB_REWRITE)
-		return TC_PASS;
 	if (nat_rewrite_skb(skb, &pkt, &nat)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;

@@ -23,7 +23,7 @@ const levelTrace = slog.LevelDebug - 1
 var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
-	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops,
+	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops, tcMapTlbFrags,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -57,8 +57,9 @@ type Datapath struct {
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
 	// ctNew is the unreplied conntrack table (conntrack the established
-	// one), ctSrc the per-source budgets of new flows.
-	ctNew, ctSrc *ebpf.Map
+	// one), ctSrc the per-source budgets of new flows, frags the ports of
+	// fragmented datagrams' first fragments (bpf/frag.h).
+	ctNew, ctSrc, frags *ebpf.Map
 	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
 	// (srcrange.go).
 	srcRanges, srcRangeDrops *ebpf.Map
@@ -256,7 +257,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	m := d.tcColl.Maps
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
-	d.ctNew, d.ctSrc = m[tcMapTlbCtNew], m[tcMapTlbCtSrc]
+	d.ctNew, d.ctSrc, d.frags = m[tcMapTlbCtNew], m[tcMapTlbCtSrc], m[tcMapTlbFrags]
 	d.srcRanges, d.srcRangeDrops = m[tcMapTlbSrcRanges], m[tcMapTlbSrcRangeDrops]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]

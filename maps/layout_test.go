@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf/btf"
 )
 
 // layoutHistory records every (layoutVersion, fingerprint) pair ever
@@ -119,20 +121,40 @@ func TestMetaHoldsFingerprint(t *testing.T) {
 	}
 }
 
+// TestStatNames checks every reason of enum stat_reason (read from the
+// object's BTF: numbers may be left unused between branches) has one name
+// of its own, and no name stands for a number the enum lacks.
 func TestStatNames(t *testing.T) {
+	spec, err := loadTc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons *btf.Enum
+	if err := spec.Types.TypeByName("stat_reason", &reasons); err != nil {
+		t.Fatal(err)
+	}
 	names := map[string]bool{}
-	for s := Stat(0); int(s) < numStats; s++ {
+	members := 0
+	for _, v := range reasons.Values {
+		if v.Name == "STAT_MAX" {
+			continue
+		}
+		members++
+		s := Stat(v.Value)
+		if int(s) >= numStats {
+			t.Errorf("%s = %d is not below STAT_MAX %d", v.Name, s, numStats)
+		}
 		n, ok := statNames[s]
 		if !ok {
-			t.Errorf("stat %d has no name", s)
+			t.Errorf("%s (%d) has no name", v.Name, s)
 		}
 		if names[n] {
 			t.Errorf("stat name %q used twice", n)
 		}
 		names[n] = true
 	}
-	if len(statNames) != numStats {
-		t.Errorf("%d names for %d stats", len(statNames), numStats)
+	if len(statNames) != members {
+		t.Errorf("%d names for %d stats", len(statNames), members)
 	}
 	if numStats > int(tcMapSizeSTAT_SLOTS) {
 		t.Errorf("%d stats do not fit tlb_stats' %d slots", numStats, tcMapSizeSTAT_SLOTS)

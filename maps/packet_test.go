@@ -31,6 +31,10 @@ type frame struct {
 	ipOptions []byte // multiple of 4 bytes
 	fragOff   uint16 // in 8-byte units
 	moreFrags bool
+	ipID      uint16 // 0: 0x1234
+	// rawL4: payload is the whole IP payload, no L4 header built (a
+	// later fragment; fragmentsOf).
+	rawL4     bool
 	noUDPSum  bool // UDP checksum 0 ("none")
 	etherType uint16
 	ttl       uint8   // 0: 64
@@ -102,7 +106,11 @@ func (f frame) bytes() []byte {
 
 	var l4 []byte
 	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
-	switch f.proto {
+	proto := f.proto
+	if f.rawL4 {
+		proto = 0 // nothing built, no checksum
+	}
+	switch proto {
 	case protoTCP:
 		l4 = make([]byte, 20, 20+len(f.payload))
 		binary.BigEndian.PutUint16(l4[0:], f.src.Port())
@@ -132,7 +140,7 @@ func (f frame) bytes() []byte {
 	}
 	// L4 checksums cover the whole datagram; a fragment carries a slice
 	// of it, which is all the datapath needs to see.
-	switch f.proto {
+	switch proto {
 	case protoTCP:
 		binary.BigEndian.PutUint16(l4[16:], csum(pseudo(src4, dst4, protoTCP, len(l4)), l4))
 	case protoUDP:
@@ -157,7 +165,11 @@ func (f frame) bytes() []byte {
 	ip := make([]byte, 20+len(f.ipOptions))
 	ip[0] = 0x40 | uint8(len(ip)/4)
 	binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+len(l4)))
-	binary.BigEndian.PutUint16(ip[4:], 0x1234)
+	id := f.ipID
+	if id == 0 {
+		id = 0x1234
+	}
+	binary.BigEndian.PutUint16(ip[4:], id)
 	fo := f.fragOff & 0x1fff
 	if f.moreFrags {
 		fo |= 0x2000
@@ -189,6 +201,22 @@ func (f frame) bytes() []byte {
 		b = b[:f.truncate]
 	}
 	return b
+}
+
+// fragmentsOf splits the datagram f (no IP options) as a sender with a
+// path MTU of 20 + size bytes would: the L4 header and payload, with
+// f's checksum over all of it, in slices of size bytes (a multiple of 8),
+// each a frame with f's addresses and IP id. Only the first carries the
+// L4 header.
+func fragmentsOf(f frame, size int) []frame {
+	l4 := f.bytes()[14+20:]
+	var out []frame
+	for off := 0; off < len(l4); off += size {
+		end := min(off+size, len(l4))
+		out = append(out, frame{src: f.src, dst: f.dst, proto: f.proto, ipID: f.ipID, rawL4: true,
+			payload: l4[off:end], fragOff: uint16(off / 8), moreFrags: end < len(l4)})
+	}
+	return out
 }
 
 // pseudo is the one's-complement sum of the IPv4 pseudo-header.

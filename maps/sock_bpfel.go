@@ -94,6 +94,23 @@ type sockCtValue struct {
 	Pad        uint32
 }
 
+type sockFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sockFragValue struct {
+	_       structs.HostLayout
+	Sport   uint16
+	Dport   uint16
+	Pad     uint32
+	Expires uint64
+}
+
 type sockIfaceValue struct {
 	_    structs.HostLayout
 	Kind uint8
@@ -170,6 +187,7 @@ const (
 	sockMapTlbCtNew          = "tlb_ct_new"
 	sockMapTlbCtScratch      = "tlb_ct_scratch"
 	sockMapTlbCtSrc          = "tlb_ct_src"
+	sockMapTlbFrags          = "tlb_frags"
 	sockMapTlbIfaces         = "tlb_ifaces"
 	sockMapTlbMeta           = "tlb_meta"
 	sockMapTlbRegistry       = "tlb_registry"
@@ -256,6 +274,7 @@ type sockMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -306,6 +325,7 @@ type sockMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -325,6 +345,7 @@ func (m *sockMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

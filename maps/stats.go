@@ -18,7 +18,9 @@ const (
 	StatDropRewrite = Stat(tcStatReasonSTAT_DROP_REWRITE)
 	// StatReverseNAT: replies rewritten back to a service address.
 	StatReverseNAT = Stat(tcStatReasonSTAT_REVERSE_NAT)
-	// StatFragment: IPv4 fragments, passed untouched.
+	// StatFragment: IPv4 fragments passed untranslated: not to a
+	// Service, or a later fragment without its datagram's first (arrived
+	// before it, or more than the timeout after).
 	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
 	// StatConntrackCreated: flows created (two conntrack entries each).
 	StatConntrackCreated = Stat(tcStatReasonSTAT_CT_CREATED)
@@ -140,6 +142,12 @@ const (
 	// Service.SourceRanges from a source outside them, dropped (or the
 	// host process's call refused with EPERM).
 	StatDropSourceRange = Stat(tcStatReasonSTAT_DROP_SRC_RANGE)
+	// StatFragFirst: first fragments of a datagram translated; their
+	// ports remembered for the later fragments.
+	StatFragFirst = Stat(tcStatReasonSTAT_FRAG_FIRST)
+	// StatFragFollowed: later fragments translated as their datagram's
+	// first was.
+	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -186,6 +194,8 @@ var statNames = map[Stat]string{
 	StatSNATReclaimed:         "snat_reclaimed",
 	StatSockRevNATClobbered:   "sock_revnat_clobbered",
 	StatDropSourceRange:       "drop_source_range",
+	StatFragFirst:             "fragment_first",
+	StatFragFollowed:          "fragment_followed",
 }
 
 // String returns the counter's stable name.

@@ -138,6 +138,7 @@ const (
 	tcCtTimeoutCT_TIMEOUT_UDP             tcCtTimeout = 60
 	tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED  tcCtTimeout = 10
 	tcCtTimeoutCT_REFRESH_INTERVAL        tcCtTimeout = 1
+	tcCtTimeoutFRAG_TIMEOUT               tcCtTimeout = 10
 )
 
 type tcCtValue struct {
@@ -158,6 +159,23 @@ type tcCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	Pad        uint32
+}
+
+type tcFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type tcFragValue struct {
+	_       structs.HostLayout
+	Sport   uint16
+	Dport   uint16
+	Pad     uint32
+	Expires uint64
 }
 
 type tcFwdMeta struct {
@@ -208,6 +226,7 @@ const (
 	tcMapSizeDEFAULT_MAX_AFFINITY   tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_IFACES     tcMapSize = 4096
 	tcMapSizeDEFAULT_MAX_SRC_RANGES tcMapSize = 65536
+	tcMapSizeDEFAULT_MAX_FRAGS      tcMapSize = 8192
 	tcMapSizeWEIGHTED_SLOTS         tcMapSize = 512
 	tcMapSizeSTAT_SLOTS             tcMapSize = 64
 )
@@ -326,7 +345,9 @@ const (
 	tcStatReasonSTAT_SNAT_RECLAIMED       tcStatReason = 37
 	tcStatReasonSTAT_SOCK_REVNAT_CLOBBER  tcStatReason = 38
 	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
-	tcStatReasonSTAT_MAX                  tcStatReason = 40
+	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 45
+	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 46
+	tcStatReasonSTAT_MAX                  tcStatReason = 47
 )
 
 type tcSvcFlag uint32
@@ -369,6 +390,7 @@ const (
 	tcMapTlbCtNew         = "tlb_ct_new"
 	tcMapTlbCtScratch     = "tlb_ct_scratch"
 	tcMapTlbCtSrc         = "tlb_ct_src"
+	tcMapTlbFrags         = "tlb_frags"
 	tcMapTlbIfaces        = "tlb_ifaces"
 	tcMapTlbMeta          = "tlb_meta"
 	tcMapTlbRegistry      = "tlb_registry"
@@ -446,6 +468,7 @@ type tcMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -497,6 +520,7 @@ type tcMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -518,6 +542,7 @@ func (m *tcMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -86,6 +86,36 @@ func (tb *testbed) all() map[string]*nettest.NS {
 	return map[string]*nettest.NS{"node1": tb.node1, "node2": tb.node2, "client": tb.client, "b1": tb.b1, "b2": tb.b2, "b3": tb.b3}
 }
 
+// attachNode1 loads a datapath pinned at pin into node1 and attaches it:
+// tc on the pod veths hc, hb1 and hb2, XDP on the uplink w1 (its frames to
+// the pods are handed over to tc_uplink; nothing is sent back out of w1
+// with XDP_TX here).
+func (tb *testbed) attachNode1(t *testing.T, pin string) *Datapath {
+	t.Helper()
+	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP})
+	for _, ifname := range []string{"hc", "hb1", "hb2"} {
+		must(t, d.AttachPod(ifname))
+	}
+	must(t, d.AttachUplink("w1"))
+	return d
+}
+
+// noChecksumErrors fails the test for every namespace whose stack counted
+// a TCP or UDP checksum error: the node-side senders compute checksums in
+// software, so a wrong one was written by the datapath.
+func (tb *testbed) noChecksumErrors(t *testing.T) {
+	t.Helper()
+	for name, ns := range tb.all() {
+		ce, err := ns.ChecksumErrors()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ce != (nettest.ChecksumErrors{}) {
+			t.Errorf("%s: checksum errors %+v", name, ce)
+		}
+	}
+}
+
 // httpGets makes n requests, each on a new connection, and counts answers.
 func httpGets(t *testing.T, from *nettest.NS, url string, n int) map[string]int {
 	t.Helper()
@@ -161,9 +191,7 @@ func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
 	pin := filepath.Join(bpffs(t), "topolb")
 	tb := newTestbed(t)
-	// XDP on w1: its frames to the pods are handed over to tc_uplink
-	// (nothing is sent back out of w1 with XDP_TX here).
-	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP})
+	d := tb.attachNode1(t, pin)
 
 	for name, ns := range map[string]*nettest.NS{"b1": tb.b1, "b2": tb.b2, "b3": tb.b3} {
 		ns.ServeHTTPName(t, ":8080", name)
@@ -179,10 +207,6 @@ func TestRealTraffic(t *testing.T) {
 	}
 	mustSet(t, d, fe(vipHTTP, TCP), backends(8080)...)
 	mustSet(t, d, fe(vipDNS, UDP), backends(5353)...)
-	for _, ifname := range []string{"hc", "hb1", "hb2"} {
-		must(t, d.AttachPod(ifname))
-	}
-	must(t, d.AttachUplink("w1"))
 	if got, err := d.Attached(); err != nil || !slices.Equal(got, []string{"hb1", "hb2", "hc", "w1"}) {
 		t.Fatalf("Attached = %v, %v", got, err)
 	}
@@ -198,15 +222,7 @@ func TestRealTraffic(t *testing.T) {
 		}
 	}
 
-	for name, ns := range tb.all() {
-		ce, err := ns.ChecksumErrors()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ce != (nettest.ChecksumErrors{}) {
-			t.Errorf("%s: checksum errors %+v", name, ce)
-		}
-	}
+	tb.noChecksumErrors(t)
 	c, err := d.Counters()
 	if err != nil {
 		t.Fatal(err)

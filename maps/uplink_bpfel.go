@@ -94,6 +94,23 @@ type uplinkCtValue struct {
 	Pad        uint32
 }
 
+type uplinkFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type uplinkFragValue struct {
+	_       structs.HostLayout
+	Sport   uint16
+	Dport   uint16
+	Pad     uint32
+	Expires uint64
+}
+
 type uplinkIfaceValue struct {
 	_    structs.HostLayout
 	Kind uint8
@@ -181,6 +198,7 @@ const (
 	uplinkMapTlbCtNew         = "tlb_ct_new"
 	uplinkMapTlbCtScratch     = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc         = "tlb_ct_src"
+	uplinkMapTlbFrags         = "tlb_frags"
 	uplinkMapTlbIfaces        = "tlb_ifaces"
 	uplinkMapTlbMeta          = "tlb_meta"
 	uplinkMapTlbRegistry      = "tlb_registry"
@@ -258,6 +276,7 @@ type uplinkMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -309,6 +328,7 @@ type uplinkMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -330,6 +350,7 @@ func (m *uplinkMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -94,6 +94,23 @@ type xdpCtValue struct {
 	Pad        uint32
 }
 
+type xdpFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type xdpFragValue struct {
+	_       structs.HostLayout
+	Sport   uint16
+	Dport   uint16
+	Pad     uint32
+	Expires uint64
+}
+
 type xdpIfaceValue struct {
 	_    structs.HostLayout
 	Kind uint8
@@ -181,6 +198,7 @@ const (
 	xdpMapTlbCtNew         = "tlb_ct_new"
 	xdpMapTlbCtScratch     = "tlb_ct_scratch"
 	xdpMapTlbCtSrc         = "tlb_ct_src"
+	xdpMapTlbFrags         = "tlb_frags"
 	xdpMapTlbIfaces        = "tlb_ifaces"
 	xdpMapTlbMeta          = "tlb_meta"
 	xdpMapTlbRegistry      = "tlb_registry"
@@ -256,6 +274,7 @@ type xdpMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -307,6 +326,7 @@ type xdpMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -328,6 +348,7 @@ func (m *xdpMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -55,8 +55,10 @@ func (p ServicePort) ClusterFrontend() FrontendAddr {
 // ExternalFrontends returns the port's frontends that outside traffic can
 // reach, in this order: the externalIPs and the load-balancer IPs with the
 // service port, then, when the port has a nodePort, node's NodePort
-// addresses (Options.NodePortAddresses) with the nodePort. They exist in both
-// scopes. A frontend listed twice is returned once.
+// addresses (Options.NodePortAddresses) with the nodePort, and
+// LoopbackNodePortAddr with it when the options serve it. They exist in
+// both scopes, but for the loopback one (internal only). A frontend
+// listed twice is returned once.
 //
 // It leaves out, with a warning that starts with the Service's
 // "namespace/name: ":
@@ -96,9 +98,26 @@ func (p ServicePort) ExternalFrontends(node Node, opts Options) ([]FrontendAddr,
 			for _, ip := range NodePortAddresses(node, opts) {
 				add(FrontendAddr{Addr: netip.AddrPortFrom(ip, p.NodePort), Kind: KindNodePort})
 			}
+			if opts.servesLoopbackNodePorts() {
+				add(FrontendAddr{Addr: netip.AddrPortFrom(LoopbackNodePortAddr, p.NodePort), Kind: KindNodePort})
+			}
 		}
 	}
 	return out, warnings
+}
+
+// LoopbackNodePortAddr is the loopback address NodePorts are served on to
+// the node's own processes when Options.NodePortAddresses holds it, as
+// kube-proxy's iptables mode serves localhost NodePorts. Only this
+// address of 127.0.0.0/8, which localhost resolves to: a frontend is one
+// address. Internal scope only: a packet to a loopback address never
+// arrives on an uplink.
+var LoopbackNodePortAddr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
+// servesLoopbackNodePorts reports whether NodePorts are served on
+// LoopbackNodePortAddr.
+func (o Options) servesLoopbackNodePorts() bool {
+	return slices.ContainsFunc(o.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(LoopbackNodePortAddr) })
 }
 
 // NodePortAddresses returns the addresses of node that NodePorts are served
@@ -265,8 +284,10 @@ func compareFrontends(a, b Frontend) int { return CompareClaims(a.Claim(), b.Cla
 
 // Claims returns every frontend a node's decision for one port asks for,
 // before conflicts with other ports are resolved: the cluster IP in the
-// internal scope, and each external frontend in both scopes, each with the
-// backend set SetFor gives. The warnings are ExternalFrontends'.
+// internal scope (and, with Options.ClusterIPsFromOutside, in the external
+// scope with the internal set), and each external frontend in both scopes
+// (the loopback NodePort in the internal one), each with the backend set
+// SetFor gives. The warnings are ExternalFrontends'.
 func Claims(node Node, d PortDecision, opts Options) ([]Frontend, []string) {
 	ext, warnings := d.Port.ExternalFrontends(node, opts)
 	addrs := append([]FrontendAddr{d.Port.ClusterFrontend()}, ext...)
@@ -274,7 +295,12 @@ func Claims(node Node, d PortDecision, opts Options) ([]Frontend, []string) {
 	for _, fa := range addrs {
 		for _, scope := range []Scope{ScopeInternal, ScopeExternal} {
 			set, ok := d.Decision.SetFor(fa.Kind, scope)
-			if !ok {
+			if fa.Kind == KindClusterIP && scope == ScopeExternal && opts.ClusterIPsFromOutside {
+				// As kube-proxy's cluster IP chain serves any packet
+				// that reaches it: with the internal set.
+				set, ok = d.Decision.SetFor(fa.Kind, ScopeInternal)
+			}
+			if !ok || (scope == ScopeExternal && fa.Addr.Addr().IsLoopback()) {
 				continue
 			}
 			out = append(out, Frontend{Addr: fa.Addr, Protocol: d.Port.Protocol, Scope: scope, Kind: fa.Kind, Port: d.Port, BackendSet: set})

@@ -52,6 +52,17 @@ func TestExternalFrontends(t *testing.T) {
 			port: func() ServicePort { p := clusterPort(nil); p.NodePort = 30080; return p }(),
 			opts: Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("203.0.113.0/24")}},
 			want: []string{fa(KindNodePort, "203.0.113.1:30080"), fa(KindNodePort, "172.16.0.1:30080")}},
+		{name: "--nodeport-addresses holding 127.0.0.1: NodePorts on loopback too",
+			port: func() ServicePort { p := clusterPort(nil); p.NodePort = 30080; return p }(),
+			opts: Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("127.0.0.0/8")}},
+			want: []string{fa(KindNodePort, "192.168.0.1:30080"), fa(KindNodePort, "127.0.0.1:30080")}},
+		{name: "--nodeport-addresses 0.0.0.0/0 (kube-proxy's all): every address and loopback",
+			port: func() ServicePort { p := clusterPort(nil); p.NodePort = 30080; return p }(),
+			opts: Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}},
+			want: []string{fa(KindNodePort, "192.168.0.1:30080"), fa(KindNodePort, "203.0.113.1:30080"), fa(KindNodePort, "172.16.0.1:30080"), fa(KindNodePort, "127.0.0.1:30080")}},
+		{name: "127.0.0.2/32 does not hold 127.0.0.1: no loopback NodePort",
+			port: func() ServicePort { p := clusterPort(nil); p.NodePort = 30080; return p }(),
+			opts: Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}}},
 		{name: "nodePort outside the range: no NodePort, a warning",
 			port:     func() ServicePort { p := clusterPort(nil); p.NodePort = 8080; return p }(),
 			opts:     DefaultOptions(),
@@ -404,5 +415,58 @@ func TestFrontendSourceRanges(t *testing.T) {
 	}
 	if got, _ := (Frontend{Kind: KindLoadBalancerIP, Port: ServicePort{LoadBalancerIPs: []netip.Addr{lbIP}}}).SourceRanges(node(internal("10.0.0.5"))); got != nil {
 		t.Errorf("no ranges: %v, want nil (any source)", got)
+	}
+}
+
+// TestClaimsScopes: the loopback NodePort is claimed from inside the node
+// only; the cluster IP from outside too, with the internal set, only with
+// ClusterIPsFromOutside.
+func TestClaimsScopes(t *testing.T) {
+	p := clusterPort(nil)
+	p.ExternallyAccessible, p.NodePort = true, 30080
+	eps := []Endpoint{ep(1, "a1", "zone-a"), ep(2, "b1", "zone-b")}
+	d := PortDecision{Port: p, Endpoints: eps, Decision: Decide(Input{Node: addrNode, Nodes: testNodes, Port: p, Endpoints: eps}, DefaultOptions())}
+	loopback := netip.AddrPortFrom(LoopbackNodePortAddr, 30080)
+	all := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+	for _, tc := range []struct {
+		name string
+		opts Options
+		// want are the scopes each address is claimed in.
+		want map[netip.AddrPort][]Scope
+	}{
+		{name: "default", opts: DefaultOptions(), want: map[netip.AddrPort][]Scope{
+			p.ClusterFrontend().Addr:                     {ScopeInternal},
+			netip.MustParseAddrPort("192.168.0.1:30080"): {ScopeInternal, ScopeExternal},
+			netip.MustParseAddrPort("203.0.113.1:30080"): {ScopeInternal, ScopeExternal},
+		}},
+		{name: "loopback NodePort: internal only", opts: Options{NodePortAddresses: all}, want: map[netip.AddrPort][]Scope{
+			p.ClusterFrontend().Addr:                     {ScopeInternal},
+			netip.MustParseAddrPort("192.168.0.1:30080"): {ScopeInternal, ScopeExternal},
+			netip.MustParseAddrPort("203.0.113.1:30080"): {ScopeInternal, ScopeExternal},
+			netip.MustParseAddrPort("172.16.0.1:30080"):  {ScopeInternal, ScopeExternal},
+			loopback: {ScopeInternal},
+		}},
+		{name: "cluster IPs from outside", opts: Options{ClusterIPsFromOutside: true}, want: map[netip.AddrPort][]Scope{
+			p.ClusterFrontend().Addr:                     {ScopeInternal, ScopeExternal},
+			netip.MustParseAddrPort("192.168.0.1:30080"): {ScopeInternal, ScopeExternal},
+			netip.MustParseAddrPort("203.0.113.1:30080"): {ScopeInternal, ScopeExternal},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claims, _ := Claims(addrNode, d, tc.opts)
+			got := map[netip.AddrPort][]Scope{}
+			for _, c := range claims {
+				got[c.Addr] = append(got[c.Addr], c.Scope)
+				if c.Kind == KindClusterIP && c.Scope == ScopeExternal {
+					internal, _ := d.Decision.SetFor(KindClusterIP, ScopeInternal)
+					if !slices.Equal(octets(c.Backends), octets(internal.Backends)) {
+						t.Errorf("cluster IP from outside: backends %v, want the internal set %v", octets(c.Backends), octets(internal.Backends))
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("claims %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

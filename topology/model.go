@@ -322,8 +322,16 @@ type Options struct {
 	// NodePortAddresses, when not empty, selects the node addresses
 	// NodePorts are served on: those inside any of the prefixes (kube-proxy's
 	// --nodeport-addresses). Empty: the node's InternalIP and ExternalIP
-	// addresses.
+	// addresses. A prefix that holds LoopbackNodePortAddr also serves
+	// NodePorts there to the node's own processes (kube-proxy's localhost
+	// NodePorts).
 	NodePortAddresses []netip.Prefix
+	// ClusterIPsFromOutside serves cluster IPs to traffic that arrives on
+	// an uplink (a router that sends the service CIDR to nodes), with the
+	// internal backend set, as kube-proxy serves a cluster IP to any
+	// packet that reaches the node. Off: cluster IPs are served from
+	// inside the node only.
+	ClusterIPsFromOutside bool
 	// NodePortRange is the range of valid nodePorts (the apiserver's
 	// --service-node-port-range); a nodePort outside it is not served. The
 	// zero value means DefaultNodePortRange.

@@ -60,11 +60,12 @@ type flags struct {
 	maxAffinity    uint32
 	logging        *logging.Options
 
-	nodePortAddresses []string
-	nodePortRange     string
-	healthCheckPorts  bool
-	sweepInterval     time.Duration
-	verifyInterval    time.Duration
+	nodePortAddresses  []string
+	clusterFromOutside bool
+	nodePortRange      string
+	healthCheckPorts   bool
+	sweepInterval      time.Duration
+	verifyInterval     time.Duration
 }
 
 func main() {
@@ -143,7 +144,8 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.Uint32Var(&f.maxAffinity, "max-affinity", maps.DefaultMaxAffinity, "entries of the LRU session-affinity table, one per (client address, frontend with ClientIP affinity); beyond, the oldest memories are lost")
 	f.logging = logging.AddFlags(fl)
 	fl.Lookup("v").Usage = "log verbosity, klog's as in Kubernetes components: 0 operators (mode changes, errors), 4 debug, 5 every map write"
-	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts (and health check NodePorts) on this node's addresses inside these CIDRs, as kube-proxy's flag (default: the Node's InternalIP and ExternalIP addresses)")
+	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts (and health check NodePorts) on this node's addresses inside these CIDRs, as kube-proxy's flag (default: the Node's InternalIP and ExternalIP addresses); a CIDR holding 127.0.0.1 (127.0.0.0/8, 0.0.0.0/0) also serves them on 127.0.0.1 to the node's own processes, as kube-proxy's iptables mode does")
+	fl.BoolVar(&f.clusterFromOutside, "cluster-ips-from-outside", false, "serve cluster IPs to traffic arriving on the uplinks (a router sending the service CIDR to the nodes), as kube-proxy serves any packet that reaches a node; sent to a backend on another node, it is source-translated to this node's address")
 	fl.StringVar(&f.nodePortRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "serve only nodePorts in this range, the apiserver's --service-node-port-range; others are warned about and not served")
 	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
 	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
@@ -234,6 +236,7 @@ func checkFlags(f flags) (settings, error) {
 	if s.options.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
 		return s, err
 	}
+	s.options.ClusterIPsFromOutside = f.clusterFromOutside
 	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
 		return s, fmt.Errorf("--snat-ports: %w", err)
 	}

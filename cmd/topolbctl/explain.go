@@ -48,7 +48,7 @@ stderr; the rest is still decided.`,
 			if agentAddr != "" {
 				// The agent decides for its own node from its own
 				// inputs: a flag that selects another would be ignored.
-				for _, name := range []string{"node", "from-file", "kubeconfig", "nodeport-addresses", "service-node-port-range"} {
+				for _, name := range []string{"node", "from-file", "kubeconfig", "nodeport-addresses", "service-node-port-range", "cluster-ips-from-outside"} {
 					if cmd.Flags().Changed(name) {
 						return usageError(fmt.Errorf("--%s does not apply with --agent: the agent decides for its own node, from its own inputs and flags", name))
 					}
@@ -113,12 +113,14 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 
 // nodePortFlags are the options that choose NodePort frontends.
 type nodePortFlags struct {
-	addresses []string
-	portRange string
+	addresses          []string
+	portRange          string
+	clusterFromOutside bool
 }
 
 func (f *nodePortFlags) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, as the agent's flag of that name (default: the Node's InternalIP and ExternalIP)")
+	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, as the agent's flag of that name (default: the Node's InternalIP and ExternalIP; a CIDR holding 127.0.0.1 adds it)")
+	cmd.Flags().BoolVar(&f.clusterFromOutside, "cluster-ips-from-outside", false, "serve cluster IPs to traffic from outside the node, as the agent's flag of that name")
 	cmd.Flags().StringVar(&f.portRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "the valid nodePort range, as the apiserver's flag of that name")
 }
 
@@ -130,6 +132,7 @@ func (f *nodePortFlags) options() (topology.Options, error) {
 		return opts, err
 	}
 	opts.NodePortRange, err = topology.ParsePortRange(f.portRange)
+	opts.ClusterIPsFromOutside = f.clusterFromOutside
 	return opts, err
 }
 

@@ -48,6 +48,14 @@ func (ns *NS) ServeHTTPName(t testing.TB, addr, name string) {
 // namespace with name. Stopped in t.Cleanup.
 func (ns *NS) ServeUDPName(t testing.TB, addr, name string) {
 	t.Helper()
+	ns.ServeUDP(t, addr, func([]byte) []byte { return []byte(name) })
+}
+
+// ServeUDP answers every datagram arriving on addr inside the namespace
+// (up to 64 KiB, fragmented or not) with what answer returns for it;
+// nothing when it returns nil. Stopped in t.Cleanup.
+func (ns *NS) ServeUDP(t testing.TB, addr string, answer func(req []byte) []byte) {
+	t.Helper()
 	c, err := ns.ListenPacket("udp4", addr)
 	if err != nil {
 		t.Fatalf("%s: listen udp %s: %v", ns.Name, addr, err)
@@ -55,13 +63,15 @@ func (ns *NS) ServeUDPName(t testing.TB, addr, name string) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		buf := make([]byte, 2048)
+		buf := make([]byte, 1<<16)
 		for {
-			_, from, err := c.ReadFrom(buf)
+			n, from, err := c.ReadFrom(buf)
 			if err != nil {
 				return // closed
 			}
-			c.WriteTo([]byte(name), from)
+			if out := answer(buf[:n]); out != nil {
+				c.WriteTo(out, from)
+			}
 		}
 	}()
 	t.Cleanup(func() {

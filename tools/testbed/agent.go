@@ -17,6 +17,7 @@ import (
 
 	"github.com/topolb/topolb/agent"
 	dpmaps "github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
 )
 
 // Addresses the agents listen on inside their node's namespace; every node
@@ -42,6 +43,10 @@ type AgentOptions struct {
 	MaxFrontends, MaxBackends, MaxConntrack uint32
 	// Args are appended to the command line.
 	Args []string
+	// Options are the decision options Args select (--nodeport-addresses,
+	// --cluster-ips-from-outside), which WaitAgents expects the maps to
+	// follow; nil: topology.DefaultOptions.
+	Options *topology.Options
 }
 
 // Map sizes agents get in the testbed unless AgentOptions say otherwise.
@@ -263,7 +268,11 @@ func (a *Agent) Mismatch(st *AgentState) string {
 	for key := range got {
 		return fmt.Sprintf("%s: agent decides a port that does not exist", key)
 	}
-	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name), st.Datapath)
+	opts := topology.DefaultOptions()
+	if a.opts.Options != nil {
+		opts = *a.opts.Options
+	}
+	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name, opts), st.Datapath)
 }
 
 // slotShareTolerance is how far a backend's share of its frontend's slots

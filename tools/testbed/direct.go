@@ -97,7 +97,7 @@ func (d *Direct) Program(objs *kube.Objects) error {
 	var errs []error
 	for _, n := range d.tb.Nodes {
 		dp := d.nodes[n.Name]
-		want := desiredFrontends(state, n.Name)
+		want := desiredFrontends(state, n.Name, topology.DefaultOptions())
 		for fe, svc := range want {
 			if _, err := dp.SetService(fe, svc); err != nil {
 				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
@@ -116,8 +116,7 @@ func (d *Direct) Program(objs *kube.Objects) error {
 
 // desiredFrontends is what the agent on node would program for state,
 // through the same functions.
-func desiredFrontends(state *topology.State, node string) map[maps.Frontend]maps.Service {
-	opts := topology.DefaultOptions()
+func desiredFrontends(state *topology.State, node string, opts topology.Options) map[maps.Frontend]maps.Service {
 	ds, _ := state.DecideNode(node, opts)
 	n, _ := state.Node(node)
 	fes, _ := topology.NodeFrontends(n, ds, opts)

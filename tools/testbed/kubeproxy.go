@@ -53,6 +53,9 @@ type KubeProxyOptions struct {
 	// Verbosity is passed as -v; below 4 EnsureTopology cannot tell
 	// whether kube-proxy learnt its zone. Zero means 4.
 	Verbosity int
+	// NodePortAddresses is its --nodeport-addresses; empty means
+	// "primary" (the Node's primary address).
+	NodePortAddresses string
 }
 
 // StartKubeProxy starts kube-proxy on the named node and waits until it
@@ -78,6 +81,9 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 	if o.Verbosity == 0 {
 		o.Verbosity = 4
 	}
+	if o.NodePortAddresses == "" {
+		o.NodePortAddresses = "primary"
+	}
 	mode := o.Mode
 	k := &KubeProxy{
 		Process: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
@@ -95,7 +101,7 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 			"--cluster-cidr", tb.Spec.PodCIDR,
 			// 0 leaves the (global) conntrack sysctls alone.
 			"--conntrack-max-per-core", "0",
-			"--nodeport-addresses", "primary",
+			"--nodeport-addresses", o.NodePortAddresses,
 			"--healthz-bind-address", KubeProxyHealthAddress,
 			"--metrics-bind-address", KubeProxyMetricsAddress,
 			"-v", strconv.Itoa(o.Verbosity),

@@ -63,6 +63,11 @@ func (tb *Testbed) buildOutside() (err error) {
 			return err
 		}
 	}
+	if tb.Spec.Outside.RouteServiceRange {
+		if err := r.NS.AddRouteDev(serviceRange.String(), UplinkName, r.Ingress.WireAddr.Addr().String()); err != nil {
+			return fmt.Errorf("router: route the service range: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,7 +21,17 @@ type Answer struct {
 	// Client is the source address ("ip:port") the backend saw: the
 	// client pod's own address, since topolb does not SNAT.
 	Client string `json:"client"`
+	// Received is the size of the UDP datagram answered (0 for HTTP).
+	Received int `json:"received,omitempty"`
+	// Pad makes the answer to a datagram larger than bigRequest at least
+	// as large as the datagram, so a fragmented request gets a fragmented
+	// answer.
+	Pad string `json:"pad,omitempty"`
 }
+
+// bigRequest is the size of a UDP datagram above which the answer is
+// padded (Answer.Pad): over a 1,500-byte MTU's payload.
+const bigRequest = 1472
 
 // backendServers are the HTTP and UDP echo servers of one backend pod.
 // Their sockets are created inside the pod's namespace and served from
@@ -38,8 +49,12 @@ func serveBackend(p *Pod, tcpPorts, udpPorts []uint16) (_ *backendServers, err e
 			s.close()
 		}
 	}()
-	answer := func(client string) []byte {
-		b, _ := json.Marshal(Answer{Pod: p.Name, Node: p.Node.Name, Zone: p.Node.Zone, Client: client})
+	answer := func(client string, received int) []byte {
+		a := Answer{Pod: p.Name, Node: p.Node.Name, Zone: p.Node.Zone, Client: client, Received: received}
+		if received > bigRequest {
+			a.Pad = strings.Repeat("x", received)
+		}
+		b, _ := json.Marshal(a)
 		return b
 	}
 	for _, port := range tcpPorts {
@@ -50,7 +65,7 @@ func serveBackend(p *Pod, tcpPorts, udpPorts []uint16) (_ *backendServers, err e
 		srv := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/json")
-				w.Write(answer(r.RemoteAddr))
+				w.Write(answer(r.RemoteAddr, 0))
 			}),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       5 * time.Minute,
@@ -71,16 +86,16 @@ func serveBackend(p *Pod, tcpPorts, udpPorts []uint16) (_ *backendServers, err e
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			buf := make([]byte, 2048)
+			buf := make([]byte, 1<<16)
 			for {
-				_, from, err := c.ReadFrom(buf)
+				n, from, err := c.ReadFrom(buf)
 				if err != nil {
 					if errors.Is(err, net.ErrClosed) {
 						return
 					}
 					continue
 				}
-				c.WriteTo(answer(from.String()), from)
+				c.WriteTo(answer(from.String(), n), from)
 			}
 		}()
 	}

@@ -80,6 +80,10 @@ type OutsideSpec struct {
 	IngressNode string `json:"ingressNode,omitempty"`
 	// Clients are the namespaces outside the cluster.
 	Clients []ExternalSpec `json:"clients"`
+	// RouteServiceRange makes the router send the service range
+	// (10.96.0.0/16, the cluster IPs) to the ingress node too, as a
+	// router that advertises cluster IPs to the outside does.
+	RouteServiceRange bool `json:"routeServiceRange,omitempty"`
 }
 
 // ExternalSpec is one client outside the cluster.

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* IPv4 fragments of datagrams to and from Services. Only a datagram's
+ * first fragment carries its ports; the later ones carry the IP header
+ * and payload. The first fragment is balanced like any packet (lb.h),
+ * and, when the datagram is ours (to a frontend, or of a flow conntrack
+ * knows), its ports are remembered in tlb_frags under the datagram's
+ * reassembly key as it arrived (source, destination, IP id, protocol:
+ * RFC 791). A later fragment takes the ports from there,
+ * finds its first's conntrack entry and gets the same translation, of
+ * its IP header only (NAT_F_L3, nat.h); it creates and changes no state.
+ *
+ * Order: the entry stays until FRAG_TIMEOUT or the LRU takes it, not
+ * until the last fragment (the one without MF may arrive before the
+ * middle ones), so every later fragment that arrives after the first
+ * follows it, in any order. A later fragment that arrives before its
+ * first (or after the entry is gone) finds nothing: it passes
+ * untranslated, counted as STAT_FRAGMENT, to the frontend's address, and
+ * its datagram never reaches the backend whole (the receiver's
+ * reassembly times out, as for a lost fragment). Datagrams not ours take
+ * no entry.
+ *
+ * The hooks into the packet path: parse.h returns later fragments as
+ * PARSE_FRAGMENT, lb_classify calls frag_remember before balancing a
+ * packet and frag_follow for later fragments, nat.h rewrites NAT_F_L3.
+ * The later fragments' path is separate from lb_process on purpose:
+ * nothing fragment-specific is on its path, whose verification is at the
+ * limit. IPv4 only: an IPv6 twin keys on the fragment header's 32-bit
+ * identification. */
+#ifndef TOPOLB_FRAG_H
+#define TOPOLB_FRAG_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+
+#include "consts.h"
+#include "ct.h"
+#include "maps.h"
+#include "nat.h"
+#include "parse.h"
+#include "stats.h"
+#include "structs.h"
+
+/* frag_key_of fills the reassembly key of the fragment pkt, whose IPv4
+ * header is ip. */
+static __always_inline void frag_key_of(const struct iphdr *ip, const struct packet *pkt, struct frag_key *key)
+{
+	key->saddr = pkt->saddr;
+	key->daddr = pkt->daddr;
+	key->id = ip->id;
+	key->proto = pkt->proto;
+}
+
+/* frag_ours reports whether a datagram with the tuple key is one the
+ * datapath translates: to a frontend of this hook's scope (svc, filled
+ * here), or of a flow conntrack knows (a reply, an established flow). */
+static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *svc)
+{
+	svc->vip = key->daddr;
+	svc->port = key->dport;
+	svc->proto = key->proto;
+	svc->scope = cfg_scope;
+	return bpf_map_lookup_elem(&tlb_services, svc) || ct_find(key);
+}
+
+/* frag_remember_first records the ports of a datagram's first fragment
+ * (its frag_off has MF; the caller passes nothing else) for the later
+ * ones, when the datagram is ours (frag_ours). Called before the core
+ * balances the fragment, which then creates the flow the later ones
+ * follow. A reused IP id overwrites an older datagram's entry; losing the
+ * entry to the LRU only loses the later fragments' translation.
+ *
+ * A global function, verified once on its own: inlined, or called after
+ * lb_process, it multiplied the states the verifier walks (tc_uplink_lb
+ * went over the million instructions). Its stack adds to the caller's
+ * (512 bytes together): the lookups' keys and the entry share one area.
+ * It takes scalars only, as 5.10 requires of a global function's
+ * arguments: addresses and ports in network byte order as in struct
+ * packet, the ports as sport | dport << 16, the header's id and frag_off
+ * (network byte order) as id | frag_off << 16. Returns 0. */
+__noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 proto, __u32 id_frag_off)
+{
+	union {
+		struct {
+			struct ct_key key;
+			struct svc_key svc;
+		} find;
+		struct {
+			struct frag_key key;
+			struct frag_value v;
+		} put;
+	} u;
+
+	if (!((id_frag_off >> 16) & bpf_htons(IP_MF)))
+		return 0;
+	__builtin_memset(&u, 0, sizeof(u));
+	u.find.key.saddr = saddr;
+	u.find.key.daddr = daddr;
+	u.find.key.sport = ports & 0xffff;
+	u.find.key.dport = ports >> 16;
+	u.find.key.proto = proto;
+	if (!frag_ours(&u.find.key, &u.find.svc))
+		return 0;
+	/* The entry is built over the lookup's keys: the addresses stay
+	 * where they are (frag_key puts them where ct_key does), the ports
+	 * move to the value before the id takes their place. Fewer values
+	 * live across the calls: none spilled to the stack. */
+	u.put.v.sport = u.find.key.sport;
+	u.put.v.dport = u.find.key.dport;
+	u.put.v.pad = 0;
+	u.put.key.id = id_frag_off & 0xffff;
+	u.put.key.proto = proto;
+	u.put.key.pad = 0;
+	u.put.v.expires = bpf_ktime_get_coarse_ns() + FRAG_TIMEOUT * NSEC_PER_SEC;
+	bpf_map_update_elem(&tlb_frags, &u.put.key, &u.put.v, BPF_ANY);
+	stat_inc(STAT_FRAG_FIRST);
+	return 0;
+}
+_Static_assert(__builtin_offsetof(struct frag_key, saddr) == __builtin_offsetof(struct ct_key, saddr) &&
+		       __builtin_offsetof(struct frag_key, daddr) == __builtin_offsetof(struct ct_key, daddr),
+	       "frag_remember_first leaves the addresses where ct_key has them");
+
+/* frag_remember calls frag_remember_first for pkt (PARSE_OK) in the
+ * frame [data, data_end). */
+static __always_inline void frag_remember(const void *data, const void *data_end, const struct packet *pkt)
+{
+	const struct iphdr *ip = data + ETH_HLEN;
+
+	if ((void *)(ip + 1) > data_end || !(ip->frag_off & bpf_htons(IP_MF)))
+		return;
+	frag_remember_first(pkt->saddr, pkt->daddr, pkt->sport | (__u32)pkt->dport << 16, pkt->proto,
+			    ip->id | (__u32)ip->frag_off << 16);
+}
+
+/* frag_follow translates pkt, a PARSE_FRAGMENT, as its datagram's first
+ * fragment was: it fills pkt's ports and nat, and returns LB_REWRITE.
+ * With replies_only, only a reply is (tc egress: lb_stack_reply).
+ * Returns LB_PASS, counted, for an ICMP fragment and for a later
+ * fragment whose first was not translated within FRAG_TIMEOUT or whose
+ * flow has expired. */
+static __always_inline int frag_follow(const void *data, const void *data_end, struct packet *pkt,
+				       int replies_only, struct nat *nat)
+{
+	const struct iphdr *ip = data + ETH_HLEN;
+	struct frag_key fkey = {};
+	struct ct_key key = {};
+	struct frag_value *f;
+	struct ct_value *ct;
+	__u64 now;
+
+	if ((void *)(ip + 1) > data_end || !(ip->frag_off & bpf_htons(IP_OFFSET)) ||
+	    (pkt->proto != IP_PROTO_TCP && pkt->proto != IP_PROTO_UDP))
+		goto pass;
+	frag_key_of(ip, pkt, &fkey);
+	f = bpf_map_lookup_elem(&tlb_frags, &fkey);
+	now = bpf_ktime_get_coarse_ns();
+	if (!f || now > f->expires)
+		goto pass;
+	pkt->sport = f->sport;
+	pkt->dport = f->dport;
+	key.saddr = pkt->saddr;
+	key.daddr = pkt->daddr;
+	key.sport = pkt->sport;
+	key.dport = pkt->dport;
+	key.proto = pkt->proto;
+	ct = ct_find(&key);
+	if (!ct || now > ct->expires || (replies_only && ct->dir != CT_REVERSE))
+		goto pass;
+	if (ct->dir == CT_FORWARD) {
+		struct backend_stats *rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
+
+		if (rec && rec->gen == ct->backend_gen) {
+			rec->packets += 1;
+			rec->bytes += pkt->l3_len;
+		}
+		nat_forward(nat, ct);
+	} else {
+		nat_reverse(nat, ct);
+		stat_inc(STAT_REVERSE_NAT);
+	}
+	nat->flags |= NAT_F_L3;
+	stat_inc(STAT_FRAG_FOLLOWED);
+	return LB_REWRITE;
+pass:
+	stat_inc(STAT_FRAGMENT);
+	return LB_PASS;
+}
+
+#endif
