@@ -35,6 +35,10 @@ type Datapath struct {
 	lock *os.File
 	// sweepMu serialises SweepConntrack, which runs without mu.
 	sweepMu sync.Mutex
+	// swept holds the counts of forward entries sweeps deleted, until
+	// Counters hands them to their members (stale.go); sweptMu guards it.
+	sweptMu sync.Mutex
+	swept   map[idGen]Traffic
 	// ncpu is the number of possible CPUs: the length of per-CPU values.
 	ncpu int
 	// writeFault, when set, is asked before every map write of a change

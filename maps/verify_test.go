@@ -128,11 +128,11 @@ func TestVerifyAndRepair(t *testing.T) {
 				t.Fatal(err)
 			}
 			const free = 4000
-			gen, _, err := d.readRecord(free)
+			rec, err := d.readRecord(free)
 			if err != nil {
 				t.Fatal(err)
 			}
-			orphan := &member{be: be("10.9.9.9:53"), id: free, gen: gen}
+			orphan := &member{be: be("10.9.9.9:53"), id: free, gen: rec.gen}
 			if err := d.registry.Update(uint32(free), registryValue(999, orphan), ebpf.UpdateAny); err != nil {
 				t.Fatal(err)
 			}
