@@ -300,6 +300,11 @@ func TestBackendStates(t *testing.T) {
 	goneA := func(t *testing.T, d *Datapath) {
 		mustSet(t, d, f, b)
 		mustSet(t, d, u, ub)
+		// The walk that marks a's flows stale runs within staleDelay;
+		// now, for the rows that follow at once.
+		if err := d.flushStale(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	bumpGen := func(t *testing.T, d *Datapath) {
 		// Someone else's write: b's generation moves under the mirror,
@@ -374,8 +379,16 @@ func TestSweepTakesStaleFlowsWhole(t *testing.T) {
 		t.Fatalf("established flow not in tlb_conntrack: %v", err)
 	}
 	mustSet(t, d, f, b)
-	if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
-		t.Fatal(err)
+	// The walk runs on its own within staleDelay: wait for it.
+	deadline := time.Now().Add(10 * staleDelay)
+	for {
+		if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(staleDelay / 5)
 	}
 	if v.Flags&uint8(tcCtFlagCT_F_STALE) == 0 || v.Expires != 0 {
 		t.Fatalf("flow to the removed backend: flags %#x expires %d, want CT_F_STALE and 0", v.Flags, v.Expires)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -14,8 +16,8 @@ import (
 //
 //   - Validity. When an id is released (its generation bumped), the
 //     forward entries of the flows pinned to it are marked stale
-//     (CT_F_STALE, expired) by a walk of both conntrack tables at the end
-//     of the change; their next packet re-balances them, as the
+//     (CT_F_STALE, expired) by a walk of both conntrack tables within
+//     staleDelay of the change; their next packet re-balances them, as the
 //     generation check on every packet did. The sweep marks any flow
 //     whose generation is not its id's (markOutdated): one created from a
 //     slot read just before the release, after the walk passed.
@@ -77,14 +79,87 @@ func (d *Datapath) flowTraffic(want func(idGen) bool) (map[idGen]Traffic, error)
 	return out, err
 }
 
-// markStale marks stale the forward entries of flows pinned to an id
-// released in this change: released maps the id to its new generation,
-// and an entry with any other is no longer honoured.
-func (d *Datapath) markStale(released map[uint32]uint32) error {
+// staleDelay is how long released ids wait for others before one walk of
+// conntrack marks their flows stale: a walk reads every entry (about
+// 0.1 s for a quarter-million), so a burst of changes (a rollout, a
+// frontend deleted with its backends) shares one, well within the
+// second in which a gone backend's flows must move
+// (TestRemovedBackendDrainsWithinASecond).
+const staleDelay = 50 * time.Millisecond
+
+// staleQueue holds the ids released since the last walk, each with its
+// newest generation: an entry with any other is no longer honoured (an
+// id released twice before the walk marks both older generations).
+type staleQueue struct {
+	mu      sync.Mutex
+	pending map[uint32]uint32
+	timer   *time.Timer
+}
+
+// queueStale schedules the walk that marks the flows of released (id ->
+// new generation) stale, within staleDelay.
+func (d *Datapath) queueStale(released map[uint32]uint32) {
+	if len(released) == 0 {
+		return
+	}
+	q := &d.staleQ
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.pending == nil {
+		q.pending = make(map[uint32]uint32)
+	}
+	for id, gen := range released {
+		q.pending[id] = gen
+	}
+	if q.timer == nil {
+		q.timer = time.AfterFunc(staleDelay, func() {
+			if err := d.flushStale(); err != nil && !errors.Is(err, ErrClosed) {
+				d.log.Error("marking the flows of released backends stale failed; the sweep marks them", "err", err)
+			}
+		})
+	}
+}
+
+// flushStale marks the flows of the queued ids stale now. It walks copies
+// of the conntrack tables' handles without holding the Datapath's lock,
+// so changes go on meanwhile.
+func (d *Datapath) flushStale() error {
+	q := &d.staleQ
+	q.mu.Lock()
+	released := q.pending
+	q.pending = nil
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	q.mu.Unlock()
 	if len(released) == 0 {
 		return nil
 	}
-	n, err := d.ctTables().markStale(func(ig idGen) bool {
+	d.mu.Lock()
+	if d.closed() {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	var tables ctTables
+	var err error
+	for i, m := range d.ctTables() {
+		if tables[i], err = m.Clone(); err != nil {
+			break
+		}
+	}
+	d.mu.Unlock()
+	defer func() {
+		for _, m := range tables {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}()
+	if err != nil {
+		return fmt.Errorf("mark stale flows: %w", err)
+	}
+	n, err := tables.markStale(func(ig idGen) bool {
 		gen, ok := released[ig.id]
 		return ok && gen != ig.gen
 	})
@@ -199,4 +274,16 @@ func (d *Datapath) takeSweptOf(ig idGen) Traffic {
 	tr := d.swept[ig]
 	delete(d.swept, ig)
 	return tr
+}
+
+// stop drops the queued ids and their walk: the Datapath is closing (the
+// next agent's adoption and sweep mark what is left).
+func (q *staleQueue) stop() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	q.pending = nil
 }

@@ -90,11 +90,11 @@ func (t *txn) putGeneration(id, gen uint32) error {
 	return nil
 }
 
-// finish marks the flows of the ids t released stale, within the change
-// that released them (the datapath no longer checks generations per
-// packet).
+// finish schedules the walk that marks the flows of the ids t released
+// stale (the datapath no longer checks generations per packet).
 func (t *txn) finish() error {
-	return t.d.markStale(t.released)
+	t.d.queueStale(t.released)
+	return nil
 }
 
 // step is one map write of a change.
