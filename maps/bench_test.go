@@ -301,14 +301,17 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	return rows
 }
 
-// clearConntrack deletes every conntrack entry.
-func clearConntrack(b *testing.B, d *Datapath) {
+// clearConntrack deletes every entry of the established conntrack table.
+func clearConntrack(b *testing.B, d *Datapath) { deleteAll(b, d.conntrack) }
+
+// deleteAll deletes every entry of a conntrack-shaped table.
+func deleteAll(b *testing.B, m *ebpf.Map) {
 	var (
 		keys []tcCtKey
 		k    tcCtKey
 		v    tcCtValue
 	)
-	it := d.conntrack.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
 	}
@@ -316,7 +319,7 @@ func clearConntrack(b *testing.B, d *Datapath) {
 		b.Fatal(err)
 	}
 	for _, k := range keys {
-		if err := d.conntrack.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			b.Fatal(err)
 		}
 	}
@@ -343,23 +346,11 @@ func loadFloorPrograms(b *testing.B, d *Datapath) *floorObjects {
 // fillFloor makes the floor's flow table hold what conntrack holds: the
 // same keys, as many, with their values.
 func fillFloor(b *testing.B, d *Datapath, table *ebpf.Map) {
+	deleteAll(b, table)
 	var (
-		keys []tcCtKey
-		k    tcCtKey
-		v    tcCtValue
+		k tcCtKey
+		v tcCtValue
 	)
-	it := table.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		b.Fatal(err)
-	}
-	for _, k := range keys {
-		if err := table.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			b.Fatal(err)
-		}
-	}
 	n := 0
 	for _, ct := range []*ebpf.Map{d.conntrack, d.ctNew} {
 		it := ct.Iterate()
