@@ -300,11 +300,7 @@ func TestBackendStates(t *testing.T) {
 	goneA := func(t *testing.T, d *Datapath) {
 		mustSet(t, d, f, b)
 		mustSet(t, d, u, ub)
-		// The walk that marks a's flows stale runs within staleDelay;
-		// now, for the rows that follow at once.
-		if err := d.flushStale(); err != nil {
-			t.Fatal(err)
-		}
+		mustFlushStale(t, d)
 	}
 	bumpGen := func(t *testing.T, d *Datapath) {
 		// Someone else's write: b's generation moves under the mirror,

@@ -421,6 +421,7 @@ func TestRollback(t *testing.T) {
 		if n := mustSet(t, d, f, a); n != 1 {
 			t.Errorf("retry took %d writes, want the one release", n)
 		}
+		mustFlushStale(t, d)
 		if got := sendTC(t, d, src, f); got != a.Addr {
 			t.Errorf("after the retried release the flow went to %s", got)
 		}
