@@ -184,6 +184,8 @@ enum ct_flag {
 	CT_F_REPLIED = 2, /* a packet of the reply direction was seen */
 	CT_F_ASSURED = 4, /* promoted (TCP: the client answered the reply; UDP: a reply): in tlb_conntrack, else in tlb_ct_new */
 	CT_F_FULL = 8,    /* a promotion found tlb_conntrack full: tried again at the next refresh, not per packet */
+	CT_F_STALE = 16,  /* forward entry only, set by the agent with expires 0 when it released the backend's id
+			   * (maps/stale.go): the next packet re-balances the flow (STAT_CT_STALE_BACKEND) */
 };
 
 /* Per-source budget of new flows (tlb_ct_src, a generic cell rate

@@ -5,7 +5,9 @@
  * method that fits it, then forwards.
  *
  * Map lookups per packet (docs/datapath.md, "The hit path"):
- *   established forward packet: tlb_conntrack, tlb_backend_stats
+ *   established forward packet: tlb_conntrack (its counters are in the
+ *                               entry; a gone backend's flows are marked
+ *                               stale by the agent)
  *   established reply:          tlb_conntrack, tlb_stats
  *   a flow not established yet: tlb_ct_new after a tlb_conntrack miss
  * Everything else (state changes, refreshing expiry and the peer entry,
@@ -248,6 +250,24 @@ static __always_inline struct ct_value *ct_move(const struct ct_key *key, const 
 	return ct_find_in(to, key);
 }
 
+/* ct_fold adds the forward entry ct, about to be deleted, to its
+ * backend's record (one flow, its packets and bytes) while the backend
+ * still holds its id: the agent reads a flow's counts from its entry while
+ * it lives, from the record after. Rare path. */
+static __always_inline void ct_fold(const struct ct_value *ct)
+{
+	struct backend_stats *rec;
+
+	if (ct->dir != CT_FORWARD)
+		return;
+	rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
+	if (rec && rec->gen == ct->backend_gen) {
+		rec->flows += 1;
+		rec->packets += ct->packets;
+		rec->bytes += ct->bytes;
+	}
+}
+
 /* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
  * when something changes: the state (FIN or RST either way closes, the
  * first reply establishes), the reply flag, or an expiry more than
@@ -310,9 +330,15 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 		if (ct->dir == CT_REVERSE)
 			return ct;
 		stat_inc(STAT_CT_ORPHAN);
+		ct_fold(ct);
 		ct_delete_in(ct->flags, key);
 		return NULL;
 	}
+	/* A reply of a flow whose backend is gone (the agent marked the
+	 * forward entry stale): translated by its entry, nothing written,
+	 * so the mark stays for the forward packet that re-balances it. */
+	if (peer->flags & CT_F_STALE)
+		return ct;
 	/* The copies live in per-CPU scratch space, not on the stack. */
 	pair = (promote || demote) ? bpf_map_lookup_elem(&tlb_ct_scratch, &zero) : NULL;
 	if ((promote || demote) && !pair)
@@ -367,6 +393,7 @@ static __always_inline int ct_forget(const struct packet *pkt, const struct ct_k
 	peer = ct_find_in(flags, &peer_key);
 	if (peer && ct_is_peer(pkt, ct, peer))
 		n += ct_delete_in(flags, &peer_key);
+	ct_fold(ct);
 	n += ct_delete_in(flags, key);
 	if (n)
 		stat_add(STAT_CT_REPLACED, n);
@@ -388,23 +415,20 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 }
 
 /* ct_forward_hit translates a packet of an established flow, matched
- * under key. Returns LB_CONTINUE when the flow cannot be honoured
- * (expired, backend gone, a SYN reopening it, its reply entry lost): the
- * flow is forgotten and the packet balanced as a new flow. */
+ * under key, and counts it in the entry. Returns LB_CONTINUE when the
+ * flow cannot be honoured (expired, backend gone, a SYN reopening it, its
+ * reply entry lost): the flow is forgotten and the packet balanced as a
+ * new flow. A gone backend costs no lookup here: the agent marks its
+ * flows stale (CT_F_STALE, expired) when it releases the id, and its
+ * sweep marks any flow whose generation is no longer its id's
+ * (maps/stale.go). */
 static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
 	__u64 now = bpf_ktime_get_coarse_ns();
-	struct backend_stats *rec;
 
 	if (now > ct->expires) {
-		stat_inc(STAT_CT_EXPIRED);
-		return ct_forget(pkt, key, ct);
-	}
-	/* The one lookup that both validates and counts. */
-	rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
-	if (!rec || rec->gen != ct->backend_gen) {
-		stat_inc(STAT_CT_STALE_BACKEND);
+		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
 		return ct_forget(pkt, key, ct);
 	}
 	if (is_syn(pkt) && syn_reopens(ct)) {
@@ -414,8 +438,10 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 	ct = ct_touch(pkt, key, ct, now);
 	if (!ct)
 		return LB_CONTINUE;
-	rec->packets += 1;
-	rec->bytes += pkt->l3_len;
+	/* Per flow, not per CPU: a flow's packets come in on one queue
+	 * (RSS); a lost increment under a race only undercounts. */
+	ct->packets += 1;
+	ct->bytes += pkt->l3_len;
 	nat_forward(nat, ct);
 	return LB_REWRITE;
 }
@@ -572,16 +598,6 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		.dport = pkt->dport,
 		.proto = pkt->proto,
 	};
-	struct ct_value fwd = {
-		.addr = be->addr,
-		.port = be->port,
-		.dir = CT_FORWARD,
-		.state = state,
-		.svc_id = svc_id,
-		.backend_id = be->id,
-		.backend_gen = be->gen,
-		.expires = expires,
-	};
 	struct ct_key rev_key = {
 		.saddr = be->addr,
 		.daddr = pkt->saddr,
@@ -589,19 +605,37 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		.dport = pkt->sport,
 		.proto = pkt->proto,
 	};
-	struct ct_value rev = {
-		.addr = pkt->daddr,
-		.port = pkt->dport,
-		.dir = CT_REVERSE,
-		.state = state,
-		.svc_id = svc_id,
-		.backend_id = be->id,
-		.backend_gen = be->gen,
-		.expires = expires,
-	};
 	struct fwd_target to_backend, to_client;
 	int rev_replaced = 0, fwd_replaced;
+	struct ct_value *fwd, *rev;
+	struct ct_pair *pair;
+	__u32 zero = 0;
 	__be32 src;
+
+	/* The two entries are built in per-CPU scratch space, not on the
+	 * stack (tc_uplink_lb's is at its limit); nothing else of this
+	 * packet uses it any more (ct_touch's move is over). */
+	pair = bpf_map_lookup_elem(&tlb_ct_scratch, &zero);
+	if (!pair)
+		return -1; /* cannot happen (one slot per CPU) */
+	fwd = &pair->a;
+	rev = &pair->b;
+	__builtin_memset(pair, 0, sizeof(*pair));
+	fwd->addr = be->addr;
+	fwd->port = be->port;
+	fwd->dir = CT_FORWARD;
+	rev->addr = pkt->daddr;
+	rev->port = pkt->dport;
+	rev->dir = CT_REVERSE;
+	fwd->state = rev->state = state;
+	fwd->svc_id = rev->svc_id = svc_id;
+	fwd->backend_id = rev->backend_id = be->id;
+	fwd->backend_gen = rev->backend_gen = be->gen;
+	fwd->expires = rev->expires = expires;
+	/* The flow's counts live in its forward entry from its first packet
+	 * on (ct_fold hands them to the backend's record when it goes). */
+	fwd->packets = 1;
+	fwd->bytes = pkt->l3_len;
 
 	src = fwd_resolve(ctx, iif, pkt->saddr, be->addr, pkt->proto, snat, snat, &to_backend);
 	if (snat && !src) {
@@ -611,20 +645,20 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	/* Replies arrive where the forward packets leave. */
 	fwd_resolve(ctx, to_backend.ifindex ? to_backend.ifindex : iif, pkt->daddr, pkt->saddr, pkt->proto,
 		    0, 0, &to_client);
-	fwd_to_ct(&fwd, &to_backend);
-	fwd_to_ct(&rev, &to_client);
+	fwd_to_ct(fwd, &to_backend);
+	fwd_to_ct(rev, &to_client);
 
 	/* Reverse first: a forward entry without its reverse would leak
 	 * backend addresses to the client. */
 	if (snat) {
-		fwd.flags = rev.flags = CT_F_SNAT;
-		rev.nat_addr = pkt->saddr;
-		rev.nat_port = pkt->sport;
+		fwd->flags = rev->flags = CT_F_SNAT;
+		rev->nat_addr = pkt->saddr;
+		rev->nat_port = pkt->sport;
 		rev_key.daddr = src;
-		if (snat_claim(flow_hash(pkt), &rev_key, &rev, now))
+		if (snat_claim(flow_hash(pkt), &rev_key, rev, now))
 			return -1;
-		fwd.nat_addr = src;
-		fwd.nat_port = rev_key.dport;
+		fwd->nat_addr = src;
+		fwd->nat_port = rev_key.dport;
 		stat_inc(STAT_SNAT_FLOWS);
 	} else {
 		/* The reply key leaves out the frontend: an entry under it in
@@ -634,21 +668,21 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		 * delete it, as an overwrite in one table would. */
 		int hidden = !bpf_map_delete_elem(&tlb_conntrack, &rev_key);
 
-		rev_replaced = ct_put(&rev_key, &rev);
+		rev_replaced = ct_put(&rev_key, rev);
 		if (rev_replaced < 0) {
 			stat_inc(STAT_DROP_MAP_FULL);
 			return -1;
 		}
 		rev_replaced += hidden;
 	}
-	fwd_replaced = ct_put(&fwd_key, &fwd);
+	fwd_replaced = ct_put(&fwd_key, fwd);
 	if (fwd_replaced < 0) {
 		stat_inc(STAT_DROP_MAP_FULL);
 		return -1;
 	}
 	stat_inc(fwd_stat(to_backend.kind));
 	stat_inc(fwd_stat(to_client.kind));
-	nat_forward(nat, &fwd);
+	nat_forward(nat, fwd);
 	nat->fwd.nexthop = to_backend.nexthop;
 	nat->ct = NULL;
 	return rev_replaced + fwd_replaced;
@@ -701,7 +735,6 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 		.scope = cfg_scope,
 	};
 	struct backend_value be;
-	struct backend_stats *rec;
 	struct svc_value svc, *v;
 	int replaced;
 	__u64 now;
@@ -743,12 +776,6 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	if (replaced)
 		stat_add(STAT_CT_REPLACED, replaced);
 
-	rec = bpf_map_lookup_elem(&tlb_backend_stats, &be.id);
-	if (rec) {
-		rec->flows += 1;
-		rec->packets += 1;
-		rec->bytes += pkt->l3_len;
-	}
 	return LB_REWRITE;
 }
 

@@ -86,10 +86,11 @@ struct {
 	__type(value, struct ct_src);
 } tlb_ct_src SEC(".maps");
 
-/* Room for the two entries a flow moving between the conntrack tables is
- * written from (ct_touch): 112 bytes the hooks' 512-byte stacks do not
- * have. One slot per CPU, used within one packet only. Not shared and not
- * pinned: each program object has its own. */
+/* Room for the two entries of a flow: written from when it moves between
+ * the conntrack tables (ct_touch), built in when it is created
+ * (flow_create): 144 bytes the hooks' 512-byte stacks do not have. One
+ * slot per CPU, used within one packet only, by one of the two. Not
+ * shared and not pinned: each program object has its own. */
 struct ct_pair {
 	struct ct_value a;
 	struct ct_value b;

@@ -158,7 +158,7 @@ static __always_inline int snat_taken(struct ct_value *old, __u64 now)
  * backend and address is never taken; an expired holder is taken over),
  * sets key->dport to it and returns 0. Returns -1, counted, when
  * SNAT_RETRIES ports were taken, or when the map refused. */
-static __always_inline int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev, __u64 now)
+static __noinline __attribute__((unused)) int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev, __u64 now)
 {
 	for (__u32 try = 0; try < SNAT_RETRIES; try++) {
 		struct ct_value *old;

@@ -61,15 +61,19 @@ struct registry_value {
 	__u32 gen;    /* host byte order */
 };
 
-/* tlb_backend_stats value (per CPU, indexed by backend id). The forward hit
- * path reads it to validate a flow (gen == ct_value.backend_gen) and counts
- * in it. The agent bumps gen on every CPU when it releases the id. 32 bytes. */
+/* tlb_backend_stats value (per CPU, indexed by backend id). No packet
+ * path reads it: a flow is counted in its forward conntrack entry
+ * (ct_value.packets, bytes; one flow per entry), and the record gets the
+ * counts of forward entries the datapath deletes (ct_fold), while gen
+ * matches. The agent adds the live entries when it reads the counters,
+ * bumps gen on every CPU when it releases the id, and marks the id's
+ * flows stale (CT_F_STALE). 32 bytes. */
 struct backend_stats {
 	__u32 gen;     /* host byte order */
 	__u32 pad;     /* zero */
-	__u64 flows;   /* host byte order; new flows sent to this backend */
-	__u64 packets; /* host byte order; forward packets */
-	__u64 bytes;   /* host byte order; forward L3 bytes */
+	__u64 flows;   /* host byte order; flows of forward entries the datapath deleted; host flows (sock_lb.c) */
+	__u64 packets; /* host byte order; their forward packets */
+	__u64 bytes;   /* host byte order; their forward L3 bytes */
 };
 
 /* tlb_conntrack and tlb_ct_new key: the 5-tuple as seen on the wire. 16 bytes. */
@@ -82,7 +86,7 @@ struct ct_key {
 	__u8 pad[3];  /* zero */
 };
 
-/* tlb_conntrack and tlb_ct_new value, one per direction. 56 bytes. What the hit path
+/* tlb_conntrack and tlb_ct_new value, one per direction. 72 bytes. What the hit path
  * reads comes first (one cache line with the key in most placements);
  * what only the rare paths and the forwarding step read follows.
  * CT_FORWARD: addr:port is the destination to write (the backend);
@@ -96,7 +100,7 @@ struct ct_value {
 	__u8 dir;           /* enum ct_dir */
 	__u8 state;         /* enum ct_state; the same in both directions */
 	__u32 backend_id;   /* host byte order */
-	__u32 backend_gen;  /* host byte order; valid while tlb_backend_stats[backend_id].gen matches */
+	__u32 backend_gen;  /* host byte order; the id's generation when the flow was created */
 	__u64 expires;      /* host byte order; CLOCK_MONOTONIC(_COARSE) ns */
 	__u8 flags;         /* enum ct_flag bits */
 	__u8 redirect;      /* enum ct_redirect */
@@ -107,6 +111,8 @@ struct ct_value {
 	__u8 smac[6];       /* with CT_REDIRECT_XDP */
 	__u8 dmac[6];       /* with CT_REDIRECT_XDP */
 	__u32 pad;          /* zero */
+	__u64 packets;      /* host byte order; CT_FORWARD: the flow's forward packets (per flow, not per CPU) */
+	__u64 bytes;        /* host byte order; CT_FORWARD: their L3 bytes */
 };
 
 /* tlb_ct_src value: a source's new-flow budget (enum ct_src_limit). The

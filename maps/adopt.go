@@ -45,7 +45,7 @@ func (d *Datapath) adopt() (adoptStats, error) {
 	if t.writes > 0 {
 		d.log.Info("garbage-collected pinned maps", "writes", t.writes, "rewritten", st.rewritten)
 	}
-	return st, nil
+	return st, t.finish()
 }
 
 // brokenService is an adopted frontend the datapath does not serve
@@ -252,11 +252,11 @@ func (d *Datapath) adoptBroken(t *txn, k *kernelState, broken map[*service]*brok
 			if !ok {
 				return fmt.Errorf("repair %s: no free backend id: %w", s.fe, ErrMapFull)
 			}
-			gen, _, err := d.readRecord(id)
+			rec, err := d.readRecord(id)
 			if err != nil {
 				return fmt.Errorf("repair %s: %w", s.fe, err)
 			}
-			m.id, m.gen, m.base = id, gen, Traffic{}
+			m.id, m.gen, m.base = id, rec.gen, Traffic{}
 		}
 		for _, m := range s.members {
 			if rec, ok := k.recordOf(m.id); ok && (rec.mixed || rec.gen != m.gen) && !slices.Contains(b.needID, m) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -59,6 +61,10 @@ type SweepStats struct {
 	SNATPorts map[netip.AddrPort]int
 	// Expired is the number of expired entries this sweep deleted.
 	Expired int
+	// Outdated is the number of flows this sweep marked stale because
+	// their backend id was released after they were created (the change
+	// that released it marked the others: stale.go).
+	Outdated int
 	// Orphans is the number of unexpired entries this sweep deleted
 	// because their flow's other direction was gone (evicted from the
 	// unreplied table): without it a reply entry would hold its SNAT port
@@ -144,6 +150,8 @@ func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
 // batches.
 func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	start := time.Now()
+	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int),
+		EstablishedCap: int(d.opts.MaxConntrack), UnrepliedCap: int(d.opts.MaxConntrackNew)}
 	d.sweepMu.Lock()
 	defer d.sweepMu.Unlock()
 	d.mu.Lock()
@@ -152,10 +160,10 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		return SweepStats{}, ErrClosed
 	}
 	var tables ctTables
-	var stats *ebpf.Map
+	var stats, records *ebpf.Map
 	var err error
 	defer func() {
-		for _, m := range append(tables[:], stats) {
+		for _, m := range append(tables[:], stats, records) {
 			if m != nil {
 				m.Close()
 			}
@@ -168,17 +176,21 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		}
 	}
 	stats, err = d.stats.Clone()
+	if err == nil {
+		records, err = d.backendStats.Clone()
+	}
 	d.mu.Unlock()
 	if err != nil {
+		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
+	}
+	if st.Outdated, err = markOutdated(tables, records); err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
 
 	now, err := monotonicNow()
 	if err != nil {
-		return SweepStats{}, err
+		return st, err
 	}
-	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int),
-		EstablishedCap: int(d.opts.MaxConntrack), UnrepliedCap: int(d.opts.MaxConntrackNew)}
 	var scans [2]ctScan
 	for i, m := range tables {
 		// Only the unreplied table's entries are kept for the orphan
@@ -190,9 +202,36 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	st.Established, st.Unreplied = scans[0].live, scans[1].live
 	kept := scans[0].live + scans[1].live
 	for i, m := range tables {
-		deleted, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool { return now > v.Expires })
+		// A stale flow (its backend released) expired by its forward
+		// entry alone: its reply entry, still live, goes with it, or it
+		// would stay in the established table, which no orphan check
+		// reads, until its own expiry.
+		peers := make(map[tcCtKey]tcCtValue)
+		deleted, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
+			if now <= v.Expires {
+				return false
+			}
+			d.addSwept(v) // its counts, for Counters (stale.go)
+			if v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 {
+				peers[ctPeerKey(k, v)] = v
+			}
+			return true
+		})
 		st.Expired += len(deleted)
 		kept += len(scans[i].expired) - len(deleted)
+		if err == nil && len(peers) > 0 {
+			var gone []tcCtKey
+			gone, err = deleteCandidates(ctx, m, slices.Collect(maps.Keys(peers)), func(k tcCtKey, v tcCtValue) bool {
+				fwd := peers[k]
+				if tcCtDir(v.Dir) != tcCtDirCT_REVERSE || v.BackendId != fwd.BackendId || v.BackendGen != fwd.BackendGen || now > v.Expires {
+					return false
+				}
+				unlive(&st, i, k, v)
+				return true
+			})
+			st.Expired += len(gone)
+			kept -= len(gone)
+		}
 		if err != nil {
 			return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
 		}
@@ -205,7 +244,11 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	// tables before the delete: the flow may be mid-promotion.
 	orphaned := func(k tcCtKey, v tcCtValue) bool {
 		_, err := tables.lookup(ctPeerKey(k, v))
-		return errors.Is(err, ebpf.ErrKeyNotExist)
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false
+		}
+		d.addSwept(v)
+		return true
 	}
 	var candidates []tcCtKey
 	kinds := make(map[tcCtKey]tcCtValue)
@@ -218,12 +261,8 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	orphans, err := deleteCandidates(ctx, tables[1], candidates, orphaned)
 	st.Orphans = len(orphans)
 	for _, k := range orphans {
-		st.Live[conntrackKind(k, kinds[k])]--
-		if v := kinds[k]; tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
-			st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]--
-		}
+		unlive(&st, 1, k, kinds[k])
 	}
-	st.Unreplied -= st.Orphans
 	kept -= st.Orphans
 	if err != nil {
 		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
@@ -246,6 +285,20 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// unlive takes a live entry that the sweep deleted, from table i (0 the
+// established one, 1 the unreplied), out of st's counts.
+func unlive(st *SweepStats, i int, k tcCtKey, v tcCtValue) {
+	st.Live[conntrackKind(k, v)]--
+	if tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
+		st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]--
+	}
+	if i == 0 {
+		st.Established--
+	} else {
+		st.Unreplied--
+	}
 }
 
 // ctEntry is one conntrack entry as a scan read it.

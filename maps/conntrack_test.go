@@ -300,13 +300,23 @@ func TestBackendStates(t *testing.T) {
 	goneA := func(t *testing.T, d *Datapath) {
 		mustSet(t, d, f, b)
 		mustSet(t, d, u, ub)
+		mustFlushStale(t, d)
 	}
 	bumpGen := func(t *testing.T, d *Datapath) {
-		// Someone else's write: b's generation moves under the mirror.
+		// Someone else's write: b's generation moves under the mirror,
+		// without the walk that marks its flows stale (txn.finish). The
+		// sweep's backstop finds them.
 		m := d.fes[f].members[b.Addr]
 		tx := &txn{d: d}
 		if err := tx.putGeneration(m.id, m.gen+7); err != nil {
 			t.Fatal(err)
+		}
+		n, err := markOutdated(d.ctTables(), d.backendStats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 2 {
+			t.Errorf("markOutdated marked %d flows, want 2 (the TCP flows moved to b)", n)
 		}
 	}
 	rows := []pktCase{
@@ -337,6 +347,61 @@ func TestBackendStates(t *testing.T) {
 		{name: "hit_with_stale_generation_is_rebalanced", before: bumpGen, hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", b.Addr.String())),
 			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 2})},
 	})
+}
+
+// TestSweepTakesStaleFlowsWhole checks that a backend's removal marks its
+// flows stale within the change (the datapath no longer checks
+// generations per packet) and that a sweep then deletes both entries of
+// such a flow: the reply entry of an established one would otherwise
+// stay in tlb_conntrack, which no orphan check reads.
+func TestSweepTakesStaleFlowsWhole(t *testing.T) {
+	d := newDatapath(t, Options{})
+	f := fe(vipTCP, TCP)
+	a, b := be("10.1.0.1:8080"), be("10.1.0.2:8080")
+	mustSet(t, d, f, a, b)
+	src := srcFor(t, "10.0.0.5", f, 0, 2, 20000)
+	for _, fr := range []frame{
+		tcpFrame(src, vipTCP, tcpSYN, ""),
+		tcpFrame(a.Addr.String(), src, tcpSYN|tcpACK, ""),
+		tcpFrame(src, vipTCP, tcpACK, ""),
+	} {
+		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
+			t.Fatalf("establishing the flow: verdict %d", ret)
+		}
+	}
+	fwdKey := ctKey(src, vipTCP, protoTCP)
+	var v tcCtValue
+	if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
+		t.Fatalf("established flow not in tlb_conntrack: %v", err)
+	}
+	mustSet(t, d, f, b)
+	// The walk runs on its own within staleDelay: wait for it.
+	deadline := time.Now().Add(10 * staleDelay)
+	for {
+		if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(staleDelay / 5)
+	}
+	if v.Flags&uint8(tcCtFlagCT_F_STALE) == 0 || v.Expires != 0 {
+		t.Fatalf("flow to the removed backend: flags %#x expires %d, want CT_F_STALE and 0", v.Flags, v.Expires)
+	}
+	st, err := d.SweepConntrack(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Expired != 2 || st.Established != 0 {
+		t.Errorf("sweep: expired %d, established left %d; want 2 and 0", st.Expired, st.Established)
+	}
+	for _, m := range d.ctTables() {
+		var k tcCtKey
+		if it := m.Iterate(); it.Next(&k, &v) {
+			t.Errorf("%s still holds %+v", m, k)
+		}
+	}
 }
 
 // TestSweepConntrack plants flows of every kind, expires some, and checks

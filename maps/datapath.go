@@ -37,6 +37,13 @@ type Datapath struct {
 	lock *os.File
 	// sweepMu serialises SweepConntrack, which runs without mu.
 	sweepMu sync.Mutex
+	// swept holds the counts of forward entries sweeps deleted, until
+	// Counters hands them to their members (stale.go); sweptMu guards it.
+	sweptMu sync.Mutex
+	swept   map[idGen]Traffic
+	// staleQ holds the ids released since the last walk that marks their
+	// flows stale (stale.go).
+	staleQ staleQueue
 	// ncpu is the number of possible CPUs: the length of per-CPU values.
 	ncpu int
 	// writeFault, when set, is asked before every map write of a change
@@ -377,6 +384,7 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 // the pin path. Pinned maps and links stay: the datapath keeps forwarding
 // without the process.
 func (d *Datapath) Close() error {
+	d.staleQ.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.sockColl != nil {

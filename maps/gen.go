@@ -10,4 +10,5 @@ package maps
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" xdp ../bpf/xdp_lb.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" uplink ../bpf/tc_uplink.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" baseline ../bpf/baseline.c
+//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" floor ../bpf/floor.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" sock ../bpf/sock_lb.c

@@ -67,6 +67,16 @@ func newDatapath(t testing.TB, opts Options) *Datapath {
 	return d
 }
 
+// mustFlushStale runs now the walk that marks the flows of released
+// backend ids stale, which runs on its own within staleDelay of the
+// change: for checks that send the next packet at once.
+func mustFlushStale(t testing.TB, d *Datapath) {
+	t.Helper()
+	if err := d.flushStale(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // run feeds one frame through prog with BPF_PROG_TEST_RUN.
 func run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []byte) {
 	t.Helper()

@@ -39,10 +39,14 @@ func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testin
 		}
 		// Established: both directions seen, in the established table.
 		flags := uint8(tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED)
+		// The backend id is one no frontend of the tests holds: a forward
+		// entry counts as a flow of its id (stale.go), and the planted
+		// flow is no programmed backend's.
+		const id = DefaultMaxBackends - 1
 		fwd := tcCtValue{Addr: be32(b.Addr()), Port: be16(b.Port()), Dir: uint8(tcCtDirCT_FORWARD), State: state,
-			Expires: expires, Flags: flags, NatAddr: be32(n.Addr()), NatPort: be16(n.Port())}
+			Expires: expires, Flags: flags, NatAddr: be32(n.Addr()), NatPort: be16(n.Port()), BackendId: id}
 		rev := tcCtValue{Addr: be32(v.Addr()), Port: be16(v.Port()), Dir: uint8(tcCtDirCT_REVERSE), State: state,
-			Expires: expires, Flags: flags, NatAddr: be32(c.Addr()), NatPort: be16(c.Port())}
+			Expires: expires, Flags: flags, NatAddr: be32(c.Addr()), NatPort: be16(c.Port()), BackendId: id}
 		putCT(t, d, ctKey(client, vip, proto), fwd)
 		putCT(t, d, ctKey(backend, nat, proto), rev)
 	}

@@ -15,6 +15,20 @@ type member struct {
 	gen   uint32
 	base  Traffic // the id's counters when it was assigned (zero when adopted)
 	fresh bool    // id allocated by the change in progress, not yet committed
+	// swept sums the counts of this member's flows that sweeps deleted;
+	// seen is the most Counters reported, which it never goes below
+	// (an LRU eviction takes a flow's counts with it).
+	swept, seen Traffic
+}
+
+// traffic is what m carried since it was assigned: rec, its id's record,
+// plus flows, its live flows' counts (flowTraffic), plus what sweeps
+// deleted.
+func (m *member) traffic(rec record, flows map[idGen]Traffic) Traffic {
+	if rec.gen != m.gen {
+		return Traffic{}
+	}
+	return rec.traffic.plus(flows[idGen{m.id, m.gen}]).plus(m.swept).minus(m.base)
 }
 
 // settings are a frontend's per-service options as the datapath stores

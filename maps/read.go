@@ -139,14 +139,14 @@ func sumRecord(per []tcBackendStats) record {
 	return r
 }
 
-// readRecord reads one id's generation and counters.
-func (d *Datapath) readRecord(id uint32) (gen uint32, tr Traffic, err error) {
+// readRecord reads one id's generation and counters (its record only;
+// member.traffic adds its flows').
+func (d *Datapath) readRecord(id uint32) (record, error) {
 	var per []tcBackendStats
 	if err := d.backendStats.Lookup(id, &per); err != nil {
-		return 0, Traffic{}, fmt.Errorf("read backend record %d: %w", id, err)
+		return record{}, fmt.Errorf("read backend record %d: %w", id, err)
 	}
-	r := sumRecord(per)
-	return r.gen, r.traffic, nil
+	return sumRecord(per), nil
 }
 
 // recordBatch is the number of ids read per batch lookup.
@@ -222,21 +222,31 @@ func (d *Datapath) Counters() (Counters, error) {
 	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
 		return Counters{}, err
 	}
-	var recs []record
+	var (
+		recs  []record
+		flows map[idGen]Traffic
+	)
 	if maxID, ok := d.maxMemberID(); ok {
 		if recs, err = d.readRecords(maxID); err != nil {
 			return Counters{}, err
 		}
+		if flows, err = d.flowTraffic(nil); err != nil {
+			return Counters{}, err
+		}
 	}
+	swept := d.takeSwept()
 	for fe, s := range d.fes {
 		total := s.released
 		per := make(map[netip.AddrPort]uint64, len(s.members))
 		perT := make(map[netip.AddrPort]Traffic, len(s.members))
 		for _, m := range s.members {
+			m.swept = m.swept.plus(swept[idGen{m.id, m.gen}])
 			var tr Traffic
-			if int(m.id) < len(recs) && recs[m.id].gen == m.gen {
-				tr = recs[m.id].traffic.minus(m.base)
+			if int(m.id) < len(recs) {
+				tr = m.traffic(recs[m.id], flows)
 			}
+			tr = tr.atLeast(m.seen)
+			m.seen = tr
 			total = total.plus(tr)
 			per[m.be.Addr] = tr.Packets
 			perT[m.be.Addr] = tr

@@ -92,6 +92,8 @@ type sockCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	Pad        uint32
+	Packets    uint64
+	Bytes      uint64
 }
 
 type sockFragKey struct {

@@ -82,6 +82,7 @@ const (
 	tcCtFlagCT_F_REPLIED tcCtFlag = 2
 	tcCtFlagCT_F_ASSURED tcCtFlag = 4
 	tcCtFlagCT_F_FULL    tcCtFlag = 8
+	tcCtFlagCT_F_STALE   tcCtFlag = 16
 )
 
 type tcCtKey struct {
@@ -159,6 +160,8 @@ type tcCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	Pad        uint32
+	Packets    uint64
+	Bytes      uint64
 }
 
 type tcFragKey struct {

@@ -13,6 +13,10 @@ import (
 type txn struct {
 	d      *Datapath
 	writes int
+	// released maps the ids whose generation this transaction set to
+	// that generation: their flows are marked stale when it ends
+	// (markStale).
+	released map[uint32]uint32
 }
 
 func (t *txn) put(m *ebpf.Map, what string, key, value any) error {
@@ -76,7 +80,21 @@ func (t *txn) putGeneration(id, gen uint32) error {
 	for i := range per {
 		per[i].Gen = gen
 	}
-	return t.put(t.d.backendStats, "backend_stats", id, per)
+	if err := t.put(t.d.backendStats, "backend_stats", id, per); err != nil {
+		return err
+	}
+	if t.released == nil {
+		t.released = make(map[uint32]uint32)
+	}
+	t.released[id] = gen
+	return nil
+}
+
+// finish schedules the walk that marks the flows of the ids t released
+// stale (the datapath no longer checks generations per packet).
+func (t *txn) finish() error {
+	t.d.queueStale(t.released)
+	return nil
 }
 
 // step is one map write of a change.

@@ -346,6 +346,11 @@ func (t Traffic) minus(u Traffic) Traffic {
 	return Traffic{Flows: sub(t.Flows, u.Flows), Packets: sub(t.Packets, u.Packets), Bytes: sub(t.Bytes, u.Bytes)}
 }
 
+// atLeast returns t with each field raised to u's where u's is larger.
+func (t Traffic) atLeast(u Traffic) Traffic {
+	return Traffic{Flows: max(t.Flows, u.Flows), Packets: max(t.Packets, u.Packets), Bytes: max(t.Bytes, u.Bytes)}
+}
+
 // Drops counts packets the datapath dropped, by reason.
 type Drops struct {
 	// NoBackend: addressed to a frontend without an active backend.

@@ -105,7 +105,7 @@ func (d *Datapath) write(f func(t *txn) error) (int, error) {
 	t := &txn{d: d}
 	d.retryPending(t)
 	err := f(t)
-	return t.writes, err
+	return t.writes, errors.Join(err, t.finish())
 }
 
 // target is a validated Service.
@@ -266,13 +266,15 @@ func (d *Datapath) allocate(p *plan) error {
 			d.releaseFresh(p)
 			return fmt.Errorf("no free backend id: %w", ErrMapFull)
 		}
-		gen, base, err := d.readRecord(id)
+		// A free id's flows were marked stale when it was released:
+		// its record is all it carries.
+		rec, err := d.readRecord(id)
 		if err != nil {
 			d.beIDs.release(id)
 			d.releaseFresh(p)
 			return err
 		}
-		p.fresh = append(p.fresh, &member{be: b, id: id, gen: gen, base: base, fresh: true})
+		p.fresh = append(p.fresh, &member{be: b, id: id, gen: rec.gen, base: rec.traffic, fresh: true})
 	}
 	return nil
 }
@@ -445,9 +447,7 @@ func (d *Datapath) commitMirror(s *service, p *plan, table []*member, buf uint8,
 		m.be = b
 	}
 	for _, m := range p.gone {
-		if gen, tr, err := d.readRecord(m.id); err == nil && gen == m.gen {
-			s.released = s.released.plus(tr.minus(m.base))
-		}
+		s.released = s.released.plus(d.finalTraffic(m))
 		delete(s.members, m.be.Addr)
 	}
 	for _, m := range p.fresh {

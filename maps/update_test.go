@@ -379,6 +379,7 @@ func TestConntrackFollowsBackendState(t *testing.T) {
 	}
 
 	mustSet(t, d, f, c, b, be("10.1.0.4:80"))
+	mustFlushStale(t, d)
 	moved := sendTC(t, d, src, f)
 	if moved == a.Addr || moved == (netip.AddrPort{}) {
 		t.Fatalf("after its backend was gone the flow went to %q", moved)
@@ -399,6 +400,7 @@ func TestConntrackFollowsBackendState(t *testing.T) {
 	if n := mustSet(t, d, f, set...); n != 3 {
 		t.Errorf("replace took %d writes, want 3", n)
 	}
+	mustFlushStale(t, d)
 	if got := sendTC(t, d, src, f); got == moved {
 		t.Errorf("flow still goes to replaced backend %s", moved)
 	}
@@ -407,6 +409,7 @@ func TestConntrackFollowsBackendState(t *testing.T) {
 	if _, err := d.DeleteFrontend(f); err != nil {
 		t.Fatal(err)
 	}
+	mustFlushStale(t, d)
 	if got := sendTC(t, d, src, f); got.IsValid() {
 		t.Errorf("flow of a deleted frontend still translated to %s", got)
 	}

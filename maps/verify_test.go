@@ -130,11 +130,11 @@ func TestVerifyAndRepair(t *testing.T) {
 				t.Fatal(err)
 			}
 			const free = 4000
-			gen, _, err := d.readRecord(free)
+			rec, err := d.readRecord(free)
 			if err != nil {
 				t.Fatal(err)
 			}
-			orphan := &member{be: be("10.9.9.9:53"), id: free, gen: gen}
+			orphan := &member{be: be("10.9.9.9:53"), id: free, gen: rec.gen}
 			if err := d.registry.Update(uint32(free), registryValue(999, orphan), ebpf.UpdateAny); err != nil {
 				t.Fatal(err)
 			}
@@ -423,6 +423,7 @@ func TestRollback(t *testing.T) {
 		if n := mustSet(t, d, f, a); n != 1 {
 			t.Errorf("retry took %d writes, want the one release", n)
 		}
+		mustFlushStale(t, d)
 		if got := sendTC(t, d, src, f); got != a.Addr {
 			t.Errorf("after the retried release the flow went to %s", got)
 		}

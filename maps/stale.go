@@ -1,0 +1,289 @@
+package maps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// An established packet costs one map lookup, its conntrack entry
+// (issue 23): it neither validates its backend nor counts in the
+// backend's per-CPU record. Both moved here, to the agent:
+//
+//   - Validity. When an id is released (its generation bumped), the
+//     forward entries of the flows pinned to it are marked stale
+//     (CT_F_STALE, expired) by a walk of both conntrack tables within
+//     staleDelay of the change; their next packet re-balances them, as the
+//     generation check on every packet did. The sweep marks any flow
+//     whose generation is not its id's (markOutdated): one created from a
+//     slot read just before the release, after the walk passed.
+//   - Counters. A flow's packets after its first are counted in its
+//     forward entry; a backend's traffic is its record (new flows, first
+//     packets, the counts of entries the datapath deleted: ct_fold) plus
+//     its live flows' entries plus the entries the sweep deleted
+//     (flowCounts.swept). Entries the unreplied table's LRU evicts take
+//     their counts with them; Counters never reports less than it did.
+
+// idGen names one backend id in one generation: a (frontend, backend)
+// pair.
+type idGen struct{ id, gen uint32 }
+
+// entryTraffic is what a forward entry counted, or nothing for a reply
+// entry.
+func entryTraffic(v tcCtValue) (idGen, Traffic, bool) {
+	if tcCtDir(v.Dir) != tcCtDirCT_FORWARD {
+		return idGen{}, Traffic{}, false
+	}
+	return idGen{v.BackendId, v.BackendGen}, Traffic{Flows: 1, Packets: v.Packets, Bytes: v.Bytes}, true
+}
+
+// walk calls f for every entry of both conntrack tables, read in
+// batches.
+func (ts ctTables) walk(f func(m *ebpf.Map, k tcCtKey, v tcCtValue) error) error {
+	keys := make([]tcCtKey, sweepBatch)
+	vals := make([]tcCtValue, sweepBatch)
+	for _, m := range ts {
+		var cursor ebpf.MapBatchCursor
+		for {
+			n, err := m.BatchLookup(&cursor, keys, vals, nil)
+			for i := 0; i < n; i++ {
+				if ferr := f(m, keys[i], vals[i]); ferr != nil {
+					return ferr
+				}
+			}
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read conntrack: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// flowTraffic sums the counts of the live flows' forward entries by
+// backend id and generation, for the pairs want accepts (nil: all).
+func (d *Datapath) flowTraffic(want func(idGen) bool) (map[idGen]Traffic, error) {
+	out := make(map[idGen]Traffic)
+	err := d.ctTables().walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+		if ig, tr, ok := entryTraffic(v); ok && (want == nil || want(ig)) {
+			out[ig] = out[ig].plus(tr)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// staleDelay is how long released ids wait for others before one walk of
+// conntrack marks their flows stale: a walk reads every entry (about
+// 0.1 s for a quarter-million), so a burst of changes (a rollout, a
+// frontend deleted with its backends) shares one, well within the
+// second in which a gone backend's flows must move
+// (TestRemovedBackendDrainsWithinASecond).
+const staleDelay = 50 * time.Millisecond
+
+// staleQueue holds the ids released since the last walk, each with its
+// newest generation: an entry with any other is no longer honoured (an
+// id released twice before the walk marks both older generations).
+type staleQueue struct {
+	mu      sync.Mutex
+	pending map[uint32]uint32
+	timer   *time.Timer
+}
+
+// queueStale schedules the walk that marks the flows of released (id ->
+// new generation) stale, within staleDelay.
+func (d *Datapath) queueStale(released map[uint32]uint32) {
+	if len(released) == 0 {
+		return
+	}
+	q := &d.staleQ
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.pending == nil {
+		q.pending = make(map[uint32]uint32)
+	}
+	for id, gen := range released {
+		q.pending[id] = gen
+	}
+	if q.timer == nil {
+		q.timer = time.AfterFunc(staleDelay, func() {
+			if err := d.flushStale(); err != nil && !errors.Is(err, ErrClosed) {
+				d.log.Error("marking the flows of released backends stale failed; the sweep marks them", "err", err)
+			}
+		})
+	}
+}
+
+// flushStale marks the flows of the queued ids stale now. It walks copies
+// of the conntrack tables' handles without holding the Datapath's lock,
+// so changes go on meanwhile.
+func (d *Datapath) flushStale() error {
+	q := &d.staleQ
+	q.mu.Lock()
+	released := q.pending
+	q.pending = nil
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	q.mu.Unlock()
+	if len(released) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	if d.closed() {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	var tables ctTables
+	var err error
+	for i, m := range d.ctTables() {
+		if tables[i], err = m.Clone(); err != nil {
+			break
+		}
+	}
+	d.mu.Unlock()
+	defer func() {
+		for _, m := range tables {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}()
+	if err != nil {
+		return fmt.Errorf("mark stale flows: %w", err)
+	}
+	n, err := tables.markStale(func(ig idGen) bool {
+		gen, ok := released[ig.id]
+		return ok && gen != ig.gen
+	})
+	d.log.Log(context.Background(), levelTrace, "marked flows of released backend ids stale", "ids", len(released), "flows", n)
+	return err
+}
+
+// markStale marks stale (CT_F_STALE, expired) every forward entry whose
+// id and generation stale names, and returns how many it marked. Each
+// entry is read again just before it is rewritten, and left alone when it
+// changed (moved, closed, or a new flow under the same tuple); the
+// datapath writes fields in place, so an increment racing the rewrite is
+// lost.
+func (ts ctTables) markStale(stale func(idGen) bool) (int, error) {
+	flag := uint8(tcCtFlagCT_F_STALE)
+	n := 0
+	err := ts.walk(func(m *ebpf.Map, k tcCtKey, v tcCtValue) error {
+		if tcCtDir(v.Dir) != tcCtDirCT_FORWARD || v.Flags&flag != 0 || !stale(idGen{v.BackendId, v.BackendGen}) {
+			return nil
+		}
+		var now tcCtValue
+		if err := m.Lookup(&k, &now); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return nil
+			}
+			return fmt.Errorf("mark stale flows: %w", err)
+		}
+		if now.BackendId != v.BackendId || now.BackendGen != v.BackendGen || now.Flags&flag != 0 {
+			return nil
+		}
+		now.Flags |= flag
+		now.Expires = 0
+		if err := m.Update(&k, &now, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("mark stale flows: %w", err)
+		}
+		n++
+		return nil
+	})
+	return n, err
+}
+
+// markOutdated is the sweep's backstop to markStale: it marks stale the
+// flows whose generation is no longer their id's in tlb_backend_stats
+// (records), whichever change released it. A flow created from a slot
+// read just before a release, whose entry appeared after that change's
+// walk had passed, is caught here. A valid flow's generation is always
+// its id's: an id's generation changes only when it is released.
+func markOutdated(tables ctTables, records *ebpf.Map) (int, error) {
+	gens := make(map[uint32]record)
+	return tables.markStale(func(ig idGen) bool {
+		rec, ok := gens[ig.id]
+		if !ok {
+			var per []tcBackendStats
+			if err := records.Lookup(ig.id, &per); err != nil {
+				return false
+			}
+			rec = sumRecord(per)
+			gens[ig.id] = rec
+		}
+		return !rec.mixed && rec.gen != ig.gen
+	})
+}
+
+// sweptCounts keeps the counts of forward entries the sweep deleted, by
+// id and generation, until Counters folds them into the member that
+// owns them (or drops them when none does).
+func (d *Datapath) addSwept(v tcCtValue) {
+	ig, tr, ok := entryTraffic(v)
+	if !ok {
+		return
+	}
+	d.sweptMu.Lock()
+	defer d.sweptMu.Unlock()
+	if d.swept == nil {
+		d.swept = make(map[idGen]Traffic)
+	}
+	d.swept[ig] = d.swept[ig].plus(tr)
+}
+
+// takeSwept returns the swept counts and forgets them.
+func (d *Datapath) takeSwept() map[idGen]Traffic {
+	d.sweptMu.Lock()
+	defer d.sweptMu.Unlock()
+	out := d.swept
+	d.swept = nil
+	return out
+}
+
+// finalTraffic is what member m carried until now, read as its id is
+// released: its record, its live flows, what sweeps deleted, and never
+// less than Counters reported. One walk of conntrack.
+func (d *Datapath) finalTraffic(m *member) Traffic {
+	rec, err := d.readRecord(m.id)
+	if err != nil {
+		return m.seen
+	}
+	flows, err := d.flowTraffic(func(ig idGen) bool { return ig == idGen{m.id, m.gen} })
+	if err != nil {
+		return m.seen
+	}
+	if sw := d.takeSweptOf(idGen{m.id, m.gen}); sw != (Traffic{}) {
+		m.swept = m.swept.plus(sw)
+	}
+	return m.traffic(rec, flows).atLeast(m.seen)
+}
+
+// takeSweptOf returns the swept counts of one id and generation and
+// forgets them.
+func (d *Datapath) takeSweptOf(ig idGen) Traffic {
+	d.sweptMu.Lock()
+	defer d.sweptMu.Unlock()
+	tr := d.swept[ig]
+	delete(d.swept, ig)
+	return tr
+}
+
+// stop drops the queued ids and their walk: the Datapath is closing (the
+// next agent's adoption and sweep mark what is left).
+func (q *staleQueue) stop() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.timer != nil {
+		q.timer.Stop()
+		q.timer = nil
+	}
+	q.pending = nil
+}
