@@ -106,6 +106,9 @@ func (p *Pinned) Frontends() ([]PinnedFrontend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := k.addFlows(ctTables{p.conntrack, p.ctNew}); err != nil {
+		return nil, err
+	}
 	names, err := p.readNames()
 	if err != nil {
 		return nil, err

@@ -180,8 +180,9 @@ type ProgrammedBackend struct {
 	// generation.
 	State   string
 	Current bool
-	// Traffic is what its id counted since it was assigned (zero when the
-	// id's record is not of this generation).
+	// Traffic is what its id counted since it was assigned: its record and
+	// its live flows (zero when the id's record is not of this
+	// generation); flows the agent's sweep deleted are left out.
 	Traffic Traffic
 }
 
@@ -189,7 +190,17 @@ type ProgrammedBackend struct {
 // backends with their ids and slot counts, draining backends from the
 // registry, and the problems that make a frontend inconsistent.
 func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
-	return readKernel(d, (*kernelState).programmed)
+	var flowErr error
+	ps, err := readKernel(d, func(k *kernelState) map[Frontend]ProgrammedService {
+		if flowErr = k.addFlows(d.ctTables()); flowErr != nil {
+			return nil
+		}
+		return k.programmed()
+	})
+	if err == nil {
+		err = flowErr
+	}
+	return ps, err
 }
 
 // readKernel reads the kernel maps under d's lock and returns what derive
@@ -207,6 +218,20 @@ func readKernel[T any](d *Datapath, derive func(*kernelState) T) (T, error) {
 		return zero, err
 	}
 	return derive(k), nil
+}
+
+// addFlows adds the counts of the live flows in ts to their backend's
+// record when of the record's generation: since layout 4 an established
+// flow counts its packets in its conntrack entry, and the record holds
+// only what flows that are gone counted (ct_fold, bpf/ct.h). Flows the
+// agent's sweep deleted are not in either (Counters adds them).
+func (k *kernelState) addFlows(ts ctTables) error {
+	return ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+		if ig, tr, ok := entryTraffic(v); ok && int(ig.id) < len(k.records) && k.records[ig.id].gen == ig.gen {
+			k.records[ig.id].traffic = k.records[ig.id].traffic.plus(tr)
+		}
+		return nil
+	})
 }
 
 func (k *kernelState) programmed() map[Frontend]ProgrammedService {
