@@ -208,23 +208,13 @@ func TestRejects(t *testing.T) {
 // time, and the rest are dropped and counted.
 func TestRejectRateLimit(t *testing.T) {
 	d := setupRejects(t)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var set unix.CPUSet
-	must(t, unix.SchedGetaffinity(0, &set))
-	cpu := -1
-	for i := 0; i < 1024 && cpu < 0; i++ {
-		if set.IsSet(i) {
-			cpu = i
-		}
-	}
-	var one unix.CPUSet
-	one.Set(cpu)
-	must(t, unix.SchedSetaffinity(0, &one))
-	defer unix.SchedSetaffinity(0, &set)
-
 	for _, h := range []hook{hookTC, hookXDP} {
 		t.Run(string(h), func(t *testing.T) {
+			// The budget is per CPU: every frame must run on one. The
+			// subtest is a goroutine of its own, so it pins itself (a
+			// pin of the parent's thread would leave it free to move,
+			// and a run over two CPUs answers up to two bursts).
+			defer pinOneCPU(t)()
 			prog, in := d.tcProg, tcpFrame(client, vipRejectTCP, tcpSYN, "").bytes()
 			if h == hookXDP {
 				prog, in = d.xdpProg, tcpFrame(northClient, extReject, tcpSYN, "").bytes()
@@ -253,5 +243,27 @@ func TestRejectRateLimit(t *testing.T) {
 				t.Errorf("answered %d, want %d (the burst) to %d", answered, RejectBurst, most)
 			}
 		})
+	}
+}
+
+// pinOneCPU locks the calling goroutine to its thread and that thread to
+// one CPU it may run on; the returned function undoes both.
+func pinOneCPU(t *testing.T) func() {
+	t.Helper()
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	must(t, unix.SchedGetaffinity(0, &set))
+	cpu := -1
+	for i := 0; i < 1024 && cpu < 0; i++ {
+		if set.IsSet(i) {
+			cpu = i
+		}
+	}
+	var one unix.CPUSet
+	one.Set(cpu)
+	must(t, unix.SchedSetaffinity(0, &one))
+	return func() {
+		_ = unix.SchedSetaffinity(0, &set)
+		runtime.UnlockOSThread()
 	}
 }
