@@ -117,9 +117,9 @@ enum stat_reason {
 	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
 	STAT_DROP_SRC_RANGE = 39,     /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
 	/* 40..44: other branches of issue 21 (renumbered on merge). */
-	STAT_FRAG_FIRST = 45,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
-	STAT_FRAG_FOLLOWED = 46,      /* later fragments translated as their first was */
-	STAT_MAX = 47,
+	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
+	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
+	STAT_MAX = 42,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

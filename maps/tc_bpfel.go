@@ -348,9 +348,9 @@ const (
 	tcStatReasonSTAT_SNAT_RECLAIMED       tcStatReason = 37
 	tcStatReasonSTAT_SOCK_REVNAT_CLOBBER  tcStatReason = 38
 	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
-	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 45
-	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 46
-	tcStatReasonSTAT_MAX                  tcStatReason = 47
+	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 40
+	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
+	tcStatReasonSTAT_MAX                  tcStatReason = 42
 )
 
 type tcSvcFlag uint32
