@@ -39,6 +39,11 @@ type Datapath interface {
 	Uplinks() ([]maps.UplinkStatus, error)
 	// Kernel is what the datapath found the kernel offers at load.
 	Kernel() maps.KernelReport
+	// IPv6 reports whether the datapath serves IPv6 frontends and
+	// backends. The agent decides, explains, counts and health-checks
+	// both families regardless; it programs IPv6 frontends only when this
+	// is true (Programs).
+	IPv6() bool
 }
 
 // EventSink receives the decisions operators should hear about on the
@@ -110,7 +115,10 @@ type Agent struct {
 	// rejected remembers the warnings logged per service (and, under "",
 	// about this node), so each set is logged once.
 	rejected map[types.NamespacedName]string
-	synced   bool
+	// unprogrammed remembers, per service, the families it is decided in
+	// but not programmed (notProgrammed), so each set is logged once.
+	unprogrammed map[types.NamespacedName]string
+	synced       bool
 	// totalWrites counts map writes since New.
 	totalWrites int
 }
@@ -133,6 +141,8 @@ func New(cfg Config, dp Datapath) *Agent {
 		shares:   map[topology.Key]map[string]float64{},
 		failed:   map[types.NamespacedName]bool{},
 		rejected: map[types.NamespacedName]string{},
+
+		unprogrammed: map[types.NamespacedName]string{},
 
 		healthChecked: map[types.NamespacedName]bool{},
 	}
@@ -354,7 +364,7 @@ func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topol
 		if seen && from == to {
 			continue
 		}
-		a.log.Info("service mode changed", "service", nn, "port", d.Port.Name, "protocol", d.Port.Protocol,
+		a.log.Info("service mode changed", "service", nn, "port", d.Port.Name, "protocol", d.Port.Protocol, "family", d.Port.Family,
 			"policy", d.Decision.Policy, "from", from, "to", to, "reason", d.Decision.Reason)
 		if seen && a.cfg.Events != nil && svc != nil {
 			a.cfg.Events.ModeChanged(svc, d.Port.Name, from, to, d.Decision.Reason)
@@ -365,4 +375,14 @@ func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topol
 	}
 }
 
-func portKey(p topology.ServicePort) string { return p.Name + "/" + string(p.Protocol) }
+func portKey(p topology.ServicePort) string {
+	return p.Name + "/" + string(p.Protocol) + "/" + string(p.Family)
+}
+
+// Programs reports whether the agent programs frontends of family into its
+// datapath (ProgrammedFamilies). A family it does not program is still
+// decided, explained, counted in metrics and health-checked;
+// DebugState.Families says which are programmed.
+func (a *Agent) Programs(family v1.IPFamily) bool {
+	return slices.Contains(ProgrammedFamilies(a.dp.IPv6()), family)
+}

@@ -269,10 +269,10 @@ func TestAgentMetrics(t *testing.T) {
 	tr.SliceChanged(nil, hinted)
 	tr.Resync()
 	a.Apply(tr.Drain())
-	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone")); got != 2 {
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone", "IPv4")); got != 2 {
 		t.Errorf("Hints/PreferSameZone ports = %v, want 2 (http and dns)", got)
 	}
-	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "zone-a")); got != 4 {
+	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "IPv4", "zone-a")); got != 4 {
 		t.Errorf("zone-a backends = %v, want 4 (2 per port)", got)
 	}
 	unhinted := epSlice("web", "web-1",
@@ -280,13 +280,13 @@ func TestAgentMetrics(t *testing.T) {
 		endpoint{"10.0.2.1", "b1", "zone-b", "", true})
 	tr.SliceChanged(hinted, unhinted)
 	a.Apply(tr.Drain())
-	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone")); got != 0 {
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone", "IPv4")); got != 0 {
 		t.Errorf("Hints/PreferSameZone ports = %v after hints went away, want 0", got)
 	}
-	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None")); got != 2 {
+	if got := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None", "IPv4")); got != 2 {
 		t.Errorf("Hints/None ports = %v, want 2", got)
 	}
-	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "zone-b")); got != 2 {
+	if got := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "IPv4", "zone-b")); got != 2 {
 		t.Errorf("zone-b backends = %v, want 2", got)
 	}
 	if got := testutil.ToFloat64(m.ModeChanges); got != 2 {

@@ -14,6 +14,8 @@ type fakeDP struct {
 	fes    map[dpmaps.Frontend]dpmaps.Service
 	fail   map[dpmaps.Frontend]error
 	writes int
+	// ipv6 is what IPv6 answers: whether the fake serves IPv6.
+	ipv6 bool
 }
 
 func newFakeDP() *fakeDP {
@@ -63,6 +65,8 @@ func (f *fakeDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 
 // Kernel: the fake has no kernel to probe.
 func (f *fakeDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
+
+func (f *fakeDP) IPv6() bool { return f.ipv6 }
 
 // Programmed renders the fake's contents as the kernel would hold them:
 // active backends with one slot each (or their weight), then draining ones.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/topology"
@@ -25,8 +26,10 @@ import (
 // its healthCheckNodePort at each of this node's NodePort addresses that
 // answers 200 while the node has ready local endpoints and the agent keeps
 // up, 503 otherwise, with kube-proxy's headers and JSON body — so a cloud
-// load balancer sends traffic only to nodes that can serve it. Safe for
-// concurrent use.
+// load balancer sends traffic only to nodes that can serve it. A
+// dual-stack Service has one check per family (topology.HealthCheck.Family),
+// each on that family's addresses with that family's count, as kube-proxy's
+// proxier of each family serves its own. Safe for concurrent use.
 type HealthChecks struct {
 	// Healthy reports whether the agent keeps up (serviceProxyHealthy);
 	// nil counts as healthy.
@@ -36,7 +39,13 @@ type HealthChecks struct {
 	Listen func(network, addr string) (net.Listener, error)
 
 	mu       sync.Mutex
-	services map[types.NamespacedName]*hcService
+	services map[hcKey]*hcService
+}
+
+// hcKey names one Service's health check in one family.
+type hcKey struct {
+	nn     types.NamespacedName
+	family v1.IPFamily
 }
 
 // hcService is one Service's health check and its servers.
@@ -57,16 +66,18 @@ type HealthCheckBody struct {
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
-// Set makes nn's health check serve hc on addrs: it (re)starts the servers
-// when the port or the addresses change and updates the count otherwise.
-// A port that cannot be opened is logged and tried again at the next Set.
+// Set makes nn's health check in hc.Family serve hc on addrs: it
+// (re)starts the servers when the port or the addresses change and updates
+// the count otherwise. A port that cannot be opened is logged and tried
+// again at the next Set.
 func (h *HealthChecks) Set(nn types.NamespacedName, hc topology.HealthCheck, addrs []netip.Addr) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.services == nil {
-		h.services = map[types.NamespacedName]*hcService{}
+		h.services = map[hcKey]*hcService{}
 	}
-	s := h.services[nn]
+	key := hcKey{nn, hc.Family}
+	s := h.services[key]
 	if s != nil && s.port == hc.Port && slices.Equal(s.addrs, addrs) && len(s.servers) == len(addrs) {
 		s.count.Store(int64(hc.LocalEndpoints))
 		return
@@ -76,19 +87,31 @@ func (h *HealthChecks) Set(nn types.NamespacedName, hc topology.HealthCheck, add
 	}
 	s = &hcService{port: hc.Port, addrs: slices.Clone(addrs)}
 	s.count.Store(int64(hc.LocalEndpoints))
-	h.services[nn] = s
+	h.services[key] = s
 	if err := h.start(nn, s); err != nil {
-		h.log().Error("health check port not served; retried at the next change", "service", nn, "port", hc.Port, "err", err)
+		h.log().Error("health check port not served; retried at the next change", "service", nn, "family", hc.Family, "port", hc.Port, "err", err)
 	}
 }
 
-// Delete stops nn's health check, if any.
+// Delete stops nn's health checks in every family, if any.
 func (h *HealthChecks) Delete(nn types.NamespacedName) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if s := h.services[nn]; s != nil {
+	for key, s := range h.services {
+		if key.nn == nn {
+			h.stop(s)
+			delete(h.services, key)
+		}
+	}
+}
+
+// DeleteFamily stops nn's health check in family, if any.
+func (h *HealthChecks) DeleteFamily(nn types.NamespacedName, family v1.IPFamily) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s := h.services[hcKey{nn, family}]; s != nil {
 		h.stop(s)
-		delete(h.services, nn)
+		delete(h.services, hcKey{nn, family})
 	}
 }
 
@@ -96,9 +119,9 @@ func (h *HealthChecks) Delete(nn types.NamespacedName) {
 func (h *HealthChecks) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for nn, s := range h.services {
+	for key, s := range h.services {
 		h.stop(s)
-		delete(h.services, nn)
+		delete(h.services, key)
 	}
 }
 

@@ -130,7 +130,7 @@ func TestAgentHealthCheckNodePort(t *testing.T) {
 		resp.Body.Close()
 		t.Errorf("health check still served after the Service stopped asking: %d", resp.StatusCode)
 	}
-	if got := fmt.Sprint(hcs.services[types.NamespacedName{Namespace: "default", Name: "lb"}]); got != "<nil>" {
+	if got := fmt.Sprint(hcs.services[hcKey{types.NamespacedName{Namespace: "default", Name: "lb"}, v1.IPv4Protocol}]); got != "<nil>" {
 		t.Errorf("health check still registered: %s", got)
 	}
 }

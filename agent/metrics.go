@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/maps"
@@ -12,10 +13,11 @@ import (
 
 // Metrics are the agent's Prometheus metrics.
 type Metrics struct {
-	// Services counts decided service ports by policy and mode.
+	// Services counts decided service ports by policy, mode and IP
+	// family (a dual-stack port counts once per family).
 	Services *prometheus.GaugeVec
-	// Backends counts programmed internal backends per service and
-	// backend zone.
+	// Backends counts decided internal backends per service, IP family
+	// and backend zone.
 	Backends *prometheus.GaugeVec
 	// SyncDuration observes how long each sync took.
 	SyncDuration prometheus.Histogram
@@ -36,11 +38,11 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Services: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "topolb_service_ports", Help: "Service ports decided on this node, by policy and topology mode.",
-		}, []string{"policy", "mode"}),
+			Name: "topolb_service_ports", Help: "Service ports decided on this node, by policy, topology mode and IP family.",
+		}, []string{"policy", "mode", "family"}),
 		Backends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "topolb_backends", Help: "Internal backends programmed per service and backend zone.",
-		}, []string{"service", "zone"}),
+			Name: "topolb_backends", Help: "Internal backends decided per service, IP family and backend zone (programmed when the agent programs the family).",
+		}, []string{"service", "family", "zone"}),
 		SyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "topolb_sync_duration_seconds", Help: "Duration of one sync (decide and write a batch of changes).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
@@ -94,25 +96,32 @@ func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {
 // the services it decided only.
 func (m *Metrics) serviceDecided(nn types.NamespacedName, prev, cur []portSummary) {
 	for _, p := range prev {
-		m.Services.WithLabelValues(string(p.policy), string(p.mode)).Dec()
+		m.Services.WithLabelValues(string(p.policy), string(p.mode), string(p.family)).Dec()
 	}
-	for z := range backendZones(prev) {
-		m.Backends.DeleteLabelValues(nn.String(), z)
+	for fz := range backendZones(prev) {
+		m.Backends.DeleteLabelValues(nn.String(), string(fz.family), fz.zone)
 	}
 	for _, p := range cur {
-		m.Services.WithLabelValues(string(p.policy), string(p.mode)).Inc()
+		m.Services.WithLabelValues(string(p.policy), string(p.mode), string(p.family)).Inc()
 	}
-	for z, n := range backendZones(cur) {
-		m.Backends.WithLabelValues(nn.String(), z).Set(float64(n))
+	for fz, n := range backendZones(cur) {
+		m.Backends.WithLabelValues(nn.String(), string(fz.family), fz.zone).Set(float64(n))
 	}
 }
 
-// backendZones counts the internal backends of a service's ports by zone.
-func backendZones(ps []portSummary) map[string]int {
-	zones := map[string]int{}
+// familyZone is one family and backend zone of a service's backends.
+type familyZone struct {
+	family v1.IPFamily
+	zone   string
+}
+
+// backendZones counts the internal backends of a service's ports by
+// family and zone.
+func backendZones(ps []portSummary) map[familyZone]int {
+	zones := map[familyZone]int{}
 	for _, p := range ps {
 		for _, z := range p.zones {
-			zones[z.zone] += z.n
+			zones[familyZone{p.family, z.zone}] += z.n
 		}
 	}
 	return zones

@@ -24,6 +24,16 @@ import (
 // coarser, see docs/datapath.md).
 const weightScale = 1_000_000
 
+// ProgrammedFamilies returns the IP families the agent programs into a
+// datapath that serves IPv6 (Datapath.IPv6) or not: IPv4 always, IPv6
+// when it does, in topology.Families' order.
+func ProgrammedFamilies(ipv6 bool) []v1.IPFamily {
+	if ipv6 {
+		return []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+	}
+	return []v1.IPFamily{v1.IPv4Protocol}
+}
+
 // DatapathFrontend returns the datapath's key for a frontend, and false
 // when the datapath does not balance its protocol (SCTP: decided, and
 // explained, but not translated).

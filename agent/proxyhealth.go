@@ -26,7 +26,10 @@ type ProxyHealth struct {
 	// unknown, being deleted or tainted by the cluster autoscaler.
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
 	Healthy      bool  `json:"healthy"`
-	// Status is the health per IP family: IPv4, the family topolb serves.
+	// Status is the health per IP family the agent programs
+	// (ProgrammedFamilies): IPv4, and IPv6 when the datapath serves
+	// it, as kube-proxy reports each of its proxiers. One sync loop serves
+	// both families, so both have its health.
 	Status map[v1.IPFamily]ProxierHealth `json:"status,omitempty"`
 }
 
@@ -44,7 +47,10 @@ func (a *Agent) proxyHealth() ProxyHealth {
 	if h.LastSync != nil {
 		ph.LastUpdated = *h.LastSync
 	}
-	ph.Status = map[v1.IPFamily]ProxierHealth{v1.IPv4Protocol: {LastUpdated: ph.LastUpdated, Healthy: h.Healthy}}
+	ph.Status = map[v1.IPFamily]ProxierHealth{}
+	for _, family := range ProgrammedFamilies(a.dp.IPv6()) {
+		ph.Status[family] = ProxierHealth{LastUpdated: ph.LastUpdated, Healthy: h.Healthy}
+	}
 	return ph
 }
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sort"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
@@ -21,6 +23,10 @@ type DebugState struct {
 	topology.Report
 	// Synced is true once the first full sync has been written.
 	Synced bool `json:"synced"`
+	// Families are the IP families the agent programs into its datapath
+	// (ProgrammedFamilies); the Report decides every family, and
+	// its frontends of other families are decided but not programmed.
+	Families []v1.IPFamily `json:"families"`
 	// Programmed maps frontends, as "ip:port/PROTO" (internal scope) or
 	// "ip:port/PROTO/external", to the active backends the kernel maps
 	// hold for them, sorted. Nil when the maps could not be read.
@@ -78,7 +84,7 @@ func (a *Agent) State() DebugState {
 // Synced.
 func (a *Agent) debugDecisions() DebugState {
 	ds, skipped, node, synced := a.decideAgain()
-	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced}
+	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced, Families: ProgrammedFamilies(a.dp.IPv6())}
 	st.Skipped = skipped
 	return st
 }
@@ -217,7 +223,7 @@ type reportWalker struct {
 // written and let go.
 func (a *Agent) writeDebug(w io.Writer) error {
 	ds, skipped, node, synced := a.decideAgain()
-	st := DebugState{Synced: synced}
+	st := DebugState{Synced: synced, Families: ProgrammedFamilies(a.dp.IPv6())}
 	rw := reportWalker{node: node.Name, zone: node.Zone(), skipped: skipped, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
 		warnings := topology.WalkReport(node, ds, a.cfg.Options, service, frontend)
 		ds = nil
@@ -273,6 +279,8 @@ func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*De
 	}
 	j.raw(`,"synced":`)
 	j.value(st.Synced)
+	j.raw(`,"families":`)
+	j.value(st.Families)
 	if fill != nil {
 		fill(st)
 	}

@@ -23,19 +23,19 @@ import (
 // order the agent learns the claims in, the frontend ends with the same
 // owner. A claim that ranks before the current owner's takes the frontend
 // over; one that ranks after waits until the owner releases it.
+//
+// The service is decided once per port and family into one plan
+// (topology.State.PlanService), which the claims, the mode reports, the
+// metrics and the health checks all read.
 func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedName, error) {
 	svc := a.state.Services[nn]
-	node, nodeWarnings := a.node()
-	var ds []topology.PortDecision
-	var warnings []string
-	if svc != nil {
-		ds, warnings = a.state.DecideService(a.cfg.NodeName, nn, a.cfg.Options)
-		warnings = slices.DeleteFunc(warnings, func(w string) bool { return slices.Contains(nodeWarnings, w) })
-	}
-	a.reportModes(nn, svc, ds)
+	node, _ := a.node()
+	plan := a.state.PlanService(node, nn, a.cfg.Options)
+	warnings := plan.Warnings
+	a.reportModes(nn, svc, plan.Ports)
 
-	claims, w := a.claims(node, ds)
-	warnings = append(warnings, w...)
+	claims := a.claims(plan.Claims)
+	a.notProgrammed(nn, plan)
 	a.unwait(nn)
 	desired := map[topology.Key]topology.Frontend{}
 	for _, c := range claims {
@@ -54,8 +54,8 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	writes += w2
 	errs = append(errs, errs2...)
 
-	a.remember(nn, ds)
-	a.syncHealthCheck(nn, svc, node)
+	a.remember(nn, plan.Ports)
+	a.syncHealthChecks(nn, plan, node)
 	if err := errors.Join(errs...); err != nil {
 		a.failed[nn] = true
 		a.log.Error("service not fully programmed; previous backends keep serving", "service", nn, "err", err)
@@ -79,31 +79,48 @@ func (a *Agent) node() (topology.Node, []string) {
 	return node, warnings
 }
 
-// claims returns the frontends the datapath can serve that the service's
-// decisions claim on node, one per key: of two ports of one Service
-// claiming one frontend, the first by CompareClaims.
-func (a *Agent) claims(node topology.Node, ds []topology.PortDecision) ([]topology.Frontend, []string) {
-	var warnings []string
+// claims returns the frontends of a service's plan the datapath can serve
+// (its protocol, and a family the agent programs), one per key: of two
+// ports of one Service claiming one frontend, the first by CompareClaims.
+func (a *Agent) claims(planned []topology.Frontend) []topology.Frontend {
 	byKey := map[topology.Key]topology.Frontend{}
-	for _, d := range ds {
-		cs, w := topology.Claims(node, d, a.cfg.Options)
-		warnings = append(warnings, w...)
-		for _, c := range cs {
-			if _, ok := DatapathFrontend(c.Key()); !ok {
-				continue
-			}
-			if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev.Claim(), c.Claim()) <= 0 {
-				continue
-			}
-			byKey[c.Key()] = c
+	for _, c := range planned {
+		if _, ok := DatapathFrontend(c.Key()); !ok || !a.Programs(c.Port.Family) {
+			continue
 		}
+		if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev.Claim(), c.Claim()) <= 0 {
+			continue
+		}
+		byKey[c.Key()] = c
 	}
 	out := make([]topology.Frontend, 0, len(byKey))
 	for _, c := range byKey {
 		out = append(out, c)
 	}
 	slices.SortFunc(out, compareKeys)
-	return out, warnings
+	return out
+}
+
+// notProgrammed logs, once per service and family set, the families a
+// service is decided in that the agent does not program (Programs): they
+// are explained and counted, but the datapath does not serve them.
+func (a *Agent) notProgrammed(nn types.NamespacedName, plan topology.ServicePlan) {
+	var skipped []v1.IPFamily
+	for _, family := range plan.Families() {
+		if !a.Programs(family) {
+			skipped = append(skipped, family)
+		}
+	}
+	key := fmt.Sprint(skipped)
+	if len(skipped) == 0 {
+		delete(a.unprogrammed, nn)
+		return
+	}
+	if a.unprogrammed[nn] == key {
+		return
+	}
+	a.unprogrammed[nn] = key
+	a.log.Info("service decided but not programmed in these families: the datapath does not serve them", "service", nn, "families", skipped)
 }
 
 func compareKeys(x, y topology.Frontend) int {
@@ -204,6 +221,7 @@ func (a *Agent) unwait(nn types.NamespacedName) {
 // portSummary is what the agent remembers of one port's last decision.
 type portSummary struct {
 	key    string // portKey
+	family v1.IPFamily
 	policy topology.Policy
 	mode   topology.Mode
 	// reads is what the decision read of the Nodes (ServicePort.Reads).
@@ -231,7 +249,7 @@ func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
 				zones = append(zones, zoneCount{ep.Zone, 1})
 			}
 		}
-		ps = append(ps, portSummary{key: portKey(d.Port), policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
+		ps = append(ps, portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
 	}
 	if a.cfg.Metrics != nil {
 		a.cfg.Metrics.serviceDecided(nn, a.ports[nn], ps)
@@ -281,24 +299,30 @@ func (a *Agent) removeStale() int {
 	return writes
 }
 
-// syncHealthCheck serves, stops or updates nn's health check NodePort.
-func (a *Agent) syncHealthCheck(nn types.NamespacedName, svc *v1.Service, node topology.Node) {
+// syncHealthChecks serves, stops or updates nn's health check NodePort in
+// each family of its plan, on this node's NodePort addresses of that
+// family, as kube-proxy's proxier of each family serves its own. A family
+// is health-checked whether or not the agent programs it: the count is of
+// the family's ready local endpoints, as the decision sees them.
+func (a *Agent) syncHealthChecks(nn types.NamespacedName, plan topology.ServicePlan, node topology.Node) {
 	hcs := a.cfg.HealthChecks
 	if hcs == nil {
 		return
 	}
-	var hc topology.HealthCheck
-	ok := false
-	if svc != nil {
-		hc, ok = topology.ServiceHealthCheck(svc, a.state.Slices[nn], a.cfg.NodeName)
-	}
-	if !ok {
+	if len(plan.HealthChecks) == 0 {
 		if a.healthChecked[nn] {
 			hcs.Delete(nn)
 			delete(a.healthChecked, nn)
 		}
 		return
 	}
-	hcs.Set(nn, hc, topology.NodePortAddresses(node, a.cfg.Options))
+	for _, family := range topology.Families {
+		i := slices.IndexFunc(plan.HealthChecks, func(hc topology.HealthCheck) bool { return hc.Family == family })
+		if i < 0 {
+			hcs.DeleteFamily(nn, family)
+			continue
+		}
+		hcs.Set(nn, plan.HealthChecks[i], topology.NodePortAddresses(node, family, a.cfg.Options))
+	}
 	a.healthChecked[nn] = true
 }

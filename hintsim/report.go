@@ -1,5 +1,7 @@
 package hintsim
 
+import v1 "k8s.io/api/core/v1"
+
 // Report is the JSON contract of `topolbctl hints simulate -o json`. Field
 // names and their meaning are stable; lists are never null and are sorted as
 // each field says. Ratios and loads are rounded to 4 decimal places.
@@ -8,7 +10,8 @@ type Report struct {
 	// from the Nodes, shared by every Service.
 	Nodes NodeInfo `json:"nodes"`
 	// Services holds one entry per Service the controller would add hints
-	// to, or whose slices carry hints now, sorted by "namespace/name".
+	// to, or whose slices carry hints now, per IP family, sorted by
+	// "namespace/name" and then family (IPv4 first).
 	Services []Service `json:"services"`
 }
 
@@ -85,6 +88,10 @@ const (
 type Service struct {
 	// Service is "namespace/name".
 	Service string `json:"service"`
+	// Family is the IP family simulated: the controller reconciles each
+	// address type's slices on its own, so a dual-stack Service is
+	// reported once per family, each with its own hints.
+	Family v1.IPFamily `json:"family"`
 	// Method is how the controller manages the Service's hints.
 	Method Method `json:"method"`
 	// Trigger is the annotation or field that asks for hints, such as
@@ -103,14 +110,14 @@ type Service struct {
 	// a zone or CPU, the endpoint without a zone; "" when there is nothing
 	// to add.
 	DisabledDetail string `json:"disabledDetail"`
-	// ReadyEndpoints counts the ready endpoints of the Service's IPv4
-	// slices (a nil ready condition counts as ready).
+	// ReadyEndpoints counts the ready endpoints of the Service's slices
+	// of Family (a nil ready condition counts as ready).
 	ReadyEndpoints int `json:"readyEndpoints"`
 	// Zones are the zones of the cluster, of the endpoints and of their
 	// hints, sorted by name.
 	Zones []ServiceZone `json:"zones"`
-	// Endpoints are every endpoint of the Service's IPv4 slices, sorted by
-	// slice name and then in slice order.
+	// Endpoints are every endpoint of the Service's slices of Family,
+	// sorted by slice name and then in slice order.
 	Endpoints []Endpoint `json:"endpoints"`
 	// Notes explain the result, for people.
 	Notes []string `json:"notes"`

@@ -63,8 +63,9 @@ func DefaultOptions() Options {
 }
 
 // Simulate runs the EndpointSlice controller's hint logic over the objects:
-// the topology cache is fed every Node, then each Service's IPv4 slices are
-// reconciled as if nothing but hints could change (every slice is passed as
+// the topology cache is fed every Node, then each Service's slices are
+// reconciled, one address type (IP family) at a time as the controller's
+// reconcileByAddressType does, as if nothing but hints could change (every slice is passed as
 // unchanged, so current hints the controller accepts are kept, as they would
 // be on a resync). only restricts the report to one Service; nil reports all.
 //
@@ -75,7 +76,10 @@ func DefaultOptions() Options {
 //     taken to be the controller's; one managed by anything else is left
 //     alone, as the controller lists only its own.
 //
-// Warnings name the slices the simulation skipped (not IPv4). The error
+// A dual-stack Service is reported once per family it has slices of (a
+// Service without slices, in its primary family), each family on its own:
+// its hints, its endpoints, its loads. Warnings name the slices the
+// simulation skipped (FQDN). The error
 // wraps ErrBadCPU when a Node's allocatable CPU is negative or absurd (more
 // than topology.MaxNodeCPUCores): the controller would turn it into a
 // negative or meaningless CPU ratio, so no simulation is made.
@@ -101,13 +105,51 @@ func Simulate(objs *kube.Objects, only *types.NamespacedName, opts Options) (Rep
 	rep := Report{Nodes: info, Services: []Service{}}
 	var warnings []string
 	for _, nn := range names {
-		svc, w, ok := s.service(s.state.Services[nn])
+		svc := s.state.Services[nn]
+		families, w := s.families(svc, nn)
 		warnings = append(warnings, w...)
-		if ok {
-			rep.Services = append(rep.Services, svc)
+		for _, family := range families {
+			out, ok := s.service(svc, family)
+			if ok {
+				rep.Services = append(rep.Services, out)
+			}
 		}
 	}
 	return rep, warnings, nil
+}
+
+// families returns the IP families to simulate svc in: those it has IPv4
+// or IPv6 slices of, in topology.Families' order, or, without any, its
+// primary family (spec.ipFamilies, else its cluster IP's, else IPv4); and
+// a warning for each slice of another address type (FQDN), which the
+// controller does not manage either.
+func (s *sim) families(svc *v1.Service, nn types.NamespacedName) ([]v1.IPFamily, []string) {
+	var warnings []string
+	seen := map[v1.IPFamily]bool{}
+	for _, es := range s.state.Slices[nn] {
+		switch es.AddressType {
+		case discovery.AddressTypeIPv4, discovery.AddressTypeIPv6:
+			seen[v1.IPFamily(es.AddressType)] = true
+		default:
+			warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: addressType %s is not simulated (IPv4 and IPv6 only)", es.Namespace, es.Name, es.AddressType))
+		}
+	}
+	var out []v1.IPFamily
+	for _, family := range topology.Families {
+		if seen[family] {
+			out = append(out, family)
+		}
+	}
+	if len(out) > 0 {
+		return out, warnings
+	}
+	if len(svc.Spec.IPFamilies) > 0 {
+		return svc.Spec.IPFamilies[:1], warnings
+	}
+	if ip, err := netip.ParseAddr(svc.Spec.ClusterIP); err == nil {
+		return []v1.IPFamily{topology.FamilyOf(ip.Unmap())}, warnings
+	}
+	return []v1.IPFamily{v1.IPv4Protocol}, warnings
 }
 
 // ErrBadCPU is wrapped by Simulate's error for a Node whose allocatable CPU
@@ -140,40 +182,41 @@ type sim struct {
 	opts     Options
 }
 
-// service simulates one Service. ok is false when the Service neither would
-// get hints nor carries any.
-func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool) {
+// service simulates one Service in one IP family, from that family's
+// slices only. ok is false when the Service neither would get hints nor
+// carries any in the family.
+func (s *sim) service(svc *v1.Service, family v1.IPFamily) (out Service, ok bool) {
 	if svc.Spec.Type == v1.ServiceTypeExternalName {
-		return Service{}, nil, false
+		return Service{}, false
 	}
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	method, trigger, notes := chooseMethod(svc, s.opts)
+	addressType := discovery.AddressType(family)
 
 	all := slices.Clone(s.state.Slices[nn])
 	slices.SortFunc(all, func(a, b *discovery.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
-	var ipv4, managed []*discovery.EndpointSlice
+	var ofFamily, managed []*discovery.EndpointSlice
 	for _, es := range all {
-		if es.AddressType != discovery.AddressTypeIPv4 {
-			warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: addressType %s is not simulated (IPv4 only)", es.Namespace, es.Name, es.AddressType))
+		if es.AddressType != addressType {
 			continue
 		}
-		ipv4 = append(ipv4, es)
+		ofFamily = append(ofFamily, es)
 		if mb, ok := es.Labels[discovery.LabelManagedBy]; ok && mb != ControllerName && method != MethodUnmanaged {
 			notes = append(notes, fmt.Sprintf("slice %s is managed by %s, not the EndpointSlice controller: its hints stay as they are", es.Name, mb))
 			continue
 		}
 		managed = append(managed, normalized(es))
 	}
-	if trigger == "" && !anyHints(ipv4) {
-		return Service{}, warnings, false
+	if trigger == "" && !anyHints(ofFamily) {
+		return Service{}, false
 	}
 
-	out = Service{Service: nn.String(), Method: method, Trigger: trigger, Zones: []ServiceZone{}, Endpoints: []Endpoint{}}
+	out = Service{Service: nn.String(), Family: family, Method: method, Trigger: trigger, Zones: []ServiceZone{}, Endpoints: []Endpoint{}}
 	var result []*discovery.EndpointSlice
 	switch method {
 	case MethodTopologyCache:
 		// As reconcileByAddressType does for the Auto annotation.
-		si := &topologycache.SliceInfo{ServiceKey: nn.String(), AddressType: discovery.AddressTypeIPv4, Unchanged: managed}
+		si := &topologycache.SliceInfo{ServiceKey: nn.String(), AddressType: addressType, Unchanged: managed}
 		toCreate, toUpdate, events := s.cache.AddHints(logr.Discard(), si)
 		result = slices.Concat(toCreate, toUpdate, si.Unchanged)
 		for _, ev := range events {
@@ -191,7 +234,7 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 		}
 	case MethodNone:
 		// As reconcileByAddressType does when neither applies.
-		si := &topologycache.SliceInfo{ServiceKey: nn.String(), AddressType: discovery.AddressTypeIPv4, Unchanged: managed}
+		si := &topologycache.SliceInfo{ServiceKey: nn.String(), AddressType: addressType, Unchanged: managed}
 		_, toUpdate := topologycache.RemoveHintsFromSlices(si)
 		result = slices.Concat(toUpdate, si.Unchanged)
 		notes = append(notes, "neither spec.trafficDistribution nor the topology-mode Auto annotation is set: the controller removes the hints")
@@ -203,9 +246,9 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 		byName[es.Name] = es
 	}
 
-	est := s.estimate(svc, nn)
+	est := s.estimate(svc, nn, family)
 	notes = append(notes, est.notes...)
-	for _, es := range ipv4 {
+	for _, es := range ofFamily {
 		after := byName[es.Name]
 		for i, e := range es.Endpoints {
 			ep := Endpoint{
@@ -257,7 +300,7 @@ func (s *sim) service(svc *v1.Service) (out Service, warnings []string, ok bool)
 	}
 	out.Notes = nonNil(notes)
 	out.Warnings = nonNil(out.Warnings)
-	return out, warnings, true
+	return out, true
 }
 
 // chooseMethod returns how the controller manages svc's hints, the trigger
@@ -363,10 +406,14 @@ type estimate struct {
 //
 // topolb annotations and traffic policies are set aside: the question is
 // what each rule does. The Service's first port (by name, protocol, number)
-// stands for all.
-func (s *sim) estimate(svc *v1.Service, nn types.NamespacedName) estimate {
+// in family stands for all.
+func (s *sim) estimate(svc *v1.Service, nn types.NamespacedName, family v1.IPFamily) estimate {
 	var est estimate
 	ports, _, err := topology.ServicePorts(svc)
+	ports = slices.DeleteFunc(ports, func(p topology.ServicePort) bool { return p.Family != family })
+	if len(ports) == 0 && err == nil {
+		err = fmt.Errorf("no %s cluster IP", family)
+	}
 	if len(ports) == 0 {
 		if err == nil {
 			err = fmt.Errorf("no ports")

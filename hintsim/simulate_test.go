@@ -495,31 +495,57 @@ func TestLoadFollowsKubeProxy(t *testing.T) {
 	}
 }
 
-func TestSimulateSkipsNonIPv4AndFilters(t *testing.T) {
+// TestSimulatePerFamilyAndFilters: each family's slices are simulated on
+// their own, as the controller reconciles each address type (the IPv6
+// slices' hints are the IPv6 entry's, with its own loads); FQDN slices are
+// skipped with a warning; --service filters.
+func TestSimulatePerFamilyAndFilters(t *testing.T) {
 	nodes := []*v1.Node{node("a", "zone-a", "4"), node("b", "zone-b", "4")}
-	v6 := slice("web-v6", "web", ep("fd00::1", "zone-a", "zone-a"))
+	v6 := slice("web-v6", "web", ep("fd00::1", "zone-a", "zone-a"), ep("fd00::2", "zone-b", "zone-a"), ep("fd00::3", "zone-b", "zone-a"))
 	v6.AddressType = discovery.AddressTypeIPv6
+	fqdn := slice("web-fqdn", "web", ep("web.example", "zone-a"))
+	fqdn.AddressType = discovery.AddressTypeFQDN
+	web := service("web", func(s *v1.Service) {
+		s.Annotations = map[string]string{v1.AnnotationTopologyMode: "Auto"}
+		s.Spec.ClusterIPs = []string{"10.96.0.1", "fd00:10:96::1"}
+	})
 	objs := &kube.Objects{
 		Nodes:    nodes,
-		Services: []*v1.Service{autoService("web"), autoService("api")},
-		Slices:   []*discovery.EndpointSlice{v6, slice("web-1", "web", ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")), slice("api-1", "api", ep("10.0.1.1", "zone-a"), ep("10.0.1.2", "zone-b"))},
+		Services: []*v1.Service{web, autoService("api")},
+		Slices:   []*discovery.EndpointSlice{v6, fqdn, slice("web-1", "web", ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")), slice("api-1", "api", ep("10.0.1.1", "zone-a"), ep("10.0.1.2", "zone-b"))},
 	}
 	rep, warnings := mustSimulate(t, objs, nil, DefaultOptions())
-	if len(rep.Services) != 2 || rep.Services[0].Service != "default/api" || rep.Services[1].Service != "default/web" {
-		t.Fatalf("services %+v, want default/api and default/web in order", rep.Services)
+	var got []string
+	for _, svc := range rep.Services {
+		got = append(got, fmt.Sprintf("%s %s %d", svc.Service, svc.Family, len(svc.Endpoints)))
 	}
-	if len(rep.Services[1].Endpoints) != 2 {
-		t.Errorf("web has %d endpoints, want the 2 IPv4 ones", len(rep.Services[1].Endpoints))
+	if want := []string{"default/api IPv4 2", "default/web IPv4 2", "default/web IPv6 3"}; !slices.Equal(got, want) {
+		t.Fatalf("services %q, want %q", got, want)
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "web-v6: addressType IPv6 is not simulated") {
-		t.Errorf("warnings %q, want one about web-v6", warnings)
+	// The IPv6 slice's hints all name zone-a: the controller would give
+	// zone-b its own, so some IPv6 endpoints change. The IPv4 slice has
+	// no hints and is decided apart.
+	v6svc := rep.Services[2]
+	for _, e := range v6svc.Endpoints {
+		if !strings.HasPrefix(e.Address, "fd00::") {
+			t.Errorf("IPv6 entry lists %s", e.Address)
+		}
+	}
+	if !slices.ContainsFunc(v6svc.Endpoints, func(e Endpoint) bool { return e.Changed }) {
+		t.Errorf("IPv6 hints all for zone-a: the controller would change some; endpoints %+v", v6svc.Endpoints)
+	}
+	if slices.ContainsFunc(rep.Services[1].Endpoints, func(e Endpoint) bool { return strings.Contains(e.Address, ":") }) {
+		t.Errorf("IPv4 entry lists IPv6 endpoints: %+v", rep.Services[1].Endpoints)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "web-fqdn: addressType FQDN is not simulated") {
+		t.Errorf("warnings %q, want one about web-fqdn", warnings)
 	}
 	rep, warnings = mustSimulate(t, objs, &types.NamespacedName{Namespace: "default", Name: "api"}, DefaultOptions())
 	if len(rep.Services) != 1 || rep.Services[0].Service != "default/api" {
 		t.Errorf("filtered services %+v, want default/api only", rep.Services)
 	}
 	if len(warnings) != 0 {
-		t.Errorf("filtered warnings %q, want none (web-v6 belongs to another Service)", warnings)
+		t.Errorf("filtered warnings %q, want none (web-fqdn belongs to another Service)", warnings)
 	}
 }
 

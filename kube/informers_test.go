@@ -59,8 +59,12 @@ func TestTrimKeepsTheModel(t *testing.T) {
 			ep, _ := topology.EndpointsForPort(p, []*discovery.EndpointSlice{e}, n.Name)
 			eps = append(eps, ep)
 		}
-		hc, hcOK := topology.ServiceHealthCheck(s, []*discovery.EndpointSlice{e}, n.Name)
-		return []any{topology.NodeFromObject(n, nil), ports, warnings, err, eps, hc, hcOK}
+		var hcs []any
+		for _, family := range topology.Families {
+			hc, hcOK := topology.ServiceHealthCheck(s, []*discovery.EndpointSlice{e}, n.Name, family)
+			hcs = append(hcs, hc, hcOK)
+		}
+		return []any{topology.NodeFromObject(n, nil), ports, warnings, err, eps, hcs}
 	}
 	labelled := svc.DeepCopy()
 	labelled.Labels = map[string]string{topology.LabelServiceProxyName: "other", "app": "web"}

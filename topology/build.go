@@ -24,20 +24,28 @@ const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 
 // Errors ServicePorts returns for Services topolb does not proxy. Callers
 // branch on them with errors.Is: ErrNotProxied is normal (the Services
-// kube-proxy skips, see SkipReason), ErrNoIPv4 deserves a warning.
+// kube-proxy skips, see SkipReason), ErrNoClusterIP deserves a warning.
 var (
-	ErrNotProxied = errors.New("service is not proxied")
-	ErrNoIPv4     = errors.New("service has no IPv4 cluster IP")
+	ErrNotProxied  = errors.New("service is not proxied")
+	ErrNoClusterIP = errors.New("service has no IPv4 or IPv6 cluster IP")
 )
 
-// ServicePorts builds the model of every port of svc and returns a warning
-// for everything it had to leave out or correct: invalid ports are left out
-// (the valid ones are still returned), an invalid session affinity timeout
-// is replaced by the default. A Service that is not proxied at all returns
-// an error wrapping ErrNotProxied or ErrNoIPv4, and no ports.
+// ServicePorts builds the model of every port of svc in each of its IP
+// families, and returns a warning for everything it had to leave out or
+// correct: invalid ports are left out (the valid ones are still returned),
+// an invalid session affinity timeout is replaced by the default, a family
+// whose cluster IP cannot be a frontend is left out. The ports come family
+// by family, in the order of svc's cluster IPs (its primary family first),
+// each family's in spec order. A Service that is not proxied at all
+// returns an error wrapping ErrNotProxied, ErrNoClusterIP or
+// ErrUnusableAddress, and no ports.
+//
+// Each family is modelled as kube-proxy's proxier of that family sees the
+// Service: its cluster IP, and only the externalIPs, load-balancer IPs and
+// loadBalancerSourceRanges of that family.
 func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 	nn := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	clusterIP, err := proxiedClusterIP(svc, nn)
+	clusterIPs, ws, err := proxiedClusterIPs(svc, nn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -49,41 +57,59 @@ func ServicePorts(svc *v1.Service) ([]ServicePort, []string, error) {
 			}
 		}
 	}
+	warn(ws...)
 	affinity, w := sessionAffinity(svc)
 	warn(w)
 	externalIPs, lbIPs, ws := externalFrontendIPs(svc)
 	warn(ws...)
 	sourceRanges, ws := loadBalancerSourceRanges(svc)
 	warn(ws...)
-	// Like kube-proxy's IPv4 proxier, only IPv4 externalIPs count.
-	external := hasNodePort(svc) || len(externalIPs) > 0 || len(lbIPs) > 0
-	// Every port of svc shares these fields.
-	shared := ServicePort{
-		Service:                  nn,
-		Created:                  svc.CreationTimestamp.Time,
-		ClusterIP:                clusterIP,
-		ExternalIPs:              externalIPs,
-		LoadBalancerIPs:          lbIPs,
-		LoadBalancerSourceRanges: sourceRanges,
-		ExternallyAccessible:     external,
-		InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
-		ExternalPolicyLocal:      external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
-		Affinity:                 affinity,
-		Annotations:              topolbAnnotations(svc),
+	// The ports of every family, checked once.
+	type specPort struct {
+		index int
+		sp    v1.ServicePort
+		proto v1.Protocol
 	}
-	var ports []ServicePort
+	var kept []ServicePort
+	var specPorts []specPort
 	for i, sp := range svc.Spec.Ports {
 		proto := sp.Protocol
 		if proto == "" {
 			proto = v1.ProtocolTCP
 		}
-		if w := portProblem(sp, proto, ports); w != "" {
+		if w := portProblem(sp, proto, kept); w != "" {
 			warn(w)
 			continue
 		}
-		p := shared
-		p.Index, p.Name, p.Protocol, p.Port, p.NodePort = i, sp.Name, proto, uint16(sp.Port), uint16(sp.NodePort)
-		ports = append(ports, p)
+		kept = append(kept, ServicePort{Name: sp.Name, Protocol: proto, Port: uint16(sp.Port)})
+		specPorts = append(specPorts, specPort{i, sp, proto})
+	}
+	var ports []ServicePort
+	for _, clusterIP := range clusterIPs {
+		family := FamilyOf(clusterIP)
+		// As kube-proxy's proxier of this family, only this family's
+		// externalIPs and load-balancer IPs count.
+		external := hasNodePort(svc) || len(externalIPs[family]) > 0 || len(lbIPs[family]) > 0
+		// Every port of svc in this family shares these fields.
+		shared := ServicePort{
+			Service:                  nn,
+			Created:                  svc.CreationTimestamp.Time,
+			Family:                   family,
+			ClusterIP:                clusterIP,
+			ExternalIPs:              externalIPs[family],
+			LoadBalancerIPs:          lbIPs[family],
+			LoadBalancerSourceRanges: sourceRanges[family],
+			ExternallyAccessible:     external,
+			InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+			ExternalPolicyLocal:      external && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal,
+			Affinity:                 affinity,
+			Annotations:              topolbAnnotations(svc),
+		}
+		for _, sp := range specPorts {
+			p := shared
+			p.Index, p.Name, p.Protocol, p.Port, p.NodePort = sp.index, sp.sp.Name, sp.proto, uint16(sp.sp.Port), uint16(sp.sp.NodePort)
+			ports = append(ports, p)
+		}
 	}
 	return ports, warnings, nil
 }
@@ -110,35 +136,66 @@ func SkipReason(svc *v1.Service) string {
 	return ""
 }
 
-// proxiedClusterIP returns svc's IPv4 cluster IP, or why topolb does not
-// proxy svc: an error wrapping ErrNotProxied (SkipReason), ErrNoIPv4 (no
-// IPv4 cluster IP) or ErrUnusableAddress (a cluster IP that cannot be a
-// frontend).
-func proxiedClusterIP(svc *v1.Service, nn types.NamespacedName) (netip.Addr, error) {
+// proxiedClusterIPs returns svc's cluster IPs that can be frontends, at
+// most one per family, in the order of spec.clusterIPs (spec.clusterIP
+// when it is empty), with a warning for each one left out; or why topolb
+// does not proxy svc: an error wrapping ErrNotProxied (SkipReason),
+// ErrNoClusterIP (no IPv4 or IPv6 cluster IP) or ErrUnusableAddress (no
+// cluster IP that can be a frontend).
+func proxiedClusterIPs(svc *v1.Service, nn types.NamespacedName) ([]netip.Addr, []string, error) {
 	if reason := SkipReason(svc); reason != "" {
-		return netip.Addr{}, fmt.Errorf("%s: %s: %w", nn, reason, ErrNotProxied)
+		return nil, nil, fmt.Errorf("%s: %s: %w", nn, reason, ErrNotProxied)
 	}
-	clusterIP, ok := firstIPv4(append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...))
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoIPv4)
+	listed := svc.Spec.ClusterIPs
+	if len(listed) == 0 {
+		listed = []string{svc.Spec.ClusterIP}
 	}
-	if problem := AddrProblem(clusterIP); problem != "" {
-		return netip.Addr{}, fmt.Errorf("%s: clusterIP %s is %s: %w", nn, clusterIP, problem, ErrUnusableAddress)
+	var out []netip.Addr
+	var problems, warnings []string
+	for _, family := range familiesIn(listed) {
+		ip, _ := firstOfFamily(listed, family)
+		if problem := AddrProblem(ip); problem != "" {
+			problems = append(problems, fmt.Sprintf("clusterIP %s is %s", ip, problem))
+			warnings = append(warnings, fmt.Sprintf("clusterIP %s is %s: %s not served", ip, problem, family))
+			continue
+		}
+		out = append(out, ip)
 	}
-	return clusterIP, nil
+	switch {
+	case len(out) > 0:
+		return out, warnings, nil
+	case len(problems) > 0:
+		return nil, nil, fmt.Errorf("%s: %s: %w", nn, strings.Join(problems, "; "), ErrUnusableAddress)
+	}
+	return nil, nil, fmt.Errorf("%s: clusterIP %s: %w", nn, quoteBounded(svc.Spec.ClusterIP), ErrNoClusterIP)
+}
+
+// familiesIn returns the families of the addresses in ss, in the order
+// they first appear; what is not an address counts for none.
+func familiesIn(ss []string) []v1.IPFamily {
+	var out []v1.IPFamily
+	for _, s := range ss {
+		for _, family := range Families {
+			if _, ok := parseAddr(s, family); ok && !slices.Contains(out, family) {
+				out = append(out, family)
+			}
+		}
+	}
+	return out
 }
 
 // externalFrontendIPs returns svc's external IPs and load-balancer ingress
-// IPs that can be frontends, in spec order, and a warning for each address
-// left out that is not IPv6 (see frontendIP). Ingress entries in IPMode
-// Proxy (the load balancer proxies, its IP never reaches the node) and
-// without an IP are skipped silently.
-func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs []netip.Addr, warnings []string) {
+// IPs that can be frontends, per family, in spec order, and a warning for
+// each address left out (see frontendIP). Ingress entries in IPMode Proxy
+// (the load balancer proxies, its IP never reaches the node) and without
+// an IP are skipped silently.
+func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs map[v1.IPFamily][]netip.Addr, warnings []string) {
+	externalIPs, lbIPs = map[v1.IPFamily][]netip.Addr{}, map[v1.IPFamily][]netip.Addr{}
 	for _, s := range svc.Spec.ExternalIPs {
 		if ip, w := frontendIP(s, "externalIP"); w != "" {
 			warnings = append(warnings, w)
-		} else if ip.IsValid() {
-			externalIPs = append(externalIPs, ip)
+		} else {
+			externalIPs[FamilyOf(ip)] = append(externalIPs[FamilyOf(ip)], ip)
 		}
 	}
 	for _, ing := range svc.Status.LoadBalancer.Ingress {
@@ -147,36 +204,43 @@ func externalFrontendIPs(svc *v1.Service) (externalIPs, lbIPs []netip.Addr, warn
 		}
 		if ip, w := frontendIP(ing.IP, "load-balancer ingress IP"); w != "" {
 			warnings = append(warnings, w)
-		} else if ip.IsValid() {
-			lbIPs = append(lbIPs, ip)
+		} else {
+			lbIPs[FamilyOf(ip)] = append(lbIPs[FamilyOf(ip)], ip)
 		}
 	}
 	return externalIPs, lbIPs, warnings
 }
 
-// loadBalancerSourceRanges returns svc's IPv4 loadBalancerSourceRanges as
-// kube-proxy's IPv4 proxier uses them: each trimmed of spaces (the API's
-// validation lets them through), IPv6 ones left out, masked; nil when
-// there are none or one allows everything (/0). A range that is not a
-// prefix is left out with a warning (the apiserver refuses them; manifests
-// may hold them).
-func loadBalancerSourceRanges(svc *v1.Service) ([]netip.Prefix, []string) {
-	var out []netip.Prefix
+// loadBalancerSourceRanges returns svc's loadBalancerSourceRanges per
+// family as kube-proxy's proxier of each family uses them: each trimmed of
+// spaces (the API's validation lets them through), masked, an IPv4-mapped
+// prefix counting as IPv4; a family is absent (nil: any source) when it has
+// no range or one allows everything (/0). A range that is not a prefix is
+// left out with a warning (the apiserver refuses them; manifests may hold
+// them).
+func loadBalancerSourceRanges(svc *v1.Service) (map[v1.IPFamily][]netip.Prefix, []string) {
+	out := map[v1.IPFamily][]netip.Prefix{}
+	open := map[v1.IPFamily]bool{}
 	var warnings []string
 	for _, s := range svc.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		switch {
-		case err != nil:
+		if err != nil {
 			warnings = append(warnings, fmt.Sprintf("loadBalancerSourceRange %s is not a prefix: left out", quoteBounded(s)))
-		case !p.Addr().Unmap().Is4():
-		case p.Bits() == 0:
-			return nil, warnings
-		default:
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
-			if !slices.Contains(out, p) {
-				out = append(out, p)
-			}
+			continue
 		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		family := FamilyOf(p.Addr())
+		switch p = p.Masked(); {
+		case p.Bits() == 0:
+			open[family] = true
+		case !slices.Contains(out[family], p):
+			out[family] = append(out[family], p)
+		}
+	}
+	for family := range open {
+		delete(out, family)
 	}
 	return out, warnings
 }
@@ -230,20 +294,15 @@ func portProblem(sp v1.ServicePort, proto v1.Protocol, kept []ServicePort) strin
 // which k8s.io/api does not export).
 const MaxAffinitySeconds = 86400
 
-// frontendIP parses an externalIP or load-balancer IP. It returns the
-// address when it can be a frontend; the zero address and no warning for
-// an IPv6 address (topolb serves IPv4 only, as kube-proxy's IPv4 proxier
-// ignores them); and a warning for anything else.
+// frontendIP parses an externalIP or load-balancer IP of either family
+// (an IPv4-mapped IPv6 address is its IPv4 address). It returns the
+// address when it can be a frontend, and a warning otherwise.
 func frontendIP(s, what string) (netip.Addr, string) {
 	ip, err := netip.ParseAddr(strings.TrimSpace(s))
-	switch {
-	case err != nil:
+	if err != nil {
 		return netip.Addr{}, fmt.Sprintf("%s %s is not an IP address: ignored", what, quoteBounded(s))
-	case ip.Is4In6():
-		ip = ip.Unmap()
-	case !ip.Is4():
-		return netip.Addr{}, ""
 	}
+	ip = ip.Unmap()
 	if problem := AddrProblem(ip); problem != "" {
 		return netip.Addr{}, fmt.Sprintf("%s %s is %s: ignored", what, ip, problem)
 	}
@@ -275,7 +334,8 @@ func sessionAffinity(svc *v1.Service) (SessionAffinity, string) {
 }
 
 // NodeFromObject builds the model of a node: its labels, allocatable CPU,
-// Ready condition and IPv4 addresses. keep selects the labels to retain; nil keeps them
+// Ready condition and IPv4 and IPv6 addresses (an IPv4-mapped one as its
+// IPv4 address). keep selects the labels to retain; nil keeps them
 // all.
 func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 	labels := make(map[string]string, len(n.Labels))
@@ -286,7 +346,8 @@ func NodeFromObject(n *v1.Node, keep func(key string) bool) Node {
 	}
 	out := Node{Name: n.Name, Labels: labels, AllocatableMilliCPU: milliCPU(n.Status.Allocatable.Cpu())}
 	for _, a := range n.Status.Addresses {
-		if ip, ok := parseIPv4(a.Address); ok {
+		if ip, err := netip.ParseAddr(strings.TrimSpace(a.Address)); err == nil {
+			ip = ip.Unmap()
 			out.Addresses = append(out.Addresses, NodeAddress{Type: a.Type, Addr: ip})
 		}
 	}
@@ -322,8 +383,10 @@ func milliCPU(q *resource.Quantity) int64 {
 // Service's EndpointSlices, as seen from node nodeName, and a warning for
 // everything it had to skip.
 //
-// Only IPv4 slices count; the slice port must match the service port by name
-// and protocol and have a number. Each endpoint contributes its first address
+// Only the slices of the port's family count (addressType IPv4 or IPv6;
+// FQDN slices are left out with a warning, as kube-proxy ignores them);
+// the slice port must match the service port by name and protocol and have
+// a number. Each endpoint contributes its first address
 // only. The same ip:port in several slices counts once: a ready copy is
 // preferred, then one on nodeName. The result is sorted by address.
 func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nodeName string) ([]Endpoint, []string) {
@@ -332,8 +395,11 @@ func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nod
 	slices.SortFunc(sorted, func(a, b *discovery.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 	byAddr := map[netip.AddrPort]Endpoint{}
 	for _, s := range sorted {
-		if s.AddressType != discovery.AddressTypeIPv4 {
-			warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: addressType %s is not served (IPv4 only)", s.Namespace, s.Name, s.AddressType))
+		if s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6 {
+			warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: addressType %s is not served (IPv4 and IPv6 only)", s.Namespace, s.Name, quoteBounded(string(s.AddressType))))
+			continue
+		}
+		if string(s.AddressType) != string(port.Family) {
 			continue
 		}
 		num, ok := slicePort(s, port)
@@ -345,9 +411,9 @@ func EndpointsForPort(port ServicePort, epSlices []*discovery.EndpointSlice, nod
 				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint %d has no address", s.Namespace, s.Name, i))
 				continue
 			}
-			ip, ok := parseIPv4(e.Addresses[0])
+			ip, ok := parseAddr(e.Addresses[0], port.Family)
 			if !ok {
-				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is not IPv4", s.Namespace, s.Name, quoteBounded(e.Addresses[0])))
+				warnings = append(warnings, fmt.Sprintf("endpointslice %s/%s: endpoint address %s is not %s", s.Namespace, s.Name, quoteBounded(e.Addresses[0]), port.Family))
 				continue
 			}
 			if problem := AddrProblem(ip); problem != "" {
@@ -423,21 +489,4 @@ func endpointFrom(e discovery.Endpoint, addr netip.AddrPort) Endpoint {
 		}
 	}
 	return ep
-}
-
-func parseIPv4(s string) (netip.Addr, bool) {
-	ip, err := netip.ParseAddr(strings.TrimSpace(s))
-	if err != nil || !ip.Is4() {
-		return netip.Addr{}, false
-	}
-	return ip, true
-}
-
-func firstIPv4(ss []string) (netip.Addr, bool) {
-	for _, s := range ss {
-		if ip, ok := parseIPv4(s); ok {
-			return ip, true
-		}
-	}
-	return netip.Addr{}, false
 }

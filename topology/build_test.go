@@ -42,14 +42,22 @@ func TestServicePorts(t *testing.T) {
 		external, internalLocal, externalLocal bool
 		lbIPs                                  []string
 		ports                                  int
+		// clusterIPs are the ports' cluster IPs, in order; nil means
+		// 10.96.0.10 for every port.
+		clusterIPs []string
 	}{
 		{name: "plain ClusterIP", svc: svc(nil), ports: 1},
 		{name: "ExternalName is not proxied", svc: svc(func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName }), err: ErrNotProxied},
 		{name: "headless is not proxied", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), err: ErrNotProxied},
-		{name: "IPv6-only has no IPv4 cluster IP", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"} }), err: ErrNoIPv4},
-		{name: "dual-stack IPv6 primary uses the IPv4 secondary", svc: svc(func(s *v1.Service) {
+		{name: "IPv6-only is decided in IPv6", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10"} }), ports: 1, clusterIPs: []string{"fd00::10"}},
+		{name: "a cluster IP without clusterIPs (hand-written manifests)", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", nil }), ports: 1, clusterIPs: []string{"fd00::10"}},
+		{name: "an unusable IPv6 cluster IP: IPv4 still served, with a warning", svc: svc(func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fe80::1"} }), ports: 1, warnings: 1},
+		{name: "an unusable cluster IP alone: not served", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "::1", []string{"::1"} }), err: ErrUnusableAddress},
+		{name: "a cluster IP that is no address", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "x", []string{"x"} }), err: ErrNoClusterIP},
+		{name: "dual-stack IPv6 primary: each port in both families, the primary first", svc: svc(func(s *v1.Service) {
 			s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
-		}), ports: 1},
+			s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP})
+		}), ports: 4, clusterIPs: []string{"fd00::10", "fd00::10", "10.96.0.10", "10.96.0.10"}},
 		{name: "no cluster IP is not proxied (kube-proxy's ShouldSkipService)", svc: svc(func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }), err: ErrNotProxied},
 		{name: "service-proxy-name naming another proxy is not proxied",
 			svc: svc(func(s *v1.Service) { s.Labels = map[string]string{LabelServiceProxyName: "other-proxy"} }), err: ErrNotProxied},
@@ -147,12 +155,16 @@ func TestServicePorts(t *testing.T) {
 			if len(ports) != tc.ports {
 				t.Fatalf("%d ports, want %d", len(ports), tc.ports)
 			}
-			for _, p := range ports {
+			for i, p := range ports {
 				if p.ExternallyAccessible != tc.external || p.InternalPolicyLocal != tc.internalLocal || p.ExternalPolicyLocal != tc.externalLocal {
 					t.Errorf("external=%v iLocal=%v eLocal=%v, want %v %v %v", p.ExternallyAccessible, p.InternalPolicyLocal, p.ExternalPolicyLocal, tc.external, tc.internalLocal, tc.externalLocal)
 				}
-				if p.ClusterIP != netip.MustParseAddr("10.96.0.10") {
-					t.Errorf("cluster IP %s", p.ClusterIP)
+				want := netip.MustParseAddr("10.96.0.10")
+				if tc.clusterIPs != nil {
+					want = netip.MustParseAddr(tc.clusterIPs[i])
+				}
+				if p.ClusterIP != want || p.Family != FamilyOf(want) {
+					t.Errorf("port %d: cluster IP %s in %s, want %s", i, p.ClusterIP, p.Family, want)
 				}
 				var lb []string
 				for _, ip := range p.LoadBalancerIPs {
@@ -176,7 +188,7 @@ func slice(name string, addrType discovery.AddressType, ports []discovery.Endpoi
 func TestEndpointsForPort(t *testing.T) {
 	tcp, udp := v1.ProtocolTCP, v1.ProtocolUDP
 	httpPort := []discovery.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: &tcp}}
-	port := ServicePort{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}
+	port := ServicePort{Family: v1.IPv4Protocol, Name: "http", Protocol: v1.ProtocolTCP, Port: 80}
 	cases := []struct {
 		name   string
 		port   ServicePort
@@ -200,15 +212,27 @@ func TestEndpointsForPort(t *testing.T) {
 			},
 			want: []string{"10.0.0.1:8080 ready remote"}},
 		{name: "unnamed service port matches nil slice port name",
-			port:   ServicePort{Name: "", Protocol: v1.ProtocolTCP, Port: 80},
+			port:   ServicePort{Family: v1.IPv4Protocol, Name: "", Protocol: v1.ProtocolTCP, Port: 80},
 			slices: []*discovery.EndpointSlice{slice("s1", discovery.AddressTypeIPv4, []discovery.EndpointPort{{Port: ptr.To[int32](9090)}}, discovery.Endpoint{Addresses: []string{"10.0.0.1"}})},
 			want:   []string{"10.0.0.1:9090 ready remote"}},
-		{name: "IPv6 and FQDN slices are skipped with warnings",
+		{name: "IPv6 slices are the IPv6 port's; FQDN slices are skipped with a warning",
 			slices: []*discovery.EndpointSlice{
 				slice("s1", discovery.AddressTypeIPv6, httpPort, discovery.Endpoint{Addresses: []string{"fd00::1"}}),
 				slice("s2", discovery.AddressTypeFQDN, httpPort, discovery.Endpoint{Addresses: []string{"a.example"}}),
 			},
-			warnings: 2},
+			warnings: 1},
+		{name: "IPv6 port: its family's slices only, addresses of the other family or IPv4-mapped warned",
+			port: ServicePort{Family: v1.IPv6Protocol, Name: "http", Protocol: v1.ProtocolTCP, Port: 80},
+			slices: []*discovery.EndpointSlice{
+				slice("s1", discovery.AddressTypeIPv4, httpPort, discovery.Endpoint{Addresses: []string{"10.0.0.1"}}),
+				slice("s2", discovery.AddressTypeIPv6, httpPort,
+					discovery.Endpoint{Addresses: []string{"fd00::1"}, NodeName: ptr.To("n1")},
+					discovery.Endpoint{Addresses: []string{"10.0.0.2"}},
+					discovery.Endpoint{Addresses: []string{"::ffff:10.0.0.3"}},
+					discovery.Endpoint{Addresses: []string{"fe80::1"}},
+				),
+			},
+			want: []string{"[fd00::1]:8080 ready local"}, warnings: 3},
 		{name: "only the first address counts; bad or missing addresses warn",
 			slices: []*discovery.EndpointSlice{slice("s1", discovery.AddressTypeIPv4, httpPort,
 				discovery.Endpoint{Addresses: []string{"10.0.0.1", "10.0.0.9"}},
@@ -278,7 +302,7 @@ func TestEndpointHintsAndConditions(t *testing.T) {
 			Hints:      &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "zone-a"}, {Name: "zone-b"}}, ForNodes: []discovery.ForNode{{Name: "n1"}}}},
 		discovery.Endpoint{Addresses: []string{"10.0.0.2"}, Hints: &discovery.EndpointHints{}},
 	)
-	eps, _ := EndpointsForPort(ServicePort{Name: "http", Protocol: v1.ProtocolTCP}, []*discovery.EndpointSlice{s}, "n1")
+	eps, _ := EndpointsForPort(ServicePort{Family: v1.IPv4Protocol, Name: "http", Protocol: v1.ProtocolTCP}, []*discovery.EndpointSlice{s}, "n1")
 	if len(eps) != 2 {
 		t.Fatalf("got %d endpoints", len(eps))
 	}

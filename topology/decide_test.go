@@ -42,7 +42,7 @@ var testNodes = map[string]Node{
 
 func clusterPort(ann map[string]string) ServicePort {
 	return ServicePort{
-		Service: types.NamespacedName{Namespace: "ns", Name: "svc"}, Protocol: v1.ProtocolTCP, Port: 80,
+		Service: types.NamespacedName{Namespace: "ns", Name: "svc"}, Family: v1.IPv4Protocol, Protocol: v1.ProtocolTCP, Port: 80,
 		ClusterIP: netip.MustParseAddr("10.96.0.1"), Annotations: ann,
 	}
 }

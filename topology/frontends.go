@@ -95,10 +95,10 @@ func (p ServicePort) ExternalFrontends(node Node, opts Options) ([]FrontendAddr,
 		if r := opts.nodePortRange(); !r.Contains(p.NodePort) {
 			warnings = append(warnings, fmt.Sprintf("%s: port %s: nodePort %d is outside the node port range %s: not served", p.Service, p.displayName(), p.NodePort, r))
 		} else {
-			for _, ip := range NodePortAddresses(node, opts) {
+			for _, ip := range NodePortAddresses(node, p.Family, opts) {
 				add(FrontendAddr{Addr: netip.AddrPortFrom(ip, p.NodePort), Kind: KindNodePort})
 			}
-			if opts.servesLoopbackNodePorts() {
+			if p.Family == v1.IPv4Protocol && opts.servesLoopbackNodePorts() {
 				add(FrontendAddr{Addr: netip.AddrPortFrom(LoopbackNodePortAddr, p.NodePort), Kind: KindNodePort})
 			}
 		}
@@ -120,22 +120,30 @@ func (o Options) servesLoopbackNodePorts() bool {
 	return slices.ContainsFunc(o.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(LoopbackNodePortAddr) })
 }
 
-// NodePortAddresses returns the addresses of node that NodePorts are served
-// on: with Options.NodePortAddresses empty, its InternalIP and ExternalIP
-// addresses; otherwise every address of node inside one of the prefixes. In
-// node's order, each once; never an address AddrProblem refuses (State.Node
-// warns about those).
-func NodePortAddresses(node Node, opts Options) []netip.Addr {
+// NodePortAddresses returns the addresses of node in family that NodePorts
+// are served on: with no prefix of family in Options.NodePortAddresses,
+// its InternalIP and ExternalIP addresses of family; otherwise every
+// address of node inside one of those prefixes (kube-proxy's
+// NewNodePortAddresses filters the flag's CIDRs by family the same way).
+// In node's order, each once; never an address AddrProblem refuses
+// (State.Node warns about those).
+func NodePortAddresses(node Node, family v1.IPFamily, opts Options) []netip.Addr {
+	var prefixes []netip.Prefix
+	for _, p := range opts.NodePortAddresses {
+		if FamilyOf(p.Addr()) == family {
+			prefixes = append(prefixes, p)
+		}
+	}
 	var out []netip.Addr
 	for _, a := range node.Addresses {
-		if AddrProblem(a.Addr) != "" {
+		if FamilyOf(a.Addr) != family || AddrProblem(a.Addr) != "" {
 			continue
 		}
 		var ok bool
-		if len(opts.NodePortAddresses) == 0 {
+		if len(prefixes) == 0 {
 			ok = a.Type == v1.NodeInternalIP || a.Type == v1.NodeExternalIP
 		} else {
-			ok = slices.ContainsFunc(opts.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(a.Addr) })
+			ok = slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a.Addr) })
 		}
 		if ok && !slices.Contains(out, a.Addr) {
 			out = append(out, a.Addr)
@@ -205,8 +213,8 @@ type Frontend struct {
 // for any, and whether the node's own processes pass, as kube-proxy
 // enforces loadBalancerSourceRanges: on load-balancer IPs only (not on
 // NodePorts, externalIPs or cluster IPs), in both scopes. The node passes
-// when a range holds its primary address (its first InternalIP, else its
-// first ExternalIP, as kube-proxy's node IP); the load-balancer IPs
+// when a range holds its primary address in the port's family (its first
+// InternalIP, else its first ExternalIP, as kube-proxy's node IP); the load-balancer IPs
 // themselves are then allowed sources too (kube-proxy's allowFromNode: a
 // node's request to a VIP it holds locally loops back from the VIP).
 func (f Frontend) SourceRanges(node Node) (ranges []netip.Prefix, nodePasses bool) {
@@ -214,12 +222,12 @@ func (f Frontend) SourceRanges(node Node) (ranges []netip.Prefix, nodePasses boo
 	if f.Kind != KindLoadBalancerIP || len(rs) == 0 {
 		return nil, false
 	}
-	primary, ok := node.primaryAddr()
+	primary, ok := node.primaryAddr(f.Port.Family)
 	nodePasses = ok && slices.ContainsFunc(rs, func(p netip.Prefix) bool { return p.Contains(primary) })
 	ranges = slices.Clone(rs)
 	if nodePasses {
 		for _, ip := range f.Port.LoadBalancerIPs {
-			if p := netip.PrefixFrom(ip, 32); !slices.Contains(ranges, p) {
+			if p := netip.PrefixFrom(ip, ip.BitLen()); !slices.Contains(ranges, p) {
 				ranges = append(ranges, p)
 			}
 		}

@@ -384,7 +384,7 @@ func TestReadsAffected(t *testing.T) {
 func TestFrontendSourceRanges(t *testing.T) {
 	ranges := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("203.0.113.0/24")}
 	lbIP := netip.MustParseAddr("198.51.100.20")
-	port := ServicePort{LoadBalancerIPs: []netip.Addr{lbIP}, LoadBalancerSourceRanges: ranges}
+	port := ServicePort{Family: v1.IPv4Protocol, LoadBalancerIPs: []netip.Addr{lbIP}, LoadBalancerSourceRanges: ranges}
 	node := func(addrs ...NodeAddress) Node { return Node{Name: "n1", Addresses: addrs} }
 	internal := func(a string) NodeAddress { return NodeAddress{Type: v1.NodeInternalIP, Addr: netip.MustParseAddr(a)} }
 	external := func(a string) NodeAddress { return NodeAddress{Type: v1.NodeExternalIP, Addr: netip.MustParseAddr(a)} }
@@ -413,7 +413,7 @@ func TestFrontendSourceRanges(t *testing.T) {
 			}
 		})
 	}
-	if got, _ := (Frontend{Kind: KindLoadBalancerIP, Port: ServicePort{LoadBalancerIPs: []netip.Addr{lbIP}}}).SourceRanges(node(internal("10.0.0.5"))); got != nil {
+	if got, _ := (Frontend{Kind: KindLoadBalancerIP, Port: ServicePort{Family: v1.IPv4Protocol, LoadBalancerIPs: []netip.Addr{lbIP}}}).SourceRanges(node(internal("10.0.0.5"))); got != nil {
 		t.Errorf("no ranges: %v, want nil (any source)", got)
 	}
 }

@@ -86,8 +86,9 @@ type Node struct {
 	// Ready is the status of the node's Ready condition (True, False,
 	// Unknown), "" when it has none.
 	Ready v1.ConditionStatus
-	// Addresses are the node's IPv4 addresses from status.addresses, in
-	// order, with their types; NodePort frontends are chosen among them.
+	// Addresses are the node's IPv4 and IPv6 addresses from
+	// status.addresses, in order, with their types; NodePort frontends are
+	// chosen among those of the port's family.
 	Addresses []NodeAddress
 	// Leaving says why the node is leaving the cluster, "" when it is not:
 	// it is being deleted (deletionTimestamp), or the cluster autoscaler
@@ -101,19 +102,20 @@ type Node struct {
 // before it deletes it (kube-proxy's healthcheck.ToBeDeletedTaint).
 const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
-// NodeAddress is one IPv4 address of a node and its type (InternalIP,
+// NodeAddress is one address of a node and its type (InternalIP,
 // ExternalIP, ...).
 type NodeAddress struct {
 	Type v1.NodeAddressType
 	Addr netip.Addr
 }
 
-// primaryAddr returns the node's first InternalIP, else its first
-// ExternalIP: kube-proxy's node IP.
-func (n Node) primaryAddr() (netip.Addr, bool) {
+// primaryAddr returns the node's first InternalIP of family, else its
+// first ExternalIP of family: the node IP of kube-proxy's proxier of that
+// family.
+func (n Node) primaryAddr(family v1.IPFamily) (netip.Addr, bool) {
 	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range n.Addresses {
-			if a.Type == t {
+			if a.Type == t && FamilyOf(a.Addr) == family {
 				return a.Addr, true
 			}
 		}
@@ -132,7 +134,8 @@ func (n Node) hasCPU() bool {
 // Endpoint is one backend address of a service port, as read from an
 // EndpointSlice, with the EndpointSlice API's defaults applied.
 type Endpoint struct {
-	// Addr is the endpoint's IPv4 address and the slice's (target) port.
+	// Addr is the endpoint's address, of its slice's addressType, and the
+	// slice's (target) port.
 	Addr netip.AddrPort
 	// NodeName is the endpoint's nodeName, "" when unset.
 	NodeName string
@@ -177,22 +180,27 @@ type ServicePort struct {
 	Port uint16
 	// NodePort is the port's nodePort, 0 if none.
 	NodePort uint16
-	// ClusterIP is the Service's IPv4 cluster IP.
+	// Family is the IP family this port is decided in: a dual-stack
+	// Service has one ServicePort per port and family (ServicePorts), and
+	// every address below, the endpoints and the NodePort addresses are of
+	// this family.
+	Family v1.IPFamily
+	// ClusterIP is the Service's cluster IP of Family.
 	ClusterIP netip.Addr
-	// ExternalIPs are the Service's IPv4 externalIPs.
+	// ExternalIPs are the Service's externalIPs of Family.
 	ExternalIPs []netip.Addr
-	// LoadBalancerIPs are the IPv4 load-balancer ingress IPs whose ipMode is
-	// not Proxy.
+	// LoadBalancerIPs are the load-balancer ingress IPs of Family whose
+	// ipMode is not Proxy.
 	LoadBalancerIPs []netip.Addr
-	// LoadBalancerSourceRanges are the IPv4 prefixes of
-	// spec.loadBalancerSourceRanges, as kube-proxy's IPv4 proxier takes
-	// them (trimmed, masked; nil when there are none or one is /0, which
-	// allows everything): the only sources new flows to LoadBalancerIPs
-	// may come from (Frontend.SourceRanges).
+	// LoadBalancerSourceRanges are the prefixes of Family in
+	// spec.loadBalancerSourceRanges, as kube-proxy's proxier of that
+	// family takes them (trimmed, masked; nil when there are none or one
+	// is /0, which allows everything): the only sources new flows to
+	// LoadBalancerIPs may come from (Frontend.SourceRanges).
 	LoadBalancerSourceRanges []netip.Prefix
 	// ExternallyAccessible is true when any port of the Service has a
-	// nodePort, the Service has IPv4 externalIPs, or it has an IPv4
-	// load-balancer ingress IP whose ipMode is not Proxy.
+	// nodePort, the Service has externalIPs of Family, or it has a
+	// load-balancer ingress IP of Family whose ipMode is not Proxy.
 	ExternallyAccessible bool
 	// InternalPolicyLocal is true when internalTrafficPolicy is Local.
 	InternalPolicyLocal bool
@@ -320,11 +328,13 @@ type Options struct {
 	// kube-proxy's feature gate of that name does.
 	PreferSameTrafficDistribution bool
 	// NodePortAddresses, when not empty, selects the node addresses
-	// NodePorts are served on: those inside any of the prefixes (kube-proxy's
-	// --nodeport-addresses). Empty: the node's InternalIP and ExternalIP
-	// addresses. A prefix that holds LoopbackNodePortAddr also serves
-	// NodePorts there to the node's own processes (kube-proxy's localhost
-	// NodePorts).
+	// NodePorts are served on, per family as kube-proxy's
+	// --nodeport-addresses: in a family with prefixes of that family,
+	// the node's addresses inside any of them; in a family without, the
+	// node's InternalIP and ExternalIP addresses of that family, as when
+	// it is empty. A prefix that holds LoopbackNodePortAddr also serves
+	// IPv4 NodePorts there to the node's own processes (kube-proxy's
+	// localhost NodePorts, IPv4 only).
 	NodePortAddresses []netip.Prefix
 	// ClusterIPsFromOutside serves cluster IPs to traffic that arrives on
 	// an uplink (a router that sends the service CIDR to nodes), with the

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -43,6 +44,11 @@ type PortReport struct {
 	// Port is the port's name, "" if unnamed.
 	Port     string `json:"port"`
 	Protocol string `json:"protocol"`
+	// Family is the IP family the port is decided in ("IPv4" or "IPv6"):
+	// a dual-stack Service reports each port once per family, and each
+	// family is decided on its own (its own EndpointSlices, so its own
+	// hints and mode).
+	Family v1.IPFamily `json:"family"`
 	// Frontends are the "ip:port" addresses the port claims on this node:
 	// the cluster IP first, then ExternalFrontends (externalIPs,
 	// load-balancer IPs, NodePorts on the node's addresses). Which of them
@@ -102,6 +108,8 @@ type FrontendReport struct {
 	Protocol string       `json:"protocol"`
 	Scope    Scope        `json:"scope"`
 	Kind     FrontendKind `json:"kind"`
+	// Family is the address's IP family, the owning port's.
+	Family v1.IPFamily `json:"family"`
 	// Service and Port name the owning service port ("namespace/name", the
 	// port's name or "").
 	Service string `json:"service"`
@@ -159,7 +167,7 @@ func WalkReport(node Node, ds []PortDecision, opts Options, service func(PortRep
 		}
 		frontend(FrontendReport{
 			SourceRanges: rangeNames, NodePasses: nodePasses,
-			Address: f.Addr.String(), Protocol: string(f.Protocol), Scope: f.Scope, Kind: f.Kind,
+			Address: f.Addr.String(), Protocol: string(f.Protocol), Scope: f.Scope, Kind: f.Kind, Family: f.Port.Family,
 			Service: f.Port.Service.String(), Port: f.Port.Name,
 			Backends: addrs(f.Backends), Weights: weightMap(f.Backends, f.Weights), DrainingBackends: addrs(f.Draining),
 			SessionAffinity: affinityName(f.Port.Affinity), AffinityTimeoutSeconds: f.Port.Affinity.TimeoutSeconds,
@@ -191,6 +199,7 @@ func portReport(node Node, d PortDecision, opts Options) PortReport {
 		Service:      p.Service.String(),
 		Port:         p.Name,
 		Protocol:     string(p.Protocol),
+		Family:       p.Family,
 		Frontends:    []string{p.ClusterFrontend().Addr.String()},
 		Policy:       dec.Policy,
 		Mode:         dec.Mode,

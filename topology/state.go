@@ -184,8 +184,9 @@ func (s *State) Skipped() []SkippedService {
 	return out
 }
 
-// DecideNode decides every proxied port of every Service for nodeName. The
-// result is sorted by service, port name and protocol. Warnings name what was
+// DecideNode decides every proxied port of every Service for nodeName, in
+// each of the Service's IP families. The result is sorted by service, port
+// name, protocol and family. Warnings name what was
 // skipped; they never stop the other decisions.
 func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []string) {
 	names := make([]types.NamespacedName, 0, len(s.Services))
@@ -202,6 +203,63 @@ func (s *State) DecideNode(nodeName string, opts Options) ([]PortDecision, []str
 		warnings = append(warnings, w...)
 	}
 	return out, dedupe(warnings)
+}
+
+// ServicePlan is everything one node does for one Service, decided once
+// per port and family, for every reader to share: the agent programs its
+// Claims, ranks them against other Services' (CompareClaims), reports its
+// decisions (modes, metrics, what they read of Nodes) and serves its
+// HealthChecks from one plan per sync.
+type ServicePlan struct {
+	// Ports are the decisions, one per port and family, sorted as
+	// DecideService sorts them; nil when the Service is not proxied.
+	Ports []PortDecision
+	// Claims are every frontend the decisions claim on the node (Claims),
+	// before conflicts with other Services are resolved; nil when none.
+	Claims []Frontend
+	// HealthChecks are the health checks the node serves for the Service,
+	// one per family it is decided in (ServiceHealthCheck); nil when it
+	// asks for none.
+	HealthChecks []HealthCheck
+	// Warnings are the decisions' and the claims' warnings, each once.
+	Warnings []string
+}
+
+// Families returns the IP families the plan decides, in Families' order.
+func (p ServicePlan) Families() []v1.IPFamily {
+	var out []v1.IPFamily
+	for _, family := range Families {
+		if slices.ContainsFunc(p.Ports, func(d PortDecision) bool { return d.Port.Family == family }) {
+			out = append(out, family)
+		}
+	}
+	return out
+}
+
+// PlanService plans Service nn on node: it decides each of its ports in
+// each of its families, and derives the frontends they claim and the
+// health checks from those decisions. A Service that does not exist (or is
+// not proxied) plans nothing. The warnings about node itself (State.Node)
+// are the caller's.
+func (s *State) PlanService(node Node, nn types.NamespacedName, opts Options) ServicePlan {
+	svc, ok := s.Services[nn]
+	if !ok {
+		return ServicePlan{}
+	}
+	var plan ServicePlan
+	plan.Ports, plan.Warnings = s.decideService(node, nn, opts, nil)
+	for _, d := range plan.Ports {
+		claims, w := Claims(node, d, opts)
+		plan.Claims = append(plan.Claims, claims...)
+		plan.Warnings = append(plan.Warnings, w...)
+	}
+	for _, family := range plan.Families() {
+		if hc, ok := ServiceHealthCheck(svc, s.Slices[nn], node.Name, family); ok {
+			plan.HealthChecks = append(plan.HealthChecks, hc)
+		}
+	}
+	plan.Warnings = dedupe(plan.Warnings)
+	return plan
 }
 
 // DecideService decides every proxied port of one Service for nodeName.
@@ -223,7 +281,7 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, 
 		warnings = append(warnings, err.Error())
 	}
 	slices.SortFunc(ports, func(a, b ServicePort) int {
-		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Family, b.Family))
 	})
 	out := make([]PortDecision, 0, len(ports))
 	for _, p := range ports {

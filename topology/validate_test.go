@@ -130,7 +130,7 @@ func TestEndpointsForPortRefusesSpecialAddresses(t *testing.T) {
 		discovery.Endpoint{Addresses: []string{"169.254.1.1"}},
 		discovery.Endpoint{Addresses: []string{"255.255.255.255"}},
 	)
-	eps, warnings := EndpointsForPort(ServicePort{Name: "http", Protocol: v1.ProtocolTCP}, []*discovery.EndpointSlice{s}, "n1")
+	eps, warnings := EndpointsForPort(ServicePort{Family: v1.IPv4Protocol, Name: "http", Protocol: v1.ProtocolTCP}, []*discovery.EndpointSlice{s}, "n1")
 	if len(eps) != 1 || eps[0].Addr.String() != "10.0.0.1:8080" {
 		t.Errorf("endpoints = %v, want only 10.0.0.1:8080", eps)
 	}
@@ -147,10 +147,10 @@ func TestNodeAddressesThatCannotServeNodePorts(t *testing.T) {
 	}}}
 	st := NewState([]*v1.Node{n}, nil, nil, nil)
 	node, warnings := st.Node("n1")
-	if got := addrStrings(NodePortAddresses(node, DefaultOptions())); !slices.Equal(got, []string{"192.168.0.1"}) {
+	if got := addrStrings(NodePortAddresses(node, v1.IPv4Protocol, DefaultOptions())); !slices.Equal(got, []string{"192.168.0.1"}) {
 		t.Errorf("NodePort addresses = %v, want [192.168.0.1]", got)
 	}
-	if got := addrStrings(NodePortAddresses(node, Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}})); !slices.Equal(got, []string{"192.168.0.1"}) {
+	if got := addrStrings(NodePortAddresses(node, v1.IPv4Protocol, Options{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}})); !slices.Equal(got, []string{"192.168.0.1"}) {
 		t.Errorf("NodePort addresses in 0.0.0.0/0 = %v, want [192.168.0.1]", got)
 	}
 	want := []string{"node n1: InternalIP 127.0.0.1 is loopback: no NodePorts on it", "node n1: ExternalIP 169.254.0.9 is link-local: no NodePorts on it"}

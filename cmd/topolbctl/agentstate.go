@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/agent"
@@ -52,7 +53,7 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	if st.DatapathError != "" {
 		return fmt.Errorf("the agent could not read its maps: %s", st.DatapathError)
 	}
-	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v)\n", st.Synced)
+	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v; families programmed: %s)\n", st.Synced, familyList(st.Families))
 	decided := decidedFrontends(st.Report)
 	keys := make([]string, 0, len(st.Datapath)+len(decided))
 	for f := range st.Datapath {
@@ -72,6 +73,8 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		}
 		var marks []string
 		switch {
+		case !isProgrammed && len(st.Families) > 0 && !slices.Contains(st.Families, want.Family):
+			marks = append(marks, fmt.Sprintf("(decided, not programmed: the agent's datapath does not serve %s)", want.Family))
 		case !isProgrammed:
 			marks = append(marks, "MISSING: decided but not in the maps")
 		case !isDecided:
@@ -109,6 +112,19 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		return err
 	}
 	return printKernel(w, st.Kernel)
+}
+
+// familyList renders the families an agent programs, "IPv4 IPv6"; an
+// agent that does not say (older than dual stack) programs IPv4.
+func familyList(families []v1.IPFamily) string {
+	if len(families) == 0 {
+		return string(v1.IPv4Protocol)
+	}
+	parts := make([]string, 0, len(families))
+	for _, f := range families {
+		parts = append(parts, string(f))
+	}
+	return strings.Join(parts, " ")
 }
 
 // printKernel lists the kernel's features the datapath probed at load and

@@ -33,6 +33,9 @@ func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 // Kernel: the in-memory datapath has no kernel to probe.
 func (m memDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
 
+// IPv6: the in-memory datapath answers as maps.Datapath does today.
+func (m memDP) IPv6() bool { return false }
+
 // Programmed hands the services back as the kernel would hold them.
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
 	out := map[dpmaps.Frontend]dpmaps.ProgrammedService{}
@@ -67,7 +70,7 @@ func TestExplainAgent(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{
-		"default/web  http/TCP  Hints         PreferSameZone",
+		"default/web  http/TCP  IPv4    Hints         PreferSameZone",
 		"10.96.0.10:80/TCP -> [10.244.1.5:8080 10.244.2.7:8080]",
 		"first sync written: true",
 	} {

@@ -26,9 +26,12 @@ func newExplainCommand() *cobra.Command {
 		Use:   "explain --node NAME [--service NS/NAME] [--from-file F]",
 		Short: "Explain which backends a node sends each service port's traffic to, and why",
 		Long: `explain decides, for one node, every proxied service port exactly as the topolb
-agent on that node does: the policy (Hints, Disabled, TopologyKeys,
-ZoneThreshold, ZoneWeighted), the topology mode, the reason, and the
-internal and external backends with each one's share of new flows. Then it
+agent on that node does, in each IP family of the Service (a dual-stack
+Service's ports once in IPv4 and once in IPv6, each from its own
+EndpointSlices, as kube-proxy's two proxiers decide them): the policy
+(Hints, Disabled, TopologyKeys, ZoneThreshold, ZoneWeighted), the topology
+mode, the reason, and the internal and external backends with each one's
+share of new flows. Then it
 lists every frontend the node programs (cluster IPs, externalIPs,
 load-balancer IPs, NodePorts on the node's addresses), for traffic from
 inside the node and from outside, with the backends each uses.
@@ -119,7 +122,7 @@ type nodePortFlags struct {
 }
 
 func (f *nodePortFlags) addFlags(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, as the agent's flag of that name (default: the Node's InternalIP and ExternalIP; a CIDR holding 127.0.0.1 adds it)")
+	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, IPv4 and IPv6, as the agent's flag of that name (default, and for a family without a CIDR here: the Node's InternalIP and ExternalIP of that family; a CIDR holding 127.0.0.1 adds it)")
 	cmd.Flags().BoolVar(&f.clusterFromOutside, "cluster-ips-from-outside", false, "serve cluster IPs to traffic from outside the node, as the agent's flag of that name")
 	cmd.Flags().StringVar(&f.portRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "the valid nodePort range, as the apiserver's flag of that name")
 }
@@ -146,13 +149,13 @@ func printReport(w io.Writer, r topology.Report, output string) error {
 	}
 	fmt.Fprintf(w, "node %s, zone %s\n\n", cell(r.Node, maxName), cell(zone, maxName))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tPORT\tPOLICY\tMODE\tBACKENDS BY ZONE\tREASON")
+	fmt.Fprintln(tw, "SERVICE\tPORT\tFAMILY\tPOLICY\tMODE\tBACKENDS BY ZONE\tREASON")
 	for _, s := range r.Services {
 		port := s.Port
 		if port == "" {
 			port = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\n", cell(s.Service, maxName), cell(port, maxName), s.Protocol, s.Policy,
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\n", cell(s.Service, maxName), cell(port, maxName), s.Protocol, s.Family, s.Policy,
 			cell(string(s.Mode), maxName), backendsCell(s), cell(s.Reason, maxText))
 	}
 	if err := tw.Flush(); err != nil {

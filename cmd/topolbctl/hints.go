@@ -144,7 +144,7 @@ func printHintService(w io.Writer, s hintsim.Service) {
 	if s.Method == hintsim.MethodUnmanaged {
 		state = "not managed by the controller"
 	}
-	fmt.Fprintf(w, "%s: %s, %s, %d ready %s\n", cell(s.Service, maxName), how, state, s.ReadyEndpoints, pluralWord(s.ReadyEndpoints, "endpoint", "endpoints"))
+	fmt.Fprintf(w, "%s (%s): %s, %s, %d ready %s\n", cell(s.Service, maxName), s.Family, how, state, s.ReadyEndpoints, pluralWord(s.ReadyEndpoints, "endpoint", "endpoints"))
 	if s.DisabledReason != "" {
 		reason := s.DisabledReason
 		if s.DisabledDetail != "" {
