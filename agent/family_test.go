@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/topolb/topolb/kube"
+	"github.com/topolb/topolb/topology"
+)
+
+// TestAgentDualStack: a dual-stack Service is decided, explained, counted
+// and health-checked in both families whatever the datapath serves; its
+// IPv6 frontends are programmed only when the datapath serves IPv6.
+func TestAgentDualStack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ipv6 bool
+		// families are the families programmed.
+		families []v1.IPFamily
+	}{
+		{name: "datapath serves IPv4 only", ipv6: false, families: []v1.IPFamily{v1.IPv4Protocol}},
+		{name: "datapath serves both", ipv6: true, families: []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ll := &loopbackListens{served: map[string]string{}}
+			hcs := &HealthChecks{Listen: ll.listen}
+			t.Cleanup(hcs.Close)
+			dp := newFakeDP()
+			dp.ipv6 = tc.ipv6
+			m := NewMetrics(prometheus.NewRegistry())
+			a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), HealthChecks: hcs, Metrics: m}, dp)
+			tr := kube.NewTracker()
+
+			self := nodeWithIP("a1", "zone-a", "10.250.0.2")
+			self.Status.Addresses = append(self.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "fd00:250::2"})
+			svc := service("web", "fd00:10:96::1", nil)
+			svc.Spec.ClusterIPs = []string{"fd00:10:96::1", "10.96.0.1"}
+			svc.Spec.Type = v1.ServiceTypeLoadBalancer
+			svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			svc.Spec.HealthCheckNodePort = 32100
+			svc.Spec.Ports[0].NodePort = 30080
+			svc.Spec.Ports[1].NodePort = 30053
+			// IPv4 has one local endpoint and hints for both zones; IPv6
+			// two local ones and no hints: the modes differ by family.
+			v4 := epSlice("web", "web-v4", endpoint{"10.0.1.1", "a1", "zone-a", "zone-a", true}, endpoint{"10.0.2.1", "b1", "zone-b", "zone-b", true})
+			v6 := epSlice("web", "web-v6", endpoint{"fd00:1::1", "a1", "zone-a", "", true}, endpoint{"fd00:1::2", "a1", "zone-a", "", true}, endpoint{"fd00:2::1", "b1", "zone-b", "", true})
+			v6.AddressType = discovery.AddressTypeIPv6
+			tr.NodeChanged(nil, self)
+			tr.NodeChanged(nil, node("b1", "zone-b"))
+			tr.ServiceChanged(nil, svc)
+			tr.SliceChanged(nil, v4)
+			tr.SliceChanged(nil, v6)
+			tr.Resync()
+			if res := a.Apply(tr.Drain()); len(res.Errors) > 0 {
+				t.Fatalf("apply: %v", res.Errors)
+			}
+
+			// Programmed: exactly the frontends of the programmed families,
+			// as the report decides them.
+			st := a.State()
+			if !slices.Equal(st.Families, tc.families) {
+				t.Errorf("debug state families %v, want %v", st.Families, tc.families)
+			}
+			want := map[string]bool{}
+			decidedV6 := 0
+			for _, f := range st.Frontends {
+				if f.Family == v1.IPv6Protocol {
+					decidedV6++
+				}
+				if key, ok := ReportKey(f); ok && slices.Contains(tc.families, f.Family) {
+					want[key] = true
+				}
+			}
+			if decidedV6 == 0 {
+				t.Fatal("no IPv6 frontend decided: the test compares nothing")
+			}
+			got := map[string]bool{}
+			for fe := range dp.fes {
+				got[fe.String()] = true
+			}
+			if len(got) != len(want) {
+				t.Errorf("programmed %d frontends, want %d", len(got), len(want))
+			}
+			for key := range want {
+				if !got[key] {
+					t.Errorf("%s decided in a programmed family but not programmed", key)
+				}
+			}
+			for key := range got {
+				if !want[key] {
+					t.Errorf("%s programmed but not decided in a programmed family", key)
+				}
+			}
+
+			// Decided in both families, each on its own.
+			modes := map[v1.IPFamily]topology.Mode{}
+			for _, p := range st.Services {
+				if p.Port == "http" {
+					modes[p.Family] = p.Mode
+				}
+			}
+			if modes[v1.IPv4Protocol] != topology.ModePreferSameZone || modes[v1.IPv6Protocol] != topology.ModeNone {
+				t.Errorf("modes %v, want PreferSameZone in IPv4 and None in IPv6", modes)
+			}
+			if n := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None", "IPv6")); n != 2 {
+				t.Errorf("topolb_service_ports{family=IPv6,mode=None} = %v, want 2", n)
+			}
+			if n := testutil.ToFloat64(m.Backends.WithLabelValues("default/web", "IPv6", "zone-a")); n != 4 {
+				t.Errorf("topolb_backends{family=IPv6,zone=zone-a} = %v, want 4 (2 per port)", n)
+			}
+
+			// Health-checked in both families, on each family's address with
+			// its own count.
+			for addr, local := range map[string]int{"10.250.0.2:32100": 1, "[fd00:250::2]:32100": 2} {
+				served := ll.addr(addr)
+				if served == "" {
+					t.Errorf("no health check on %s: %v", addr, ll.served)
+					continue
+				}
+				if code, body, _ := check(t, served); code != http.StatusOK || body.LocalEndpoints != local {
+					t.Errorf("health check on %s: %d %+v, want 200 with %d local endpoints", addr, code, body, local)
+				}
+			}
+
+			// The proxy health server reports the families programmed.
+			srv := httptest.NewServer(a.ProxyHealthHandler())
+			defer srv.Close()
+			_, body := getProxyHealth(t, srv.URL, "/livez")
+			status, _ := body["status"].(map[string]any)
+			var families []string
+			for f := range status {
+				families = append(families, f)
+			}
+			slices.Sort(families)
+			var wantFamilies []string
+			for _, f := range tc.families {
+				wantFamilies = append(wantFamilies, string(f))
+			}
+			if !slices.Equal(families, wantFamilies) {
+				t.Errorf("/livez status families %v, want %v", families, wantFamilies)
+			}
+
+			// The Service turning IPv4-only stops its IPv6 health check and
+			// frontends.
+			single := svc.DeepCopy()
+			single.Spec.ClusterIP, single.Spec.ClusterIPs = "10.96.0.1", []string{"10.96.0.1"}
+			tr.ServiceChanged(svc, single)
+			if res := a.Apply(tr.Drain()); len(res.Errors) > 0 {
+				t.Fatalf("apply: %v", res.Errors)
+			}
+			if !refused(ll.addr("[fd00:250::2]:32100")) {
+				t.Error("IPv6 health check still served after the Service became IPv4-only")
+			}
+			if code, _, _ := check(t, ll.addr("10.250.0.2:32100")); code != http.StatusOK {
+				t.Errorf("IPv4 health check: %d after the IPv6 one stopped", code)
+			}
+			for fe := range dp.fes {
+				if fe.Addr.Addr().Is6() {
+					t.Errorf("%s still programmed after the Service became IPv4-only", fe)
+				}
+			}
+			if n := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None", "IPv6")); n != 0 {
+				t.Errorf("topolb_service_ports{family=IPv6} = %v after the Service became IPv4-only, want 0", n)
+			}
+		})
+	}
+}
