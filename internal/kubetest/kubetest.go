@@ -41,6 +41,12 @@ import (
 // Service's spec.clusterIP must be in it.
 const ServiceClusterIPRange = "10.96.0.0/16"
 
+// DualStackServiceClusterIPRange is the --service-cluster-ip-range
+// WithDualStackServices gives the apiserver: ServiceClusterIPRange first
+// (so Services that ask for nothing stay IPv4, as with the default), then
+// an IPv6 range (a /108, the largest the apiserver allocates from).
+const DualStackServiceClusterIPRange = ServiceClusterIPRange + ",fd00:10:96::/108"
+
 const (
 	startTimeout = 2 * time.Minute
 	stopGrace    = 10 * time.Second
@@ -68,6 +74,13 @@ func WithBindAddress(addr netip.Addr) Option {
 // flags such as --disable-admission-plugins add to the defaults.
 func WithAPIServerFlags(flags ...string) Option {
 	return func(o *options) { o.apiserverFlags = append(o.apiserverFlags, flags...) }
+}
+
+// WithDualStackServices makes the apiserver allocate cluster IPs of both
+// families (DualStackServiceClusterIPRange), so tests can create
+// dual-stack and IPv6-only Services.
+func WithDualStackServices() Option {
+	return WithAPIServerFlags("--service-cluster-ip-range=" + DualStackServiceClusterIPRange)
 }
 
 // WithBinDir takes the binaries from dir instead of BinDir().
