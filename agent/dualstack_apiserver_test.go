@@ -206,7 +206,9 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 					t.Errorf("explain decides %+v, the agent %+v", p, q)
 				}
 			}
-			if !slices.ContainsFunc(warnings, func(w string) bool { return w == `endpointslice default/dual-fqdn: addressType "FQDN" is not served (IPv4 and IPv6 only)` }) {
+			if !slices.ContainsFunc(warnings, func(w string) bool {
+				return w == `endpointslice default/dual-fqdn: addressType "FQDN" is not served (IPv4 and IPv6 only)`
+			}) {
 				t.Errorf("warnings %q lack the FQDN slice", warnings)
 			}
 			plan := state.PlanService(node, types.NamespacedName{Namespace: "default", Name: "v6only"}, topology.DefaultOptions())
