@@ -6,6 +6,8 @@ import (
 	"maps"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -224,5 +226,71 @@ func TestExplainAgentSourceRanges(t *testing.T) {
 	dp[fe] = s
 	if out := explain(); !strings.Contains(out, "MISMATCH: source ranges [203.0.113.0/24] (node passes: false), decided [192.0.2.0/25 203.0.113.0/24] (false)") {
 		t.Errorf("a lost range not flagged:\n%s", out)
+	}
+}
+
+// TestExplainAgentDualStack: `explain --agent` shows a dual-stack Service
+// in both families, and marks the IPv6 frontends the agent decided but does
+// not program (its datapath serves IPv4 only) as such, not as missing.
+func TestExplainAgentDualStack(t *testing.T) {
+	manifest := filepath.Join(t.TempDir(), "dual.yaml")
+	if err := os.WriteFile(manifest, []byte(`apiVersion: v1
+kind: Node
+metadata: {name: node-a1, labels: {topology.kubernetes.io/zone: zone-a}}
+status:
+  addresses: [{type: InternalIP, address: 10.250.0.2}, {type: InternalIP, address: "fd00:250::2"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00:10:96::10"]
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.5], nodeName: node-a1, zone: zone-a}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["fd00:244:1::5"], nodeName: node-a1, zone: zone-a}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, memDP{})
+	tr := kube.NewTracker()
+	w := &kube.FileWatcher{Path: manifest, Tracker: tr}
+	if err := w.Load(); err != nil {
+		t.Fatal(err)
+	}
+	a.Apply(tr.Drain())
+	srv := httptest.NewServer(a.HealthHandler())
+	defer srv.Close()
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"explain", "--agent", srv.URL}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{
+		"default/web  http/TCP  IPv4",
+		"default/web  http/TCP  IPv6",
+		"families programmed: IPv4)",
+		"10.96.0.10:80/TCP -> [10.244.1.5:8080]\n",
+		"[fd00:10:96::10]:80/TCP -> []   (decided, not programmed: the agent's datapath does not serve IPv6)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "MISSING") {
+		t.Errorf("an IPv6 frontend the agent does not program is reported missing:\n%s", out)
 	}
 }
