@@ -334,15 +334,9 @@ func (a *Agent) nodeAffects(self bool, prev, cur *topology.Node, affected map[ty
 // noteRejections logs what the decision engine could not use, once per
 // distinct message set, and counts it.
 func (a *Agent) noteRejections(nn types.NamespacedName, warnings []string) {
-	key := fmt.Sprint(warnings)
-	if len(warnings) == 0 {
-		delete(a.rejected, nn)
+	if !newSet(a.rejected, nn, warnings) {
 		return
 	}
-	if a.rejected[nn] == key {
-		return
-	}
-	a.rejected[nn] = key
 	for _, w := range warnings {
 		a.log.Warn("input skipped", "service", nn, "reason", w)
 		if a.cfg.Metrics != nil {
@@ -373,6 +367,22 @@ func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topol
 			a.cfg.Metrics.ModeChanges.Inc()
 		}
 	}
+}
+
+// newSet records set as nn's latest in seen and reports whether it is not
+// empty and differs from the one recorded before: what the agent logs once
+// per distinct set. An empty set forgets nn.
+func newSet[T any](seen map[types.NamespacedName]string, nn types.NamespacedName, set []T) bool {
+	if len(set) == 0 {
+		delete(seen, nn)
+		return false
+	}
+	key := fmt.Sprint(set)
+	if seen[nn] == key {
+		return false
+	}
+	seen[nn] = key
+	return true
 }
 
 func portKey(p topology.ServicePort) string {

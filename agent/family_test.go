@@ -40,11 +40,9 @@ func TestAgentDualStack(t *testing.T) {
 
 			self := nodeWithIP("a1", "zone-a", "10.250.0.2")
 			self.Status.Addresses = append(self.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: "fd00:250::2"})
-			svc := service("web", "fd00:10:96::1", nil)
-			svc.Spec.ClusterIPs = []string{"fd00:10:96::1", "10.96.0.1"}
-			svc.Spec.Type = v1.ServiceTypeLoadBalancer
-			svc.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-			svc.Spec.HealthCheckNodePort = 32100
+			svc, _ := lbLocal(32100)
+			svc.Name = "web"
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "fd00:10:96::1", []string{"fd00:10:96::1", "10.96.0.1"}
 			svc.Spec.Ports[0].NodePort = 30080
 			svc.Spec.Ports[1].NodePort = 30053
 			// IPv4 has one local endpoint and hints for both zones; IPv6

@@ -111,15 +111,9 @@ func (a *Agent) notProgrammed(nn types.NamespacedName, plan topology.ServicePlan
 			skipped = append(skipped, family)
 		}
 	}
-	key := fmt.Sprint(skipped)
-	if len(skipped) == 0 {
-		delete(a.unprogrammed, nn)
+	if !newSet(a.unprogrammed, nn, skipped) {
 		return
 	}
-	if a.unprogrammed[nn] == key {
-		return
-	}
-	a.unprogrammed[nn] = key
 	a.log.Info("service decided but not programmed in these families: the datapath does not serve them", "service", nn, "families", skipped)
 }
 

@@ -6,8 +6,6 @@ import (
 	"maps"
 	"net/http/httptest"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,23 +49,32 @@ func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error
 	return out, nil
 }
 
-// TestExplainAgent runs a real agent over testdata/cluster.yaml, serves its
-// health handler, and checks `explain --agent` shows its decisions and maps,
-// and flags a frontend whose programmed backends differ from the decision.
-func TestExplainAgent(t *testing.T) {
-	dp := memDP{}
+// serveAgent runs a real agent for node-a1 over the manifest at path,
+// programming dp, and serves its health handler until the test ends; it
+// returns the handler's URL.
+func serveAgent(t *testing.T, path string, dp agent.Datapath) string {
+	t.Helper()
 	a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, dp)
 	tr := kube.NewTracker()
-	w := &kube.FileWatcher{Path: "testdata/cluster.yaml", Tracker: tr}
+	w := &kube.FileWatcher{Path: path, Tracker: tr}
 	if err := w.Load(); err != nil {
 		t.Fatal(err)
 	}
 	a.Apply(tr.Drain())
 	srv := httptest.NewServer(a.HealthHandler())
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestExplainAgent runs a real agent over testdata/cluster.yaml, serves its
+// health handler, and checks `explain --agent` shows its decisions and maps,
+// and flags a frontend whose programmed backends differ from the decision.
+func TestExplainAgent(t *testing.T) {
+	dp := memDP{}
+	url := serveAgent(t, "testdata/cluster.yaml", dp)
 
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"explain", "--agent", srv.URL}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"explain", "--agent", url}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
@@ -88,7 +95,7 @@ func TestExplainAgent(t *testing.T) {
 	fe := dpmaps.Frontend{Addr: netip.MustParseAddrPort("10.96.0.10:80"), Proto: dpmaps.TCP}
 	dp[fe] = dpmaps.Service{Backends: []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.244.3.9:8080")}}}
 	stdout.Reset()
-	if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"explain", "--agent", url, "--service", "default/web"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	if !strings.Contains(stdout.String(), "10.96.0.10:80/TCP -> [10.244.3.9:8080]   MISMATCH: decided [10.244.1.5:8080 10.244.2.7:8080]") {
@@ -101,7 +108,7 @@ func TestExplainAgent(t *testing.T) {
 	// A frontend deleted behind the agent's back is decided but missing.
 	delete(dp, fe)
 	stdout.Reset()
-	if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"explain", "--agent", url, "--service", "default/web"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	if !strings.Contains(stdout.String(), "10.96.0.10:80/TCP -> []   MISSING: decided but not in the maps") {
@@ -197,19 +204,11 @@ func TestExplainAgentRefusesOtherInputs(t *testing.T) {
 // load-balancer IP, and flags one when they hold others.
 func TestExplainAgentSourceRanges(t *testing.T) {
 	dp := memDP{}
-	a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, dp)
-	tr := kube.NewTracker()
-	w := &kube.FileWatcher{Path: "testdata/frontends.yaml", Tracker: tr}
-	if err := w.Load(); err != nil {
-		t.Fatal(err)
-	}
-	a.Apply(tr.Drain())
-	srv := httptest.NewServer(a.HealthHandler())
-	defer srv.Close()
+	url := serveAgent(t, "testdata/frontends.yaml", dp)
 	explain := func() string {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		if code := run([]string{"explain", "--agent", srv.URL, "--service", "default/web"}, &stdout, &stderr); code != 0 {
+		if code := run([]string{"explain", "--agent", url, "--service", "default/web"}, &stdout, &stderr); code != 0 {
 			t.Fatalf("exit %d: %s", code, stderr.String())
 		}
 		return stdout.String()
@@ -233,49 +232,9 @@ func TestExplainAgentSourceRanges(t *testing.T) {
 // in both families, and marks the IPv6 frontends the agent decided but does
 // not program (its datapath serves IPv4 only) as such, not as missing.
 func TestExplainAgentDualStack(t *testing.T) {
-	manifest := filepath.Join(t.TempDir(), "dual.yaml")
-	if err := os.WriteFile(manifest, []byte(`apiVersion: v1
-kind: Node
-metadata: {name: node-a1, labels: {topology.kubernetes.io/zone: zone-a}}
-status:
-  addresses: [{type: InternalIP, address: 10.250.0.2}, {type: InternalIP, address: "fd00:250::2"}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.10
-  clusterIPs: [10.96.0.10, "fd00:10:96::10"]
-  ports: [{name: http, port: 80, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v4, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints: [{addresses: [10.244.1.5], nodeName: node-a1, zone: zone-a}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v6, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints: [{addresses: ["fd00:244:1::5"], nodeName: node-a1, zone: zone-a}]
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a := agent.New(agent.Config{NodeName: "node-a1", Options: topology.DefaultOptions()}, memDP{})
-	tr := kube.NewTracker()
-	w := &kube.FileWatcher{Path: manifest, Tracker: tr}
-	if err := w.Load(); err != nil {
-		t.Fatal(err)
-	}
-	a.Apply(tr.Drain())
-	srv := httptest.NewServer(a.HealthHandler())
-	defer srv.Close()
-
+	url := serveAgent(t, "testdata/dual-stack.yaml", memDP{})
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"explain", "--agent", srv.URL}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"explain", "--agent", url}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
