@@ -346,12 +346,14 @@ func (a *Agent) noteRejections(nn types.NamespacedName, warnings []string) {
 }
 
 // reportModes logs, counts and emits an event for every port whose mode
-// changed since the last decision.
+// changed since the last decision; the event of a dual-stack Service names
+// the family too.
 func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topology.PortDecision) {
 	prev := map[string]topology.Mode{}
 	for _, p := range a.ports[nn] {
 		prev[p.key] = p.mode
 	}
+	dualStack := slices.ContainsFunc(ds, func(d topology.PortDecision) bool { return d.Port.Family != ds[0].Port.Family })
 	for _, d := range ds {
 		from, seen := prev[portKey(d.Port)]
 		to := d.Decision.Mode
@@ -361,7 +363,12 @@ func (a *Agent) reportModes(nn types.NamespacedName, svc *v1.Service, ds []topol
 		a.log.Info("service mode changed", "service", nn, "port", d.Port.Name, "protocol", d.Port.Protocol, "family", d.Port.Family,
 			"policy", d.Decision.Policy, "from", from, "to", to, "reason", d.Decision.Reason)
 		if seen && a.cfg.Events != nil && svc != nil {
-			a.cfg.Events.ModeChanged(svc, d.Port.Name, from, to, d.Decision.Reason)
+			port := d.Port.Name
+			if dualStack {
+				// The Service's event names the family whose mode changed.
+				port += " (" + string(d.Port.Family) + ")"
+			}
+			a.cfg.Events.ModeChanged(svc, port, from, to, d.Decision.Reason)
 		}
 		if a.cfg.Metrics != nil && seen {
 			a.cfg.Metrics.ModeChanges.Inc()

@@ -35,7 +35,8 @@ func TestAgentDualStack(t *testing.T) {
 			dp := newFakeDP()
 			dp.ipv6 = tc.ipv6
 			m := NewMetrics(prometheus.NewRegistry())
-			a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), HealthChecks: hcs, Metrics: m}, dp)
+			ev := &fakeEvents{}
+			a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), HealthChecks: hcs, Metrics: m, Events: ev}, dp)
 			tr := kube.NewTracker()
 
 			self := nodeWithIP("a1", "zone-a", "10.250.0.2")
@@ -145,6 +146,20 @@ func TestAgentDualStack(t *testing.T) {
 				t.Errorf("/livez status families %v, want %v", families, wantFamilies)
 			}
 
+			// The IPv6 slice gaining hints changes the IPv6 mode only; the
+			// event names the family.
+			hinted := v6.DeepCopy()
+			for i := range hinted.Endpoints {
+				hinted.Endpoints[i].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: *hinted.Endpoints[i].Zone}}}
+			}
+			tr.SliceChanged(v6, hinted)
+			if res := a.Apply(tr.Drain()); len(res.Errors) > 0 {
+				t.Fatalf("apply: %v", res.Errors)
+			}
+			if want := []string{"default/web:http (IPv6) None->PreferSameZone", "default/web:dns (IPv6) None->PreferSameZone"}; !slices.Equal(ev.modes, want) && !slices.Equal(ev.modes, []string{want[1], want[0]}) {
+				t.Errorf("mode events %q, want %q", ev.modes, want)
+			}
+
 			// The Service turning IPv4-only stops its IPv6 health check and
 			// frontends.
 			single := svc.DeepCopy()
@@ -164,7 +179,7 @@ func TestAgentDualStack(t *testing.T) {
 					t.Errorf("%s still programmed after the Service became IPv4-only", fe)
 				}
 			}
-			if n := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "None", "IPv6")); n != 0 {
+			if n := testutil.ToFloat64(m.Services.WithLabelValues("Hints", "PreferSameZone", "IPv6")); n != 0 {
 				t.Errorf("topolb_service_ports{family=IPv6} = %v after the Service became IPv4-only, want 0", n)
 			}
 		})
