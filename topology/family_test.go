@@ -320,3 +320,21 @@ func TestReportFamilies(t *testing.T) {
 		}
 	}
 }
+
+// TestParseNodePortAddresses: --nodeport-addresses takes CIDRs of both
+// families, masked, and refuses what is not a CIDR.
+func TestParseNodePortAddresses(t *testing.T) {
+	got, err := ParseNodePortAddresses([]string{"10.0.0.7/8", " fd00:1::9/64 ", "::/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:1::/64"), netip.MustParsePrefix("::/0")}
+	if !slices.Equal(got, want) {
+		t.Errorf("parsed %v, want %v", got, want)
+	}
+	for _, bad := range []string{"fd00::1", "fd00::/129", "10.0.0.0"} {
+		if _, err := ParseNodePortAddresses([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

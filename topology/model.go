@@ -1,5 +1,7 @@
-// Package topology decides, for one node and one service port, which backends
-// that node may send traffic to, under which policy and mode, and why.
+// Package topology decides, for one node and one service port in one IP
+// family, which backends that node may send traffic to, under which policy
+// and mode, and why. A dual-stack Service is decided once per family, as
+// kube-proxy runs one proxier per family (family.go).
 //
 // Everything in this package is pure: the decision is a function of its
 // inputs (this node, all nodes' labels, one service port, its endpoints and
