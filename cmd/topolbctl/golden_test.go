@@ -55,6 +55,10 @@ func TestGolden(t *testing.T) {
 		{name: "explain-frontends-node-b1-table", args: explain("frontends.yaml", "--node", "node-b1")},
 		{name: "explain-frontends-thief-json", args: explain("frontends.yaml", "--node", "node-a1", "--service", "default/thief", "-o", "json"), report: &topology.Report{}},
 		{name: "explain-frontends-nodeport-addresses", args: explain("frontends.yaml", "--node", "node-a1", "--nodeport-addresses", "203.0.113.0/24", "--service-node-port-range", "8000-32767")},
+		// explain: a dual-stack Service and an IPv6-only one, decided per family.
+		{name: "explain-dual-stack-table", args: explain("dual-stack-cluster.yaml", "--node", "node-a1")},
+		{name: "explain-dual-stack-json", args: explain("dual-stack-cluster.yaml", "--node", "node-a1", "-o", "json"), report: &topology.Report{}},
+		{name: "explain-dual-stack-nodeport-addresses", args: explain("dual-stack-cluster.yaml", "--node", "node-a1", "--nodeport-addresses", "fd99::/16")},
 		// explain: input refused or corrected, with warnings.
 		{name: "explain-validation-table", args: explain("validation.yaml", "--node", "node-a1")},
 		{name: "explain-validation-json", args: explain("validation.yaml", "--node", "node-a1", "-o", "json"), report: &topology.Report{}},
@@ -70,6 +74,7 @@ func TestGolden(t *testing.T) {
 
 		// hints simulate.
 		{name: "hints-feasible-table", args: hints("hints-feasible.yaml")},
+		{name: "hints-dual-stack-table", args: hints("dual-stack-cluster.yaml")},
 		{name: "hints-feasible-json", args: hints("hints-feasible.yaml", "-o", "json"), report: &hintsim.Report{}},
 		{name: "hints-feasible-yaml", args: hints("hints-feasible.yaml", "-o", "yaml")},
 		{name: "hints-no-zone-label-table", args: hints("hints-no-zone-label.yaml")},
@@ -179,7 +184,7 @@ func TestDocsMatchGoldens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"explain-cluster-node-a1", "explain-service-json", "explain-frontends-node-a1-table", "hints-few-endpoints-table"} {
+	for _, name := range []string{"explain-cluster-node-a1", "explain-service-json", "explain-frontends-node-a1-table", "hints-few-endpoints-table", "explain-dual-stack-table"} {
 		golden, err := os.ReadFile(filepath.Join("testdata", "golden", name+".golden"))
 		if err != nil {
 			t.Fatal(err)
