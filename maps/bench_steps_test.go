@@ -107,14 +107,15 @@ type stepRow struct {
 	realNS, baseNS, cost float64 // of the chain's real program and baseline, and ns/baseline of the real program
 }
 
-// measureChain times progs (the baseline first, the real program last)
-// in interleaved rounds over the frames frame(j, i) gives program j for
+// measureChain times progs (the baseline first) in interleaved rounds,
+// each program in turn, over the frames frame(j, i) gives program j for
 // its i-th run; repeat runs per syscall, runs runs per program. A run
 // whose verdict is bad fails the benchmark (a missed hit, a dropped new
 // flow: the chain would time a shorter path than it names). Returns the
-// medians over rounds of each program's ns and of each program's ns
-// minus the one before it, with that difference's range.
-func measureChain(b *testing.B, progs []*ebpf.Program, frame func(j, i int) []byte, n, repeat, runs int, bad func(j int, ret uint32) bool) (ns, delta, lo, hi []float64) {
+// medians over rounds of each program's ns and of its ns minus that of
+// program against[j] in the same round (none for -1), with that
+// difference's range.
+func measureChain(b *testing.B, progs []*ebpf.Program, against []int, frame func(j, i int) []byte, n, repeat, runs int, bad func(j int, ret uint32) bool) (ns, delta, lo, hi []float64) {
 	rounds := max(*benchRounds, 1)
 	calls := max(runs/rounds/repeat, 1)
 	order := rand.New(rand.NewPCG(7, 7)).Perm(n)
@@ -124,7 +125,6 @@ func measureChain(b *testing.B, progs []*ebpf.Program, frame func(j, i int) []by
 	deltas := make([][]float64, len(progs))
 	for r := 0; r < rounds; r++ {
 		k := r * calls
-		var prev float64
 		for j, p := range progs {
 			var total time.Duration
 			for i := 0; i < calls; i++ {
@@ -137,12 +137,12 @@ func measureChain(b *testing.B, progs []*ebpf.Program, frame func(j, i int) []by
 				}
 				total += perRun
 			}
-			v := float64(total.Nanoseconds()) / float64(calls)
-			per[j] = append(per[j], v)
-			if j > 0 {
-				deltas[j] = append(deltas[j], v-prev)
+			per[j] = append(per[j], float64(total.Nanoseconds())/float64(calls))
+		}
+		for j, a := range against {
+			if a >= 0 {
+				deltas[j] = append(deltas[j], per[j][r]-per[a][r])
 			}
-			prev = v
 		}
 	}
 	med := func(v []float64) float64 {
@@ -152,7 +152,7 @@ func measureChain(b *testing.B, progs []*ebpf.Program, frame func(j, i int) []by
 	}
 	for j := range progs {
 		ns = append(ns, med(per[j]))
-		if j == 0 {
+		if against[j] < 0 {
 			delta, lo, hi = append(delta, 0), append(lo, 0), append(hi, 0)
 			continue
 		}
@@ -162,18 +162,37 @@ func measureChain(b *testing.B, progs []*ebpf.Program, frame func(j, i int) []by
 }
 
 // chainRows measures one chain (baseline, the chain's variants of hook,
-// the real program) and prints and returns its rows.
+// the real program) and prints and returns its rows. Each step's delta
+// is against the program before it. With refresh, the real program also
+// runs first in each round, right after the baseline, as step
+// "refresh": a packet whose flow has seen none for a second takes
+// ct_touch's refresh (the peer entry's lookup, a second cache miss when
+// cold, and both entries' expiry written), which every program timed
+// after it within the second then skips. Its delta is against the same
+// program timed last ("rest"): what the refresh costs. bad gets the
+// step's name.
 func chainRows(b *testing.B, chain string, keys string, services int, base, real *ebpf.Program, variants []floorVariant,
-	prog func(m floorFloorStep) *ebpf.Program, frame func(j, i int) []byte, n, repeat, runs int, bad func(j int, ret uint32) bool) []stepRow {
+	refresh bool, prog func(m floorFloorStep) *ebpf.Program, frame func(j, i int) []byte, n, repeat, runs int,
+	bad func(step string, ret uint32) bool) []stepRow {
 	names := []string{"baseline"}
 	progs := []*ebpf.Program{base}
+	against := []int{-1}
+	if refresh {
+		names, progs, against = append(names, "refresh"), append(progs, real), append(against, len(variants)+2)
+	}
 	for i, m := range cumulative(variants) {
+		against = append(against, len(progs)-1)
+		if i == 0 {
+			against[len(against)-1] = 0 // the first step is on the baseline
+		}
 		names = append(names, variants[i].name)
 		progs = append(progs, prog(m))
 	}
+	against = append(against, len(progs)-1)
 	names = append(names, "rest")
 	progs = append(progs, real)
-	ns, delta, lo, hi := measureChain(b, progs, frame, n, repeat, runs, bad)
+	ns, delta, lo, hi := measureChain(b, progs, against, frame, n, repeat, runs,
+		func(j int, ret uint32) bool { return bad(names[j], ret) })
 	var rows []stepRow
 	last := len(progs) - 1
 	for j := range progs {
@@ -200,13 +219,12 @@ func hitStepRows(b *testing.B, chain, keys string, services int, base, real *ebp
 		}
 		return sp[m].TcFloor
 	}
-	last := len(hitChain) + 1
-	bad := func(j int, ret uint32) bool {
+	bad := func(step string, ret uint32) bool {
 		// The floor variants must hit; the real program's verdict is
 		// checked by the counters (allHits).
-		return j > 0 && j < last && ret == miss
+		return step != "baseline" && step != "refresh" && step != "rest" && ret == miss
 	}
-	return chainRows(b, chain, keys, services, base, real, hitChain, prog,
+	return chainRows(b, chain, keys, services, base, real, hitChain, true, prog,
 		func(_, i int) []byte { return frames[i] }, len(frames), repeat, *benchRuns, bad)
 }
 
@@ -225,8 +243,8 @@ func newFlowStepRows(b *testing.B, services int, base, real *ebpf.Program, sp st
 		c[1] = byte(j + 1)
 		return f.mk(netip.AddrPortFrom(netip.AddrFrom4(c), flows[i].client.Port()), flows[i].vip)
 	}
-	bad := func(_ int, ret uint32) bool { return ret == tcShot }
-	return chainRows(b, "tc_new_flow", "cold", services, base, real, newFlowChain,
+	bad := func(_ string, ret uint32) bool { return ret == tcShot }
+	return chainRows(b, "tc_new_flow", "cold", services, base, real, newFlowChain, false,
 		func(m floorFloorStep) *ebpf.Program { return sp[m].TcFloorNew }, frame, runs, 1, runs, bad)
 }
 
@@ -256,8 +274,11 @@ func stepVerdicts(rows []stepRow) []string {
 		rs := by[k]
 		var floor float64
 		var parts []string
+		refresh := ""
 		for _, r := range rs {
 			switch r.step {
+			case "refresh":
+				refresh = fmt.Sprintf("; a flow's first packet after a second (ct_touch's refresh) %+.0f more", r.delta)
 			case "baseline", "lookup", "lookup_miss":
 			case "rewrite":
 				if k.chain != "tc_new_flow" {
@@ -271,8 +292,8 @@ func stepVerdicts(rows []stepRow) []string {
 		}
 		real := rs[len(rs)-1]
 		if k.chain != "tc_new_flow" {
-			out = append(out, fmt.Sprintf("step case=%s keys=%s services=%d floor_ns=%.0f real_ns=%.0f gap_ns=%.0f of which %s",
-				k.chain, k.keys, maxN, floor, real.ns, real.ns-floor, strings.Join(parts, " ")))
+			out = append(out, fmt.Sprintf("step case=%s keys=%s services=%d floor_ns=%.0f real_ns=%.0f gap_ns=%.0f of which %s%s",
+				k.chain, k.keys, maxN, floor, real.ns, real.ns-floor, strings.Join(parts, " "), refresh))
 			continue
 		}
 		goalNS := goalNewFlowRatio * real.baseNS
