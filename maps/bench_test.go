@@ -75,16 +75,20 @@ func BenchmarkDatapath(b *testing.B) {
 	}
 	defer base.Close()
 
-	var rows []benchRow
+	var (
+		rows  []benchRow
+		steps []stepRow
+	)
 	for _, n := range sizes {
-		rows = append(rows, benchSize(b, n, base.TcBaseline, base.XdpBaseline)...)
+		r, s := benchSize(b, n, base.TcBaseline, base.XdpBaseline)
+		rows, steps = append(rows, r...), append(steps, s...)
 	}
-	verdicts := benchVerdicts(rows)
+	verdicts := append(benchVerdicts(rows), stepVerdicts(steps)...)
 	for _, v := range verdicts {
 		fmt.Println("BENCH datapath verdict", v)
 	}
 	if *benchOut != "" {
-		if err := writeBenchmarks(*benchOut, rows, verdicts); err != nil {
+		if err := writeBenchmarks(*benchOut, rows, steps, verdicts); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -135,7 +139,7 @@ func source(b []byte) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[26:30])), binary.BigEndian.Uint16(b[34:]))
 }
 
-func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benchRow {
+func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) ([]benchRow, []stepRow) {
 	// Each service has two backends. The tc rows run with the services as
 	// internal frontends; for the xdp_hit rows they are replaced by
 	// external frontends on other addresses, so each hook's rows see n
@@ -190,6 +194,21 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 
 	fl := loadFloorPrograms(b, d)
 	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor}
+	var (
+		sp    stepPrograms
+		steps []stepRow
+	)
+	if *benchSteps {
+		sp = loadStepPrograms(b, d, fl)
+	}
+	// stepRows measures a step chain (bench_steps_test.go) when -bench-steps
+	// and the key pattern ask for it.
+	hitSteps := func(name, keys string, real, base *ebpf.Program, frames [][]byte, repeat int) {
+		if sp == nil || !slices.Contains(strings.Split(*benchKeys, ","), keys) {
+			return
+		}
+		steps = append(steps, hitStepRows(b, name, keys, services, base, real, sp, base == xdpBase, frames, repeat)...)
+	}
 
 	runs := *benchRuns
 	flows := *benchFlowsFlag
@@ -268,6 +287,8 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 		row("tc_reply", "cold", d.tcProg, tcBase, replies, 1)
 		row("xdp_reply", "hot", d.xdpProg, xdpBase, [][]byte{hotReply}, *benchHotRep)
 		row("xdp_reply", "cold", d.xdpProg, xdpBase, replies, 1)
+		hitSteps("tc_hit", "hot", d.tcProg, tcBase, [][]byte{hot}, *benchHotRep)
+		hitSteps("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
 	})
 
 	// After the tc hit rows, so its evictions cannot turn their hits into
@@ -277,6 +298,9 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 		newFlows[i] = f.mk(f.client(), vips[f.rng.IntN(services)])
 	}
 	row("tc_new_flow", "cold", d.tcProg, tcBase, newFlows, 1)
+	if sp != nil && slices.Contains(strings.Split(*benchKeys, ","), "cold") {
+		steps = append(steps, newFlowStepRows(b, services, tcBase, d.tcProg, sp, f, vips)...)
+	}
 
 	clearConntrack(b, d)
 	for i := range vips {
@@ -296,13 +320,21 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) []benc
 	allHits(func() {
 		row("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{hotXDP}, *benchHotRep)
 		row("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
+		hitSteps("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{hotXDP}, *benchHotRep)
+		hitSteps("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
 	})
 
-	return rows
+	return rows, steps
 }
 
-// clearConntrack deletes every entry of the established conntrack table.
-func clearConntrack(b *testing.B, d *Datapath) { deleteAll(b, d.conntrack) }
+// clearConntrack deletes every entry of both conntrack tables. The
+// unreplied table too: tc_new_flow fills it, and the floor's table, filled
+// from both, would otherwise evict the next phase's flows (the floor would
+// time misses).
+func clearConntrack(b *testing.B, d *Datapath) {
+	deleteAll(b, d.conntrack)
+	deleteAll(b, d.ctNew)
+}
 
 // deleteAll deletes every entry of a conntrack-shaped table.
 func deleteAll(b *testing.B, m *ebpf.Map) {
@@ -329,15 +361,32 @@ func deleteAll(b *testing.B, m *ebpf.Map) {
 // through nat.h; replacing them keeps the object from creating its own),
 // its flow table sized as d's conntrack.
 func loadFloorPrograms(b *testing.B, d *Datapath) *floorObjects {
+	return loadFloorVariant(b, d, 0, nil)
+}
+
+// loadFloorVariant loads floor.c with the steps in mask (bench_steps_test.go)
+// on d's shared maps and, when flows is not nil, on that flow table
+// instead of its own.
+func loadFloorVariant(b *testing.B, d *Datapath, mask floorFloorStep, flows *ebpf.Map) *floorObjects {
 	spec, err := loadFloor()
 	if err != nil {
 		b.Fatal(err)
 	}
 	sizeMaps(spec, d.opts)
 	spec.Maps[floorMapFloorFlows].MaxEntries = d.opts.MaxConntrack
+	if err := configure(spec, d.opts); err != nil {
+		b.Fatal(err)
+	}
+	if err := spec.Variables[floorVarCfgFloorSteps].Set(mask); err != nil {
+		b.Fatal(err)
+	}
+	maps := d.sharedMapSet()
+	if flows != nil {
+		maps[floorMapFloorFlows] = flows
+	}
 	var fl floorObjects
-	if err := spec.LoadAndAssign(&fl, &ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()}); err != nil {
-		b.Fatalf("load floor programs: %v", err)
+	if err := spec.LoadAndAssign(&fl, &ebpf.CollectionOptions{MapReplacements: maps}); err != nil {
+		b.Fatalf("load floor programs (steps %#x): %v", uint32(mask), err)
 	}
 	b.Cleanup(func() { fl.Close() })
 	return &fl
@@ -467,7 +516,7 @@ const (
 	benchEnd   = "<!-- end bench-datapath -->\n"
 )
 
-func writeBenchmarks(path string, rows []benchRow, verdicts []string) error {
+func writeBenchmarks(path string, rows []benchRow, steps []stepRow, verdicts []string) error {
 	var sec strings.Builder
 	sec.WriteString(benchBegin)
 	fmt.Fprintf(&sec, "Latest `make bench-datapath` on %s, kernel %s, %d CPUs (load average %s at the end: the machine is shared), %s; %d runs per row and program, %d interleaved rounds (baseline, floor, case), keys=hot at %d runs per syscall. noise is the spread of the rounds' floor ratios over their median.\n\n",
@@ -477,6 +526,14 @@ func writeBenchmarks(path string, rows []benchRow, verdicts []string) error {
 		fmt.Fprintf(&sec, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% |\n", r.name, r.keys, r.services, r.ns, r.base, r.ratio, r.floor, r.floorRatio, 100*r.noise)
 	}
 	sec.WriteString("\n")
+	if len(steps) > 0 {
+		fmt.Fprintf(&sec, "Steps (bench_steps_test.go): each variant adds one step of the real path to the floor, in the path's order; delta is its ns minus the variant's before it, median over the rounds, with the rounds' range; rest is the real program minus the last variant.\n\n")
+		fmt.Fprintf(&sec, "| case | keys | services | step | ns | delta ns | delta range |\n|---|---|---:|---|---:|---:|---:|\n")
+		for _, r := range steps {
+			fmt.Fprintf(&sec, "| %s | %s | %d | %s | %.2f | %+.2f | %+.0f..%+.0f |\n", r.chain, r.keys, r.services, r.step, r.ns, r.delta, r.deltaMin, r.deltaMax)
+		}
+		sec.WriteString("\n")
+	}
 	for _, v := range verdicts {
 		fmt.Fprintf(&sec, "- %s\n", v)
 	}

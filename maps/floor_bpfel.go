@@ -96,6 +96,27 @@ type floorCtValue struct {
 	Bytes      uint64
 }
 
+type floorFloorStep uint32
+
+const (
+	floorFloorStepFLOOR_NO_REWRITE    floorFloorStep = 1
+	floorFloorStepFLOOR_PROLOGUE      floorFloorStep = 2
+	floorFloorStepFLOOR_CT            floorFloorStep = 4
+	floorFloorStepFLOOR_EXPIRY        floorFloorStep = 8
+	floorFloorStepFLOOR_SYN           floorFloorStep = 16
+	floorFloorStepFLOOR_TOUCH         floorFloorStep = 32
+	floorFloorStepFLOOR_COUNT         floorFloorStep = 64
+	floorFloorStepFLOOR_FWD           floorFloorStep = 128
+	floorFloorStepFLOOR_NEW_CT_MISS   floorFloorStep = 256
+	floorFloorStepFLOOR_NEW_SERVICE   floorFloorStep = 512
+	floorFloorStepFLOOR_NEW_SRC       floorFloorStep = 1024
+	floorFloorStepFLOOR_NEW_SLOT      floorFloorStep = 2048
+	floorFloorStepFLOOR_NEW_FIB       floorFloorStep = 4096
+	floorFloorStepFLOOR_NEW_REPLY_DEL floorFloorStep = 8192
+	floorFloorStepFLOOR_NEW_INSERT    floorFloorStep = 16384
+	floorFloorStepFLOOR_NEW_REWRITE   floorFloorStep = 32768
+)
+
 type floorFragKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -135,6 +156,16 @@ type floorRegistryValue struct {
 	State uint8
 	Flags uint8
 	Gen   uint32
+}
+
+type floorRejectBudgetValue struct {
+	_   structs.HostLayout
+	Tat uint64
+}
+
+type floorRejectRoom struct {
+	_    structs.HostLayout
+	Room [240]uint8
 }
 
 type floorSockRevnatKey struct {
@@ -183,6 +214,7 @@ type floorSvcValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	floorMapFloorFlows       = "floor_flows"
+	floorMapRejectBudget     = "reject_budget"
 	floorMapTlbAffinity      = "tlb_affinity"
 	floorMapTlbBackendStats  = "tlb_backend_stats"
 	floorMapTlbBackends      = "tlb_backends"
@@ -194,13 +226,20 @@ const (
 	floorMapTlbIfaces        = "tlb_ifaces"
 	floorMapTlbMeta          = "tlb_meta"
 	floorMapTlbRegistry      = "tlb_registry"
+	floorMapTlbRejectScratch = "tlb_reject_scratch"
 	floorMapTlbServices      = "tlb_services"
 	floorMapTlbSockRevnat    = "tlb_sock_revnat"
 	floorMapTlbSrcRangeDrops = "tlb_src_range_drops"
 	floorMapTlbSrcRanges     = "tlb_src_ranges"
 	floorMapTlbStats         = "tlb_stats"
 	floorProgTcFloor         = "tc_floor"
+	floorProgTcFloorNew      = "tc_floor_new"
 	floorProgXdpFloor        = "xdp_floor"
+	floorVarCfgCtSrcBurst    = "cfg_ct_src_burst"
+	floorVarCfgCtSrcInterval = "cfg_ct_src_interval"
+	floorVarCfgFloorSteps    = "cfg_floor_steps"
+	floorVarCfgHashSeed      = "cfg_hash_seed"
+	floorVarCfgScope         = "cfg_scope"
 	floorVarCfgSnatPortMax   = "cfg_snat_port_max"
 	floorVarCfgSnatPortMin   = "cfg_snat_port_min"
 )
@@ -247,8 +286,9 @@ type floorSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorProgramSpecs struct {
-	TcFloor  *ebpf.ProgramSpec `ebpf:"tc_floor"`
-	XdpFloor *ebpf.ProgramSpec `ebpf:"xdp_floor"`
+	TcFloor    *ebpf.ProgramSpec `ebpf:"tc_floor"`
+	TcFloorNew *ebpf.ProgramSpec `ebpf:"tc_floor_new"`
+	XdpFloor   *ebpf.ProgramSpec `ebpf:"xdp_floor"`
 }
 
 // floorMapSpecs contains maps before they are loaded into the kernel.
@@ -256,6 +296,7 @@ type floorProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorMapSpecs struct {
 	FloorFlows       *ebpf.MapSpec `ebpf:"floor_flows"`
+	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
@@ -267,6 +308,7 @@ type floorMapSpecs struct {
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.MapSpec `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.MapSpec `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.MapSpec `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.MapSpec `ebpf:"tlb_src_range_drops"`
@@ -278,8 +320,13 @@ type floorMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorVariableSpecs struct {
-	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgFloorSteps    *ebpf.VariableSpec `ebpf:"cfg_floor_steps"`
+	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 }
 
 // floorObjects contains all objects after they have been loaded into the kernel.
@@ -303,6 +350,7 @@ func (o *floorObjects) Close() error {
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorMaps struct {
 	FloorFlows       *ebpf.Map `ebpf:"floor_flows"`
+	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
@@ -314,6 +362,7 @@ type floorMaps struct {
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
+	TlbRejectScratch *ebpf.Map `ebpf:"tlb_reject_scratch"`
 	TlbServices      *ebpf.Map `ebpf:"tlb_services"`
 	TlbSockRevnat    *ebpf.Map `ebpf:"tlb_sock_revnat"`
 	TlbSrcRangeDrops *ebpf.Map `ebpf:"tlb_src_range_drops"`
@@ -324,6 +373,7 @@ type floorMaps struct {
 func (m *floorMaps) Close() error {
 	return _FloorClose(
 		m.FloorFlows,
+		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
 		m.TlbBackends,
@@ -335,6 +385,7 @@ func (m *floorMaps) Close() error {
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
+		m.TlbRejectScratch,
 		m.TlbServices,
 		m.TlbSockRevnat,
 		m.TlbSrcRangeDrops,
@@ -347,21 +398,28 @@ func (m *floorMaps) Close() error {
 //
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorVariables struct {
-	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgFloorSteps    *ebpf.Variable `ebpf:"cfg_floor_steps"`
+	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 }
 
 // floorPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorPrograms struct {
-	TcFloor  *ebpf.Program `ebpf:"tc_floor"`
-	XdpFloor *ebpf.Program `ebpf:"xdp_floor"`
+	TcFloor    *ebpf.Program `ebpf:"tc_floor"`
+	TcFloorNew *ebpf.Program `ebpf:"tc_floor_new"`
+	XdpFloor   *ebpf.Program `ebpf:"xdp_floor"`
 }
 
 func (p *floorPrograms) Close() error {
 	return _FloorClose(
 		p.TcFloor,
+		p.TcFloorNew,
 		p.XdpFloor,
 	)
 }

@@ -194,16 +194,70 @@ func (d *Datapath) maxMemberID() (uint32, bool) {
 	return maxID, any
 }
 
-// Counters reads the datapath counters, summed over CPUs.
+// Counters reads the datapath counters, summed over CPUs. The walk of
+// conntrack for the live flows' counts (about 0.1 s per quarter-million
+// entries) runs without the Datapath's lock, on copies of the tables'
+// handles, so a scrape does not hold up map writes. What the walk must
+// come after is read before it, under the lock: the records and the
+// sweep's counts. A flow folded into either while the walk runs is then
+// counted by the next call, never twice (a member never reports less
+// than it did, so the undercount does not show).
 func (d *Datapath) Counters() (Counters, error) {
+	c, recs, tables, err := d.countersBeforeWalk()
+	if err != nil {
+		return Counters{}, err
+	}
+	var flows map[idGen]Traffic
+	if recs != nil {
+		flows, err = tables.traffic(nil)
+		tables.close()
+		if err != nil {
+			return Counters{}, err
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
 		return Counters{}, ErrClosed
 	}
+	for fe, s := range d.fes {
+		total := s.released
+		per := make(map[netip.AddrPort]uint64, len(s.members))
+		perT := make(map[netip.AddrPort]Traffic, len(s.members))
+		for _, m := range s.members {
+			var tr Traffic
+			// A member assigned since the records were read has none
+			// here, and reports what it did (nothing) until the next call.
+			if int(m.id) < len(recs) {
+				tr = m.traffic(recs[m.id], flows)
+			}
+			tr = tr.atLeast(m.seen)
+			m.seen = tr
+			total = total.plus(tr)
+			per[m.be.Addr] = tr.Packets
+			perT[m.be.Addr] = tr
+		}
+		c.Frontends[fe] = total
+		c.Backends[fe] = per
+		c.BackendTraffic[fe] = perT
+	}
+	return c, nil
+}
+
+// countersBeforeWalk is Counters' first part, under d.mu: the statistics,
+// the records of every member's id, the sweep's counts handed to their
+// members, and copies of the conntrack tables' handles for the walk
+// (which the caller closes). recs and tables are nil when no frontend
+// has a member.
+func (d *Datapath) countersBeforeWalk() (Counters, []record, ctTables, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed() {
+		return Counters{}, nil, ctTables{}, ErrClosed
+	}
 	stats, err := d.readStats()
 	if err != nil {
-		return Counters{}, err
+		return Counters{}, nil, ctTables{}, err
 	}
 	c := Counters{
 		Frontends:      make(map[Frontend]Traffic, len(d.fes)),
@@ -220,42 +274,27 @@ func (d *Datapath) Counters() (Counters, error) {
 		Fragments:  stats[StatFragment],
 	}
 	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
-		return Counters{}, err
-	}
-	var (
-		recs  []record
-		flows map[idGen]Traffic
-	)
-	if maxID, ok := d.maxMemberID(); ok {
-		if recs, err = d.readRecords(maxID); err != nil {
-			return Counters{}, err
-		}
-		if flows, err = d.flowTraffic(nil); err != nil {
-			return Counters{}, err
-		}
+		return Counters{}, nil, ctTables{}, err
 	}
 	swept := d.takeSwept()
-	for fe, s := range d.fes {
-		total := s.released
-		per := make(map[netip.AddrPort]uint64, len(s.members))
-		perT := make(map[netip.AddrPort]Traffic, len(s.members))
+	for _, s := range d.fes {
 		for _, m := range s.members {
 			m.swept = m.swept.plus(swept[idGen{m.id, m.gen}])
-			var tr Traffic
-			if int(m.id) < len(recs) {
-				tr = m.traffic(recs[m.id], flows)
-			}
-			tr = tr.atLeast(m.seen)
-			m.seen = tr
-			total = total.plus(tr)
-			per[m.be.Addr] = tr.Packets
-			perT[m.be.Addr] = tr
 		}
-		c.Frontends[fe] = total
-		c.Backends[fe] = per
-		c.BackendTraffic[fe] = perT
 	}
-	return c, nil
+	maxID, ok := d.maxMemberID()
+	if !ok {
+		return c, nil, ctTables{}, nil
+	}
+	recs, err := d.readRecords(maxID)
+	if err != nil {
+		return Counters{}, nil, ctTables{}, err
+	}
+	tables, err := d.cloneCtTables()
+	if err != nil {
+		return Counters{}, nil, ctTables{}, fmt.Errorf("read conntrack: %w", err)
+	}
+	return c, recs, tables, nil
 }
 
 // readStats reads every named counter of tlb_stats.

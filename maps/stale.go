@@ -66,11 +66,42 @@ func (ts ctTables) walk(f func(m *ebpf.Map, k tcCtKey, v tcCtValue) error) error
 	return nil
 }
 
+// cloneCtTables returns copies of the conntrack tables' handles, for a
+// walk that runs without d.mu (the caller holds it here): map writes go on
+// while it reads. The caller closes them.
+func (d *Datapath) cloneCtTables() (ctTables, error) {
+	var tables ctTables
+	for i, m := range d.ctTables() {
+		c, err := m.Clone()
+		if err != nil {
+			tables.close()
+			return ctTables{}, err
+		}
+		tables[i] = c
+	}
+	return tables, nil
+}
+
+// close closes the handles of cloned tables (nil ones are skipped).
+func (ts ctTables) close() {
+	for _, m := range ts {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
 // flowTraffic sums the counts of the live flows' forward entries by
 // backend id and generation, for the pairs want accepts (nil: all).
 func (d *Datapath) flowTraffic(want func(idGen) bool) (map[idGen]Traffic, error) {
+	return d.ctTables().traffic(want)
+}
+
+// traffic sums the counts of ts's forward entries by backend id and
+// generation, for the pairs want accepts (nil: all).
+func (ts ctTables) traffic(want func(idGen) bool) (map[idGen]Traffic, error) {
 	out := make(map[idGen]Traffic)
-	err := d.ctTables().walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+	err := ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
 		if ig, tr, ok := entryTraffic(v); ok && (want == nil || want(ig)) {
 			out[ig] = out[ig].plus(tr)
 		}
@@ -141,24 +172,12 @@ func (d *Datapath) flushStale() error {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	var tables ctTables
-	var err error
-	for i, m := range d.ctTables() {
-		if tables[i], err = m.Clone(); err != nil {
-			break
-		}
-	}
+	tables, err := d.cloneCtTables()
 	d.mu.Unlock()
-	defer func() {
-		for _, m := range tables {
-			if m != nil {
-				m.Close()
-			}
-		}
-	}()
 	if err != nil {
 		return fmt.Errorf("mark stale flows: %w", err)
 	}
+	defer tables.close()
 	n, err := tables.markStale(func(ig idGen) bool {
 		gen, ok := released[ig.id]
 		return ok && gen != ig.gen
