@@ -38,6 +38,7 @@
 #include "ct.h"
 #include "maps.h"
 #include "nat.h"
+#include "node.h"
 #include "parse.h"
 #include "stats.h"
 #include "structs.h"
