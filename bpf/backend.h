@@ -8,6 +8,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "consts.h"
 #include "maps.h"
 #include "stats.h"
@@ -34,10 +35,10 @@ static __always_inline int pick_backend(const struct svc_value *svc, __u32 hash,
 /* affinity_pick copies the client's remembered backend into be when the
  * memory has not expired and that backend is still active in this
  * frontend's set under the same id and generation. Returns 0 then. */
-static __always_inline int affinity_pick(__be32 client, const struct svc_value *svc,
+static __always_inline int affinity_pick(const union tlb_addr *client, const struct svc_value *svc,
 					 __u64 now, struct backend_value *be)
 {
-	struct affinity_key key = { .client = client, .svc_id = svc->id };
+	struct affinity_key key = { .client = *client, .svc_id = svc->id };
 	struct affinity_value *a = bpf_map_lookup_elem(&tlb_affinity, &key);
 	struct registry_value *reg;
 	struct backend_stats *rec;
@@ -65,10 +66,10 @@ static __always_inline int affinity_pick(__be32 client, const struct svc_value *
 }
 
 /* affinity_remember records be as the client's backend for svc. */
-static __always_inline void affinity_remember(__be32 client, const struct svc_value *svc,
+static __always_inline void affinity_remember(const union tlb_addr *client, const struct svc_value *svc,
 					      __u64 now, const struct backend_value *be)
 {
-	struct affinity_key key = { .client = client, .svc_id = svc->id };
+	struct affinity_key key = { .client = *client, .svc_id = svc->id };
 	struct affinity_value v = {
 		.backend_id = be->id,
 		.backend_gen = be->gen,
@@ -82,7 +83,7 @@ static __always_inline void affinity_remember(__be32 client, const struct svc_va
 /* choose_backend picks the backend of a new flow of client to svc: the
  * client's remembered one for affinity frontends, else slot hash % count.
  * Returns 0 on success. */
-static __always_inline int choose_backend(__be32 client, __u32 hash, const struct svc_key *key,
+static __always_inline int choose_backend(const union tlb_addr *client, __u32 hash, const struct svc_key *key,
 					  struct svc_value *svc, __u64 now,
 					  struct backend_value *be)
 {

@@ -8,6 +8,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "conntrack.h"
 #include "consts.h"
 #include "fwd.h"
@@ -56,7 +57,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		.proto = pkt->proto,
 	};
 	struct ct_key rev_key = {
-		.saddr = be->addr,
+		.saddr = addr_v4(&be->addr),
 		.daddr = pkt->saddr,
 		.sport = be->port,
 		.dport = pkt->sport,
@@ -78,7 +79,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	fwd = &pair->a;
 	rev = &pair->b;
 	__builtin_memset(pair, 0, sizeof(*pair));
-	fwd->addr = be->addr;
+	fwd->addr = addr_v4(&be->addr);
 	fwd->port = be->port;
 	fwd->dir = CT_FORWARD;
 	rev->addr = pkt->daddr;
@@ -94,7 +95,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	fwd->packets = 1;
 	fwd->bytes = pkt->l3_len;
 
-	src = fwd_resolve(ctx, iif, pkt->saddr, be->addr, pkt->proto, snat, snat, &to_backend);
+	src = fwd_resolve(ctx, iif, pkt->saddr, addr_v4(&be->addr), pkt->proto, snat, snat, &to_backend);
 	if (snat && !src) {
 		stat_inc(STAT_DROP_SNAT_NO_ROUTE);
 		return -1;

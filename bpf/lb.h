@@ -22,6 +22,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "anchors.h"
 #include "backend.h"
 #include "conntrack.h"
@@ -83,13 +84,14 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 				       struct nat *nat)
 {
 	struct svc_key key = {
-		.vip = pkt->daddr,
+		.vip = addr_from4(pkt->daddr),
 		.port = pkt->dport,
 		.proto = pkt->proto,
 		.scope = cfg_scope,
 	};
 	struct backend_value be;
 	struct svc_value svc, *v;
+	union tlb_addr client;
 	int replaced;
 	__u64 now;
 
@@ -119,7 +121,8 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 		stat_inc(STAT_DROP_CT_SOURCE_LIMIT);
 		return LB_DROP;
 	}
-	if (choose_backend(pkt->saddr, flow_hash(pkt), &key, &svc, now, &be)) {
+	client = addr_from4(pkt->saddr);
+	if (choose_backend(&client, flow_hash(pkt), &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
