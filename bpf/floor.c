@@ -159,7 +159,7 @@ int xdp_floor(struct xdp_md *ctx)
 static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *pkt)
 {
 	struct svc_key skey = {
-		.vip = pkt->daddr,
+		.vip = addr_from4(pkt->daddr),
 		.port = pkt->dport,
 		.proto = pkt->proto,
 		.scope = cfg_scope,
@@ -170,6 +170,7 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	struct svc_value svc, *sv;
 	struct ct_pair *pair;
 	struct nat n = {};
+	union tlb_addr client = addr_from4(pkt->saddr);
 	__u32 zero = 0;
 	__u64 now;
 
@@ -188,15 +189,15 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	now = bpf_ktime_get_coarse_ns();
 	if (floor_has(FLOOR_NEW_SRC) && !ct_src_take(pkt->saddr, now))
 		return TC_ACT_SHOT;
-	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(pkt->saddr, flow_hash(pkt), &skey, &svc, now, &be))
+	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(&client, flow_hash(pkt), &skey, &svc, now, &be))
 		return TC_ACT_SHOT;
-	rev_key.saddr = be.addr;
+	rev_key.saddr = addr_v4(&be.addr);
 	rev_key.daddr = pkt->saddr;
 	rev_key.sport = be.port;
 	rev_key.dport = pkt->sport;
 	rev_key.proto = pkt->proto;
 	if (floor_has(FLOOR_NEW_FIB)) {
-		fwd_resolve(skb, skb->ingress_ifindex, pkt->saddr, be.addr, pkt->proto, 0, 0, &to_backend);
+		fwd_resolve(skb, skb->ingress_ifindex, pkt->saddr, addr_v4(&be.addr), pkt->proto, 0, 0, &to_backend);
 		fwd_resolve(skb, to_backend.ifindex ? to_backend.ifindex : skb->ingress_ifindex, pkt->daddr,
 			    pkt->saddr, pkt->proto, 0, 0, &to_client);
 	}
@@ -206,7 +207,7 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	if (!pair)
 		return TC_ACT_SHOT;
 	__builtin_memset(pair, 0, sizeof(*pair));
-	pair->a.addr = be.addr;
+	pair->a.addr = addr_v4(&be.addr);
 	pair->a.port = be.port;
 	pair->a.dir = CT_FORWARD;
 	pair->b.addr = pkt->daddr;

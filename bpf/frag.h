@@ -34,10 +34,12 @@
 #include <linux/ip.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "consts.h"
 #include "ct.h"
 #include "maps.h"
 #include "nat.h"
+#include "node.h"
 #include "parse.h"
 #include "stats.h"
 #include "structs.h"
@@ -57,7 +59,7 @@ static __always_inline void frag_key_of(const struct iphdr *ip, const struct pac
  * here), or of a flow conntrack knows (a reply, an established flow). */
 static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *svc)
 {
-	svc->vip = key->daddr;
+	svc->vip = addr_from4(key->daddr);
 	svc->port = key->dport;
 	svc->proto = key->proto;
 	svc->scope = cfg_scope;

@@ -17,7 +17,7 @@
  *          resolving the next hop: tc bpf_redirect_neigh, XDP through
  *          tc_uplink;
  *   STACK  up the host stack.
- * ct_touch (lb.h) marks both entries of an active flow NEIGH at most once
+ * ct_touch (conntrack.h) marks both entries of an active flow NEIGH at most once
  * a second, so a changed route, next hop or pod interface is picked up
  * (entries on the STACK path stay there).
  *
@@ -41,6 +41,7 @@
 
 #include "consts.h"
 #include "csum.h"
+#include "ipv4.h"
 #include "maps.h"
 #include "stats.h"
 #include "structs.h"
@@ -89,29 +90,6 @@ enum fwd_meta_const {
 enum fwd_meta_flag {
 	FWD_META_F_NO_STACK = 1, /* drop rather than pass up the stack (source-NATed forward packets) */
 };
-
-/* The 16-bit word of the IPv4 header that holds TTL (high byte on the
- * wire) and protocol, for the checksum update of a TTL decrement. */
-#define IP_TTL_WORD_OFF offsetof(struct iphdr, ttl)
-_Static_assert(__builtin_offsetof(struct iphdr, protocol) == __builtin_offsetof(struct iphdr, ttl) + 1, "ttl and protocol share a word");
-
-/* ip_ttl_expires reports whether forwarding would take ip's TTL to 0. */
-static __always_inline int ip_ttl_expires(const struct iphdr *ip)
-{
-	return ip->ttl <= 1;
-}
-
-/* ip_decrease_ttl decrements the TTL and updates the header checksum,
- * as the stack's ip_forward does. The header's sum is unchanged, so is
- * an skb's CHECKSUM_COMPLETE csum. */
-static __always_inline void ip_decrease_ttl(struct iphdr *ip)
-{
-	__u16 *word = (void *)ip + IP_TTL_WORD_OFF;
-	__u16 old = *word;
-
-	ip->ttl--;
-	ip->check = csum_replace2(ip->check, old, *word);
-}
 
 static __always_inline int mac_is_zero(const __u8 *mac)
 {

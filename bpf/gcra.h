@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The generic cell rate algorithm, the one rate limit of the datapath:
- * rejects (reject.h) and the per-source budget of new flows (lb.h). */
+ * rejects (reject.h) and the per-source budget of new flows (conntrack.h). */
 #ifndef TOPOLB_GCRA_H
 #define TOPOLB_GCRA_H
 

@@ -2,10 +2,10 @@
 //go:build ignore
 
 /* cgroup v2 socket hooks for the node's own processes (host network):
- *   sock_connect4, sock_sendmsg4 (and sock_connect6 for IPv4-mapped
- *     addresses of dual-stack IPv6 sockets, whose unconnected UDP sends
- *     the kernel passes to the IPv4 hook): a connect, or an unconnected
- *     UDP send,
+ *   sock_connect4, sock_sendmsg4, sock_connect6, sock_sendmsg6 (IPv6
+ *     frontends, and IPv4 ones by IPv4-mapped addresses of dual-stack IPv6
+ *     sockets, whose unconnected UDP sends the kernel passes to the IPv4
+ *     hook): a connect, or an unconnected UDP send,
  *     to a frontend of scope internal is sent to a backend chosen with the
  *     same core, slot tables, weights, affinity and backend states as tc,
  *     before any packet exists: nothing to translate on the wire, and no
@@ -14,8 +14,7 @@
  *     ECONNREFUSED; an empty frontend that drops by policy is left alone
  *     (the packets go to the frontend's address untranslated, where
  *     nothing answers, as a drop would), counted as STAT_DROP_NO_BACKEND.
- *   sock_recvmsg4, sock_getpeername4 (and their IPv6 twins, for
- *     IPv4-mapped addresses): the backend a socket's datagram came from,
+ *   sock_recvmsg4, sock_getpeername4 and their IPv6 twins: the backend a socket's datagram came from,
  *     or a connected socket's peer, is shown as the frontend the socket
  *     asked for.
  *   A frontend with loadBalancerSourceRanges refuses the call with EPERM
@@ -29,7 +28,7 @@
  * the socket cookie and the frontend, so an unconnected UDP socket's
  * datagrams to a frontend stay on one backend while the slot table holds
  * still. All of the node's processes are one client for ClientIP
- * affinity (SOCK_AFFINITY_CLIENT). Host flows count as flows in
+ * affinity (the unspecified address). Host flows count as flows in
  * tlb_backend_stats, not as packets or bytes: the hooks see calls, not
  * packets. */
 
@@ -39,14 +38,12 @@
 
 #define LB_NO_FRAME
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
+#include "addr.h"
 #include "lb.h"
 
 /* Return values of cgroup sock_addr programs. */
 #define SOCK_REJECT 0
 #define SOCK_PROCEED 1
-
-/* The affinity client address of the node's own processes. */
-#define SOCK_AFFINITY_CLIENT 0
 
 /* cfg_netns_cookie is the network namespace whose sockets the hooks act
  * on (SO_NETNS_COOKIE), set at load; 0 acts on none. */
@@ -69,7 +66,7 @@ static __always_inline int sock_remember(__u64 cookie, const struct backend_valu
 	struct sock_revnat_value *old = bpf_map_lookup_elem(&tlb_sock_revnat, &k);
 	long err;
 
-	if (old && old->addr == v.addr && old->port == v.port)
+	if (old && addr_eq(&old->addr, &v.addr) && old->port == v.port)
 		return 0;
 	/* The socket sent to another frontend with the same backend before:
 	 * a reply carries only the backend's address, so from now on it is
@@ -82,24 +79,28 @@ static __always_inline int sock_remember(__u64 cookie, const struct backend_valu
 }
 
 /* sock_choose decides a connect or sendmsg of a socket of this node to
- * vip:port. It returns SOCK_REJECT (refused), or SOCK_PROCEED with be set
- * to the backend to send to, or with be->addr 0 when the call is left
- * alone. */
-static __always_inline int sock_choose(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
+ * vip:port (an IPv4 vip IPv4-mapped, addr.h). It returns SOCK_REJECT
+ * (refused), or SOCK_PROCEED with be set to the backend to send to, or
+ * with be->port 0 when the call is left alone. A backend has its
+ * frontend's family. */
+static __always_inline int sock_choose(struct bpf_sock_addr *ctx, const union tlb_addr *vip, __be16 port,
 				       struct backend_value *be)
 {
 	struct svc_key key = {
-		.vip = vip,
+		.vip = *vip,
 		.port = port,
 		.proto = (__u8)ctx->protocol,
 		.scope = cfg_scope,
 	};
+	/* The node's own processes share one affinity client, the
+	 * unspecified address, which no other client has. */
+	union tlb_addr node_client = {};
 	struct backend_stats *rec;
 	struct svc_value svc, *v;
 	__u64 cookie;
 	int fresh;
 
-	be->addr = 0;
+	be->port = 0;
 	if (!sock_in_node(ctx) || (key.proto != IP_PROTO_TCP && key.proto != IP_PROTO_UDP))
 		return SOCK_PROCEED;
 	v = bpf_map_lookup_elem(&tlb_services, &key);
@@ -122,18 +123,18 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, __be32 vip, __
 		return SOCK_PROCEED;
 	}
 	cookie = bpf_get_socket_cookie(ctx);
-	if (choose_backend(SOCK_AFFINITY_CLIENT,
+	if (choose_backend(&node_client,
 			   jhash_3words((__u32)cookie, (__u32)(cookie >> 32),
-					key.vip ^ ((__u32)key.port << 16 | key.proto), cfg_hash_seed),
+					addr_fold(&key.vip) ^ ((__u32)key.port << 16 | key.proto), cfg_hash_seed),
 			   &key, &svc, bpf_ktime_get_coarse_ns(), be)) {
-		be->addr = 0;
+		be->port = 0;
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return SOCK_PROCEED;
 	}
 	fresh = sock_remember(cookie, be, &key);
 	if (fresh < 0) {
 		/* Without the record the answers would show the backend. */
-		be->addr = 0;
+		be->port = 0;
 		stat_inc(STAT_DROP_MAP_FULL);
 		bpf_set_retval(-ENOMEM);
 		return SOCK_REJECT;
@@ -149,8 +150,8 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, __be32 vip, __
 
 /* sock_frontend returns the frontend a socket of this node sent to when
  * addr:port is the backend it was sent to, or NULL. */
-static __always_inline struct sock_revnat_value *sock_frontend(struct bpf_sock_addr *ctx, __be32 addr,
-							       __be16 port)
+static __always_inline struct sock_revnat_value *sock_frontend(struct bpf_sock_addr *ctx,
+							       const union tlb_addr *addr, __be16 port)
 {
 	struct sock_revnat_key k = {};
 	struct sock_revnat_value *v;
@@ -158,7 +159,7 @@ static __always_inline struct sock_revnat_value *sock_frontend(struct bpf_sock_a
 	if (!sock_in_node(ctx))
 		return 0;
 	k.cookie = bpf_get_socket_cookie(ctx);
-	k.addr = addr;
+	k.addr = *addr;
 	k.port = port;
 	v = bpf_map_lookup_elem(&tlb_sock_revnat, &k);
 	if (v)
@@ -166,25 +167,49 @@ static __always_inline struct sock_revnat_value *sock_frontend(struct bpf_sock_a
 	return v;
 }
 
-/* IPv4-mapped IPv6 addresses (::ffff:a.b.c.d, RFC 4291 2.5.5.2): the IPv4
- * address is the last word. */
-#define V4_MAPPED_PREFIX 0x0000ffff
-#define V4_MAPPED_WORD 3
-
-static __always_inline int v4_mapped(struct bpf_sock_addr *ctx)
+/* sock_addr6 is an IPv6 socket's address (an IPv4 peer of a dual-stack
+ * socket IPv4-mapped, as tlb_addr keeps it). user_ip6 is read a word at a
+ * time, as the verifier allows. */
+static __always_inline union tlb_addr sock_addr6(const struct bpf_sock_addr *ctx)
 {
-	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
-	       ctx->user_ip6[2] == bpf_htonl(V4_MAPPED_PREFIX);
+	union tlb_addr a = { .v6 = { ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3] } };
+
+	return a;
+}
+
+static __always_inline void sock_set_addr6(struct bpf_sock_addr *ctx, const union tlb_addr *a)
+{
+	ctx->user_ip6[0] = a->v6[0];
+	ctx->user_ip6[1] = a->v6[1];
+	ctx->user_ip6[2] = a->v6[2];
+	ctx->user_ip6[3] = a->v6[3];
 }
 
 /* sock_balance4 translates a connect or sendmsg of an IPv4 socket. */
 static __always_inline int sock_balance4(struct bpf_sock_addr *ctx)
 {
+	union tlb_addr vip = addr_from4(ctx->user_ip4);
 	struct backend_value be;
-	int ret = sock_choose(ctx, ctx->user_ip4, (__be16)ctx->user_port, &be);
+	int ret = sock_choose(ctx, &vip, (__be16)ctx->user_port, &be);
 
-	if (be.addr) {
-		ctx->user_ip4 = be.addr;
+	if (be.port && addr_is4(&be.addr)) {
+		ctx->user_ip4 = addr_v4(&be.addr);
+		ctx->user_port = be.port;
+	}
+	return ret;
+}
+
+/* sock_balance6 translates a connect or sendmsg of an IPv6 socket: to an
+ * IPv6 frontend, or to an IPv4 one IPv4-mapped (a dual-stack socket, as
+ * Java's). */
+static __always_inline int sock_balance6(struct bpf_sock_addr *ctx)
+{
+	union tlb_addr vip = sock_addr6(ctx);
+	struct backend_value be;
+	int ret = sock_choose(ctx, &vip, (__be16)ctx->user_port, &be);
+
+	if (be.port) {
+		sock_set_addr6(ctx, &be.addr);
 		ctx->user_port = be.port;
 	}
 	return ret;
@@ -193,25 +218,23 @@ static __always_inline int sock_balance4(struct bpf_sock_addr *ctx)
 /* sock_unbalance4 shows an IPv4 socket's frontend for its backend. */
 static __always_inline void sock_unbalance4(struct bpf_sock_addr *ctx)
 {
-	struct sock_revnat_value *v = sock_frontend(ctx, ctx->user_ip4, (__be16)ctx->user_port);
+	union tlb_addr peer = addr_from4(ctx->user_ip4);
+	struct sock_revnat_value *v = sock_frontend(ctx, &peer, (__be16)ctx->user_port);
 
-	if (v) {
-		ctx->user_ip4 = v->addr;
+	if (v && addr_is4(&v->addr)) {
+		ctx->user_ip4 = addr_v4(&v->addr);
 		ctx->user_port = v->port;
 	}
 }
 
-/* sock_unbalance6 is sock_unbalance4 for an IPv4-mapped peer of an IPv6
- * socket. */
+/* sock_unbalance6 shows an IPv6 socket's frontend for its backend. */
 static __always_inline void sock_unbalance6(struct bpf_sock_addr *ctx)
 {
-	struct sock_revnat_value *v;
+	union tlb_addr peer = sock_addr6(ctx);
+	struct sock_revnat_value *v = sock_frontend(ctx, &peer, (__be16)ctx->user_port);
 
-	if (!v4_mapped(ctx))
-		return;
-	v = sock_frontend(ctx, ctx->user_ip6[V4_MAPPED_WORD], (__be16)ctx->user_port);
 	if (v) {
-		ctx->user_ip6[V4_MAPPED_WORD] = v->addr;
+		sock_set_addr6(ctx, &v->addr);
 		ctx->user_port = v->port;
 	}
 }
@@ -242,21 +265,16 @@ int sock_getpeername4(struct bpf_sock_addr *ctx)
 	return SOCK_PROCEED;
 }
 
-/* A dual-stack IPv6 socket connecting to an IPv4-mapped address. */
 SEC("cgroup/connect6")
 int sock_connect6(struct bpf_sock_addr *ctx)
 {
-	struct backend_value be;
-	int ret;
+	return sock_balance6(ctx);
+}
 
-	if (!v4_mapped(ctx))
-		return SOCK_PROCEED;
-	ret = sock_choose(ctx, ctx->user_ip6[V4_MAPPED_WORD], (__be16)ctx->user_port, &be);
-	if (be.addr) {
-		ctx->user_ip6[V4_MAPPED_WORD] = be.addr;
-		ctx->user_port = be.port;
-	}
-	return ret;
+SEC("cgroup/sendmsg6")
+int sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock_balance6(ctx);
 }
 
 SEC("cgroup/recvmsg6")

@@ -13,10 +13,14 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "addr.h"
 #include "consts.h"
 #include "structs.h"
 #include "maps.h"
 #include "stats.h"
+
+/* A source address looked up in tlb_src_ranges: svc_id and all 128 bits. */
+#define SRC_RANGE_HOST_LEN (32 + 128)
 
 /* src_range_drop counts a new flow of frontend svc refused. */
 static __always_inline void src_range_drop(const struct svc_value *svc)
@@ -34,9 +38,9 @@ static __always_inline void src_range_drop(const struct svc_value *svc)
 static __always_inline int src_range_allows(const struct svc_value *svc, __be32 saddr)
 {
 	struct src_range_key key = {
-		.prefixlen = 64,
+		.prefixlen = SRC_RANGE_HOST_LEN,
 		.svc_id = bpf_htonl(svc->id),
-		.addr = saddr,
+		.addr = addr_from4(saddr),
 	};
 
 	if (!(svc->flags & SVC_F_SRC_RANGES))

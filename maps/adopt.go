@@ -191,7 +191,7 @@ func (d *Datapath) adoptRegistry(t *txn, k *kernelState, broken map[*service]*br
 		if !k.current(id) {
 			continue
 		}
-		b := withFlags(Backend{Addr: addrPortFromWire(r.Addr, r.Port), Draining: true}, r.Flags)
+		b := withFlags(Backend{Addr: addrPortOf(r.Addr, r.Port), Draining: true}, r.Flags)
 		if s := byID[r.SvcId]; s != nil && r.State == uint8(tcBackendStateBACKEND_DRAINING) && s.members[b.Addr] == nil {
 			s.members[b.Addr] = &member{be: b, id: id, gen: r.Gen}
 			owner[id] = s

@@ -12,7 +12,7 @@ import (
 // affinityOf reads the affinity entry of client ip for frontend f.
 func affinityOf(t *testing.T, d *Datapath, ip string, f Frontend) (tcAffinityValue, bool) {
 	t.Helper()
-	k := tcAffinityKey{Client: be32(netip.MustParseAddr(ip)), SvcId: d.fes[f].id}
+	k := tcAffinityKey{Client: wireAddr(netip.MustParseAddr(ip)), SvcId: d.fes[f].id}
 	var v tcAffinityValue
 	if err := d.affinity.Lookup(&k, &v); err != nil {
 		return v, false
@@ -28,7 +28,7 @@ func setAffinityExpires(ip string, f Frontend, offset time.Duration) func(t *tes
 			t.Fatalf("no affinity entry for %s", ip)
 		}
 		v.Expires = uint64(int64(nowNS(t)) + int64(offset))
-		k := tcAffinityKey{Client: be32(netip.MustParseAddr(ip)), SvcId: d.fes[f].id}
+		k := tcAffinityKey{Client: wireAddr(netip.MustParseAddr(ip)), SvcId: d.fes[f].id}
 		if err := d.affinity.Update(&k, &v, ebpf.UpdateExist); err != nil {
 			t.Fatal(err)
 		}

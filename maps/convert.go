@@ -43,14 +43,31 @@ func addrPortFromWire(addr uint32, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(addrFromBE32(addr), portFromBE16(port))
 }
 
-// validIPv4 rejects anything but a unicast-usable IPv4 address and port.
-func validIPv4(what string, ap netip.AddrPort) error {
+// wireAddr is a as union tlb_addr (bpf/structs.h): 16 bytes, an IPv4
+// address IPv4-mapped, which is what As16 writes.
+func wireAddr(a netip.Addr) tcTlbAddr {
+	return tcTlbAddr{Bytes: a.As16()}
+}
+
+// addrFromWire is the inverse of wireAddr: an IPv4-mapped address comes
+// back as plain IPv4.
+func addrFromWire(w tcTlbAddr) netip.Addr {
+	return netip.AddrFrom16(w.Bytes).Unmap()
+}
+
+func addrPortOf(w tcTlbAddr, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(addrFromWire(w), portFromBE16(port))
+}
+
+// validAddr rejects anything but a unicast-usable address of either
+// family and a port.
+func validAddr(what string, ap netip.AddrPort) error {
 	a := ap.Addr()
 	switch {
 	case !ap.IsValid():
 		return fmt.Errorf("%s: address not set", what)
-	case !a.Is4() && !a.Is4In6():
-		return fmt.Errorf("%s %s: only IPv4 is supported", what, ap)
+	case a.Zone() != "":
+		return fmt.Errorf("%s %s: an address with a zone is not a Service's", what, ap)
 	case a.Unmap().IsUnspecified():
 		return fmt.Errorf("%s %s: unspecified address", what, ap)
 	case ap.Port() == 0:
@@ -61,7 +78,7 @@ func validIPv4(what string, ap netip.AddrPort) error {
 
 // svcKey validates fe and converts it to its map key.
 func svcKey(fe Frontend) (tcSvcKey, error) {
-	if err := validIPv4("frontend", fe.Addr); err != nil {
+	if err := validAddr("frontend", fe.Addr); err != nil {
 		return tcSvcKey{}, err
 	}
 	if fe.Proto != TCP && fe.Proto != UDP {
@@ -71,7 +88,7 @@ func svcKey(fe Frontend) (tcSvcKey, error) {
 		return tcSvcKey{}, fmt.Errorf("frontend %s: unknown scope %d", fe.Addr, uint8(fe.Scope))
 	}
 	return tcSvcKey{
-		Vip:   be32(fe.Addr.Addr().Unmap()),
+		Vip:   wireAddr(fe.Addr.Addr()),
 		Port:  be16(fe.Addr.Port()),
 		Proto: uint8(fe.Proto),
 		Scope: uint8(fe.Scope),
@@ -80,14 +97,15 @@ func svcKey(fe Frontend) (tcSvcKey, error) {
 
 // frontend converts a map key back; the inverse of svcKey.
 func frontend(k tcSvcKey) Frontend {
-	return Frontend{Addr: addrPortFromWire(k.Vip, k.Port), Proto: Protocol(k.Proto), Scope: Scope(k.Scope)}
+	return Frontend{Addr: addrPortOf(k.Vip, k.Port), Proto: Protocol(k.Proto), Scope: Scope(k.Scope)}
 }
 
 // normalize validates b and maps 4-in-6 addresses to plain IPv4, so equal
-// backends compare equal. A draining backend's weight is 0, an active
+// backends compare equal (the family check against the frontend is
+// sameFamily's). A draining backend's weight is 0, an active
 // one's at least 1.
 func normalize(b Backend) (Backend, error) {
-	if err := validIPv4("backend", b.Addr); err != nil {
+	if err := validAddr("backend", b.Addr); err != nil {
 		return Backend{}, err
 	}
 	b.Addr = netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
@@ -156,7 +174,7 @@ func withFlags(b Backend, flags uint8) Backend {
 // backendValue is the slot value of member m.
 func backendValue(m *member) tcBackendValue {
 	return tcBackendValue{
-		Addr:  be32(m.be.Addr.Addr()),
+		Addr:  wireAddr(m.be.Addr.Addr()),
 		Port:  be16(m.be.Addr.Port()),
 		Flags: backendFlags(m.be),
 		Id:    m.id,
@@ -167,7 +185,7 @@ func backendValue(m *member) tcBackendValue {
 // backendFromValue decodes a slot value: the backend (without weight) and
 // its id and generation.
 func backendFromValue(v tcBackendValue) (b Backend, id, gen uint32) {
-	return withFlags(Backend{Addr: addrPortFromWire(v.Addr, v.Port)}, v.Flags), v.Id, v.Gen
+	return withFlags(Backend{Addr: addrPortOf(v.Addr, v.Port)}, v.Flags), v.Id, v.Gen
 }
 
 func backendKey(svcID, slot uint32, buffer uint8) tcBackendKey {
@@ -182,7 +200,7 @@ func registryValue(svcID uint32, m *member) tcRegistryValue {
 	}
 	return tcRegistryValue{
 		SvcId: svcID,
-		Addr:  be32(m.be.Addr.Addr()),
+		Addr:  wireAddr(m.be.Addr.Addr()),
 		Port:  be16(m.be.Addr.Port()),
 		State: uint8(state),
 		Flags: backendFlags(m.be),

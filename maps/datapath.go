@@ -453,3 +453,11 @@ func (d *Datapath) Unpin() error {
 
 // closed reports, with mu held, whether Close ran.
 func (d *Datapath) closed() bool { return d.tcColl == nil }
+
+// IPv6 reports whether the datapath translates IPv6 on the tc hook of pod
+// veths, the condition for the agent to hand it IPv6 frontends and
+// backends. Since layout 5 the maps carry either family and the socket
+// hooks balance the node's own processes to IPv6 frontends; the packet
+// hooks still pass IPv6 frames untouched (docs/datapath.md, "Addresses"),
+// so it is false.
+func (d *Datapath) IPv6() bool { return false }

@@ -15,8 +15,11 @@ import (
 
 type floorAffinityKey struct {
 	_      structs.HostLayout
-	Client uint32
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type floorAffinityValue struct {
@@ -44,8 +47,11 @@ type floorBackendStats struct {
 }
 
 type floorBackendValue struct {
-	_     structs.HostLayout
-	Addr  uint32
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -151,7 +157,10 @@ type floorMeta struct {
 type floorRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  uint32
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -171,14 +180,20 @@ type floorRejectRoom struct {
 type floorSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   uint32
-	Port   uint16
-	Pad    uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type floorSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr uint32
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -187,12 +202,18 @@ type floorSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      uint32
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type floorSvcKey struct {
-	_     structs.HostLayout
-	Vip   uint32
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8

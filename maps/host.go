@@ -29,15 +29,16 @@ type sockHook struct {
 	prog   string
 }
 
-// sockHooks are the socket hooks: IPv4 sockets, and dual-stack IPv6
-// sockets reaching IPv4-mapped addresses (their unconnected UDP sends go
-// through the IPv4 sendmsg hook).
+// sockHooks are the socket hooks: IPv4 sockets, IPv6 sockets to IPv6
+// frontends, and dual-stack IPv6 sockets reaching IPv4-mapped addresses
+// (their unconnected UDP sends go through the IPv4 sendmsg hook).
 var sockHooks = []sockHook{
 	{"connect4", ebpf.AttachCGroupInet4Connect, sockProgSockConnect4},
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, sockProgSockSendmsg4},
 	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, sockProgSockRecvmsg4},
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, sockProgSockGetpeername4},
 	{"connect6", ebpf.AttachCGroupInet6Connect, sockProgSockConnect6},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, sockProgSockSendmsg6},
 	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, sockProgSockRecvmsg6},
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, sockProgSockGetpeername6},
 }

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -55,11 +56,22 @@ func peerName(t *testing.T, c syscall.Conn) netip.AddrPort {
 	if serr != nil {
 		t.Fatalf("getpeername: %v", serr)
 	}
-	in4, ok := sa.(*unix.SockaddrInet4)
-	if !ok {
-		t.Fatalf("getpeername: %T, want an IPv4 address", sa)
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port))
+	t.Fatalf("getpeername: %T, want an IP address", sa)
+	return netip.AddrPort{}
+}
+
+// family is "4" or "6", the suffix of ap's networks ("tcp4", "udp6").
+func family(ap netip.AddrPort) string {
+	if ap.Addr().Is4() {
+		return "4"
+	}
+	return "6"
 }
 
 // hostTCP makes n HTTP requests to vip from ns's own network namespace,
@@ -69,7 +81,7 @@ func hostTCP(t *testing.T, ns *nettest.NS, vip string, n int) map[string]int {
 	got := map[string]int{}
 	for i := 0; i < n; i++ {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		c, err := ns.DialContext(ctx, "tcp4", vip)
+		c, err := ns.DialContext(ctx, "tcp"+family(netip.MustParseAddrPort(vip)), vip)
 		cancel()
 		if err != nil {
 			t.Fatalf("connection %d to %s: %v", i, vip, err)
@@ -102,7 +114,7 @@ func hostUDP(t *testing.T, ns *nettest.NS, vip string, n int, connected bool) ma
 		var name string
 		if connected {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-			c, err := ns.DialContext(ctx, "udp4", vip)
+			c, err := ns.DialContext(ctx, "udp"+family(to), vip)
 			cancel()
 			if err != nil {
 				t.Fatal(err)
@@ -121,7 +133,7 @@ func hostUDP(t *testing.T, ns *nettest.NS, vip string, n int, connected bool) ma
 			}
 			c.Close()
 		} else {
-			c, err := ns.ListenPacket("udp4", "0.0.0.0:0")
+			c, err := ns.ListenPacket("udp"+family(to), ":0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -470,4 +482,86 @@ func cgroupAttachments(t *testing.T, cgroup string, d *Datapath) int {
 		}
 	}
 	return n
+}
+
+// TestHostClientsFamilies balances the node's own processes to a Service
+// of each address family through the socket hooks of that family: TCP,
+// connected and unconnected UDP, each backend of the set reached, peers
+// and answers shown as the service address, and an empty reject frontend
+// refused at connect. The backends are addresses of the node itself, so
+// the test needs no routing of either family.
+func TestHostClientsFamilies(t *testing.T) {
+	requirePrivileges(t)
+	for _, c := range []struct {
+		name     string
+		vip      string   // frontend address, no port
+		backends []string // node addresses serving b1, b2
+	}{
+		{"ipv4", "10.96.214.10", []string{"10.214.0.1", "10.214.0.2"}},
+		{"ipv6", "fd00:96::214:10", []string{"fd00:214::1", "fd00:214::2"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns := nettest.NewNS(t, "host-"+c.name)
+			bits := "/32"
+			if netip.MustParseAddr(c.vip).Is6() {
+				bits = "/128"
+			}
+			var tcp, udp []Backend
+			var names []string
+			for i, a := range c.backends {
+				name := fmt.Sprintf("b%d", i+1)
+				must(t, ns.AddAddr("lo", a+bits))
+				ap := netip.AddrPortFrom(netip.MustParseAddr(a), 8080)
+				ns.ServeHTTPName(t, ap.String(), name)
+				ap = netip.AddrPortFrom(ap.Addr(), 5353)
+				ns.ServeUDPName(t, ap.String(), name)
+				tcp = append(tcp, Backend{Addr: netip.AddrPortFrom(ap.Addr(), 8080)})
+				udp = append(udp, Backend{Addr: ap})
+				names = append(names, name)
+			}
+			d := hostDatapath(t, ns)
+			vip := netip.MustParseAddr(c.vip)
+			vipHTTP := netip.AddrPortFrom(vip, 80).String()
+			vipDNS := netip.AddrPortFrom(vip, 53).String()
+			vipEmpty := netip.AddrPortFrom(vip, 81).String()
+			mustSet(t, d, fe(vipHTTP, TCP), tcp...)
+			mustSet(t, d, fe(vipDNS, UDP), udp...)
+			if _, err := d.SetService(fe(vipEmpty, TCP), Service{Reject: true}); err != nil {
+				t.Fatal(err)
+			}
+			before, err := d.Counters()
+			must(t, err)
+
+			const n = 20
+			for _, r := range []struct {
+				name string
+				run  func() map[string]int
+			}{
+				{"tcp", func() map[string]int { return hostTCP(t, ns, vipHTTP, n) }},
+				{"udp_unconnected", func() map[string]int { return hostUDP(t, ns, vipDNS, n, false) }},
+				{"udp_connected", func() map[string]int { return hostUDP(t, ns, vipDNS, n, true) }},
+			} {
+				got := r.run()
+				if !slices.Equal(keys(got), names) {
+					t.Errorf("%s: answered by %v, want every one of %v and no other", r.name, keys(got), names)
+				}
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			if c, err := ns.DialContext(ctx, "tcp", vipEmpty); !errors.Is(err, syscall.ECONNREFUSED) {
+				if c != nil {
+					c.Close()
+				}
+				t.Errorf("connect to the empty reject frontend %s: %v, want ECONNREFUSED", vipEmpty, err)
+			}
+			after, err := d.Counters()
+			must(t, err)
+			if got := after.Frontends[fe(vipHTTP, TCP)].Flows - before.Frontends[fe(vipHTTP, TCP)].Flows; got != n {
+				t.Errorf("TCP frontend counted %d new flows, want %d", got, n)
+			}
+			if got := after.Stats[StatReject] - before.Stats[StatReject]; got != 1 {
+				t.Errorf("StatReject grew by %d, want 1", got)
+			}
+		})
+	}
 }

@@ -26,7 +26,7 @@ const (
 func addrOf(ap string) string { return netip.MustParseAddrPort(ap).Addr().String() }
 
 // plantSNATFlow writes the two conntrack entries the datapath's source NAT
-// (flow_create, bpf/lb.h) creates for a flow client -> vip sent to backend
+// (flow_create, bpf/flow.h) creates for a flow client -> vip sent to backend
 // from nat, once established, as docs/datapath.md documents them: forward {backend,
 // CT_F_SNAT, nat}, reverse keyed backend -> nat {vip, CT_F_SNAT, client}.
 func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testing.T, d *Datapath) {

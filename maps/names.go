@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -35,7 +36,7 @@ type nameValue struct {
 // namesSpec is tlb_names for a datapath of maxFrontends frontends.
 func namesSpec(maxFrontends uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name: namesMap, Type: ebpf.Hash, KeySize: 8, ValueSize: MaxNameLen + 1,
+		Name: namesMap, Type: ebpf.Hash, KeySize: uint32(binary.Size(tcSvcKey{})), ValueSize: MaxNameLen + 1,
 		MaxEntries: maxFrontends, Flags: unix.BPF_F_NO_PREALLOC, Pinning: ebpf.PinByName,
 	}
 }

@@ -383,7 +383,7 @@ func (p *Pinned) Affinity() ([]AffinityEntry, error) {
 	it := p.affinity.Iterate()
 	for it.Next(&k, &v) {
 		ref := svcs[k.SvcId]
-		out = append(out, AffinityEntry{Client: addrFromBE32(k.Client), Frontend: ref.fe, Name: ref.name,
+		out = append(out, AffinityEntry{Client: addrFromWire(k.Client), Frontend: ref.fe, Name: ref.name,
 			Backend: FlowBackend{ID: v.BackendId, Gen: v.BackendGen}, Expires: time.Duration(int64(v.Expires) - int64(now))})
 		maxID = max(maxID, v.BackendId)
 	}
@@ -402,7 +402,7 @@ func (p *Pinned) Affinity() ([]AffinityEntry, error) {
 		b := &out[i].Backend
 		if b.Current = recs.current(b.ID, b.Gen); b.Current && int(b.ID) < len(registry) {
 			r := registry[b.ID]
-			b.Addr = addrPortFromWire(r.Addr, r.Port)
+			b.Addr = addrPortOf(r.Addr, r.Port)
 		}
 	}
 	slices.SortFunc(out, func(a, b AffinityEntry) int {

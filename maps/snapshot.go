@@ -284,7 +284,7 @@ func (k *kernelState) programmed() map[Frontend]ProgrammedService {
 			if _, active := index[uint32(id)]; active {
 				continue
 			}
-			b := withFlags(Backend{Addr: addrPortFromWire(r.Addr, r.Port), Draining: true}, r.Flags)
+			b := withFlags(Backend{Addr: addrPortOf(r.Addr, r.Port), Draining: true}, r.Flags)
 			rec, _ := k.recordOf(uint32(id))
 			ps.Backends = append(ps.Backends, ProgrammedBackend{Backend: b, ID: uint32(id), Gen: r.Gen, State: stateName(r.State), Current: true, Traffic: rec.traffic})
 		}
@@ -308,11 +308,11 @@ func (k *kernelState) programmedBackend(b Backend, id, gen, svcID uint32, ps *Pr
 	if int(id) < len(k.registry) {
 		r := k.registry[id]
 		pb.State, pb.Current = stateName(r.State), k.current(id)
-		want := tcRegistryValue{SvcId: svcID, Addr: be32(b.Addr.Addr()), Port: be16(b.Addr.Port()),
+		want := tcRegistryValue{SvcId: svcID, Addr: wireAddr(b.Addr.Addr()), Port: be16(b.Addr.Port()),
 			State: uint8(tcBackendStateBACKEND_ACTIVE), Flags: backendFlags(b), Gen: gen}
 		if r != want {
 			ps.Problems = append(ps.Problems, fmt.Sprintf("backend %s id %d: registry says service %d %s %s gen %d",
-				b.Addr, id, r.SvcId, addrPortFromWire(r.Addr, r.Port), stateName(r.State), r.Gen))
+				b.Addr, id, r.SvcId, addrPortOf(r.Addr, r.Port), stateName(r.State), r.Gen))
 		}
 	}
 	return pb

@@ -15,8 +15,11 @@ import (
 
 type sockAffinityKey struct {
 	_      structs.HostLayout
-	Client uint32
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type sockAffinityValue struct {
@@ -44,8 +47,11 @@ type sockBackendStats struct {
 }
 
 type sockBackendValue struct {
-	_     structs.HostLayout
-	Addr  uint32
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -130,7 +136,10 @@ type sockMeta struct {
 type sockRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  uint32
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -140,14 +149,20 @@ type sockRegistryValue struct {
 type sockSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   uint32
-	Port   uint16
-	Pad    uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type sockSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr uint32
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -156,12 +171,18 @@ type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      uint32
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type sockSvcKey struct {
-	_     structs.HostLayout
-	Vip   uint32
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -205,6 +226,7 @@ const (
 	sockProgSockRecvmsg4     = "sock_recvmsg4"
 	sockProgSockRecvmsg6     = "sock_recvmsg6"
 	sockProgSockSendmsg4     = "sock_sendmsg4"
+	sockProgSockSendmsg6     = "sock_sendmsg6"
 	sockVarCfgCtSrcBurst     = "cfg_ct_src_burst"
 	sockVarCfgCtSrcInterval  = "cfg_ct_src_interval"
 	sockVarCfgHashSeed       = "cfg_hash_seed"
@@ -263,6 +285,7 @@ type sockProgramSpecs struct {
 	SockRecvmsg4     *ebpf.ProgramSpec `ebpf:"sock_recvmsg4"`
 	SockRecvmsg6     *ebpf.ProgramSpec `ebpf:"sock_recvmsg6"`
 	SockSendmsg4     *ebpf.ProgramSpec `ebpf:"sock_sendmsg4"`
+	SockSendmsg6     *ebpf.ProgramSpec `ebpf:"sock_sendmsg6"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -383,6 +406,7 @@ type sockPrograms struct {
 	SockRecvmsg4     *ebpf.Program `ebpf:"sock_recvmsg4"`
 	SockRecvmsg6     *ebpf.Program `ebpf:"sock_recvmsg6"`
 	SockSendmsg4     *ebpf.Program `ebpf:"sock_sendmsg4"`
+	SockSendmsg6     *ebpf.Program `ebpf:"sock_sendmsg6"`
 }
 
 func (p *sockPrograms) Close() error {
@@ -394,6 +418,7 @@ func (p *sockPrograms) Close() error {
 		p.SockRecvmsg4,
 		p.SockRecvmsg6,
 		p.SockSendmsg4,
+		p.SockSendmsg6,
 	)
 }
 

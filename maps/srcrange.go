@@ -28,7 +28,7 @@ const DefaultMaxSourceRanges = int(tcMapSizeDEFAULT_MAX_SRC_RANGES)
 func sourceRangeKey(id uint32, p netip.Prefix) tcSrcRangeKey {
 	var wire [4]byte
 	binary.BigEndian.PutUint32(wire[:], id)
-	return tcSrcRangeKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: binary.NativeEndian.Uint32(wire[:]), Addr: be32(p.Addr())}
+	return tcSrcRangeKey{Prefixlen: 32 + uint32(prefixBits16(p)), SvcId: binary.NativeEndian.Uint32(wire[:]), Addr: wireAddr(p.Addr())}
 }
 
 // sourceRangeFromKey decodes a tlb_src_ranges key; ok is false for a key
@@ -38,20 +38,40 @@ func sourceRangeFromKey(k tcSrcRangeKey) (id uint32, p netip.Prefix, ok bool) {
 	binary.NativeEndian.PutUint32(wire[:], k.SvcId)
 	id = binary.BigEndian.Uint32(wire[:])
 	bits := int(k.Prefixlen) - 32
-	if bits < 0 || bits > 32 {
+	if bits < 0 || bits > 128 {
 		return id, netip.Prefix{}, false
 	}
-	p = netip.PrefixFrom(addrFromBE32(k.Addr), bits)
+	a := netip.AddrFrom16(k.Addr.Bytes)
+	if a.Is4In6() {
+		if bits < v4MappedBits {
+			return id, netip.Prefix{}, false
+		}
+		bits -= v4MappedBits
+	}
+	p = netip.PrefixFrom(a.Unmap(), bits)
 	return id, p, p.Masked() == p
 }
 
-// normalizeRanges validates a Service's source ranges: IPv4 prefixes,
-// masked; returned sorted and without duplicates.
+// v4MappedBits is the IPv4-mapped prefix (::ffff:0:0/96) in front of an
+// IPv4 address in a tlb_addr.
+const v4MappedBits = 96
+
+// prefixBits16 is p's length over the 16 bytes of a tlb_addr.
+func prefixBits16(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return v4MappedBits + p.Bits()
+	}
+	return p.Bits()
+}
+
+// normalizeRanges validates a Service's source ranges: prefixes of
+// either family, masked; returned sorted and without duplicates. A
+// prefix of the other family than the frontend's matches no source.
 func normalizeRanges(rs []netip.Prefix) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(rs))
 	for _, p := range rs {
-		if !p.IsValid() || !p.Addr().Is4() || p.Masked() != p {
-			return nil, fmt.Errorf("source range %s: want a masked IPv4 prefix", p)
+		if !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "" || p.Masked() != p {
+			return nil, fmt.Errorf("source range %s: want a masked IPv4 or IPv6 prefix", p)
 		}
 		out = append(out, p)
 	}

@@ -15,7 +15,7 @@ import (
 
 type tcAffinityKey struct {
 	_      structs.HostLayout
-	Client uint32
+	Client tcTlbAddr
 	SvcId  uint32
 }
 
@@ -60,7 +60,7 @@ type tcBackendStats struct {
 
 type tcBackendValue struct {
 	_     structs.HostLayout
-	Addr  uint32
+	Addr  tcTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -244,7 +244,7 @@ type tcMeta struct {
 type tcRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  uint32
+	Addr  tcTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -286,14 +286,14 @@ const (
 type tcSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   uint32
+	Addr   tcTlbAddr
 	Port   uint16
-	Pad    uint16
+	Pad    [3]uint16
 }
 
 type tcSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr uint32
+	Addr tcTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -302,7 +302,7 @@ type tcSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      uint32
+	Addr      tcTlbAddr
 }
 
 type tcStatReason uint32
@@ -364,7 +364,7 @@ const (
 
 type tcSvcKey struct {
 	_     structs.HostLayout
-	Vip   uint32
+	Vip   tcTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -379,6 +379,11 @@ type tcSvcValue struct {
 	Buffer          uint8
 	Flags           uint8
 	Pad             uint16
+}
+
+type tcTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
 }
 
 // Names of all BPF objects in the ELF.

@@ -65,6 +65,9 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 	}
 	fe = frontend(key)
 	tg, err := normalizeService(s)
+	if err == nil {
+		err = sameFamily(fe, tg)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("frontend %s: %w", fe, err)
 	}
@@ -149,6 +152,24 @@ func normalizeService(s Service) (target, error) {
 		}
 	}
 	return tg, nil
+}
+
+// sameFamily checks that every backend and source range of tg has fe's
+// address family: the datapath translates addresses, never families, and
+// a range of the other family would match no source.
+func sameFamily(fe Frontend, tg target) error {
+	v4 := fe.Addr.Addr().Is4()
+	for _, b := range slices.Concat(tg.active, tg.draining) {
+		if b.Addr.Addr().Is4() != v4 {
+			return fmt.Errorf("backend %s: not the frontend's address family", b.Addr)
+		}
+	}
+	for _, p := range tg.ranges {
+		if p.Addr().Is4() != v4 {
+			return fmt.Errorf("source range %s: not the frontend's address family", p)
+		}
+	}
+	return nil
 }
 
 // plan is what a change does to each backend of a frontend.

@@ -219,6 +219,50 @@ func TestSetServiceRoundTrip(t *testing.T) {
 	checkConsistent(t, d)
 }
 
+// TestSetServiceRoundTripIPv6 programs an IPv6 frontend with IPv6
+// backends, source ranges and affinity, and reads back what it wrote:
+// the 16-byte addresses of layout 5 carry either family.
+func TestSetServiceRoundTripIPv6(t *testing.T) {
+	d := newDatapath(t, Options{})
+	f := fe("[fd00:96::53]:53", UDP)
+	in := Service{
+		Backends: []Backend{
+			{Addr: netip.MustParseAddrPort("[fd00:1::1]:53"), NodeLocal: true},
+			{Addr: netip.MustParseAddrPort("[fd00:1::2]:53")},
+		},
+		Affinity:     time.Minute,
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("fd00:9::/64")},
+	}
+	mustSetService(t, d, f, in)
+	in.Backends[1].Draining = true
+	mustSetService(t, d, f, in)
+	prog, err := d.Programmed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, ok := prog[f]
+	if !ok {
+		t.Fatalf("Programmed has no %s: %v", f, prog)
+	}
+	var got []Backend
+	for _, b := range ps.Backends {
+		got = append(got, b.Backend)
+	}
+	want := []Backend{
+		{Addr: netip.MustParseAddrPort("[fd00:1::1]:53"), NodeLocal: true, Weight: 1},
+		{Addr: netip.MustParseAddrPort("[fd00:1::2]:53"), Draining: true},
+	}
+	byAddr := func(a, b Backend) int { return a.Addr.Compare(b.Addr) }
+	slices.SortFunc(got, byAddr)
+	if !slices.Equal(got, want) {
+		t.Errorf("Programmed backends = %v, want %v", got, want)
+	}
+	if ps.Affinity != time.Minute || ps.Slots != 1 || len(ps.Problems) != 0 {
+		t.Errorf("Programmed = %+v", ps)
+	}
+	checkConsistent(t, d)
+}
+
 func mustSetService(t testing.TB, d *Datapath, f Frontend, s Service) int {
 	t.Helper()
 	n, err := d.SetService(f, s)
@@ -237,7 +281,8 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 		fe   Frontend
 		svc  Service
 	}{
-		{"ipv6_frontend", fe("[fd00::1]:80", TCP), Service{}},
+		{"zoned_frontend", fe("[fe80::1%eth0]:80", TCP), Service{}},
+		{"ipv4_backend_of_ipv6_frontend", fe("[fd00::1]:80", TCP), Service{Backends: []Backend{be(beTCP)}}},
 		{"icmp_frontend", fe(vipTCP, 1), Service{}},
 		{"sctp_frontend", fe(vipTCP, 132), Service{}},
 		{"port_zero_frontend", fe("10.96.0.10:0", TCP), Service{}},
@@ -267,8 +312,8 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 			}
 		})
 	}
-	if _, err := d.DeleteFrontend(fe("[fd00::1]:80", TCP)); err == nil {
-		t.Error("DeleteFrontend accepted an IPv6 frontend")
+	if _, err := d.DeleteFrontend(fe("[fe80::1%eth0]:80", TCP)); err == nil {
+		t.Error("DeleteFrontend accepted a zoned frontend")
 	}
 }
 

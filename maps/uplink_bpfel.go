@@ -15,8 +15,11 @@ import (
 
 type uplinkAffinityKey struct {
 	_      structs.HostLayout
-	Client uint32
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type uplinkAffinityValue struct {
@@ -44,8 +47,11 @@ type uplinkBackendStats struct {
 }
 
 type uplinkBackendValue struct {
-	_     structs.HostLayout
-	Addr  uint32
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -130,7 +136,10 @@ type uplinkMeta struct {
 type uplinkRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  uint32
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -150,14 +159,20 @@ type uplinkRejectRoom struct {
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   uint32
-	Port   uint16
-	Pad    uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type uplinkSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr uint32
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -166,12 +181,18 @@ type uplinkSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      uint32
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type uplinkSvcKey struct {
-	_     structs.HostLayout
-	Vip   uint32
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8

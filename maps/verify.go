@@ -100,7 +100,7 @@ func (d *Datapath) verify(k *kernelState) []Drift {
 	for id, r := range k.registry {
 		if owners[uint32(id)] == nil && !retiring[uint32(id)] && k.current(uint32(id)) {
 			out = append(out, Drift{Kind: DriftRegistryOrphan, ID: uint32(id),
-				Detail: fmt.Sprintf("registry says service %d %s %s gen %d", r.SvcId, addrPortFromWire(r.Addr, r.Port), stateName(r.State), r.Gen)})
+				Detail: fmt.Sprintf("registry says service %d %s %s gen %d", r.SvcId, addrPortOf(r.Addr, r.Port), stateName(r.State), r.Gen)})
 		}
 	}
 	return out
@@ -148,7 +148,7 @@ func (d *Datapath) verifyFrontend(k *kernelState, s *service, owners map[uint32]
 		if int(m.id) < len(k.registry) && k.registry[m.id] != registryValue(s.id, m) && !d.fixRegistry[m.id] {
 			r := k.registry[m.id]
 			add(DriftRegistry, m.id, "%s: registry says service %d %s %s gen %d, programmed %s gen %d",
-				m.be.Addr, r.SvcId, addrPortFromWire(r.Addr, r.Port), stateName(r.State), r.Gen, stateName(registryValue(s.id, m).State), m.gen)
+				m.be.Addr, r.SvcId, addrPortOf(r.Addr, r.Port), stateName(r.State), r.Gen, stateName(registryValue(s.id, m).State), m.gen)
 		}
 	}
 	return out

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // link looks ifname up inside the namespace.
@@ -144,6 +145,11 @@ func (ns *NS) AddAddr(ifname, prefix string) error {
 	addr, err := netlink.ParseAddr(prefix)
 	if err != nil {
 		return fmt.Errorf("%s: address %q: %w", ns.Name, prefix, err)
+	}
+	if addr.IP.To4() == nil {
+		// Usable at once: duplicate address detection would hold an
+		// IPv6 address tentative for a second or more.
+		addr.Flags |= unix.IFA_F_NODAD
 	}
 	if err := ns.nl.AddrAdd(l, addr); err != nil {
 		return fmt.Errorf("%s: add address %s to %s: %w", ns.Name, prefix, ifname, err)

@@ -3,7 +3,9 @@ package nettest
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -24,7 +26,7 @@ func (ns *NS) HTTPClient(timeout time.Duration) *http.Client {
 // request with name. Stopped in t.Cleanup.
 func (ns *NS) ServeHTTPName(t testing.TB, addr, name string) {
 	t.Helper()
-	l, err := ns.Listen("tcp4", addr)
+	l, err := ns.Listen(network("tcp", addr), addr)
 	if err != nil {
 		t.Fatalf("%s: listen tcp %s: %v", ns.Name, addr, err)
 	}
@@ -56,7 +58,7 @@ func (ns *NS) ServeUDPName(t testing.TB, addr, name string) {
 // nothing when it returns nil. Stopped in t.Cleanup.
 func (ns *NS) ServeUDP(t testing.TB, addr string, answer func(req []byte) []byte) {
 	t.Helper()
-	c, err := ns.ListenPacket("udp4", addr)
+	c, err := ns.ListenPacket(network("udp", addr), addr)
 	if err != nil {
 		t.Fatalf("%s: listen udp %s: %v", ns.Name, addr, err)
 	}
@@ -78,4 +80,15 @@ func (ns *NS) ServeUDP(t testing.TB, addr string, answer func(req []byte) []byte
 		c.Close()
 		<-done
 	})
+}
+
+// network is proto's network for the listening address addr: IPv6 when
+// its host is an IPv6 address, else IPv4 (":8080" listens on IPv4 only,
+// as the servers always did).
+func network(proto, addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if a, perr := netip.ParseAddr(host); err == nil && perr == nil && a.Is6() && !a.Is4In6() {
+		return proto + "6"
+	}
+	return proto + "4"
 }

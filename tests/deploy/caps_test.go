@@ -122,7 +122,7 @@ func TestCapabilities(t *testing.T) {
 		}
 		for _, pin := range []string{"tlb_services", "tlb_backends", "tlb_conntrack", "links/tc_pod0", "links/tcegress_pod0", "links/xdp_uplink0", "links/uplink_uplink0",
 			"links/sock_connect4", "links/sock_sendmsg4", "links/sock_recvmsg4", "links/sock_getpeername4",
-			"links/sock_connect6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
+			"links/sock_connect6", "links/sock_sendmsg6", "links/sock_recvmsg6", "links/sock_getpeername6"} {
 			if _, err := os.Stat(filepath.Join(n.pinPath, pin)); err != nil {
 				t.Errorf("pin %s: %v", pin, err)
 			}

@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* A flow's conntrack entries, one per direction, in the two tables of
+ * ct.h: states and lifetimes, the other direction's key, the per-source
+ * budget of new flows, promotion and demotion between the tables, and
+ * what a packet of a known flow does (ct_forward_hit, ct_reverse_hit).
+ * Creating a flow is flow.h's. */
+#ifndef TOPOLB_CONNTRACK_H
+#define TOPOLB_CONNTRACK_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "consts.h"
+#include "ct.h"
+#include "fwd.h"
+#include "gcra.h"
+#include "maps.h"
+#include "nat.h"
+#include "node.h"
+#include "packet.h"
+#include "stats.h"
+#include "structs.h"
+
+static __always_inline int is_syn(const struct packet *pkt)
+{
+	return (pkt->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
+}
+
+/* ct_lifetime is how long an entry in state with flags lives without
+ * packets, in ns. Only an assured TCP flow gets the long lifetime; a
+ * source-NATed flow the backend has not answered yet gets the short one
+ * (enum ct_timeout says why). */
+static __always_inline __u64 ct_lifetime(__u8 state, __u8 flags)
+{
+	if (state == CT_TCP_CLOSING)
+		return CT_TIMEOUT_TCP_CLOSING * NSEC_PER_SEC;
+	if ((flags & (CT_F_SNAT | CT_F_REPLIED)) == CT_F_SNAT)
+		return CT_TIMEOUT_SNAT_UNREPLIED * NSEC_PER_SEC;
+	if (state == CT_UDP)
+		return CT_TIMEOUT_UDP * NSEC_PER_SEC;
+	if (state == CT_TCP_ESTABLISHED && (flags & CT_F_ASSURED))
+		return CT_TIMEOUT_TCP_ESTABLISHED * NSEC_PER_SEC;
+	return CT_TIMEOUT_TCP_SYN * NSEC_PER_SEC;
+}
+
+/* ct_first_state is the state of a flow created by pkt. */
+static __always_inline __u8 ct_first_state(const struct packet *pkt)
+{
+	if (pkt->proto != IP_PROTO_TCP)
+		return CT_UDP;
+	if (pkt->tcp_flags & (TCP_F_FIN | TCP_F_RST))
+		return CT_TCP_CLOSING;
+	return CT_TCP_SYN_SENT;
+}
+
+/* ct_next_state is the state after pkt, seen in direction dir: FIN or RST
+ * either way closes, the first reply establishes. States never go back. */
+static __always_inline __u8 ct_next_state(__u8 state, __u8 dir, const struct packet *pkt)
+{
+	if (pkt->proto != IP_PROTO_TCP)
+		return state;
+	if (pkt->tcp_flags & (TCP_F_FIN | TCP_F_RST))
+		return CT_TCP_CLOSING;
+	if (state == CT_TCP_SYN_SENT && dir == CT_REVERSE)
+		return CT_TCP_ESTABLISHED;
+	return state;
+}
+
+/* ct_peer_key fills the key of the other direction's entry of the flow
+ * that pkt matched as ct. The agent's sweep mirrors it (ctPeerKey in
+ * maps/conntrack.go): change both together. */
+static __always_inline void ct_peer_key(const struct packet *pkt, const struct ct_value *ct,
+					struct ct_key *peer)
+{
+	int snat = ct->flags & CT_F_SNAT;
+
+	peer->proto = pkt->proto;
+	if (ct->dir == CT_FORWARD) {
+		peer->saddr = ct->addr;
+		peer->sport = ct->port;
+		peer->daddr = snat ? ct->nat_addr : pkt->saddr;
+		peer->dport = snat ? ct->nat_port : pkt->sport;
+	} else {
+		peer->saddr = snat ? ct->nat_addr : pkt->daddr;
+		peer->sport = snat ? ct->nat_port : pkt->dport;
+		peer->daddr = ct->addr;
+		peer->dport = ct->port;
+	}
+}
+
+/* ct_is_peer reports whether peer, found under the key ct_peer_key gave
+ * for ct (matched by pkt), is the other direction of ct's flow, and not
+ * the entry of a flow that took the key over (an expired SNAT port
+ * reclaimed, the same client port to another frontend). */
+static __always_inline int ct_is_peer(const struct packet *pkt, const struct ct_value *ct,
+				      const struct ct_value *peer)
+{
+	int snat = ct->flags & CT_F_SNAT;
+
+	if (peer->dir == ct->dir || peer->backend_id != ct->backend_id || peer->backend_gen != ct->backend_gen)
+		return 0;
+	/* A reply's addr:port is the frontend, the forward packet's
+	 * destination; with SNAT its nat pair is the client, the forward
+	 * packet's source. A forward entry's addr:port is the backend, the
+	 * reply's source; with SNAT its nat pair is the node's, the reply's
+	 * destination. */
+	if (ct->dir == CT_FORWARD)
+		return peer->addr == pkt->daddr && peer->port == pkt->dport &&
+		       (!snat || (peer->nat_addr == pkt->saddr && peer->nat_port == pkt->sport));
+	return peer->addr == pkt->saddr && peer->port == pkt->sport &&
+	       (!snat || (peer->nat_addr == pkt->daddr && peer->nat_port == pkt->dport));
+}
+
+/* ct_client is the client address of the flow whose entry ct pkt
+ * matched: the forward packet's source, the reply's destination (before
+ * the reverse source NAT). */
+static __always_inline __be32 ct_client(const struct packet *pkt, const struct ct_value *ct)
+{
+	if (ct->dir == CT_FORWARD)
+		return pkt->saddr;
+	return ct->flags & CT_F_SNAT ? ct->nat_addr : pkt->daddr;
+}
+
+/* ct_src_take takes one new flow from src's budget (tlb_ct_src). Returns
+ * 0 when it is spent. A source not in the table (new, or forgotten by the
+ * LRU) starts with a full budget. */
+static __always_inline int ct_src_take(__be32 src, __u64 now)
+{
+	struct ct_src *b, fresh = {};
+
+	if (!cfg_ct_src_interval)
+		return 1;
+	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	if (b)
+		return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+	gcra_take(&fresh.tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+	/* Losing the record only refills the budget. */
+	bpf_map_update_elem(&tlb_ct_src, &src, &fresh, BPF_NOEXIST);
+	return 1;
+}
+
+/* ct_src_give gives src back the share of a flow that got promoted: a
+ * client whose handshakes complete never runs out. */
+static __always_inline void ct_src_give(__be32 src)
+{
+	struct ct_src *b;
+
+	if (!cfg_ct_src_interval)
+		return;
+	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	if (b)
+		gcra_give(&b->tat, cfg_ct_src_interval);
+}
+
+/* ct_move writes both entries of a flow, a (under key) and b (under
+ * peer_key), into the table their flags name and deletes them from the
+ * other: a promotion into tlb_conntrack or a demotion out of it. The peer
+ * first, undone when the second insert fails, so the two live and die
+ * together; both stay in the old table until both are in the new one.
+ * Returns a's entry in its new table, or NULL when the insert was refused
+ * (tlb_conntrack full; an LRU insert does not fail for room): then
+ * nothing moved. */
+static __always_inline struct ct_value *ct_move(const struct ct_key *key, const struct ct_value *a,
+						const struct ct_key *peer_key, const struct ct_value *b)
+{
+	__u8 to = a->flags, from = to ^ CT_F_ASSURED;
+	void *table = to & CT_F_ASSURED ? (void *)&tlb_conntrack : (void *)&tlb_ct_new;
+
+	if (bpf_map_update_elem(table, peer_key, b, BPF_ANY))
+		return NULL;
+	if (bpf_map_update_elem(table, key, a, BPF_ANY)) {
+		bpf_map_delete_elem(table, peer_key);
+		return NULL;
+	}
+	ct_delete_in(from, key);
+	ct_delete_in(from, peer_key);
+	return ct_find_in(to, key);
+}
+
+/* ct_fold adds the forward entry ct, about to be deleted, to its
+ * backend's record (one flow, its packets and bytes) while the backend
+ * still holds its id: the agent reads a flow's counts from its entry while
+ * it lives, from the record after. Rare path. */
+static __always_inline void ct_fold(const struct ct_value *ct)
+{
+	struct backend_stats *rec;
+
+	if (ct->dir != CT_FORWARD)
+		return;
+	rec = bpf_map_lookup_elem(&tlb_backend_stats, &ct->backend_id);
+	if (rec && rec->gen == ct->backend_gen) {
+		rec->flows += 1;
+		rec->packets += ct->packets;
+		rec->bytes += ct->bytes;
+	}
+}
+
+/* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
+ * when something changes: the state (FIN or RST either way closes, the
+ * first reply establishes), the reply flag, or an expiry more than
+ * CT_REFRESH_INTERVAL stale. It writes both directions' entries, so a
+ * one-way stream keeps its other half, and marks their forwarding
+ * targets to be resolved again (fwd_mark_stale). It moves the flow
+ * between the tables:
+ *   - promotion into tlb_conntrack. TCP: when the client sends after
+ *     the reply (the handshake's last ACK), the step that proves its
+ *     address answers, as netfilter's assured bit does: a spoofed SYN
+ *     flood that a backend answers never gets there. UDP has no
+ *     handshake: the first reply promotes (waiting for the client's next
+ *     datagram would leave a request-and-answer flow that then idles,
+ *     a long-lived connected socket, to the LRU's churn). Refused when
+ *     the table is full: counted, and the flow goes on from tlb_ct_new,
+ *     tried again at each refresh (CT_F_FULL);
+ *   - demotion back to tlb_ct_new when an assured flow closes, where
+ *     netfilter would early-drop it too: a closing flow must not hold
+ *     room an established one needs.
+ * Returns the flow's entry for pkt (moved or not), or NULL when the flow
+ * lost its other direction (an LRU eviction of tlb_ct_new): a forward
+ * entry is then deleted and the packet balanced as new; a reply is
+ * translated by what its entry says, which is left to expire. Rare: the
+ * peer is looked up at most once a second per flow, plus changes. */
+static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
+						 struct ct_value *ct, __u64 now)
+{
+	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
+	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
+	int answered = pkt->proto == IP_PROTO_TCP ? ct->dir == CT_FORWARD : ct->dir == CT_REVERSE;
+	int promote = answered && state != CT_TCP_CLOSING &&
+		      (flags & (CT_F_REPLIED | CT_F_ASSURED)) == CT_F_REPLIED;
+	int demote = (flags & CT_F_ASSURED) && state == CT_TCP_CLOSING;
+	/* Staleness by the lifetime where the flow is: a promotion refused
+	 * for a full table is tried again only once a second. */
+	int stale = now + ct_lifetime(state, flags) > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
+	struct ct_key peer_key = {};
+	struct ct_value *peer, *moved;
+	struct ct_pair *pair;
+	__u32 zero = 0;
+	__u64 expires;
+
+	if (promote)
+		flags |= CT_F_ASSURED;
+	if (demote)
+		flags &= ~(CT_F_ASSURED | CT_F_FULL);
+	expires = now + ct_lifetime(state, flags);
+	if (state == ct->state && !stale && (flags == ct->flags || (promote && (ct->flags & CT_F_FULL))))
+		return ct;
+	ct_peer_key(pkt, ct, &peer_key);
+	peer = ct_find_in(ct->flags, &peer_key);
+	if (!peer || !ct_is_peer(pkt, ct, peer)) {
+		/* Another CPU may be moving the flow between the tables (a
+		 * promotion or demotion by a packet of the other direction):
+		 * its peer is then in the other table already. Not an orphan:
+		 * this packet goes on by its entry, the next finds both moved. */
+		peer = ct_find_in(ct->flags ^ CT_F_ASSURED, &peer_key);
+		if (peer && ct_is_peer(pkt, ct, peer))
+			return ct;
+		if (ct->dir == CT_REVERSE)
+			return ct;
+		stat_inc(STAT_CT_ORPHAN);
+		ct_fold(ct);
+		ct_delete_in(ct->flags, key);
+		return NULL;
+	}
+	/* A reply of a flow whose backend is gone (the agent marked the
+	 * forward entry stale): translated by its entry, nothing written,
+	 * so the mark stays for the forward packet that re-balances it. */
+	if (peer->flags & CT_F_STALE)
+		return ct;
+	/* The copies live in per-CPU scratch space, not on the stack. */
+	pair = (promote || demote) ? bpf_map_lookup_elem(&tlb_ct_scratch, &zero) : NULL;
+	if ((promote || demote) && !pair)
+		return ct; /* cannot happen (one slot per CPU); changes nothing */
+	if (pair) {
+		pair->a = *ct;
+		pair->b = *peer;
+		pair->a.state = pair->b.state = state;
+		pair->a.flags = pair->b.flags = flags & ~CT_F_FULL;
+		pair->a.expires = pair->b.expires = expires;
+		fwd_mark_stale(&pair->a);
+		fwd_mark_stale(&pair->b);
+		moved = ct_move(key, &pair->a, &peer_key, &pair->b);
+		if (moved) {
+			if (promote) {
+				stat_inc(STAT_CT_PROMOTED);
+				/* From the copy: ct's element is freed. */
+				ct_src_give(ct_client(pkt, &pair->a));
+			} else {
+				stat_inc(STAT_CT_DEMOTED);
+			}
+			return moved;
+		}
+		/* Only a promotion can be refused: stay, and say so. */
+		stat_inc(STAT_CT_PROMOTE_FULL);
+		flags = (flags & ~CT_F_ASSURED) | CT_F_FULL;
+		expires = now + ct_lifetime(state, flags);
+	}
+	ct->state = peer->state = state;
+	ct->flags = peer->flags = flags;
+	ct->expires = peer->expires = expires;
+	fwd_mark_stale(ct);
+	fwd_mark_stale(peer);
+	return ct;
+}
+
+/* ct_forget deletes the flow ct (matched by pkt under key) that pkt cannot
+ * continue (expired, backend gone, a SYN reopening it), both directions,
+ * before pkt creates a new flow: the new entries go to tlb_ct_new, where
+ * an old one left in tlb_conntrack would hide them, and an old reply
+ * entry must not keep its SNAT port. The peer is deleted only while it is
+ * still this flow's. Counts the entries deleted as replaced. Returns
+ * LB_CONTINUE. */
+static __always_inline int ct_forget(const struct packet *pkt, const struct ct_key *key, const struct ct_value *ct)
+{
+	struct ct_key peer_key = {};
+	struct ct_value *peer;
+	__u8 flags = ct->flags;
+	int n = 0;
+
+	ct_peer_key(pkt, ct, &peer_key);
+	peer = ct_find_in(flags, &peer_key);
+	if (peer && ct_is_peer(pkt, ct, peer))
+		n += ct_delete_in(flags, &peer_key);
+	ct_fold(ct);
+	n += ct_delete_in(flags, key);
+	if (n)
+		stat_add(STAT_CT_REPLACED, n);
+	return LB_CONTINUE;
+}
+
+/* syn_reopens reports whether a SYN on an established flow starts a new
+ * one: when the flow is closing, or its backend is no longer active in its
+ * frontend's set (draining). */
+static __always_inline int syn_reopens(const struct ct_value *ct)
+{
+	struct registry_value *reg;
+
+	if (ct->state == CT_TCP_CLOSING)
+		return 1;
+	reg = bpf_map_lookup_elem(&tlb_registry, &ct->backend_id);
+	return !reg || reg->state != BACKEND_ACTIVE || reg->gen != ct->backend_gen ||
+	       reg->svc_id != ct->svc_id;
+}
+
+/* ct_forward_hit translates a packet of an established flow, matched
+ * under key, and counts it in the entry. Returns LB_CONTINUE when the
+ * flow cannot be honoured (expired, backend gone, a SYN reopening it, its
+ * reply entry lost): the flow is forgotten and the packet balanced as a
+ * new flow. A gone backend costs no lookup here: the agent marks its
+ * flows stale (CT_F_STALE, expired) when it releases the id, and its
+ * sweep marks any flow whose generation is no longer its id's
+ * (maps/stale.go). */
+static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
+					  struct ct_value *ct, struct nat *nat)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (now > ct->expires) {
+		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
+		return ct_forget(pkt, key, ct);
+	}
+	if (is_syn(pkt) && syn_reopens(ct)) {
+		stat_inc(STAT_CT_SYN_REOPEN);
+		return ct_forget(pkt, key, ct);
+	}
+	ct = ct_touch(pkt, key, ct, now);
+	if (!ct)
+		return LB_CONTINUE;
+	/* Per flow, not per CPU: a flow's packets come in on one queue
+	 * (RSS); a lost increment under a race only undercounts. */
+	ct->packets += 1;
+	ct->bytes += pkt->l3_len;
+	nat_forward(nat, ct);
+	return LB_REWRITE;
+}
+
+/* ct_reverse_hit translates a reply back to the frontend address. Replies
+ * are translated even after the backend left the set: the client must only
+ * ever see the service address. */
+static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
+					  struct ct_value *ct, struct nat *nat)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (now > ct->expires) {
+		stat_inc(STAT_CT_EXPIRED);
+		return LB_CONTINUE;
+	}
+	ct = ct_touch(pkt, key, ct, now);
+	if (!ct)
+		return LB_CONTINUE;
+	stat_inc(STAT_REVERSE_NAT);
+	nat_reverse(nat, ct);
+	return LB_REWRITE;
+}
+
+/* ct_key_of fills pkt's conntrack key (its own direction's). */
+static __always_inline void ct_key_of(const struct packet *pkt, struct ct_key *key)
+{
+	key->saddr = pkt->saddr;
+	key->daddr = pkt->daddr;
+	key->sport = pkt->sport;
+	key->dport = pkt->dport;
+	key->proto = pkt->proto;
+}
+
+#endif

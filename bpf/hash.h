@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The flow hash that picks a backend's slot (backend.h) and a source NAT
+ * port's first try (nat.h's snat_claim is handed it). */
+#ifndef TOPOLB_HASH_H
+#define TOPOLB_HASH_H
+
+#include <linux/types.h>
+
+#include "node.h"
+#include "packet.h"
+
+#define rol32(v, s) (((v) << (s)) | ((v) >> (32 - (s))))
+
+/* jhash_3words from the kernel's jhash.h (Bob Jenkins' lookup3 final mix). */
+static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initval)
+{
+	a += 0xdeadbeef + (3 << 2) + initval;
+	b += 0xdeadbeef + (3 << 2) + initval;
+	c += 0xdeadbeef + (3 << 2) + initval;
+	c ^= b; c -= rol32(b, 14);
+	a ^= c; a -= rol32(c, 11);
+	b ^= a; b -= rol32(a, 25);
+	c ^= b; c -= rol32(b, 16);
+	a ^= c; a -= rol32(c, 4);
+	b ^= a; b -= rol32(a, 14);
+	c ^= b; c -= rol32(b, 24);
+	return c;
+}
+
+static __always_inline __u32 flow_hash(const struct packet *pkt)
+{
+	return jhash_3words(pkt->saddr, pkt->daddr,
+			    ((__u32)pkt->sport << 16 | pkt->dport) ^ pkt->proto,
+			    cfg_hash_seed);
+}
+
+#endif

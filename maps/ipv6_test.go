@@ -1,0 +1,164 @@
+package maps
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+)
+
+// IPv6 next-header values the frames below use.
+const (
+	v6HopByHop = 0
+	v6Fragment = 44
+	v6ICMP     = 58
+	v6NoNext   = 59
+)
+
+// The ICMPv6 messages a node lives on (RFC 4861, RFC 3810, RFC 4443).
+const (
+	icmp6EchoRequest  = 128
+	icmp6MLDv2Report  = 143
+	icmp6RouterAdvert = 134
+	icmp6NeighSolicit = 135
+)
+
+// v6Ext is an IPv6 extension header: its type (the next-header value that
+// names it) and its bytes, whose first, the next header, ipv6Frame fills.
+type v6Ext struct {
+	kind uint8
+	hdr  []byte
+}
+
+// ipv6Frame is an Ethernet frame carrying an IPv6 packet from src to dst:
+// the extension headers ext, then l4 of protocol next. The TCP, UDP and ICMPv6 checksums are
+// computed over the IPv6 pseudo header (RFC 8200 8.1).
+func ipv6Frame(src, dst netip.Addr, hopLimit uint8, ext []v6Ext, next uint8, l4 []byte) frame {
+	l4 = append([]byte(nil), l4...)
+	if off, ok := map[uint8]int{protoTCP: 16, protoUDP: 6, v6ICMP: 2}[next]; ok {
+		var ph []byte
+		ph = append(ph, src.AsSlice()...)
+		ph = append(ph, dst.AsSlice()...)
+		ph = binary.BigEndian.AppendUint32(ph, uint32(len(l4)))
+		ph = append(ph, 0, 0, 0, next)
+		l4[off], l4[off+1] = 0, 0
+		binary.BigEndian.PutUint16(l4[off:], csum(0, append(ph, l4...)))
+	}
+	first := next
+	var chain []byte
+	for i := len(ext) - 1; i >= 0; i-- {
+		h := append([]byte(nil), ext[i].hdr...)
+		h[0] = first
+		chain = append(h, chain...)
+		first = ext[i].kind
+	}
+	hdr := make([]byte, 40)
+	hdr[0] = 0x60
+	binary.BigEndian.PutUint16(hdr[4:], uint16(len(chain)+len(l4)))
+	hdr[6] = first
+	hdr[7] = hopLimit
+	copy(hdr[8:], src.AsSlice())
+	copy(hdr[24:], dst.AsSlice())
+	return frame{etherType: 0x86dd, payload: append(append(hdr, chain...), l4...)}
+}
+
+// tcp6 is a TCP header (no options) from sport to dport with flags.
+func tcp6(sport, dport uint16, flags uint8) []byte {
+	b := make([]byte, 20)
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	b[12] = 5 << 4
+	b[13] = flags
+	binary.BigEndian.PutUint16(b[14:], 65535)
+	return b
+}
+
+// udp6 is a UDP datagram from sport to dport carrying payload.
+func udp6(sport, dport uint16, payload string) []byte {
+	b := make([]byte, 8, 8+len(payload))
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint16(b[4:], uint16(8+len(payload)))
+	return append(b, payload...)
+}
+
+// icmp6 is an ICMPv6 message of type typ with body after the 4-byte
+// header.
+func icmp6(typ uint8, body []byte) []byte {
+	return append([]byte{typ, 0, 0, 0}, body...)
+}
+
+// routerAlert is a hop-by-hop options header with the router alert
+// option (RFC 2711) that MLD reports carry.
+var routerAlert = v6Ext{v6HopByHop, []byte{0, 0, 5, 2, 0, 0, 1, 0}}
+
+// fragmentHeader is an IPv6 fragment header (RFC 8200 4.5): the first
+// fragment of datagram 0x42 when off is 0.
+func fragmentHeader(off uint16, more bool) v6Ext {
+	b := make([]byte, 8)
+	v := off << 3
+	if more {
+		v |= 1
+	}
+	binary.BigEndian.PutUint16(b[2:], v)
+	binary.BigEndian.PutUint32(b[4:], 0x42)
+	return v6Ext{v6Fragment, b}
+}
+
+// TestIPv6PassesUntouched sends IPv6 frames through every packet hook
+// with IPv6 frontends programmed (layout 5 carries them for the socket
+// hooks): until the packet hooks translate IPv6 (Datapath.IPv6), every
+// IPv6 frame is the kernel's, byte for byte and without a counter. NDP,
+// router advertisements, MLD (behind a hop-by-hop header) and echo must
+// pass on any hook at any time; a SYN or a datagram to an IPv6 frontend
+// passes here because no packet hook serves IPv6 yet, and an IPv6
+// frontend must not make one match an IPv4 frontend or a conntrack
+// entry either.
+func TestIPv6PassesUntouched(t *testing.T) {
+	d := setupTable(t)
+	if d.IPv6() {
+		t.Fatal("Datapath.IPv6 says the packet hooks translate IPv6: this test's SYN and datagram rows must then expect a translation")
+	}
+	vip := netip.MustParseAddr("fd00:96::10")
+	for _, f := range []Frontend{
+		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP},
+		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP, Scope: ScopeExternal},
+		{Addr: netip.AddrPortFrom(vip, 53), Proto: UDP},
+	} {
+		mustSet(t, d, f, Backend{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:1::1"), f.Addr.Port())})
+	}
+	client := netip.MustParseAddr("fd00:2::7")
+	linkLocal := netip.MustParseAddr("fe80::1")
+	// A target's solicited-node multicast group, and the all-nodes and
+	// all-MLDv2-routers groups.
+	solicited := netip.MustParseAddr("ff02::1:ff00:10")
+	allNodes := netip.MustParseAddr("ff02::1")
+	mldRouters := netip.MustParseAddr("ff02::16")
+	// IPv4-mapped: the IPv4 frontend's key, which an IPv6 packet must
+	// never reach.
+	mappedVIP := netip.AddrFrom16(netip.MustParseAddr(vipTCP[:len(vipTCP)-3]).As16())
+
+	frames := []struct {
+		name string
+		in   frame
+	}{
+		{"tcp_syn_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
+		{"udp_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoUDP, udp6(41000, 53, "q"))},
+		{"tcp_syn_to_ipv4_mapped_frontend", ipv6Frame(client, mappedVIP, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
+		{"neighbor_solicitation", ipv6Frame(linkLocal, solicited, 255, nil, v6ICMP,
+			icmp6(icmp6NeighSolicit, append(make([]byte, 4), vip.AsSlice()...)))},
+		{"router_advertisement", ipv6Frame(linkLocal, allNodes, 255, nil, v6ICMP,
+			icmp6(icmp6RouterAdvert, []byte{64, 0, 0, 30, 0, 0, 0, 0, 0, 0, 0, 0}))},
+		{"mld_report_behind_hop_by_hop", ipv6Frame(linkLocal, mldRouters, 1, []v6Ext{routerAlert}, v6ICMP,
+			icmp6(icmp6MLDv2Report, []byte{0, 0, 0, 0}))},
+		{"echo_request_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, v6ICMP, icmp6(icmp6EchoRequest, []byte{0, 1, 0, 1, 'p'}))},
+		{"first_fragment_to_ipv6_frontend", ipv6Frame(client, vip, 64, []v6Ext{fragmentHeader(0, true)}, protoUDP, udp6(41000, 53, "fragment-one"))},
+		{"no_next_header", ipv6Frame(client, vip, 64, nil, v6NoNext, nil)},
+	}
+	var rows []pktCase
+	for _, h := range []hook{hookTC, hookXDP, hookUplinkTC, hookTCEgress} {
+		for _, f := range frames {
+			rows = append(rows, pktCase{name: string(h) + "/" + f.name, hook: h, in: f.in, want: pass})
+		}
+	}
+	runTable(t, d, rows)
+}
