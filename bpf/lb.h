@@ -21,6 +21,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "anchors.h"
+#include "compat.h"
 #include "consts.h"
 #include "ct.h"
 #include "gcra.h"
@@ -425,7 +426,7 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = compat_now();
 
 	if (now > ct->expires) {
 		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
@@ -452,7 +453,7 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = compat_now();
 
 	if (now > ct->expires) {
 		stat_inc(STAT_CT_EXPIRED);
@@ -760,7 +761,7 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 		return LB_DROP;
 	}
 
-	now = bpf_ktime_get_coarse_ns();
+	now = compat_now();
 	if (!ct_src_take(pkt->saddr, now)) {
 		stat_inc(STAT_DROP_CT_SOURCE_LIMIT);
 		return LB_DROP;

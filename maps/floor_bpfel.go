@@ -182,27 +182,34 @@ type floorSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	floorMapFloorFlows       = "floor_flows"
-	floorMapTlbAffinity      = "tlb_affinity"
-	floorMapTlbBackendStats  = "tlb_backend_stats"
-	floorMapTlbBackends      = "tlb_backends"
-	floorMapTlbConntrack     = "tlb_conntrack"
-	floorMapTlbCtNew         = "tlb_ct_new"
-	floorMapTlbCtScratch     = "tlb_ct_scratch"
-	floorMapTlbCtSrc         = "tlb_ct_src"
-	floorMapTlbFrags         = "tlb_frags"
-	floorMapTlbIfaces        = "tlb_ifaces"
-	floorMapTlbMeta          = "tlb_meta"
-	floorMapTlbRegistry      = "tlb_registry"
-	floorMapTlbServices      = "tlb_services"
-	floorMapTlbSockRevnat    = "tlb_sock_revnat"
-	floorMapTlbSrcRangeDrops = "tlb_src_range_drops"
-	floorMapTlbSrcRanges     = "tlb_src_ranges"
-	floorMapTlbStats         = "tlb_stats"
-	floorProgTcFloor         = "tc_floor"
-	floorProgXdpFloor        = "xdp_floor"
-	floorVarCfgSnatPortMax   = "cfg_snat_port_max"
-	floorVarCfgSnatPortMin   = "cfg_snat_port_min"
+	floorMapFloorFlows         = "floor_flows"
+	floorMapTlbAffinity        = "tlb_affinity"
+	floorMapTlbBackendStats    = "tlb_backend_stats"
+	floorMapTlbBackends        = "tlb_backends"
+	floorMapTlbConntrack       = "tlb_conntrack"
+	floorMapTlbCtNew           = "tlb_ct_new"
+	floorMapTlbCtScratch       = "tlb_ct_scratch"
+	floorMapTlbCtSrc           = "tlb_ct_src"
+	floorMapTlbFrags           = "tlb_frags"
+	floorMapTlbIfaces          = "tlb_ifaces"
+	floorMapTlbMeta            = "tlb_meta"
+	floorMapTlbRegistry        = "tlb_registry"
+	floorMapTlbServices        = "tlb_services"
+	floorMapTlbSockRevnat      = "tlb_sock_revnat"
+	floorMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	floorMapTlbSrcRanges       = "tlb_src_ranges"
+	floorMapTlbStats           = "tlb_stats"
+	floorProgTcFloor           = "tc_floor"
+	floorProgXdpFloor          = "xdp_floor"
+	floorVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	floorVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	floorVarCfgNoFibSrc        = "cfg_no_fib_src"
+	floorVarCfgNoSetRetval     = "cfg_no_set_retval"
+	floorVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	floorVarCfgSnatPortMax     = "cfg_snat_port_max"
+	floorVarCfgSnatPortMin     = "cfg_snat_port_min"
+	floorVarCfgSrcAddr         = "cfg_src_addr"
+	floorVarCfgSrcIfindex      = "cfg_src_ifindex"
 )
 
 // loadFloor returns the embedded CollectionSpec for floor.
@@ -278,8 +285,15 @@ type floorMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorVariableSpecs struct {
-	CfgSnatPortMax *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 }
 
 // floorObjects contains all objects after they have been loaded into the kernel.
@@ -347,8 +361,15 @@ func (m *floorMaps) Close() error {
 //
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorVariables struct {
-	CfgSnatPortMax *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 }
 
 // floorPrograms contains all programs after they have been loaded into the kernel.
