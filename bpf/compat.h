@@ -39,13 +39,30 @@ volatile const __u8 cfg_no_set_retval = 0;
 volatile const __u8 cfg_no_fib_src = 0;
 
 /* COMPAT_SRC_MAX is how many interfaces cfg_src_* name; the agent fills
- * them in order (maps/kernel.go, compatSrcMax: change both together). */
+ * them in order (maps/compat.go, compatSrcMax: change both together). */
 #define COMPAT_SRC_MAX 8
 /* The node's interfaces with an IPv4 address when the agent loaded the
- * programs, by ifindex (host byte order, 0 ends the list), and each one's
- * primary address (network byte order). Read only with cfg_no_fib_src. */
+ * programs, by ifindex (host byte order, 0 ends the list), each one's
+ * primary address (network byte order) and MTU. Read only with
+ * cfg_no_fib_src (addresses) or cfg_no_check_mtu (MTUs). */
 volatile const __u32 cfg_src_ifindex[COMPAT_SRC_MAX] = {};
 volatile const __be32 cfg_src_addr[COMPAT_SRC_MAX] = {};
+volatile const __u32 cfg_src_mtu[COMPAT_SRC_MAX] = {};
+
+/* compat_iface returns ifindex's slot in cfg_src_*, or -1. */
+static __always_inline int compat_iface(__u32 ifindex)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < COMPAT_SRC_MAX; i++) {
+		if (!cfg_src_ifindex[i])
+			break;
+		if (cfg_src_ifindex[i] == ifindex)
+			return i;
+	}
+	return -1;
+}
 
 /* compat_now is the datapath's clock in ns. */
 static __always_inline __u64 compat_now(void)
@@ -67,18 +84,12 @@ static __always_inline __u32 compat_fib_flags(int want_src)
  * interface; 0 when there is none. */
 static __always_inline __be32 compat_fib_src(const struct bpf_fib_lookup *p)
 {
-	__u32 i;
+	int i;
 
 	if (!cfg_no_fib_src)
 		return p->ipv4_src;
-#pragma unroll
-	for (i = 0; i < COMPAT_SRC_MAX; i++) {
-		if (!cfg_src_ifindex[i])
-			break;
-		if (cfg_src_ifindex[i] == p->ifindex)
-			return cfg_src_addr[i];
-	}
-	return 0;
+	i = compat_iface(p->ifindex);
+	return i < 0 ? 0 : cfg_src_addr[i & (COMPAT_SRC_MAX - 1)];
 }
 
 /* compat_fib_mtu_fits asks the FIB whether the IPv4 packet ip, arriving on
@@ -117,13 +128,22 @@ static __always_inline int compat_xdp_mtu_fits(struct xdp_md *ctx, __u32 ifindex
 }
 
 /* compat_skb_mtu_fits says whether skb (segment by segment for GSO), whose
- * IPv4 header is ip, may leave by ifindex. */
+ * IPv4 header is ip, may leave by ifindex. Without bpf_check_mtu: a GSO
+ * skb fits, another fits the MTU the agent gave for ifindex, or, for an
+ * interface it did not name, the FIB's check. */
 static __always_inline int compat_skb_mtu_fits(struct __sk_buff *skb, __u32 ifindex, const struct iphdr *ip)
 {
 	__u32 mtu_len = 0;
+	int i;
 
-	if (cfg_no_check_mtu)
+	if (cfg_no_check_mtu) {
+		if (skb->gso_size)
+			return 1;
+		i = compat_iface(ifindex);
+		if (i >= 0)
+			return skb->len <= ETH_HLEN + cfg_src_mtu[i & (COMPAT_SRC_MAX - 1)];
 		return compat_fib_mtu_fits(skb, skb->ingress_ifindex, ip, 0);
+	}
 	return bpf_check_mtu(skb, ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 }
 

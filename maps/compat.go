@@ -36,7 +36,7 @@ var newHelpers = map[asm.BuiltinFunc]newHelper{
 	asm.FnKtimeGetCoarseNs: {"5.11", tcVarCfgNoCoarseClock,
 		"the datapath's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), and the agent's expiry math reads the same"},
 	asm.FnCheckMtu: {"5.12", tcVarCfgNoCheckMtu,
-		"a FIB lookup per forwarded packet checks its size against the egress route (a GSO packet's segments unchecked; on tc, a packet whose next hop has no neighbour entry yet is not checked)"},
+		fmt.Sprintf("a forwarded packet is checked against the MTU its egress interface had when the agent loaded the programs (of the first %d interfaces with an IPv4 address), else by a FIB lookup per packet (XDP: the route's MTU; tc: the egress device's, once the next hop's neighbour entry exists); a GSO packet's segments are not checked", compatSrcMax)},
 	asm.FnXdpStoreBytes: {"5.18", tcVarCfgNoXdpStoreBytes,
 		"XDP writes its reject replies into the frame byte by byte"},
 	asm.FnSetRetval: {"5.18", tcVarCfgNoSetRetval,
@@ -107,7 +107,8 @@ type compat struct {
 }
 
 // newCompat derives the fallbacks from r. srcs are the interfaces' source
-// addresses for the programs without BPF_FIB_LOOKUP_SRC (sourceAddrs).
+// addresses and MTUs for the programs without BPF_FIB_LOOKUP_SRC or
+// bpf_check_mtu (sourceAddrs).
 func newCompat(r KernelReport, srcs []ifaceAddr) compat {
 	c := compat{
 		knobs:           map[string]any{},
@@ -128,15 +129,15 @@ func newCompat(r KernelReport, srcs []ifaceAddr) compat {
 		c.clock = unix.CLOCK_MONOTONIC
 	}
 	c.knobs[tcVarCfgNoFibSrc] = flag(!r.has(featureFIBLookupSrc))
-	var idx [compatSrcMax]uint32
+	var idx, mtu [compatSrcMax]uint32
 	var addr [compatSrcMax][4]byte
 	for i, s := range srcs {
 		if i == compatSrcMax {
 			break
 		}
-		idx[i], addr[i] = s.ifindex, s.addr.As4()
+		idx[i], addr[i], mtu[i] = s.ifindex, s.addr.As4(), s.mtu
 	}
-	c.knobs[tcVarCfgSrcIfindex], c.knobs[tcVarCfgSrcAddr] = idx, addr
+	c.knobs[tcVarCfgSrcIfindex], c.knobs[tcVarCfgSrcAddr], c.knobs[tcVarCfgSrcMtu] = idx, addr, mtu
 	return c
 }
 
@@ -149,16 +150,18 @@ func (c compat) now() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-// ifaceAddr is an interface's primary IPv4 address.
+// ifaceAddr is an interface's primary IPv4 address and its MTU.
 type ifaceAddr struct {
 	ifindex uint32
 	addr    netip.Addr
+	mtu     uint32
 }
 
 // sourceAddrs lists the primary (first, not secondary) IPv4 address of
 // scope global of each interface of the calling thread's network
-// namespace that has one, by ifindex: the source addresses of flows
-// source-NATed out of each without BPF_FIB_LOOKUP_SRC.
+// namespace that has one, by ifindex, with the interface's MTU: the
+// source addresses of flows source-NATed out of each without
+// BPF_FIB_LOOKUP_SRC, and the MTUs without bpf_check_mtu.
 func sourceAddrs() ([]ifaceAddr, error) {
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
@@ -173,7 +176,11 @@ func sourceAddrs() ([]ifaceAddr, error) {
 		if slices.ContainsFunc(out, func(s ifaceAddr) bool { return s.ifindex == uint32(a.LinkIndex) }) {
 			continue
 		}
-		out = append(out, ifaceAddr{uint32(a.LinkIndex), ip})
+		link, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return nil, fmt.Errorf("read interface %d: %w", a.LinkIndex, err)
+		}
+		out = append(out, ifaceAddr{uint32(a.LinkIndex), ip, uint32(link.Attrs().MTU)})
 	}
 	slices.SortFunc(out, func(a, b ifaceAddr) int { return int(a.ifindex) - int(b.ifindex) })
 	return out, nil

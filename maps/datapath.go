@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,14 +183,14 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, err
 	}
 	var srcs []ifaceAddr
-	if !d.kernel.has(featureFIBLookupSrc) {
+	if !d.kernel.has(featureFIBLookupSrc) || !d.kernel.has("helper "+helperName(asm.FnCheckMtu)) {
 		if err := d.inNetNS(func() error {
 			srcs, err = sourceAddrs()
 			return err
 		}); err != nil {
 			return nil, err
 		}
-		d.log.Info("source addresses for source NAT without BPF_FIB_LOOKUP_SRC", "interfaces", srcs)
+		d.log.Info("interfaces' addresses and MTUs for the fallbacks of BPF_FIB_LOOKUP_SRC and bpf_check_mtu", "interfaces", srcs)
 	}
 	d.compat = newCompat(d.kernel, srcs)
 	if err := d.loadObjects(tcSpec); err != nil {

@@ -210,6 +210,7 @@ const (
 	floorVarCfgSnatPortMin     = "cfg_snat_port_min"
 	floorVarCfgSrcAddr         = "cfg_src_addr"
 	floorVarCfgSrcIfindex      = "cfg_src_ifindex"
+	floorVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadFloor returns the embedded CollectionSpec for floor.
@@ -294,6 +295,7 @@ type floorVariableSpecs struct {
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // floorObjects contains all objects after they have been loaded into the kernel.
@@ -370,6 +372,7 @@ type floorVariables struct {
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // floorPrograms contains all programs after they have been loaded into the kernel.

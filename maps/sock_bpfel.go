@@ -219,6 +219,7 @@ const (
 	sockVarCfgSnatPortMin     = "cfg_snat_port_min"
 	sockVarCfgSrcAddr         = "cfg_src_addr"
 	sockVarCfgSrcIfindex      = "cfg_src_ifindex"
+	sockVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -312,6 +313,7 @@ type sockVariableSpecs struct {
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -391,6 +393,7 @@ type sockVariables struct {
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

@@ -418,6 +418,7 @@ const (
 	tcVarCfgSnatPortMin     = "cfg_snat_port_min"
 	tcVarCfgSrcAddr         = "cfg_src_addr"
 	tcVarCfgSrcIfindex      = "cfg_src_ifindex"
+	tcVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -507,6 +508,7 @@ type tcVariableSpecs struct {
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -589,6 +591,7 @@ type tcVariables struct {
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

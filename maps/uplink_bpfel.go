@@ -225,6 +225,7 @@ const (
 	uplinkVarCfgSnatPortMin     = "cfg_snat_port_min"
 	uplinkVarCfgSrcAddr         = "cfg_src_addr"
 	uplinkVarCfgSrcIfindex      = "cfg_src_ifindex"
+	uplinkVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -314,6 +315,7 @@ type uplinkVariableSpecs struct {
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -396,6 +398,7 @@ type uplinkVariables struct {
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

@@ -224,6 +224,7 @@ const (
 	xdpVarCfgSnatPortMin     = "cfg_snat_port_min"
 	xdpVarCfgSrcAddr         = "cfg_src_addr"
 	xdpVarCfgSrcIfindex      = "cfg_src_ifindex"
+	xdpVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -312,6 +313,7 @@ type xdpVariableSpecs struct {
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -394,6 +396,7 @@ type xdpVariables struct {
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.
