@@ -26,16 +26,8 @@ const forceFallbacksEnv = "TOPOLB_TEST_FORCE_FALLBACKS"
 // alone (the tests of the hooks would only skip).
 func fallbackFeatures(t testing.TB) []string {
 	t.Helper()
-	tcSpec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := probeDatapathKernel(tcSpec)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var names []string
-	for _, f := range r.Features {
+	for _, f := range probeKernel(t).Features {
 		if f.Present && f.Without != "" && f.Name != featureNetnsCookie {
 			names = append(names, f.Name)
 		}

@@ -60,14 +60,7 @@ func btfName(t *testing.T, f KernelFeature) string {
 // fallback with its release.
 func TestProbeKernel(t *testing.T) {
 	requirePrivileges(t)
-	tcSpec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := probeDatapathKernel(tcSpec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := probeKernel(t)
 	t.Logf("kernel %s: %v", r.Release, r.LogArgs())
 	inBTF := kernelEnumValues(t)
 	names := map[string]bool{}
@@ -90,7 +83,7 @@ func TestProbeKernel(t *testing.T) {
 			t.Errorf("no feature %q in %v", want, r.LogArgs())
 		}
 	}
-	err = r.Err()
+	err := r.Err()
 	for _, f := range r.Features {
 		named := err != nil && strings.Contains(err.Error(), f.Name+" (Linux "+f.Since+")")
 		if blocking := !f.Present && f.Without == ""; named != blocking {
@@ -114,6 +107,20 @@ func releaseAtLeast(t *testing.T, release, since string) bool {
 		t.Fatalf("since %q: %v", since, err)
 	}
 	return maj > wantMaj || maj == wantMaj && min >= wantMin
+}
+
+// probeKernel probes the running kernel for the datapath's objects.
+func probeKernel(t testing.TB) KernelReport {
+	t.Helper()
+	tcSpec, err := loadTc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := probeDatapathKernel(tcSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestKernelReportErr: the error names every feature absent without a
