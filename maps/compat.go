@@ -48,6 +48,7 @@ const (
 	featureFIBLookupSrc    = "BPF_FIB_LOOKUP_SRC"
 	featureLookupAndDelete = "lookup-and-delete on hash maps"
 	featureNetnsCookie     = "SO_NETNS_COOKIE"
+	featureCmpXchg         = "BPF atomic compare-and-exchange"
 )
 
 // compatSrcMax is COMPAT_SRC_MAX in bpf/compat.h: how many interfaces'
@@ -59,6 +60,7 @@ var fibLookupSrcWithout = fmt.Sprintf("the source address of a flow source-NATed
 
 // The fallbacks of the features the agent itself uses.
 const (
+	cmpXchgWithout         = "a new flow takes over an expired conntrack entry with a plain store (the programs' compare-and-exchange rewritten at load): two CPUs taking over the same expired entry in the same instant both win, and the later one's flow keeps it"
 	lookupAndDeleteWithout = "the conntrack sweep reads, checks and deletes each entry: a flow reopened on the same tuple between its read and its delete (microseconds) loses its fresh entries, and its next packet starts it anew"
 	netnsCookieWithout     = "the socket hooks act on no socket (they cannot tell the node's sockets from pods'): the node's own processes reach frontends only through the stack"
 )
@@ -104,6 +106,9 @@ type compat struct {
 	lookupAndDelete bool
 	// netnsCookie says SO_NETNS_COOKIE reads the namespace's cookie.
 	netnsCookie bool
+	// cmpXchg says the kernel has BPF's compare-and-exchange; without it
+	// configure rewrites it (withoutCmpXchg).
+	cmpXchg bool
 }
 
 // newCompat derives the fallbacks from r. srcs are the interfaces' source
@@ -115,6 +120,7 @@ func newCompat(r KernelReport, srcs []ifaceAddr) compat {
 		clock:           unix.CLOCK_MONOTONIC_COARSE,
 		lookupAndDelete: r.has(featureLookupAndDelete),
 		netnsCookie:     r.has(featureNetnsCookie),
+		cmpXchg:         r.has(featureCmpXchg),
 	}
 	flag := func(b bool) uint8 {
 		if b {
@@ -238,3 +244,49 @@ func datapathClock() (int32, error) {
 	}
 	return 0, fmt.Errorf("probe helper bpf_ktime_get_coarse_ns: %w", err)
 }
+
+// probeCmpXchg says whether the verifier takes BPF_CMPXCHG (Linux 5.12;
+// before, only BPF_XADD, and Linux 5.10 rejects any other atomic
+// instruction before it looks at what is reachable, so no load-time knob
+// can hide one).
+func probeCmpXchg() (bool, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
+		asm.Mov.Imm(asm.R1, 0),
+		asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Mov.Imm(asm.R2, 1),
+		asm.CmpXchg.Mem(asm.RFP, asm.R2, asm.DWord, -8),
+		asm.Return(),
+	}})
+	if errors.Is(err, unix.EINVAL) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe BPF_CMPXCHG: %w", err)
+	}
+	prog.Close()
+	return true, nil
+}
+
+// withoutCmpXchg rewrites each compare-and-exchange of spec's programs,
+// r0 = cmpxchg(dst + off, r0, src), into the plain store
+// *(dst + off) = src: r0 keeps the value expected, so the caller sees the
+// exchange succeed. The C side's one use, ct_claim_expired (bpf/ct.h),
+// then claims an expired entry unconditionally (cmpXchgWithout).
+func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
+	for name, p := range spec.Programs {
+		for i, ins := range p.Instructions {
+			switch op := ins.OpCode.AtomicOp(); op {
+			case asm.InvalidAtomic, asm.AddAtomic:
+				continue
+			case asm.CmpXchg:
+				p.Instructions[i].OpCode = asm.StoreMemOp(ins.OpCode.Size())
+				p.Instructions[i].Constant = 0
+			default:
+				return fmt.Errorf("program %s: instruction %d: atomic %s has no rewrite for kernels without BPF atomics", name, i, op)
+			}
+		}
+	}
+	return nil
+}
+

@@ -188,3 +188,45 @@ func TestFallbacks(t *testing.T) {
 	}
 	t.Logf("with %v forced: %d tests passed", fallbackFeatures(t), len(fallbackTests))
 }
+
+// TestWithoutCmpXchg: the rewrite for kernels without BPF atomics leaves
+// no compare-and-exchange in any object, each one a store to the same
+// place (the verifier takes the result: TestForceFallbacks).
+func TestWithoutCmpXchg(t *testing.T) {
+	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){"tc": loadTc, "xdp": loadXdp, "uplink": loadUplink, "sock": loadSock} {
+		spec, err := load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		type place struct {
+			prog string
+			i    int
+		}
+		var cas []place
+		for pn, p := range spec.Programs {
+			for i, ins := range p.Instructions {
+				if ins.OpCode.AtomicOp() == asm.CmpXchg {
+					cas = append(cas, place{pn, i})
+				}
+			}
+		}
+		if err := withoutCmpXchg(spec); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for pn, p := range spec.Programs {
+			for i, ins := range p.Instructions {
+				if ins.OpCode.AtomicOp() == asm.CmpXchg {
+					t.Errorf("%s: %s: instruction %d still %v", name, pn, i, ins)
+				}
+			}
+		}
+		for _, c := range cas {
+			ins := spec.Programs[c.prog].Instructions[c.i]
+			if ins.OpCode != asm.StoreMemOp(asm.DWord) {
+				t.Errorf("%s: %s: instruction %d is %v, want a 64-bit store", name, c.prog, c.i, ins)
+			}
+		}
+		t.Logf("%s: %d compare-and-exchanges rewritten", name, len(cas))
+	}
+}
+

@@ -306,6 +306,11 @@ func configure(spec *ebpf.CollectionSpec, opts Options, c compat) error {
 		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst,
 	}
 	maps.Copy(vars, c.knobs)
+	if !c.cmpXchg {
+		if err := withoutCmpXchg(spec); err != nil {
+			return err
+		}
+	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {

@@ -149,6 +149,12 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 	}
 	r.Features = append(r.Features, KernelFeature{Name: featureLookupAndDelete, Since: "5.14", Present: lad,
 		Without: lookupAndDeleteWithout})
+	cmpxchg, err := probeCmpXchg()
+	if err != nil {
+		return r, err
+	}
+	r.Features = append(r.Features, KernelFeature{Name: featureCmpXchg, Since: "5.12", Present: cmpxchg,
+		Without: cmpXchgWithout})
 	cookie, err := probeNetnsCookie()
 	if err != nil {
 		return r, err

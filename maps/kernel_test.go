@@ -44,7 +44,7 @@ func btfName(t *testing.T, f KernelFeature) string {
 		return "BPF_TCX_INGRESS"
 	case "BPF_FIB_LOOKUP_SRC":
 		return "BPF_FIB_LOOKUP_SRC"
-	case featureLookupAndDelete, featureNetnsCookie:
+	case featureLookupAndDelete, featureNetnsCookie, featureCmpXchg:
 		return ""
 	}
 	t.Fatalf("feature %q has no BTF name to check it against", f.Name)
@@ -78,7 +78,7 @@ func TestProbeKernel(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"tcx links", "BPF_FIB_LOOKUP_SRC", "helper bpf_ktime_get_coarse_ns", "helper bpf_fib_lookup", "helper bpf_set_retval",
-		"helper bpf_ktime_get_ns", featureLookupAndDelete, featureNetnsCookie} {
+		"helper bpf_ktime_get_ns", featureLookupAndDelete, featureNetnsCookie, featureCmpXchg} {
 		if !names[want] {
 			t.Errorf("no feature %q in %v", want, r.LogArgs())
 		}
