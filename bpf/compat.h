@@ -117,13 +117,20 @@ static __always_inline int compat_fib_mtu_fits(void *ctx, __u32 iif, const struc
 }
 
 /* compat_xdp_mtu_fits says whether the frame whose IPv4 header is ip may
- * leave by ifindex. */
+ * leave by ifindex. Without bpf_check_mtu: its IP length against the MTU
+ * the agent gave for ifindex, or, for an interface it did not name, the
+ * FIB's check of the route's MTU. */
 static __always_inline int compat_xdp_mtu_fits(struct xdp_md *ctx, __u32 ifindex, const struct iphdr *ip)
 {
 	__u32 mtu_len = 0;
+	int i;
 
-	if (cfg_no_check_mtu)
+	if (cfg_no_check_mtu) {
+		i = compat_iface(ifindex);
+		if (i >= 0)
+			return bpf_ntohs(ip->tot_len) <= cfg_src_mtu[i & (COMPAT_SRC_MAX - 1)];
 		return compat_fib_mtu_fits(ctx, ctx->ingress_ifindex, ip, bpf_ntohs(ip->tot_len));
+	}
 	return bpf_check_mtu(ctx, ifindex, &mtu_len, 0, 0) == BPF_MTU_CHK_RET_SUCCESS;
 }
 
