@@ -249,13 +249,26 @@ func datapathClock() (int32, error) {
 // before, only BPF_XADD, and Linux 5.10 rejects any other atomic
 // instruction before it looks at what is reachable, so no load-time knob
 // can hide one).
+//
+// Like ct_claim_expired, it exchanges a map value's 64 bits.
 func probeCmpXchg() (bool, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		return false, fmt.Errorf("probe BPF_CMPXCHG: create map: %w", err)
+	}
+	defer m.Close()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
-		asm.Mov.Imm(asm.R1, 0),
-		asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R1, asm.R0),
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Mov.Imm(asm.R2, 1),
-		asm.CmpXchg.Mem(asm.RFP, asm.R2, asm.DWord, -8),
+		asm.CmpXchg.Mem(asm.R1, asm.R2, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
 		asm.Return(),
 	}})
 	if errors.Is(err, unix.EINVAL) {

@@ -230,3 +230,34 @@ func TestWithoutCmpXchg(t *testing.T) {
 	}
 }
 
+
+// TestLookupRecords: the backend records read one lookup per id (kernels
+// without batch lookups on per-CPU arrays) are the batch's.
+func TestLookupRecords(t *testing.T) {
+	requirePrivileges(t)
+	d := newDatapath(t, Options{})
+	mustSet(t, d, fe(vipUDP, UDP), be(beUDP), be("10.1.1.4:5353"))
+	upto, ok := d.maxMemberID()
+	if !ok {
+		t.Fatal("no member ids")
+	}
+	per := make([]tcBackendStats, d.ncpu)
+	per[0].Packets, per[d.ncpu-1].Bytes = 7, 9
+	if err := d.backendStats.Update(upto, per, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := d.kernelMaps().readRecords(upto)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel %s has no batch lookups on per-CPU arrays", d.kernel.Release)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := d.kernelMaps().lookupRecords(upto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(batch, one) || len(one) != int(upto)+1 || one[upto].traffic.Packets != 7 || one[upto].traffic.Bytes != 9 {
+		t.Errorf("lookups read %v, the batch %v; want the same, ids 0..%d, the last with 7 packets and 9 bytes", one, batch, upto)
+	}
+}
