@@ -302,4 +302,3 @@ func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
 	}
 	return nil
 }
-

@@ -230,7 +230,6 @@ func TestWithoutCmpXchg(t *testing.T) {
 	}
 }
 
-
 // TestLookupRecords: the backend records read one lookup per id (kernels
 // without batch lookups on per-CPU arrays) are the batch's.
 func TestLookupRecords(t *testing.T) {
