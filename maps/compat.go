@@ -302,3 +302,36 @@ func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
 	}
 	return nil
 }
+
+// loadTcCollection loads the tc object with its maps pinned. Where the
+// verifier turns it down although the probe's compare-and-exchange loaded
+// (Debian's 5.10 takes the probe's and rejects the object's: "BPF_STX uses
+// reserved fields"), it loads the object again without compare-and-exchange
+// (withoutCmpXchg) and, when that loads, records the feature absent: the
+// other objects are then configured without it too.
+func (d *Datapath) loadTcCollection(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}}
+	var plain *ebpf.CollectionSpec
+	if d.compat.cmpXchg {
+		plain = spec.Copy()
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err == nil || plain == nil || errors.Is(err, ebpf.ErrMapIncompatible) {
+		return coll, err
+	}
+	if werr := withoutCmpXchg(plain); werr != nil {
+		return nil, errors.Join(err, werr)
+	}
+	coll, perr := ebpf.NewCollectionWithOptions(plain, opts)
+	if perr != nil {
+		return nil, err // the first error: compare-and-exchange was not it
+	}
+	i := slices.IndexFunc(d.kernel.Features, func(f KernelFeature) bool { return f.Name == featureCmpXchg })
+	if i >= 0 {
+		d.kernel.Features[i].Present = false
+	}
+	d.compat.cmpXchg = false
+	d.log.Warn("kernel turned down the programs' compare-and-exchange its probe accepted: loaded without it",
+		"feature", featureCmpXchg, "without", cmpXchgWithout, "error", err)
+	return coll, nil
+}

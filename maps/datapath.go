@@ -241,9 +241,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
-	d.tcColl, err = ebpf.NewCollectionWithOptions(tcSpec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: d.opts.PinPath},
-	})
+	d.tcColl, err = d.loadTcCollection(tcSpec)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("adopt maps at %s: %w: %w", d.opts.PinPath, ErrLayoutMismatch, err)
 	}
