@@ -250,7 +250,10 @@ func datapathClock() (int32, error) {
 // instruction before it looks at what is reachable, so no load-time knob
 // can hide one).
 //
-// Like ct_claim_expired, it exchanges a map value's 64 bits.
+// Like ct_claim_expired in snat_claim, it exchanges a map value's 64 bits
+// in a BPF-to-BPF function (Debian's 5.10 loaded a probe with one in the
+// program's main body, yet rejected snat_claim's: "BPF_STX uses reserved
+// fields"; loadTcCollection catches what a probe misses).
 func probeCmpXchg() (bool, error) {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
@@ -258,7 +261,9 @@ func probeCmpXchg() (bool, error) {
 	}
 	defer m.Close()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
-		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		asm.Call.Label("claim"),
+		asm.Return(),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word).WithSymbol("claim"),
 		asm.LoadMapPtr(asm.R1, m.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -4),
