@@ -51,6 +51,18 @@ const (
 	featureCmpXchg         = "BPF atomic compare-and-exchange"
 )
 
+// compatFeatures are the features besides helpers and tcx links that
+// ProbeKernel probes, each with its fallback.
+var compatFeatures = []struct {
+	name, since, without string
+	probe                func() (bool, error)
+}{
+	{featureFIBLookupSrc, "6.7", fibLookupSrcWithout, probeFIBLookupSrc},
+	{featureLookupAndDelete, "5.14", lookupAndDeleteWithout, probeLookupAndDelete},
+	{featureCmpXchg, "5.12", cmpXchgWithout, probeCmpXchg},
+	{featureNetnsCookie, "5.14", netnsCookieWithout, probeNetnsCookie},
+}
+
 // compatSrcMax is COMPAT_SRC_MAX in bpf/compat.h: how many interfaces'
 // source addresses the programs hold. Change both together.
 const compatSrcMax = 8

@@ -137,30 +137,13 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 		return r, err
 	}
 	r.Features = append(r.Features, KernelFeature{Name: "tcx links", Since: "6.6", Present: tcx})
-	src, err := probeFIBLookupSrc()
-	if err != nil {
-		return r, err
+	for _, f := range compatFeatures {
+		present, err := f.probe()
+		if err != nil {
+			return r, err
+		}
+		r.Features = append(r.Features, KernelFeature{Name: f.name, Since: f.since, Present: present, Without: f.without})
 	}
-	r.Features = append(r.Features, KernelFeature{Name: featureFIBLookupSrc, Since: "6.7", Present: src,
-		Without: fibLookupSrcWithout})
-	lad, err := probeLookupAndDelete()
-	if err != nil {
-		return r, err
-	}
-	r.Features = append(r.Features, KernelFeature{Name: featureLookupAndDelete, Since: "5.14", Present: lad,
-		Without: lookupAndDeleteWithout})
-	cmpxchg, err := probeCmpXchg()
-	if err != nil {
-		return r, err
-	}
-	r.Features = append(r.Features, KernelFeature{Name: featureCmpXchg, Since: "5.12", Present: cmpxchg,
-		Without: cmpXchgWithout})
-	cookie, err := probeNetnsCookie()
-	if err != nil {
-		return r, err
-	}
-	r.Features = append(r.Features, KernelFeature{Name: featureNetnsCookie, Since: "5.14", Present: cookie,
-		Without: netnsCookieWithout})
 	sort.Slice(r.Features, func(i, j int) bool { return r.Features[i].Name < r.Features[j].Name })
 	return r, nil
 }
