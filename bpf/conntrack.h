@@ -10,6 +10,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "compat.h"
 #include "consts.h"
 #include "ct.h"
 #include "fwd.h"
@@ -352,7 +353,7 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = compat_now();
 
 	if (now > ct->expires) {
 		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
@@ -379,7 +380,7 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = compat_now();
 
 	if (now > ct->expires) {
 		stat_inc(STAT_CT_EXPIRED);

@@ -91,7 +91,7 @@ static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_
 		return 0;
 	}
 	if (floor_has(FLOOR_EXPIRY)) {
-		now = bpf_ktime_get_coarse_ns();
+		now = compat_now();
 		if (now > v->expires)
 			return -1;
 	}
@@ -186,7 +186,7 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	svc = *sv;
 	if (!lb_frame_creates_state(skb, pkt) || !src_range_allows(&svc, pkt->saddr) || svc.count == 0)
 		return TC_ACT_SHOT;
-	now = bpf_ktime_get_coarse_ns();
+	now = compat_now();
 	if (floor_has(FLOOR_NEW_SRC) && !ct_src_take(pkt->saddr, now))
 		return TC_ACT_SHOT;
 	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(&client, flow_hash(pkt), &skey, &svc, now, &be))

@@ -35,6 +35,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "addr.h"
+#include "compat.h"
 #include "consts.h"
 #include "ct.h"
 #include "maps.h"
@@ -114,7 +115,7 @@ __noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 
 	u.put.key.id = id_frag_off & 0xffff;
 	u.put.key.proto = proto;
 	u.put.key.pad = 0;
-	u.put.v.expires = bpf_ktime_get_coarse_ns() + FRAG_TIMEOUT * NSEC_PER_SEC;
+	u.put.v.expires = compat_now() + FRAG_TIMEOUT * NSEC_PER_SEC;
 	bpf_map_update_elem(&tlb_frags, &u.put.key, &u.put.v, BPF_ANY);
 	stat_inc(STAT_FRAG_FIRST);
 	return 0;
@@ -156,7 +157,7 @@ static __always_inline int frag_follow(const void *data, const void *data_end, s
 		goto pass;
 	frag_key_of(ip, pkt, &fkey);
 	f = bpf_map_lookup_elem(&tlb_frags, &fkey);
-	now = bpf_ktime_get_coarse_ns();
+	now = compat_now();
 	if (!f || now > f->expires)
 		goto pass;
 	pkt->sport = f->sport;

@@ -39,6 +39,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "compat.h"
 #include "consts.h"
 #include "csum.h"
 #include "ipv4.h"
@@ -141,7 +142,7 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 	long rc;
 
 	__builtin_memset(t, 0, sizeof(*t));
-	rc = bpf_fib_lookup(ctx, &p, sizeof(p), want_src ? BPF_FIB_LOOKUP_SRC : 0);
+	rc = bpf_fib_lookup(ctx, &p, sizeof(p), compat_fib_flags(want_src));
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
 	ifc = bpf_map_lookup_elem(&tlb_ifaces, &p.ifindex);
@@ -162,7 +163,7 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 		t->ifindex = p.ifindex;
 		t->nexthop = p.ipv4_dst; /* the gateway, or dst itself on link */
 	}
-	return want_src ? p.ipv4_src : 0;
+	return want_src ? compat_fib_src(&p) : 0;
 }
 
 /* fwd_mark_stale makes the next packet of an entry resolve its target
@@ -229,15 +230,13 @@ static __always_inline int fwd_xdp_l2(struct xdp_md *ctx, const struct fwd_targe
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
-	__u32 mtu_len = 0;
 
 	if ((void *)(ip + 1) > data_end)
 		return XDP_DROP;
 	if (ip_ttl_expires(ip))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? XDP_PASS : XDP_DROP;
 	/* A frame fits the interface it arrived on. */
-	if (t->ifindex != ctx->ingress_ifindex &&
-	    bpf_check_mtu(ctx, t->ifindex, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+	if (t->ifindex != ctx->ingress_ifindex && !compat_xdp_mtu_fits(ctx, t->ifindex, ip))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? XDP_PASS : XDP_DROP;
 	ip_decrease_ttl(ip);
 	__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
@@ -313,7 +312,6 @@ static __always_inline int fwd_skb_prepare(struct __sk_buff *skb, const struct f
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
-	__u32 mtu_len = 0;
 
 	if ((void *)(ip + 1) > data_end) {
 		*verdict = TC_ACT_SHOT;
@@ -323,7 +321,7 @@ static __always_inline int fwd_skb_prepare(struct __sk_buff *skb, const struct f
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}
-	if (bpf_check_mtu(skb, t->ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS) != BPF_MTU_CHK_RET_SUCCESS) {
+	if (!compat_skb_mtu_fits(skb, t->ifindex, ip)) {
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}

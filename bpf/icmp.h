@@ -154,7 +154,7 @@ static __always_inline int icmp_xlate(void *data, void *data_end, const struct p
 	key.dport = src.port;
 	key.proto = in->protocol;
 	ct = ct_find(&key);
-	if (!ct || bpf_ktime_get_coarse_ns() > ct->expires)
+	if (!ct || compat_now() > ct->expires)
 		return LB_PASS;
 	icmp_flow_rewrite(ct, &src, &dst);
 

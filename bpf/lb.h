@@ -24,6 +24,7 @@
 
 #include "addr.h"
 #include "anchors.h"
+#include "compat.h"
 #include "backend.h"
 #include "conntrack.h"
 #include "consts.h"
@@ -116,7 +117,7 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 		return LB_DROP;
 	}
 
-	now = bpf_ktime_get_coarse_ns();
+	now = compat_now();
 	if (!ct_src_take(pkt->saddr, now)) {
 		stat_inc(STAT_DROP_CT_SOURCE_LIMIT);
 		return LB_DROP;

@@ -118,7 +118,7 @@ static __always_inline int reject_allowed(void)
 
 	if (!b)
 		return 0;
-	return gcra_take(&b->tat, bpf_ktime_get_coarse_ns(), REJECT_INTERVAL_NS, REJECT_BURST);
+	return gcra_take(&b->tat, compat_now(), REJECT_INTERVAL_NS, REJECT_BURST);
 }
 
 /* csum_buf returns the folded one's-complement sum of n bytes at buf

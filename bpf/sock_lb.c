@@ -110,13 +110,13 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, const union tl
 	/* Refused at once with EPERM (kube-proxy's OUTPUT rule drops the
 	 * SYNs instead, and the connect times out). */
 	if (!src_range_allows_node(&svc)) {
-		bpf_set_retval(-EPERM);
+		compat_set_retval(-EPERM);
 		return SOCK_REJECT;
 	}
 	if (svc.count == 0) {
 		if (svc.flags & SVC_F_REJECT) {
 			stat_inc(STAT_REJECT);
-			bpf_set_retval(-ECONNREFUSED);
+			compat_set_retval(-ECONNREFUSED);
 			return SOCK_REJECT;
 		}
 		stat_inc(STAT_DROP_NO_BACKEND);
@@ -126,7 +126,7 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, const union tl
 	if (choose_backend(&node_client,
 			   jhash_3words((__u32)cookie, (__u32)(cookie >> 32),
 					addr_fold(&key.vip) ^ ((__u32)key.port << 16 | key.proto), cfg_hash_seed),
-			   &key, &svc, bpf_ktime_get_coarse_ns(), be)) {
+			   &key, &svc, compat_now(), be)) {
 		be->port = 0;
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return SOCK_PROCEED;
@@ -136,7 +136,7 @@ static __always_inline int sock_choose(struct bpf_sock_addr *ctx, const union tl
 		/* Without the record the answers would show the backend. */
 		be->port = 0;
 		stat_inc(STAT_DROP_MAP_FULL);
-		bpf_set_retval(-ENOMEM);
+		compat_set_retval(-ENOMEM);
 		return SOCK_REJECT;
 	}
 	if (fresh) {

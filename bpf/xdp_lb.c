@@ -24,6 +24,8 @@
 #include "nat.h"
 #include "reject.h"
 
+_Static_assert(REJECT_MAX_LEN <= COMPAT_STORE_MAX, "a reply fits compat_xdp_store_bytes");
+
 /* xdp_resize makes the frame len bytes long: a longer one grows at the
  * head, where every driver leaves XDP_PACKET_HEADROOM (the tail of a
  * veth's frame may have no room), a shorter one is cut at the tail. The
@@ -55,7 +57,7 @@ static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *p
 		return XDP_DROP;
 	len &= REJECT_LEN_MASK;
 	if (len > REJECT_MAX_LEN || xdp_resize(ctx, len) ||
-	    bpf_xdp_store_bytes(ctx, 0, (void *)f + REJECT_FRAME_OFF, len)) {
+	    compat_xdp_store_bytes(ctx, (void *)f + REJECT_FRAME_OFF, len)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return XDP_DROP;
 	}

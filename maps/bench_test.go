@@ -374,7 +374,7 @@ func loadFloorVariant(b *testing.B, d *Datapath, mask floorFloorStep, flows *ebp
 	}
 	sizeMaps(spec, d.opts)
 	spec.Maps[floorMapFloorFlows].MaxEntries = d.opts.MaxConntrack
-	if err := configure(spec, d.opts); err != nil {
+	if err := configure(spec, d.opts, d.compat); err != nil {
 		b.Fatal(err)
 	}
 	if err := spec.Variables[floorVarCfgFloorSteps].Set(mask); err != nil {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 )
 
 // ConntrackKind is a class of conntrack entries: protocol and TCP state.
@@ -90,14 +89,17 @@ type SweepStats struct {
 // two looks at the sweep's context.
 const sweepBatch = 4096
 
-// monotonicNow is the datapath's clock: CLOCK_MONOTONIC_COARSE in ns,
-// what bpf_ktime_get_coarse_ns returns.
+// monotonicNow reads the datapath's clock of this kernel in ns (a loaded
+// Datapath reads its own, compat.now, which a forced fallback may change):
+// CLOCK_MONOTONIC_COARSE, what bpf_ktime_get_coarse_ns returns, or
+// CLOCK_MONOTONIC on a kernel without that helper (bpf/compat.h,
+// compat_now).
 func monotonicNow() (uint64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
-		return 0, fmt.Errorf("read CLOCK_MONOTONIC_COARSE: %w", err)
+	clock, err := datapathClock()
+	if err != nil {
+		return 0, err
 	}
-	return uint64(ts.Nano()), nil
+	return compat{clock: clock}.now()
 }
 
 // ctPeerKey is the key of the other direction's entry of the flow whose
@@ -146,7 +148,8 @@ func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
 // without holding the Datapath's lock, so updates and packets go on while
 // it runs; an entry a packet revived or re-paired since it was read is
 // kept (each candidate is taken with an atomic lookup-and-delete and put
-// back when it turns out alive: deleteCandidates). ctx cancels between
+// back when it turns out alive, or read, checked and deleted on kernels
+// before 5.14: deleteCandidates). ctx cancels between
 // batches.
 func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	start := time.Now()
@@ -187,7 +190,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
 
-	now, err := monotonicNow()
+	now, err := d.compat.now()
 	if err != nil {
 		return st, err
 	}
@@ -207,7 +210,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		// would stay in the established table, which no orphan check
 		// reads, until its own expiry.
 		peers := make(map[tcCtKey]tcCtValue)
-		deleted, err := deleteCandidates(ctx, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
+		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
 			if now <= v.Expires {
 				return false
 			}
@@ -221,7 +224,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		kept += len(scans[i].expired) - len(deleted)
 		if err == nil && len(peers) > 0 {
 			var gone []tcCtKey
-			gone, err = deleteCandidates(ctx, m, slices.Collect(maps.Keys(peers)), func(k tcCtKey, v tcCtValue) bool {
+			gone, err = deleteCandidates(ctx, d.compat.lookupAndDelete, m, slices.Collect(maps.Keys(peers)), func(k tcCtKey, v tcCtValue) bool {
 				fwd := peers[k]
 				if tcCtDir(v.Dir) != tcCtDirCT_REVERSE || v.BackendId != fwd.BackendId || v.BackendGen != fwd.BackendGen || now > v.Expires {
 					return false
@@ -258,7 +261,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 			kinds[e.k] = e.v
 		}
 	}
-	orphans, err := deleteCandidates(ctx, tables[1], candidates, orphaned)
+	orphans, err := deleteCandidates(ctx, d.compat.lookupAndDelete, tables[1], candidates, orphaned)
 	st.Orphans = len(orphans)
 	for _, k := range orphans {
 		unlive(&st, 1, k, kinds[k])
@@ -374,7 +377,17 @@ func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats
 // reset the client sees: the wrk read errors of make bench-e2e). An entry
 // taken for which still does not hold is put back at once, unless a
 // packet has already written the key again.
-func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) ([]tcCtKey, error) {
+//
+// Without atomic (a kernel without lookup-and-delete on hash maps, before
+// 5.14), each candidate is read, checked and then deleted: a tuple
+// reopened in the microseconds between the read and the delete loses its
+// fresh entries, as with any re-read. Its next packet then starts the
+// flow anew (a forward packet) or passes untranslated (a reply, which the
+// client answers with a reset): a client that reuses a port the very
+// moment its old flow on it is swept. The remaining cases are safe: an
+// entry evicted, moved or replaced before the read is skipped, and one
+// that still does not hold when read is left alone.
+func deleteCandidates(ctx context.Context, atomic bool, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) ([]tcCtKey, error) {
 	var deleted []tcCtKey
 	for i, k := range candidates {
 		if i%sweepBatch == 0 {
@@ -383,6 +396,16 @@ func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, s
 			}
 		}
 		var v tcCtValue
+		if !atomic {
+			ok, err := readCheckDelete(ct, k, still)
+			if err != nil {
+				return deleted, err
+			}
+			if ok {
+				deleted = append(deleted, k)
+			}
+			continue
+		}
 		if err := ct.LookupAndDelete(&k, &v); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue // evicted, moved or replaced meanwhile
@@ -398,6 +421,28 @@ func deleteCandidates(ctx context.Context, ct *ebpf.Map, candidates []tcCtKey, s
 		}
 	}
 	return deleted, nil
+}
+
+// readCheckDelete deletes k from ct when still holds for its entry as read,
+// and says whether it did (deleteCandidates without atomic).
+func readCheckDelete(ct *ebpf.Map, k tcCtKey, still func(tcCtKey, tcCtValue) bool) (bool, error) {
+	var v tcCtValue
+	if err := ct.Lookup(&k, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil // evicted, moved or replaced meanwhile
+		}
+		return false, fmt.Errorf("read conntrack entry: %w", err)
+	}
+	if !still(k, v) {
+		return false, nil
+	}
+	if err := ct.Delete(&k); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("delete conntrack entry: %w", err)
+	}
+	return true, nil
 }
 
 // readStat sums one counter of tlb_stats over CPUs.

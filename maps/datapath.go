@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,6 +62,9 @@ type Datapath struct {
 	uplinkReasons map[string]string
 	// kernel is what Load found the kernel offers.
 	kernel KernelReport
+	// compat is what the programs and the agent do without the features
+	// the kernel lacks (compat.go).
+	compat compat
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -170,10 +175,24 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if d.kernel, err = probeDatapathKernel(tcSpec); err != nil {
 		return nil, err
 	}
+	if err := d.kernel.forceFallbacks(opts.ForceFallbacks); err != nil {
+		return nil, fmt.Errorf("options: %w", err)
+	}
 	d.log.Info("kernel", d.kernel.LogArgs()...)
-	if err := d.kernel.Err(); err != nil {
+	if err := d.kernel.errExcept(opts.tolerate); err != nil {
 		return nil, err
 	}
+	var srcs []ifaceAddr
+	if !d.kernel.has(featureFIBLookupSrc) || !d.kernel.has("helper "+helperName(asm.FnCheckMtu)) {
+		if err := d.inNetNS(func() error {
+			srcs, err = sourceAddrs()
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		d.log.Info("interfaces' addresses and MTUs for the fallbacks of BPF_FIB_LOOKUP_SRC and bpf_check_mtu", "interfaces", srcs)
+	}
+	d.compat = newCompat(d.kernel, srcs)
 	if err := d.loadObjects(tcSpec); err != nil {
 		return nil, err
 	}
@@ -216,15 +235,13 @@ func lockDir(dir string) (*os.File, error) {
 // hands them to the XDP, uplink and socket objects.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	sizeMaps(tcSpec, d.opts)
-	if err := configure(tcSpec, d.opts); err != nil {
+	if err := configure(tcSpec, d.opts, d.compat); err != nil {
 		return err
 	}
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
-	d.tcColl, err = ebpf.NewCollectionWithOptions(tcSpec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: d.opts.PinPath},
-	})
+	d.tcColl, err = d.loadTcCollection(tcSpec)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("adopt maps at %s: %w: %w", d.opts.PinPath, ErrLayoutMismatch, err)
 	}
@@ -237,7 +254,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return err
 	}
 	sizeMaps(xdpSpec, d.opts)
-	if err := configure(xdpSpec, d.opts); err != nil {
+	if err := configure(xdpSpec, d.opts, d.compat); err != nil {
 		return err
 	}
 	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -249,7 +266,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 		return err
 	}
 	sizeMaps(uplinkSpec, d.opts)
-	if err := configure(uplinkSpec, d.opts); err != nil {
+	if err := configure(uplinkSpec, d.opts, d.compat); err != nil {
 		return err
 	}
 	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -275,16 +292,24 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 }
 
 // configure sets the load-time constants of an object that has them: the
-// SNAT port range and the per-source budget of new flows.
-func configure(spec *ebpf.CollectionSpec, opts Options) error {
+// SNAT port range, the per-source budget of new flows, and the fallbacks
+// for what the kernel lacks (bpf/compat.h).
+func configure(spec *ebpf.CollectionSpec, opts Options, c compat) error {
 	interval, burst := uint64(0), uint32(0)
 	if opts.NewFlowsPerSource != NoSourceLimit {
 		interval, burst = uint64(time.Second)/uint64(opts.NewFlowsPerSource), opts.NewFlowsPerSource
 	}
-	for name, v := range map[string]any{
+	vars := map[string]any{
 		xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max,
 		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst,
-	} {
+	}
+	maps.Copy(vars, c.knobs)
+	if !c.cmpXchg {
+		if err := withoutCmpXchg(spec); err != nil {
+			return err
+		}
+	}
+	for name, v := range vars {
 		vs, ok := spec.Variables[name]
 		if !ok {
 			continue

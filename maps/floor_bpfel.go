@@ -234,35 +234,43 @@ type floorSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	floorMapFloorFlows       = "floor_flows"
-	floorMapRejectBudget     = "reject_budget"
-	floorMapTlbAffinity      = "tlb_affinity"
-	floorMapTlbBackendStats  = "tlb_backend_stats"
-	floorMapTlbBackends      = "tlb_backends"
-	floorMapTlbConntrack     = "tlb_conntrack"
-	floorMapTlbCtNew         = "tlb_ct_new"
-	floorMapTlbCtScratch     = "tlb_ct_scratch"
-	floorMapTlbCtSrc         = "tlb_ct_src"
-	floorMapTlbFrags         = "tlb_frags"
-	floorMapTlbIfaces        = "tlb_ifaces"
-	floorMapTlbMeta          = "tlb_meta"
-	floorMapTlbRegistry      = "tlb_registry"
-	floorMapTlbRejectScratch = "tlb_reject_scratch"
-	floorMapTlbServices      = "tlb_services"
-	floorMapTlbSockRevnat    = "tlb_sock_revnat"
-	floorMapTlbSrcRangeDrops = "tlb_src_range_drops"
-	floorMapTlbSrcRanges     = "tlb_src_ranges"
-	floorMapTlbStats         = "tlb_stats"
-	floorProgTcFloor         = "tc_floor"
-	floorProgTcFloorNew      = "tc_floor_new"
-	floorProgXdpFloor        = "xdp_floor"
-	floorVarCfgCtSrcBurst    = "cfg_ct_src_burst"
-	floorVarCfgCtSrcInterval = "cfg_ct_src_interval"
-	floorVarCfgFloorSteps    = "cfg_floor_steps"
-	floorVarCfgHashSeed      = "cfg_hash_seed"
-	floorVarCfgScope         = "cfg_scope"
-	floorVarCfgSnatPortMax   = "cfg_snat_port_max"
-	floorVarCfgSnatPortMin   = "cfg_snat_port_min"
+	floorMapFloorFlows         = "floor_flows"
+	floorMapRejectBudget       = "reject_budget"
+	floorMapTlbAffinity        = "tlb_affinity"
+	floorMapTlbBackendStats    = "tlb_backend_stats"
+	floorMapTlbBackends        = "tlb_backends"
+	floorMapTlbConntrack       = "tlb_conntrack"
+	floorMapTlbCtNew           = "tlb_ct_new"
+	floorMapTlbCtScratch       = "tlb_ct_scratch"
+	floorMapTlbCtSrc           = "tlb_ct_src"
+	floorMapTlbFrags           = "tlb_frags"
+	floorMapTlbIfaces          = "tlb_ifaces"
+	floorMapTlbMeta            = "tlb_meta"
+	floorMapTlbRegistry        = "tlb_registry"
+	floorMapTlbRejectScratch   = "tlb_reject_scratch"
+	floorMapTlbServices        = "tlb_services"
+	floorMapTlbSockRevnat      = "tlb_sock_revnat"
+	floorMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	floorMapTlbSrcRanges       = "tlb_src_ranges"
+	floorMapTlbStats           = "tlb_stats"
+	floorProgTcFloor           = "tc_floor"
+	floorProgTcFloorNew        = "tc_floor_new"
+	floorProgXdpFloor          = "xdp_floor"
+	floorVarCfgCtSrcBurst      = "cfg_ct_src_burst"
+	floorVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	floorVarCfgFloorSteps      = "cfg_floor_steps"
+	floorVarCfgHashSeed        = "cfg_hash_seed"
+	floorVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	floorVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	floorVarCfgNoFibSrc        = "cfg_no_fib_src"
+	floorVarCfgNoSetRetval     = "cfg_no_set_retval"
+	floorVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	floorVarCfgScope           = "cfg_scope"
+	floorVarCfgSnatPortMax     = "cfg_snat_port_max"
+	floorVarCfgSnatPortMin     = "cfg_snat_port_min"
+	floorVarCfgSrcAddr         = "cfg_src_addr"
+	floorVarCfgSrcIfindex      = "cfg_src_ifindex"
+	floorVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadFloor returns the embedded CollectionSpec for floor.
@@ -341,13 +349,21 @@ type floorMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorVariableSpecs struct {
-	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
-	CfgFloorSteps    *ebpf.VariableSpec `ebpf:"cfg_floor_steps"`
-	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgFloorSteps      *ebpf.VariableSpec `ebpf:"cfg_floor_steps"`
+	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // floorObjects contains all objects after they have been loaded into the kernel.
@@ -419,13 +435,21 @@ func (m *floorMaps) Close() error {
 //
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorVariables struct {
-	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
-	CfgFloorSteps    *ebpf.Variable `ebpf:"cfg_floor_steps"`
-	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgFloorSteps      *ebpf.Variable `ebpf:"cfg_floor_steps"`
+	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // floorPrograms contains all programs after they have been loaded into the kernel.

@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/topolb/topolb/internal/nettest"
 )
@@ -53,6 +55,12 @@ func newDatapath(t testing.TB, opts Options) *Datapath {
 	}
 	if opts.MaxConntrack == 0 {
 		opts.MaxConntrack = 4096
+	}
+	// Packet tables run without tcx; a test that attaches skips without
+	// it (must).
+	opts.tolerate = append(opts.tolerate, "tcx links")
+	if os.Getenv(forceFallbacksEnv) != "" && opts.ForceFallbacks == nil {
+		opts.ForceFallbacks = fallbackFeatures(t)
 	}
 	d, err := Load(opts)
 	if err != nil {
@@ -146,4 +154,13 @@ func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
 	c ^= b
 	c -= bits.RotateLeft32(b, 24)
 	return c
+}
+
+// sockRefusal is the errno a socket hook of d refuses a call with where it
+// would choose errno: EPERM on a kernel without bpf_set_retval.
+func sockRefusal(d *Datapath, errno syscall.Errno) syscall.Errno {
+	if !d.kernel.has("helper " + helperName(asm.FnSetRetval)) {
+		return syscall.EPERM
+	}
+	return errno
 }

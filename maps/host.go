@@ -58,12 +58,17 @@ func (d *Datapath) loadSockObject() (*ebpf.Collection, error) {
 		return nil, err
 	}
 	sizeMaps(spec, d.opts)
-	var cookie uint64
-	if err := d.inNetNS(func() error {
-		cookie, err = netnsCookie()
-		return err
-	}); err != nil {
+	if err := configure(spec, d.opts, d.compat); err != nil {
 		return nil, err
+	}
+	var cookie uint64 // without SO_NETNS_COOKIE, 0: the hooks act on no socket
+	if d.compat.netnsCookie {
+		if err := d.inNetNS(func() error {
+			cookie, err = netnsCookie()
+			return err
+		}); err != nil {
+			return nil, err
+		}
 	}
 	v, ok := spec.Variables[sockNetnsCookieVar]
 	if !ok {

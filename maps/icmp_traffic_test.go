@@ -17,16 +17,17 @@ import (
 )
 
 // udpRefused sends one datagram on a connected socket from ns to target
-// and returns how long the socket took to report ECONNREFUSED, or an error
-// when it did not within timeout.
-func udpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Duration) (time.Duration, error) {
+// and returns how long the socket took to report ECONNREFUSED (or, at
+// connect, refusal: sockRefusal), or an error when it did not within
+// timeout.
+func udpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Duration, refusal syscall.Errno) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	c, err := ns.DialContext(ctx, "udp4", target)
 	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if errors.Is(err, refusal) {
 			return time.Since(start), nil // refused at connect (socket hooks)
 		}
 		return 0, err
@@ -80,7 +81,7 @@ func TestICMPRealTraffic(t *testing.T) {
 		t.Run(c.name+"_port_unreachable", func(t *testing.T) {
 			before, err := d.Counters()
 			must(t, err)
-			took, err := udpRefused(t, tb.client, c.vip, 2*time.Second)
+			took, err := udpRefused(t, tb.client, c.vip, 2*time.Second, syscall.ECONNREFUSED)
 			if err != nil {
 				t.Fatalf("UDP to %s: %v", c.vip, err)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -26,6 +27,9 @@ type KernelFeature struct {
 	// Without is what the datapath does on a kernel without it; empty
 	// when it cannot run without it.
 	Without string `json:"without,omitempty"`
+	// Forced says the kernel has it but Options.ForceFallbacks made the
+	// datapath do without it (Present is false).
+	Forced bool `json:"forced,omitempty"`
 }
 
 // KernelReport is what ProbeKernel found on the running kernel.
@@ -42,10 +46,13 @@ var ErrKernelFeature = errors.New("kernel lacks a feature topolb needs")
 
 // Err names each absent feature without a fallback and the first release
 // that has it; nil when there is none.
-func (r KernelReport) Err() error {
+func (r KernelReport) Err() error { return r.errExcept(nil) }
+
+// errExcept is Err ignoring the features named in tolerate.
+func (r KernelReport) errExcept(tolerate []string) error {
 	var missing []string
 	for _, f := range r.Features {
-		if !f.Present && f.Without == "" {
+		if !f.Present && f.Without == "" && !slices.Contains(tolerate, f.Name) {
 			missing = append(missing, fmt.Sprintf("%s (Linux %s)", f.Name, f.Since))
 		}
 	}
@@ -64,6 +71,8 @@ func (r KernelReport) LogArgs() []any {
 		switch {
 		case !f.Present && f.Without == "":
 			v = "no: needs Linux " + f.Since
+		case f.Forced:
+			v = "forced off: " + f.Without
 		case !f.Present:
 			v = "no: " + f.Without
 		}
@@ -72,22 +81,13 @@ func (r KernelReport) LogArgs() []any {
 	return args
 }
 
-// helperSince is the first release of each helper the objects call that
-// is newer than 5.10, topolb's oldest supported kernel; the others are in
-// 5.10 (TestProbeKernel checks both on every kernel of the matrix).
-var helperSince = map[asm.BuiltinFunc]string{
-	asm.FnKtimeGetCoarseNs: "5.11",
-	asm.FnCheckMtu:         "5.12",
-	asm.FnXdpStoreBytes:    "5.18",
-	asm.FnSetRetval:        "5.18",
-}
-
 // fibLookupSrc is BPF_FIB_LOOKUP_SRC (include/uapi/linux/bpf.h).
 const fibLookupSrc = 1 << 4
 
 // ProbeKernel finds which of the features the programs of specs use the
-// running kernel has: every helper they call, tcx links, and
-// BPF_FIB_LOOKUP_SRC.
+// running kernel has: every helper they call, tcx links,
+// BPF_FIB_LOOKUP_SRC, and what the agent uses besides: lookup-and-delete
+// on hash maps and SO_NETNS_COOKIE.
 func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 	if err := allowBPFMemory(); err != nil {
 		return KernelReport{}, err
@@ -119,9 +119,9 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 			return r, fmt.Errorf("probe helper %s for %s programs: %w", u.fn, u.typ, err)
 		}
 		name := "helper " + helperName(u.fn)
-		since, ok := helperSince[u.fn]
+		h, ok := newHelpers[u.fn]
 		if !ok {
-			since = "5.10"
+			h.since = "5.10"
 		}
 		if i, ok := seen[name]; ok {
 			// One helper in several program types: absent if absent in any.
@@ -129,7 +129,7 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 			continue
 		}
 		seen[name] = len(r.Features)
-		r.Features = append(r.Features, KernelFeature{Name: name, Since: since, Present: err == nil})
+		r.Features = append(r.Features, KernelFeature{Name: name, Since: h.since, Present: err == nil, Without: h.without})
 	}
 
 	tcx, err := probeTCX()
@@ -137,12 +137,13 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 		return r, err
 	}
 	r.Features = append(r.Features, KernelFeature{Name: "tcx links", Since: "6.6", Present: tcx})
-	src, err := probeFIBLookupSrc()
-	if err != nil {
-		return r, err
+	for _, f := range compatFeatures {
+		present, err := f.probe()
+		if err != nil {
+			return r, err
+		}
+		r.Features = append(r.Features, KernelFeature{Name: f.name, Since: f.since, Present: present, Without: f.without})
 	}
-	r.Features = append(r.Features, KernelFeature{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Present: src,
-		Without: "flows from outside to a backend on another node are dropped (counted as drop_snat_no_route)"})
 	sort.Slice(r.Features, func(i, j int) bool { return r.Features[i].Name < r.Features[j].Name })
 	return r, nil
 }

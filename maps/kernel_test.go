@@ -2,6 +2,7 @@ package maps
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -31,7 +32,8 @@ func kernelEnumValues(t *testing.T) map[string]bool {
 }
 
 // btfName is the uapi enum value whose presence in the kernel's BTF says
-// it has feature f: BPF_FUNC_<helper>, BPF_TCX_INGRESS, the flag itself.
+// it has feature f: BPF_FUNC_<helper>, BPF_TCX_INGRESS, the flag itself;
+// "" for a feature no enum value stands for (checked by release).
 func btfName(t *testing.T, f KernelFeature) string {
 	t.Helper()
 	if h, ok := strings.CutPrefix(f.Name, "helper bpf_"); ok {
@@ -42,6 +44,8 @@ func btfName(t *testing.T, f KernelFeature) string {
 		return "BPF_TCX_INGRESS"
 	case "BPF_FIB_LOOKUP_SRC":
 		return "BPF_FIB_LOOKUP_SRC"
+	case featureLookupAndDelete, featureNetnsCookie, featureCmpXchg:
+		return ""
 	}
 	t.Fatalf("feature %q has no BTF name to check it against", f.Name)
 	return ""
@@ -56,29 +60,30 @@ func btfName(t *testing.T, f KernelFeature) string {
 // fallback with its release.
 func TestProbeKernel(t *testing.T) {
 	requirePrivileges(t)
-	tcSpec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := probeDatapathKernel(tcSpec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := probeKernel(t)
 	t.Logf("kernel %s: %v", r.Release, r.LogArgs())
 	inBTF := kernelEnumValues(t)
 	names := map[string]bool{}
 	for _, f := range r.Features {
 		names[f.Name] = true
-		if want := inBTF[btfName(t, f)]; f.Present != want {
-			t.Errorf("%s (Linux %s): probe says present=%v on %s, its BTF has %s: %v", f.Name, f.Since, f.Present, r.Release, btfName(t, f), want)
+		name := btfName(t, f)
+		if name == "" {
+			if want := releaseAtLeast(t, r.Release, f.Since); f.Present != want {
+				t.Errorf("%s (Linux %s): probe says present=%v on %s", f.Name, f.Since, f.Present, r.Release)
+			}
+			continue
+		}
+		if want := inBTF[name]; f.Present != want {
+			t.Errorf("%s (Linux %s): probe says present=%v on %s, its BTF has %s: %v", f.Name, f.Since, f.Present, r.Release, name, want)
 		}
 	}
-	for _, want := range []string{"tcx links", "BPF_FIB_LOOKUP_SRC", "helper bpf_ktime_get_coarse_ns", "helper bpf_fib_lookup", "helper bpf_set_retval"} {
+	for _, want := range []string{"tcx links", "BPF_FIB_LOOKUP_SRC", "helper bpf_ktime_get_coarse_ns", "helper bpf_fib_lookup", "helper bpf_set_retval",
+		"helper bpf_ktime_get_ns", featureLookupAndDelete, featureNetnsCookie, featureCmpXchg} {
 		if !names[want] {
 			t.Errorf("no feature %q in %v", want, r.LogArgs())
 		}
 	}
-	err = r.Err()
+	err := r.Err()
 	for _, f := range r.Features {
 		named := err != nil && strings.Contains(err.Error(), f.Name+" (Linux "+f.Since+")")
 		if blocking := !f.Present && f.Without == ""; named != blocking {
@@ -88,6 +93,34 @@ func TestProbeKernel(t *testing.T) {
 	if err != nil && !errors.Is(err, ErrKernelFeature) {
 		t.Errorf("error %v does not wrap ErrKernelFeature", err)
 	}
+}
+
+// releaseAtLeast says whether release (uname -r) is since ("major.minor")
+// or later.
+func releaseAtLeast(t *testing.T, release, since string) bool {
+	t.Helper()
+	var maj, min, wantMaj, wantMin int
+	if _, err := fmt.Sscanf(release, "%d.%d", &maj, &min); err != nil {
+		t.Fatalf("release %q: %v", release, err)
+	}
+	if _, err := fmt.Sscanf(since, "%d.%d", &wantMaj, &wantMin); err != nil {
+		t.Fatalf("since %q: %v", since, err)
+	}
+	return maj > wantMaj || maj == wantMaj && min >= wantMin
+}
+
+// probeKernel probes the running kernel for the datapath's objects.
+func probeKernel(t testing.TB) KernelReport {
+	t.Helper()
+	tcSpec, err := loadTc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := probeDatapathKernel(tcSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestKernelReportErr: the error names every feature absent without a

@@ -164,6 +164,10 @@ func (km kernelMaps) readRecords(upto uint32) ([]record, error) {
 	var cursor ebpf.MapBatchCursor
 	for uint32(len(out)) <= upto {
 		n, err := km.backendStats.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrNotSupported) && len(out) == 0 {
+			// Linux 5.10 has no batch operations on per-CPU arrays.
+			return km.lookupRecords(upto)
+		}
 		for i := 0; i < n && uint32(len(out)) <= upto; i++ {
 			if keys[i] != uint32(len(out)) {
 				return nil, fmt.Errorf("read backend records: batch returned id %d, expected %d", keys[i], len(out))
@@ -176,6 +180,20 @@ func (km kernelMaps) readRecords(upto uint32) ([]record, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read backend records: %w", err)
 		}
+	}
+	return out, nil
+}
+
+// lookupRecords is readRecords one lookup per id, for kernels without
+// batch lookups on per-CPU arrays.
+func (km kernelMaps) lookupRecords(upto uint32) ([]record, error) {
+	out := make([]record, 0, upto+1)
+	per := make([]tcBackendStats, km.ncpu)
+	for id := uint32(0); id <= upto; id++ {
+		if err := km.backendStats.Lookup(id, per); err != nil {
+			return nil, fmt.Errorf("read backend record %d: %w", id, err)
+		}
+		out = append(out, sumRecord(per))
 	}
 	return out, nil
 }

@@ -18,7 +18,7 @@ import (
 
 // tcpRefused connects from ns to target and returns how long the
 // connection took to be refused, or an error when it was not.
-func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Duration) (time.Duration, error) {
+func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Duration, refusal syscall.Errno) (time.Duration, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
@@ -29,7 +29,7 @@ func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Durati
 		c.Close()
 		return 0, errors.New("connected")
 	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
+	if !errors.Is(err, refusal) {
 		return 0, err
 	}
 	return took, nil
@@ -95,15 +95,22 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 		tcp    string
 		udp    string
 		unconn bool // also an unconnected UDP send, refused by the socket hook
+		// hook says the socket hooks refuse (the node's processes):
+		// their errno is sockRefusal's.
+		hook bool
 	}{
-		{"pod", tb.client, vipTCP, vipUDP, false},
-		{"host_process", tb.node1, vipTCP, vipUDP, true},
-		{"outside_client", tb.node2, extTCP, extUDP, false},
+		{"pod", tb.client, vipTCP, vipUDP, false, false},
+		{"host_process", tb.node1, vipTCP, vipUDP, true, true},
+		{"outside_client", tb.node2, extTCP, extUDP, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before, err := d.Counters()
 			must(t, err)
-			took, err := tcpRefused(t, c.ns, c.tcp, 2*time.Second)
+			refusal := syscall.ECONNREFUSED
+			if c.hook {
+				refusal = sockRefusal(d, syscall.ECONNREFUSED)
+			}
+			took, err := tcpRefused(t, c.ns, c.tcp, 2*time.Second, refusal)
 			if err != nil {
 				t.Fatalf("TCP to %s: %v", c.tcp, err)
 			}
@@ -111,7 +118,7 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 			if took > refusedWithin {
 				t.Errorf("TCP refused after %s, want within %s", took, refusedWithin)
 			}
-			took, err = udpRefused(t, c.ns, c.udp, 2*time.Second)
+			took, err = udpRefused(t, c.ns, c.udp, 2*time.Second, refusal)
 			if err != nil {
 				t.Fatalf("UDP to %s: %v", c.udp, err)
 			}
@@ -121,8 +128,8 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 			}
 			want := uint64(2)
 			if c.unconn {
-				if err := udpSendRefused(t, c.ns, c.udp); !errors.Is(err, syscall.ECONNREFUSED) {
-					t.Errorf("unconnected UDP send to %s: %v, want ECONNREFUSED", c.udp, err)
+				if err := udpSendRefused(t, c.ns, c.udp); !errors.Is(err, refusal) {
+					t.Errorf("unconnected UDP send to %s: %v, want %v", c.udp, err, refusal)
 				}
 				want++
 			}
@@ -135,7 +142,7 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 	}
 
 	t.Run("drop_frontend_keeps_dropping", func(t *testing.T) {
-		_, err := tcpRefused(t, tb.client, dropTCP, dropNoticedAfter)
+		_, err := tcpRefused(t, tb.client, dropTCP, dropNoticedAfter, syscall.ECONNREFUSED)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			var ne net.Error
 			if !errors.As(err, &ne) || !ne.Timeout() {

@@ -203,37 +203,45 @@ type sockSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapTlbAffinity       = "tlb_affinity"
-	sockMapTlbBackendStats   = "tlb_backend_stats"
-	sockMapTlbBackends       = "tlb_backends"
-	sockMapTlbConntrack      = "tlb_conntrack"
-	sockMapTlbCtNew          = "tlb_ct_new"
-	sockMapTlbCtScratch      = "tlb_ct_scratch"
-	sockMapTlbCtSrc          = "tlb_ct_src"
-	sockMapTlbFrags          = "tlb_frags"
-	sockMapTlbIfaces         = "tlb_ifaces"
-	sockMapTlbMeta           = "tlb_meta"
-	sockMapTlbRegistry       = "tlb_registry"
-	sockMapTlbServices       = "tlb_services"
-	sockMapTlbSockRevnat     = "tlb_sock_revnat"
-	sockMapTlbSrcRangeDrops  = "tlb_src_range_drops"
-	sockMapTlbSrcRanges      = "tlb_src_ranges"
-	sockMapTlbStats          = "tlb_stats"
-	sockProgSockConnect4     = "sock_connect4"
-	sockProgSockConnect6     = "sock_connect6"
-	sockProgSockGetpeername4 = "sock_getpeername4"
-	sockProgSockGetpeername6 = "sock_getpeername6"
-	sockProgSockRecvmsg4     = "sock_recvmsg4"
-	sockProgSockRecvmsg6     = "sock_recvmsg6"
-	sockProgSockSendmsg4     = "sock_sendmsg4"
-	sockProgSockSendmsg6     = "sock_sendmsg6"
-	sockVarCfgCtSrcBurst     = "cfg_ct_src_burst"
-	sockVarCfgCtSrcInterval  = "cfg_ct_src_interval"
-	sockVarCfgHashSeed       = "cfg_hash_seed"
-	sockVarCfgNetnsCookie    = "cfg_netns_cookie"
-	sockVarCfgScope          = "cfg_scope"
-	sockVarCfgSnatPortMax    = "cfg_snat_port_max"
-	sockVarCfgSnatPortMin    = "cfg_snat_port_min"
+	sockMapTlbAffinity        = "tlb_affinity"
+	sockMapTlbBackendStats    = "tlb_backend_stats"
+	sockMapTlbBackends        = "tlb_backends"
+	sockMapTlbConntrack       = "tlb_conntrack"
+	sockMapTlbCtNew           = "tlb_ct_new"
+	sockMapTlbCtScratch       = "tlb_ct_scratch"
+	sockMapTlbCtSrc           = "tlb_ct_src"
+	sockMapTlbFrags           = "tlb_frags"
+	sockMapTlbIfaces          = "tlb_ifaces"
+	sockMapTlbMeta            = "tlb_meta"
+	sockMapTlbRegistry        = "tlb_registry"
+	sockMapTlbServices        = "tlb_services"
+	sockMapTlbSockRevnat      = "tlb_sock_revnat"
+	sockMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	sockMapTlbSrcRanges       = "tlb_src_ranges"
+	sockMapTlbStats           = "tlb_stats"
+	sockProgSockConnect4      = "sock_connect4"
+	sockProgSockConnect6      = "sock_connect6"
+	sockProgSockGetpeername4  = "sock_getpeername4"
+	sockProgSockGetpeername6  = "sock_getpeername6"
+	sockProgSockRecvmsg4      = "sock_recvmsg4"
+	sockProgSockRecvmsg6      = "sock_recvmsg6"
+	sockProgSockSendmsg4      = "sock_sendmsg4"
+	sockProgSockSendmsg6      = "sock_sendmsg6"
+	sockVarCfgCtSrcBurst      = "cfg_ct_src_burst"
+	sockVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	sockVarCfgHashSeed        = "cfg_hash_seed"
+	sockVarCfgNetnsCookie     = "cfg_netns_cookie"
+	sockVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	sockVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	sockVarCfgNoFibSrc        = "cfg_no_fib_src"
+	sockVarCfgNoSetRetval     = "cfg_no_set_retval"
+	sockVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	sockVarCfgScope           = "cfg_scope"
+	sockVarCfgSnatPortMax     = "cfg_snat_port_max"
+	sockVarCfgSnatPortMin     = "cfg_snat_port_min"
+	sockVarCfgSrcAddr         = "cfg_src_addr"
+	sockVarCfgSrcIfindex      = "cfg_src_ifindex"
+	sockVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -314,13 +322,21 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgNetnsCookie   *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
-	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNetnsCookie     *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -386,13 +402,21 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgNetnsCookie   *ebpf.Variable `ebpf:"cfg_netns_cookie"`
-	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNetnsCookie     *ebpf.Variable `ebpf:"cfg_netns_cookie"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

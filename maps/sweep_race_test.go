@@ -22,6 +22,9 @@ import (
 func TestSweepSparesReopenedFlows(t *testing.T) {
 	const flows = 30000
 	d := newDatapath(t, Options{MaxConntrack: 4 * flows, MaxConntrackNew: 4 * flows})
+	if !d.compat.lookupAndDelete {
+		t.Skipf("kernel %s: %s, the sweep's residual race (deleteCandidates) this test provokes", d.kernel.Release, lookupAndDeleteWithout)
+	}
 	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
 
 	client := func(i int) string {

@@ -390,32 +390,40 @@ type tcTlbAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapRejectBudget     = "reject_budget"
-	tcMapTlbAffinity      = "tlb_affinity"
-	tcMapTlbBackendStats  = "tlb_backend_stats"
-	tcMapTlbBackends      = "tlb_backends"
-	tcMapTlbConntrack     = "tlb_conntrack"
-	tcMapTlbCtNew         = "tlb_ct_new"
-	tcMapTlbCtScratch     = "tlb_ct_scratch"
-	tcMapTlbCtSrc         = "tlb_ct_src"
-	tcMapTlbFrags         = "tlb_frags"
-	tcMapTlbIfaces        = "tlb_ifaces"
-	tcMapTlbMeta          = "tlb_meta"
-	tcMapTlbRegistry      = "tlb_registry"
-	tcMapTlbRejectScratch = "tlb_reject_scratch"
-	tcMapTlbServices      = "tlb_services"
-	tcMapTlbSockRevnat    = "tlb_sock_revnat"
-	tcMapTlbSrcRangeDrops = "tlb_src_range_drops"
-	tcMapTlbSrcRanges     = "tlb_src_ranges"
-	tcMapTlbStats         = "tlb_stats"
-	tcProgTcLb            = "tc_lb"
-	tcProgTcLbEgress      = "tc_lb_egress"
-	tcVarCfgCtSrcBurst    = "cfg_ct_src_burst"
-	tcVarCfgCtSrcInterval = "cfg_ct_src_interval"
-	tcVarCfgHashSeed      = "cfg_hash_seed"
-	tcVarCfgScope         = "cfg_scope"
-	tcVarCfgSnatPortMax   = "cfg_snat_port_max"
-	tcVarCfgSnatPortMin   = "cfg_snat_port_min"
+	tcMapRejectBudget       = "reject_budget"
+	tcMapTlbAffinity        = "tlb_affinity"
+	tcMapTlbBackendStats    = "tlb_backend_stats"
+	tcMapTlbBackends        = "tlb_backends"
+	tcMapTlbConntrack       = "tlb_conntrack"
+	tcMapTlbCtNew           = "tlb_ct_new"
+	tcMapTlbCtScratch       = "tlb_ct_scratch"
+	tcMapTlbCtSrc           = "tlb_ct_src"
+	tcMapTlbFrags           = "tlb_frags"
+	tcMapTlbIfaces          = "tlb_ifaces"
+	tcMapTlbMeta            = "tlb_meta"
+	tcMapTlbRegistry        = "tlb_registry"
+	tcMapTlbRejectScratch   = "tlb_reject_scratch"
+	tcMapTlbServices        = "tlb_services"
+	tcMapTlbSockRevnat      = "tlb_sock_revnat"
+	tcMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	tcMapTlbSrcRanges       = "tlb_src_ranges"
+	tcMapTlbStats           = "tlb_stats"
+	tcProgTcLb              = "tc_lb"
+	tcProgTcLbEgress        = "tc_lb_egress"
+	tcVarCfgCtSrcBurst      = "cfg_ct_src_burst"
+	tcVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	tcVarCfgHashSeed        = "cfg_hash_seed"
+	tcVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	tcVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	tcVarCfgNoFibSrc        = "cfg_no_fib_src"
+	tcVarCfgNoSetRetval     = "cfg_no_set_retval"
+	tcVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	tcVarCfgScope           = "cfg_scope"
+	tcVarCfgSnatPortMax     = "cfg_snat_port_max"
+	tcVarCfgSnatPortMin     = "cfg_snat_port_min"
+	tcVarCfgSrcAddr         = "cfg_src_addr"
+	tcVarCfgSrcIfindex      = "cfg_src_ifindex"
+	tcVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -492,12 +500,20 @@ type tcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -567,12 +583,20 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/topolb/topolb/internal/nettest"
 )
@@ -25,8 +28,14 @@ type testbed struct {
 	node1, node2, client, b1, b2, b3 *nettest.NS
 }
 
+// must fails the test on err, or skips it, with err as the reason, when
+// err says the kernel lacks a feature (ebpf.ErrNotSupported: tcx links
+// before Linux 6.6, needed to attach).
 func must(t *testing.T, err error) {
 	t.Helper()
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel lacks a feature: %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -300,6 +300,15 @@ type Options struct {
 	// (the zero value) probes each uplink, UplinkXDP and UplinkTC force
 	// one path (see UplinkPath).
 	UplinkPath UplinkPath
+	// ForceFallbacks names kernel features (KernelFeature.Name) the
+	// datapath does without even where the kernel has them, as on an
+	// older kernel: the tests run each fallback on a new kernel with it.
+	// A name that is not a feature with a fallback fails Load.
+	ForceFallbacks []string
+	// tolerate names kernel features Load accepts the kernel lacks
+	// (tests: the programs load and run without tcx links, which only
+	// attaching needs).
+	tolerate []string
 	// Logger receives operator-level events (load, adopt, attach,
 	// rollback and repair) at Info or Warn and every map write at
 	// Debug-1 (klog -v 5). Nil discards.

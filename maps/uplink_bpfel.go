@@ -213,32 +213,40 @@ type uplinkSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkMapRejectBudget     = "reject_budget"
-	uplinkMapTlbAffinity      = "tlb_affinity"
-	uplinkMapTlbBackendStats  = "tlb_backend_stats"
-	uplinkMapTlbBackends      = "tlb_backends"
-	uplinkMapTlbConntrack     = "tlb_conntrack"
-	uplinkMapTlbCtNew         = "tlb_ct_new"
-	uplinkMapTlbCtScratch     = "tlb_ct_scratch"
-	uplinkMapTlbCtSrc         = "tlb_ct_src"
-	uplinkMapTlbFrags         = "tlb_frags"
-	uplinkMapTlbIfaces        = "tlb_ifaces"
-	uplinkMapTlbMeta          = "tlb_meta"
-	uplinkMapTlbRegistry      = "tlb_registry"
-	uplinkMapTlbRejectScratch = "tlb_reject_scratch"
-	uplinkMapTlbServices      = "tlb_services"
-	uplinkMapTlbSockRevnat    = "tlb_sock_revnat"
-	uplinkMapTlbSrcRangeDrops = "tlb_src_range_drops"
-	uplinkMapTlbSrcRanges     = "tlb_src_ranges"
-	uplinkMapTlbStats         = "tlb_stats"
-	uplinkProgTcUplink        = "tc_uplink"
-	uplinkProgTcUplinkLb      = "tc_uplink_lb"
-	uplinkVarCfgCtSrcBurst    = "cfg_ct_src_burst"
-	uplinkVarCfgCtSrcInterval = "cfg_ct_src_interval"
-	uplinkVarCfgHashSeed      = "cfg_hash_seed"
-	uplinkVarCfgScope         = "cfg_scope"
-	uplinkVarCfgSnatPortMax   = "cfg_snat_port_max"
-	uplinkVarCfgSnatPortMin   = "cfg_snat_port_min"
+	uplinkMapRejectBudget       = "reject_budget"
+	uplinkMapTlbAffinity        = "tlb_affinity"
+	uplinkMapTlbBackendStats    = "tlb_backend_stats"
+	uplinkMapTlbBackends        = "tlb_backends"
+	uplinkMapTlbConntrack       = "tlb_conntrack"
+	uplinkMapTlbCtNew           = "tlb_ct_new"
+	uplinkMapTlbCtScratch       = "tlb_ct_scratch"
+	uplinkMapTlbCtSrc           = "tlb_ct_src"
+	uplinkMapTlbFrags           = "tlb_frags"
+	uplinkMapTlbIfaces          = "tlb_ifaces"
+	uplinkMapTlbMeta            = "tlb_meta"
+	uplinkMapTlbRegistry        = "tlb_registry"
+	uplinkMapTlbRejectScratch   = "tlb_reject_scratch"
+	uplinkMapTlbServices        = "tlb_services"
+	uplinkMapTlbSockRevnat      = "tlb_sock_revnat"
+	uplinkMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	uplinkMapTlbSrcRanges       = "tlb_src_ranges"
+	uplinkMapTlbStats           = "tlb_stats"
+	uplinkProgTcUplink          = "tc_uplink"
+	uplinkProgTcUplinkLb        = "tc_uplink_lb"
+	uplinkVarCfgCtSrcBurst      = "cfg_ct_src_burst"
+	uplinkVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	uplinkVarCfgHashSeed        = "cfg_hash_seed"
+	uplinkVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	uplinkVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	uplinkVarCfgNoFibSrc        = "cfg_no_fib_src"
+	uplinkVarCfgNoSetRetval     = "cfg_no_set_retval"
+	uplinkVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	uplinkVarCfgScope           = "cfg_scope"
+	uplinkVarCfgSnatPortMax     = "cfg_snat_port_max"
+	uplinkVarCfgSnatPortMin     = "cfg_snat_port_min"
+	uplinkVarCfgSrcAddr         = "cfg_src_addr"
+	uplinkVarCfgSrcIfindex      = "cfg_src_ifindex"
+	uplinkVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -315,12 +323,20 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
-	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -390,12 +406,20 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
-	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

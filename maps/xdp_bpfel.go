@@ -213,31 +213,39 @@ type xdpSvcValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapRejectBudget     = "reject_budget"
-	xdpMapTlbAffinity      = "tlb_affinity"
-	xdpMapTlbBackendStats  = "tlb_backend_stats"
-	xdpMapTlbBackends      = "tlb_backends"
-	xdpMapTlbConntrack     = "tlb_conntrack"
-	xdpMapTlbCtNew         = "tlb_ct_new"
-	xdpMapTlbCtScratch     = "tlb_ct_scratch"
-	xdpMapTlbCtSrc         = "tlb_ct_src"
-	xdpMapTlbFrags         = "tlb_frags"
-	xdpMapTlbIfaces        = "tlb_ifaces"
-	xdpMapTlbMeta          = "tlb_meta"
-	xdpMapTlbRegistry      = "tlb_registry"
-	xdpMapTlbRejectScratch = "tlb_reject_scratch"
-	xdpMapTlbServices      = "tlb_services"
-	xdpMapTlbSockRevnat    = "tlb_sock_revnat"
-	xdpMapTlbSrcRangeDrops = "tlb_src_range_drops"
-	xdpMapTlbSrcRanges     = "tlb_src_ranges"
-	xdpMapTlbStats         = "tlb_stats"
-	xdpProgXdpLb           = "xdp_lb"
-	xdpVarCfgCtSrcBurst    = "cfg_ct_src_burst"
-	xdpVarCfgCtSrcInterval = "cfg_ct_src_interval"
-	xdpVarCfgHashSeed      = "cfg_hash_seed"
-	xdpVarCfgScope         = "cfg_scope"
-	xdpVarCfgSnatPortMax   = "cfg_snat_port_max"
-	xdpVarCfgSnatPortMin   = "cfg_snat_port_min"
+	xdpMapRejectBudget       = "reject_budget"
+	xdpMapTlbAffinity        = "tlb_affinity"
+	xdpMapTlbBackendStats    = "tlb_backend_stats"
+	xdpMapTlbBackends        = "tlb_backends"
+	xdpMapTlbConntrack       = "tlb_conntrack"
+	xdpMapTlbCtNew           = "tlb_ct_new"
+	xdpMapTlbCtScratch       = "tlb_ct_scratch"
+	xdpMapTlbCtSrc           = "tlb_ct_src"
+	xdpMapTlbFrags           = "tlb_frags"
+	xdpMapTlbIfaces          = "tlb_ifaces"
+	xdpMapTlbMeta            = "tlb_meta"
+	xdpMapTlbRegistry        = "tlb_registry"
+	xdpMapTlbRejectScratch   = "tlb_reject_scratch"
+	xdpMapTlbServices        = "tlb_services"
+	xdpMapTlbSockRevnat      = "tlb_sock_revnat"
+	xdpMapTlbSrcRangeDrops   = "tlb_src_range_drops"
+	xdpMapTlbSrcRanges       = "tlb_src_ranges"
+	xdpMapTlbStats           = "tlb_stats"
+	xdpProgXdpLb             = "xdp_lb"
+	xdpVarCfgCtSrcBurst      = "cfg_ct_src_burst"
+	xdpVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	xdpVarCfgHashSeed        = "cfg_hash_seed"
+	xdpVarCfgNoCheckMtu      = "cfg_no_check_mtu"
+	xdpVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
+	xdpVarCfgNoFibSrc        = "cfg_no_fib_src"
+	xdpVarCfgNoSetRetval     = "cfg_no_set_retval"
+	xdpVarCfgNoXdpStoreBytes = "cfg_no_xdp_store_bytes"
+	xdpVarCfgScope           = "cfg_scope"
+	xdpVarCfgSnatPortMax     = "cfg_snat_port_max"
+	xdpVarCfgSnatPortMin     = "cfg_snat_port_min"
+	xdpVarCfgSrcAddr         = "cfg_src_addr"
+	xdpVarCfgSrcIfindex      = "cfg_src_ifindex"
+	xdpVarCfgSrcMtu          = "cfg_src_mtu"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -313,12 +321,20 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	CfgCtSrcBurst    *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.VariableSpec `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.VariableSpec `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.VariableSpec `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.VariableSpec `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -388,12 +404,20 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	CfgCtSrcBurst    *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
-	CfgCtSrcInterval *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
-	CfgHashSeed      *ebpf.Variable `ebpf:"cfg_hash_seed"`
-	CfgScope         *ebpf.Variable `ebpf:"cfg_scope"`
-	CfgSnatPortMax   *ebpf.Variable `ebpf:"cfg_snat_port_max"`
-	CfgSnatPortMin   *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
+	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
+	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
+	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`
+	CfgNoFibSrc        *ebpf.Variable `ebpf:"cfg_no_fib_src"`
+	CfgNoSetRetval     *ebpf.Variable `ebpf:"cfg_no_set_retval"`
+	CfgNoXdpStoreBytes *ebpf.Variable `ebpf:"cfg_no_xdp_store_bytes"`
+	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
+	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
+	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
+	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.

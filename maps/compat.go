@@ -1,0 +1,354 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The fallbacks for kernels older than a feature the datapath uses
+// (Linux 5.10 is the oldest supported; README, "Requirements"). The BPF
+// side is bpf/compat.h: each fallback there has a knob, a volatile const
+// set here at load from the kernel report, so the verifier never sees a
+// helper the kernel lacks.
+
+// newHelper is a helper newer than 5.10 that the objects call.
+type newHelper struct {
+	// since is the first release that has it.
+	since string
+	// knob is the bpf/compat.h constant that makes the programs do
+	// without it.
+	knob string
+	// without is what they do then (KernelFeature.Without).
+	without string
+}
+
+// newHelpers are the helpers the objects call that 5.10 lacks; the others
+// are in 5.10 (TestProbeKernel checks both on every kernel of the matrix).
+var newHelpers = map[asm.BuiltinFunc]newHelper{
+	asm.FnKtimeGetCoarseNs: {"5.11", tcVarCfgNoCoarseClock,
+		"the datapath's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), and the agent's expiry math reads the same"},
+	asm.FnCheckMtu: {"5.12", tcVarCfgNoCheckMtu,
+		fmt.Sprintf("a forwarded packet is checked against the MTU its egress interface had when the agent loaded the programs (of the first %d interfaces with an IPv4 address), else by a FIB lookup per packet (XDP: the route's MTU; tc: the egress device's, once the next hop's neighbour entry exists); a GSO packet's segments are not checked", compatSrcMax)},
+	asm.FnXdpStoreBytes: {"5.18", tcVarCfgNoXdpStoreBytes,
+		"XDP writes its reject replies into the frame byte by byte"},
+	asm.FnSetRetval: {"5.18", tcVarCfgNoSetRetval,
+		"a socket hook that refuses a call fails it with EPERM, not ECONNREFUSED (reject frontends) or ENOMEM (full map)"},
+}
+
+// Names of the features that are not helpers (KernelFeature.Name).
+const (
+	featureFIBLookupSrc    = "BPF_FIB_LOOKUP_SRC"
+	featureLookupAndDelete = "lookup-and-delete on hash maps"
+	featureNetnsCookie     = "SO_NETNS_COOKIE"
+	featureCmpXchg         = "BPF atomic compare-and-exchange"
+)
+
+// compatFeatures are the features besides helpers and tcx links that
+// ProbeKernel probes, each with its fallback.
+var compatFeatures = []struct {
+	name, since, without string
+	probe                func() (bool, error)
+}{
+	{featureFIBLookupSrc, "6.7", fibLookupSrcWithout, probeFIBLookupSrc},
+	{featureLookupAndDelete, "5.14", lookupAndDeleteWithout, probeLookupAndDelete},
+	{featureCmpXchg, "5.12", cmpXchgWithout, probeCmpXchg},
+	{featureNetnsCookie, "5.14", netnsCookieWithout, probeNetnsCookie},
+}
+
+// compatSrcMax is COMPAT_SRC_MAX in bpf/compat.h: how many interfaces'
+// source addresses the programs hold. Change both together.
+const compatSrcMax = 8
+
+// fibLookupSrcWithout is what the datapath does without BPF_FIB_LOOKUP_SRC.
+var fibLookupSrcWithout = fmt.Sprintf("the source address of a flow source-NATed to a backend on another node is the primary IPv4 address the egress interface had when the agent loaded the programs (of the first %d interfaces with one; a change needs an agent restart); none there: the flow is dropped (drop_snat_no_route)", compatSrcMax)
+
+// The fallbacks of the features the agent itself uses.
+const (
+	cmpXchgWithout         = "a new flow takes over an expired conntrack entry with a plain store (the programs' compare-and-exchange rewritten at load): two CPUs taking over the same expired entry in the same instant both win, and the later one's flow keeps it"
+	lookupAndDeleteWithout = "the conntrack sweep reads, checks and deletes each entry: a flow reopened on the same tuple between its read and its delete (microseconds) loses its fresh entries, and its next packet starts it anew"
+	netnsCookieWithout     = "the socket hooks act on no socket (they cannot tell the node's sockets from pods'): the node's own processes reach frontends only through the stack"
+)
+
+// ForceFallbacks in Options, checked by forceFallbacks.
+var errNoFallback = errors.New("feature has no fallback to force")
+
+// forceFallbacks marks the named features absent, as if the kernel lacked
+// them (Options.ForceFallbacks): their fallbacks run.
+func (r *KernelReport) forceFallbacks(names []string) error {
+	for _, name := range names {
+		i := slices.IndexFunc(r.Features, func(f KernelFeature) bool { return f.Name == name })
+		switch {
+		case i < 0:
+			return fmt.Errorf("force fallback of %q: no such feature in %v", name, r.LogArgs())
+		case r.Features[i].Without == "":
+			return fmt.Errorf("force fallback of %q: %w", name, errNoFallback)
+		}
+		r.Features[i].Present = false
+		r.Features[i].Forced = true
+	}
+	return nil
+}
+
+// has says whether the kernel has the named feature; one the probe did not
+// look for (no object calls the helper) counts as present.
+func (r KernelReport) has(name string) bool {
+	i := slices.IndexFunc(r.Features, func(f KernelFeature) bool { return f.Name == name })
+	return i < 0 || r.Features[i].Present
+}
+
+// compat is what the loaded programs and the agent do on this kernel,
+// derived from its report.
+type compat struct {
+	// knobs are bpf/compat.h's constants by name (configure sets those an
+	// object has).
+	knobs map[string]any
+	// clock is the datapath's clock (CLOCK_MONOTONIC_COARSE, or
+	// CLOCK_MONOTONIC without bpf_ktime_get_coarse_ns).
+	clock int32
+	// lookupAndDelete says the conntrack sweep may take entries
+	// atomically (deleteCandidates).
+	lookupAndDelete bool
+	// netnsCookie says SO_NETNS_COOKIE reads the namespace's cookie.
+	netnsCookie bool
+	// cmpXchg says the kernel has BPF's compare-and-exchange; without it
+	// configure rewrites it (withoutCmpXchg).
+	cmpXchg bool
+}
+
+// newCompat derives the fallbacks from r. srcs are the interfaces' source
+// addresses and MTUs for the programs without BPF_FIB_LOOKUP_SRC or
+// bpf_check_mtu (sourceAddrs).
+func newCompat(r KernelReport, srcs []ifaceAddr) compat {
+	c := compat{
+		knobs:           map[string]any{},
+		clock:           unix.CLOCK_MONOTONIC_COARSE,
+		lookupAndDelete: r.has(featureLookupAndDelete),
+		netnsCookie:     r.has(featureNetnsCookie),
+		cmpXchg:         r.has(featureCmpXchg),
+	}
+	flag := func(b bool) uint8 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for fn, h := range newHelpers {
+		c.knobs[h.knob] = flag(!r.has("helper " + helperName(fn)))
+	}
+	if !r.has("helper " + helperName(asm.FnKtimeGetCoarseNs)) {
+		c.clock = unix.CLOCK_MONOTONIC
+	}
+	c.knobs[tcVarCfgNoFibSrc] = flag(!r.has(featureFIBLookupSrc))
+	var idx, mtu [compatSrcMax]uint32
+	var addr [compatSrcMax][4]byte
+	for i, s := range srcs {
+		if i == compatSrcMax {
+			break
+		}
+		idx[i], addr[i], mtu[i] = s.ifindex, s.addr.As4(), s.mtu
+	}
+	c.knobs[tcVarCfgSrcIfindex], c.knobs[tcVarCfgSrcAddr], c.knobs[tcVarCfgSrcMtu] = idx, addr, mtu
+	return c
+}
+
+// now reads the datapath's clock in ns.
+func (c compat) now() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(c.clock, &ts); err != nil {
+		return 0, fmt.Errorf("read the datapath's clock %d: %w", c.clock, err)
+	}
+	return uint64(ts.Nano()), nil
+}
+
+// ifaceAddr is an interface's primary IPv4 address and its MTU.
+type ifaceAddr struct {
+	ifindex uint32
+	addr    netip.Addr
+	mtu     uint32
+}
+
+// sourceAddrs lists the primary (first, not secondary) IPv4 address of
+// scope global of each interface of the calling thread's network
+// namespace that has one, by ifindex, with the interface's MTU: the
+// source addresses of flows source-NATed out of each without
+// BPF_FIB_LOOKUP_SRC, and the MTUs without bpf_check_mtu.
+func sourceAddrs() ([]ifaceAddr, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list IPv4 addresses: %w", err)
+	}
+	var out []ifaceAddr
+	for _, a := range addrs {
+		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.Flags&unix.IFA_F_SECONDARY != 0 || a.IP.To4() == nil {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(a.IP.To4())
+		if slices.ContainsFunc(out, func(s ifaceAddr) bool { return s.ifindex == uint32(a.LinkIndex) }) {
+			continue
+		}
+		link, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return nil, fmt.Errorf("read interface %d: %w", a.LinkIndex, err)
+		}
+		out = append(out, ifaceAddr{uint32(a.LinkIndex), ip, uint32(link.Attrs().MTU)})
+	}
+	slices.SortFunc(out, func(a, b ifaceAddr) int { return int(a.ifindex) - int(b.ifindex) })
+	return out, nil
+}
+
+// errnoENOTSUPP is the kernel's internal ENOTSUPP (include/linux/errno.h),
+// which the bpf syscall leaks for operations a map type lacks.
+const errnoENOTSUPP = unix.Errno(524)
+
+// probeLookupAndDelete says whether the kernel takes an entry out of a
+// hash map atomically (BPF_MAP_LOOKUP_AND_DELETE_ELEM on hash maps, Linux
+// 5.14; before, only queues and stacks).
+func probeLookupAndDelete() (bool, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		return false, fmt.Errorf("probe lookup-and-delete: create map: %w", err)
+	}
+	defer m.Close()
+	if err := m.Put(uint32(1), uint32(2)); err != nil {
+		return false, fmt.Errorf("probe lookup-and-delete: %w", err)
+	}
+	var v uint32
+	err = m.LookupAndDelete(uint32(1), &v)
+	switch {
+	case err == nil && v == 2:
+		return true, nil
+	case err == nil:
+		return false, fmt.Errorf("probe lookup-and-delete: took value %d, want 2", v)
+	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, errnoENOTSUPP), errors.Is(err, unix.EINVAL):
+		return false, nil
+	}
+	return false, fmt.Errorf("probe lookup-and-delete: %w", err)
+}
+
+// probeNetnsCookie says whether SO_NETNS_COOKIE reads a network
+// namespace's cookie (Linux 5.14).
+func probeNetnsCookie() (bool, error) {
+	_, err := netnsCookie()
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// datapathClock is the clock bpf/compat.h's compat_now reads on this
+// kernel: CLOCK_MONOTONIC_COARSE where bpf_ktime_get_coarse_ns exists, else
+// CLOCK_MONOTONIC.
+func datapathClock() (int32, error) {
+	err := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnKtimeGetCoarseNs)
+	switch {
+	case err == nil:
+		return unix.CLOCK_MONOTONIC_COARSE, nil
+	case errors.Is(err, ebpf.ErrNotSupported):
+		return unix.CLOCK_MONOTONIC, nil
+	}
+	return 0, fmt.Errorf("probe helper bpf_ktime_get_coarse_ns: %w", err)
+}
+
+// probeCmpXchg says whether the verifier takes BPF_CMPXCHG (Linux 5.12;
+// before, only BPF_XADD, and Linux 5.10 rejects any other atomic
+// instruction before it looks at what is reachable, so no load-time knob
+// can hide one).
+//
+// Like ct_claim_expired in snat_claim, it exchanges a map value's 64 bits
+// in a BPF-to-BPF function (Debian's 5.10 loaded a probe with one in the
+// program's main body, yet rejected snat_claim's: "BPF_STX uses reserved
+// fields"; loadTcCollection catches what a probe misses).
+func probeCmpXchg() (bool, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		return false, fmt.Errorf("probe BPF_CMPXCHG: create map: %w", err)
+	}
+	defer m.Close()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
+		asm.Call.Label("claim"),
+		asm.Return(),
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word).WithSymbol("claim"),
+		asm.LoadMapPtr(asm.R1, m.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "out"),
+		asm.Mov.Reg(asm.R1, asm.R0),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Mov.Imm(asm.R2, 1),
+		asm.CmpXchg.Mem(asm.R1, asm.R2, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
+		asm.Return(),
+	}})
+	if errors.Is(err, unix.EINVAL) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe BPF_CMPXCHG: %w", err)
+	}
+	prog.Close()
+	return true, nil
+}
+
+// withoutCmpXchg rewrites each compare-and-exchange of spec's programs,
+// r0 = cmpxchg(dst + off, r0, src), into the plain store
+// *(dst + off) = src: r0 keeps the value expected, so the caller sees the
+// exchange succeed. The C side's one use, ct_claim_expired (bpf/ct.h),
+// then claims an expired entry unconditionally (cmpXchgWithout).
+func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
+	for name, p := range spec.Programs {
+		for i, ins := range p.Instructions {
+			switch op := ins.OpCode.AtomicOp(); op {
+			case asm.InvalidAtomic, asm.AddAtomic:
+				continue
+			case asm.CmpXchg:
+				p.Instructions[i].OpCode = asm.StoreMemOp(ins.OpCode.Size())
+				p.Instructions[i].Constant = 0
+			default:
+				return fmt.Errorf("program %s: instruction %d: atomic %s has no rewrite for kernels without BPF atomics", name, i, op)
+			}
+		}
+	}
+	return nil
+}
+
+// loadTcCollection loads the tc object with its maps pinned. Where the
+// verifier turns it down although the probe's compare-and-exchange loaded
+// (Debian's 5.10 takes the probe's and rejects the object's: "BPF_STX uses
+// reserved fields"), it loads the object again without compare-and-exchange
+// (withoutCmpXchg) and, when that loads, records the feature absent: the
+// other objects are then configured without it too.
+func (d *Datapath) loadTcCollection(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}}
+	var plain *ebpf.CollectionSpec
+	if d.compat.cmpXchg {
+		plain = spec.Copy()
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
+	if err == nil || plain == nil || errors.Is(err, ebpf.ErrMapIncompatible) {
+		return coll, err
+	}
+	if werr := withoutCmpXchg(plain); werr != nil {
+		return nil, errors.Join(err, werr)
+	}
+	coll, perr := ebpf.NewCollectionWithOptions(plain, opts)
+	if perr != nil {
+		return nil, err // the first error: compare-and-exchange was not it
+	}
+	i := slices.IndexFunc(d.kernel.Features, func(f KernelFeature) bool { return f.Name == featureCmpXchg })
+	if i >= 0 {
+		d.kernel.Features[i].Present = false
+	}
+	d.compat.cmpXchg = false
+	d.log.Warn("kernel turned down the programs' compare-and-exchange its probe accepted: loaded without it",
+		"feature", featureCmpXchg, "without", cmpXchgWithout, "error", err)
+	return coll, nil
+}

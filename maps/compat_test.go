@@ -1,0 +1,262 @@
+package maps
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
+)
+
+// forceFallbacksEnv, when set, makes newDatapath force the fallbacks of
+// every feature fallbackFeatures names: TestFallbacks runs tests so.
+const forceFallbacksEnv = "TOPOLB_TEST_FORCE_FALLBACKS"
+
+// fallbackFeatures names the features the running kernel has whose
+// fallback the datapath can take instead, but SO_NETNS_COOKIE: without it
+// the socket hooks act on no socket, which TestForceFallbacks checks
+// alone (the tests of the hooks would only skip).
+func fallbackFeatures(t testing.TB) []string {
+	t.Helper()
+	var names []string
+	for _, f := range probeKernel(t).Features {
+		if f.Present && f.Without != "" && f.Name != featureNetnsCookie {
+			names = append(names, f.Name)
+		}
+	}
+	return names
+}
+
+// TestForceFallbacks loads the programs with every fallback forced: the
+// verifier accepts them, and each object holds the knobs the report
+// implies. Forcing what has no fallback, or no feature, fails Load.
+func TestForceFallbacks(t *testing.T) {
+	requirePrivileges(t)
+	force := append(fallbackFeatures(t), featureNetnsCookie)
+	d := newDatapath(t, Options{ForceFallbacks: force})
+	for _, name := range force {
+		i := slices.IndexFunc(d.kernel.Features, func(f KernelFeature) bool { return f.Name == name })
+		if f := d.kernel.Features[i]; f.Present || !f.Forced {
+			t.Errorf("%s: present %v, forced %v after forcing it", name, f.Present, f.Forced)
+		}
+	}
+	want := map[string]uint8{}
+	for fn, h := range newHelpers {
+		if !d.kernel.has("helper " + helperName(fn)) {
+			want[h.knob] = 1
+		}
+	}
+	if !d.kernel.has(featureFIBLookupSrc) {
+		want[tcVarCfgNoFibSrc] = 1
+	}
+	if len(want) == 0 {
+		t.Fatalf("no fallback forced: %v", d.kernel.LogArgs())
+	}
+	for obj, coll := range map[string]*ebpf.Collection{"tc": d.tcColl, "xdp": d.xdpColl, "uplink": d.uplinkColl, "sock": d.sockColl} {
+		for _, knob := range []string{tcVarCfgNoCoarseClock, tcVarCfgNoCheckMtu, tcVarCfgNoXdpStoreBytes, tcVarCfgNoSetRetval, tcVarCfgNoFibSrc} {
+			v, ok := coll.Variables[knob]
+			if !ok {
+				continue
+			}
+			var got uint8
+			if err := v.Get(&got); err != nil {
+				t.Fatalf("%s: read %s: %v", obj, knob, err)
+			}
+			if got != want[knob] {
+				t.Errorf("%s: %s = %d, want %d", obj, knob, got, want[knob])
+			}
+		}
+	}
+	var cookie uint64
+	if err := d.sockColl.Variables[sockNetnsCookieVar].Get(&cookie); err != nil {
+		t.Fatal(err)
+	}
+	if cookie != 0 {
+		t.Errorf("socket hooks without SO_NETNS_COOKIE act on namespace %d, want none (0)", cookie)
+	}
+	if d.compat.lookupAndDelete || d.compat.clock != unix.CLOCK_MONOTONIC {
+		t.Errorf("agent side: atomic sweep %v, clock %d; want false, CLOCK_MONOTONIC", d.compat.lookupAndDelete, d.compat.clock)
+	}
+
+	for _, c := range []struct{ name, force string }{
+		{"no_fallback", "tcx links"},
+		{"no_feature", "warp drive"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Load(Options{PinPath: filepath.Join(bpffs(t), "topolb"), ForceFallbacks: []string{c.force}})
+			if err == nil || !strings.Contains(err.Error(), c.force) {
+				t.Errorf("Load forcing %q: %v, want an error naming it", c.force, err)
+			}
+			if c.name == "no_fallback" && !errors.Is(err, errNoFallback) {
+				t.Errorf("error %v does not wrap errNoFallback", err)
+			}
+		})
+	}
+}
+
+// TestFallbackClock: the datapath's clock, as a new flow's expiry shows
+// it, is CLOCK_MONOTONIC_COARSE, and CLOCK_MONOTONIC with the fallback for
+// bpf_ktime_get_coarse_ns (its value lies between two readings of the
+// clock around the packet; the other clock lags by up to a tick).
+func TestFallbackClock(t *testing.T) {
+	requirePrivileges(t)
+	coarse := "helper " + helperName(asm.FnKtimeGetCoarseNs)
+	for _, c := range []struct {
+		name  string
+		force []string
+		clock int32
+	}{
+		{"coarse", []string{}, unix.CLOCK_MONOTONIC_COARSE},
+		{"fallback", []string{coarse}, unix.CLOCK_MONOTONIC},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newDatapath(t, Options{ForceFallbacks: c.force})
+			if c.clock == unix.CLOCK_MONOTONIC_COARSE && !d.kernel.has(coarse) {
+				t.Skipf("kernel %s lacks %s", d.kernel.Release, coarse)
+			}
+			if d.compat.clock != c.clock {
+				t.Fatalf("agent's clock %d, want %d", d.compat.clock, c.clock)
+			}
+			mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
+			before, err := d.compat.now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ret, _ := run(t, d.tcProg, udpFrame(client, vipUDP, "q").bytes()); ret != tcOK {
+				t.Fatalf("verdict %d", ret)
+			}
+			after, err := d.compat.now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := readCT(t, d, ctKey(client, vipUDP, protoUDP)).Expires - uint64(TimeoutUDP)
+			if at < before || at > after {
+				t.Errorf("flow created at %d, not between the clock's %d and %d (%s before, %s after)",
+					at, before, after, time.Duration(before-min(at, before)), time.Duration(max(at, after)-after))
+			}
+		})
+	}
+}
+
+// fallbackTests are the tests TestFallbacks runs with every fallback
+// forced, by what they cover: the clock (conntrack and fragment expiry),
+// MTU checks by FIB lookup (forwarding), XDP replies written byte by byte
+// (rejects), socket hooks refusing with EPERM (real rejects), source NAT
+// addresses from the agent (XDP north-south), and the read-check-delete
+// sweep.
+var fallbackTests = []string{
+	"TestConntrackLifecycle", "TestFragmentTimeout",
+	"TestXDPNorthSouth", "TestTCForwarding", "TestSNATHandoffBeyondMTU",
+	"TestRejects", "TestRejectRealTraffic",
+	"TestSweepConntrack", "TestSweepDeletesOrphans", "TestSweepTakesStaleFlowsWhole",
+}
+
+// TestFallbacks runs fallbackTests again in a child process with every
+// fallback forced (forceFallbacksEnv), so each fallback branch runs on
+// this kernel, through the same checks as the modern path. Each must pass,
+// not skip.
+func TestFallbacks(t *testing.T) {
+	requirePrivileges(t)
+	if os.Getenv(forceFallbacksEnv) != "" {
+		t.Skip("already the child")
+	}
+	if len(fallbackFeatures(t)) == 0 {
+		t.Skip("the kernel has none of the features with a fallback")
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.v", "-test.count=1",
+		"-test.run", "^("+strings.Join(fallbackTests, "|")+")$")
+	cmd.Env = append(os.Environ(), forceFallbacksEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("tests with every fallback forced: %v\n%s", err, out)
+	}
+	for _, name := range fallbackTests {
+		if !regexp.MustCompile(`(?m)^--- PASS: ` + name + ` `).Match(out) {
+			t.Errorf("%s did not pass with every fallback forced", name)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	t.Logf("with %v forced: %d tests passed", fallbackFeatures(t), len(fallbackTests))
+}
+
+// TestWithoutCmpXchg: the rewrite for kernels without BPF atomics leaves
+// no compare-and-exchange in any object, each one a store to the same
+// place (the verifier takes the result: TestForceFallbacks).
+func TestWithoutCmpXchg(t *testing.T) {
+	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){"tc": loadTc, "xdp": loadXdp, "uplink": loadUplink, "sock": loadSock} {
+		spec, err := load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		type place struct {
+			prog string
+			i    int
+		}
+		var cas []place
+		for pn, p := range spec.Programs {
+			for i, ins := range p.Instructions {
+				if ins.OpCode.AtomicOp() == asm.CmpXchg {
+					cas = append(cas, place{pn, i})
+				}
+			}
+		}
+		if err := withoutCmpXchg(spec); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for pn, p := range spec.Programs {
+			for i, ins := range p.Instructions {
+				if ins.OpCode.AtomicOp() == asm.CmpXchg {
+					t.Errorf("%s: %s: instruction %d still %v", name, pn, i, ins)
+				}
+			}
+		}
+		for _, c := range cas {
+			ins := spec.Programs[c.prog].Instructions[c.i]
+			if ins.OpCode != asm.StoreMemOp(asm.DWord) {
+				t.Errorf("%s: %s: instruction %d is %v, want a 64-bit store", name, c.prog, c.i, ins)
+			}
+		}
+		t.Logf("%s: %d compare-and-exchanges rewritten", name, len(cas))
+	}
+}
+
+// TestLookupRecords: the backend records read one lookup per id (kernels
+// without batch lookups on per-CPU arrays) are the batch's.
+func TestLookupRecords(t *testing.T) {
+	requirePrivileges(t)
+	d := newDatapath(t, Options{})
+	mustSet(t, d, fe(vipUDP, UDP), be(beUDP), be("10.1.1.4:5353"))
+	upto, ok := d.maxMemberID()
+	if !ok {
+		t.Fatal("no member ids")
+	}
+	per := make([]tcBackendStats, d.ncpu)
+	per[0].Packets, per[d.ncpu-1].Bytes = 7, 9
+	if err := d.backendStats.Update(upto, per, ebpf.UpdateExist); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := d.kernelMaps().readRecords(upto)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel %s has no batch lookups on per-CPU arrays", d.kernel.Release)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := d.kernelMaps().lookupRecords(upto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(batch, one) || len(one) != int(upto)+1 || one[upto].traffic.Packets != 7 || one[upto].traffic.Bytes != 9 {
+		t.Errorf("lookups read %v, the batch %v; want the same, ids 0..%d, the last with 7 packets and 9 bytes", one, batch, upto)
+	}
+}
