@@ -6,11 +6,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/topolb/topolb/internal/netns"
 )
@@ -118,6 +119,30 @@ const (
 // attachHook attaches prog at h to iface and pins the link, or updates
 // the link an earlier process pinned. modes applies to hookXDP.
 func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
+	if tcHook(h) && d.tcAttach == TCAttachTC {
+		if err := d.attachFilter(iface, h, prog); err != nil {
+			return err
+		}
+		// A tcx link an agent in tcx mode left runs before any clsact
+		// filter: it goes once the filter is in place.
+		return d.unpinLink(h, iface.Name, false)
+	}
+	if err := d.attachLink(iface, h, prog, modes); err != nil || !tcHook(h) {
+		return err
+	}
+	// The other way round: a filter an agent in tc mode left goes once
+	// the tcx link, which runs first, is in place.
+	l, err := netlink.LinkByIndex(iface.Index)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", iface.Name, err)
+	}
+	_, err = deleteFilter(l, h)
+	return err
+}
+
+// attachLink attaches prog at h to iface as a link and pins it, or
+// updates the link an earlier process pinned.
+func (d *Datapath) attachLink(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	pin := d.linkPin(h, iface.Name)
 	if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
 		return err
@@ -145,7 +170,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, 
 	if err := l.Pin(pin); err != nil {
 		return fmt.Errorf("pin link: %w", err)
 	}
-	d.log.Info("attached", "hook", h, "interface", iface.Name, "ifindex", iface.Index)
+	d.log.Info("attached", "hook", h, "interface", iface.Name, "ifindex", iface.Index, "mode", "link")
 	return nil
 }
 
@@ -213,6 +238,43 @@ func (d *Datapath) detach(ifname string) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := d.inNetNS(func() error { return d.detachFilters(ifname) }); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// detachFilters removes topolb's tc filters from ifname (whichever
+// mode this process attaches in: an agent in the other mode may have left
+// them) and, where it found one, forgets the interface in tlb_ifaces.
+// The clsact qdisc stays: another tool's filters may be on it, or be
+// added to it at any moment. An interface that is gone took its filters
+// with it.
+func (d *Datapath) detachFilters(ifname string) error {
+	l, err := linkByName(ifname)
+	if err != nil || l == nil {
+		return err
+	}
+	var errs []error
+	removed := false
+	for _, h := range hooks {
+		if !tcHook(h) {
+			continue
+		}
+		found, err := deleteFilter(l, h)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
+		}
+		if found {
+			removed = true
+			d.log.Info("detached", "hook", h, "interface", ifname, "mode", TCAttachTC)
+		}
+	}
+	if removed && !d.closed() {
+		if err := d.ifaces.Delete(uint32(l.Attrs().Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -243,8 +305,8 @@ func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
 	return errors.Join(errs...)
 }
 
-// Attached lists the interfaces with a pinned topolb link (of any hook),
-// sorted. The socket hooks (AttachHost) are not interfaces: see
+// Attached lists the interfaces with a pinned topolb link (of any hook)
+// or, when this process attaches in tc mode, a topolb tc filter, sorted. The socket hooks (AttachHost) are not interfaces: see
 // HostAttached.
 func (d *Datapath) Attached() ([]string, error) {
 	d.mu.Lock()
@@ -254,24 +316,29 @@ func (d *Datapath) Attached() ([]string, error) {
 
 func (d *Datapath) attached() ([]string, error) {
 	entries, err := os.ReadDir(d.linksDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
-	seen := make(map[string]bool)
 	var out []string
 	for _, e := range entries {
 		for _, h := range hooks {
-			if name, ok := strings.CutPrefix(e.Name(), string(h)+"_"); ok && !seen[name] {
-				seen[name] = true
+			if name, ok := strings.CutPrefix(e.Name(), string(h)+"_"); ok {
 				out = append(out, name)
 			}
 		}
 	}
-	sort.Strings(out)
-	return out, nil
+	if d.tcAttach == TCAttachTC {
+		err := d.inNetNS(func() error {
+			names, err := filtered()
+			out = append(out, names...)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // inNetNS runs fn with the calling goroutine's OS thread in Options.NetNS,

@@ -60,6 +60,9 @@ type Datapath struct {
 	uplinkReasons map[string]string
 	// kernel is what Load found the kernel offers.
 	kernel KernelReport
+	// tcAttach is how this process attaches tc programs: TCAttachTCX or
+	// TCAttachTC, chosen at Load (chooseTCAttach).
+	tcAttach TCAttach
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -102,6 +105,12 @@ func (o Options) withDefaults() (Options, error) {
 		o.UplinkPath = UplinkAuto
 	}
 	if _, err := ParseUplinkPath(string(o.UplinkPath)); err != nil {
+		return o, fmt.Errorf("options: %w", err)
+	}
+	if o.TCAttach == "" {
+		o.TCAttach = TCAttachAuto
+	}
+	if _, err := ParseTCAttach(string(o.TCAttach)); err != nil {
 		return o, fmt.Errorf("options: %w", err)
 	}
 	if o.Logger == nil {
@@ -168,6 +177,9 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, err
 	}
 	if d.kernel, err = probeDatapathKernel(tcSpec); err != nil {
+		return nil, err
+	}
+	if d.tcAttach, err = d.kernel.chooseTCAttach(opts.TCAttach); err != nil {
 		return nil, err
 	}
 	d.log.Info("kernel", d.kernel.LogArgs()...)

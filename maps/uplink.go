@@ -318,24 +318,16 @@ func (d *Datapath) uplinkStatus(ifname string) (st UplinkStatus, ok bool, err er
 	return st, ok, nil
 }
 
-// pinnedProgram returns the name of the program attached by the link h
-// pinned for ifname and, for XDP, the attach mode as the interface
-// reports it ("driver", "generic", or the number). found is false
-// without such a pin.
+// pinnedProgram returns the name of the program attached at h on ifname
+// (by the link h pinned for it or, for a tc hook, by topolb's tc filter)
+// and, for XDP, the attach mode as the interface reports it ("driver",
+// "generic", or the number). found is false without either.
 func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, found bool, err error) {
-	l, err := link.LoadPinnedLink(d.linkPin(h, ifname), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", "", false, nil
+	id, found, err := d.hookProgram(h, ifname)
+	if !found || err != nil {
+		return "", "", found, err
 	}
-	if err != nil {
-		return "", "", false, fmt.Errorf("load pinned %s link of %s: %w", h, ifname, err)
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		return "", "", false, fmt.Errorf("%s link of %s: %w", h, ifname, err)
-	}
-	name = d.programName(info.Program)
+	name = d.programName(id)
 	if h != hookXDP {
 		return name, "", true, nil
 	}
@@ -354,6 +346,27 @@ func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, foun
 		mode = strconv.Itoa(int(x.AttachMode))
 	}
 	return name, mode, true, nil
+}
+
+// hookProgram returns the id of the program attached at h on ifname: by
+// the link pinned for it, else (tc hooks) by topolb's tc filter.
+func (d *Datapath) hookProgram(h hook, ifname string) (id ebpf.ProgramID, found bool, err error) {
+	l, err := link.LoadPinnedLink(d.linkPin(h, ifname), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		if !tcHook(h) {
+			return 0, false, nil
+		}
+		return filterProgram(ifname, h)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("load pinned %s link of %s: %w", h, ifname, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return 0, false, fmt.Errorf("%s link of %s: %w", h, ifname, err)
+	}
+	return info.Program, true, nil
 }
 
 // programName names the program with kernel id: one of this process's

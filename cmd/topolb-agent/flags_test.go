@@ -37,10 +37,42 @@ func TestMetricsListenAddress(t *testing.T) {
 	}
 }
 
+// TestTCAttachFlag: --tc-attach takes auto, tcx or tc, and refuses
+// anything else naming the flag.
+func TestTCAttachFlag(t *testing.T) {
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto"}
+	for _, tt := range []struct {
+		value   string
+		want    string
+		wantErr string
+	}{
+		{value: "auto", want: "auto"},
+		{value: "tcx", want: "tcx"},
+		{value: "tc", want: "tc"},
+		{value: "clsact", wantErr: `--tc-attach: tc attach mode "clsact": want auto, tcx or tc`},
+		{value: "", wantErr: "--tc-attach"},
+	} {
+		t.Run(tt.value, func(t *testing.T) {
+			f := base
+			f.tcAttach = tt.value
+			s, err := checkFlags(f)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || string(s.tcAttach) != tt.want {
+				t.Errorf("got %q, %v; want %q", s.tcAttach, err, tt.want)
+			}
+		})
+	}
+}
+
 // TestUplinkPathFlag: --uplink-path takes auto, xdp or tc, and refuses
 // anything else naming the flag.
 func TestUplinkPathFlag(t *testing.T) {
-	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767"}
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", tcAttach: "auto"}
 	for _, tt := range []struct {
 		value   string
 		want    string
