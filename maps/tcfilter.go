@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -34,12 +33,7 @@ const (
 var TCAttaches = []TCAttach{TCAttachAuto, TCAttachTCX, TCAttachTC}
 
 // ParseTCAttach parses "auto", "tcx" or "tc".
-func ParseTCAttach(s string) (TCAttach, error) {
-	if a := TCAttach(s); slices.Contains(TCAttaches, a) {
-		return a, nil
-	}
-	return "", fmt.Errorf("tc attach mode %q: want auto, tcx or tc", s)
-}
+func ParseTCAttach(s string) (TCAttach, error) { return parseChoice("tc attach mode", s, TCAttaches) }
 
 // The place of topolb's filter in a clsact direction. Priority 1 runs it
 // before filters added without a priority (the kernel gives those 49152

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -39,11 +40,19 @@ const (
 var UplinkPaths = []UplinkPath{UplinkAuto, UplinkXDP, UplinkTC}
 
 // ParseUplinkPath parses "auto", "xdp" or "tc".
-func ParseUplinkPath(s string) (UplinkPath, error) {
-	if p := UplinkPath(s); slices.Contains(UplinkPaths, p) {
-		return p, nil
+func ParseUplinkPath(s string) (UplinkPath, error) { return parseChoice("uplink path", s, UplinkPaths) }
+
+// parseChoice returns s as one of values, or an error naming what and
+// the values.
+func parseChoice[T ~string](what, s string, values []T) (T, error) {
+	if v := T(s); slices.Contains(values, v) {
+		return v, nil
 	}
-	return "", fmt.Errorf("uplink path %q: want auto, xdp or tc", s)
+	names := make([]string, len(values))
+	for i, v := range values {
+		names[i] = string(v)
+	}
+	return "", fmt.Errorf("%s %q: want %s or %s", what, s, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 }
 
 // The paths an uplink has as read back from the kernel (UplinkStatus.Path).
