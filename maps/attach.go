@@ -21,18 +21,19 @@ import (
 type hook string
 
 const (
-	// hookTC is tc_lb on the tcx ingress of a pod's host-side veth.
+	// hookTC is tc_lb on the tc ingress (a tcx link or a clsact filter,
+	// Options.TCAttach) of a pod's host-side veth.
 	hookTC hook = "tc"
-	// hookTCEgress is tc_lb_egress on the tcx egress of a pod's
+	// hookTCEgress is tc_lb_egress on the tc egress of a pod's
 	// host-side veth.
 	hookTCEgress hook = "tcegress"
 	// hookXDP is xdp_lb on an uplink.
 	hookXDP hook = "xdp"
-	// hookUplink is the tcx ingress of an uplink: tc_uplink beside XDP
+	// hookUplink is the tc ingress of an uplink: tc_uplink beside XDP
 	// (it delivers what xdp_lb hands over in packet metadata), or
 	// tc_uplink_lb alone on the tc path (uplink.go).
 	hookUplink hook = "uplink"
-	// hookUplinkEgress is tc_lb_egress on the tcx egress of an uplink:
+	// hookUplinkEgress is tc_lb_egress on the tc egress of an uplink:
 	// replies of host-network backends to outside clients.
 	hookUplinkEgress hook = "uplinkegress"
 )
@@ -46,12 +47,14 @@ func (d *Datapath) linkPin(h hook, ifname string) string {
 }
 
 // AttachPod attaches the datapath to ifname, the host side of a pod veth:
-// tc_lb to its tcx ingress (the pod's packets: DNAT, replies of local
-// backends, ICMP errors from the pod, rejects), tc_lb_egress to its tcx
+// tc_lb to its tc ingress (the pod's packets: DNAT, replies of local
+// backends, ICMP errors from the pod, rejects), tc_lb_egress to its tc
 // egress (ICMP errors the node sends to the pod), and records the
-// interface in tlb_ifaces. The links are pinned under PinPath/links; a
-// link pinned by an earlier process for the same interface is updated to
-// this program instead of failing.
+// interface in tlb_ifaces. As tcx links, they are pinned under
+// PinPath/links, and a link pinned by an earlier process for the same
+// interface is updated to this program instead of failing; as clsact
+// filters, an earlier process's filter is replaced in place
+// (attachFilter).
 func (d *Datapath) AttachPod(ifname string) error {
 	if err := d.attach(ifname, tcIfaceKindIFACE_POD, hookTC, hookTCEgress); err != nil {
 		return fmt.Errorf("attach to pod interface %s: %w", ifname, err)

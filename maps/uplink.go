@@ -31,7 +31,7 @@ const (
 	// veth whose peer has no NAPI (no native XDP program, no GRO) the
 	// frames it sends back out are dropped by the kernel.
 	UplinkXDP UplinkPath = "xdp"
-	// UplinkTC is tc_uplink_lb alone on the uplink's tcx ingress: the
+	// UplinkTC is tc_uplink_lb alone on the uplink's tc ingress: the
 	// same decisions, maps and conntrack on skbs, delivered everywhere.
 	UplinkTC UplinkPath = "tc"
 )
@@ -81,7 +81,7 @@ type UplinkStatus struct {
 
 // AttachUplink attaches the uplink programs to ifname along the path
 // Options.UplinkPath gives (with UplinkAuto, the one probeUplink finds
-// for it), then tc_lb_egress to its tcx egress (replies of host-network
+// for it), then tc_lb_egress to its tc egress (replies of host-network
 // backends on this node to outside clients); it pins the links and
 // records ifname as an uplink in tlb_ifaces, so flows are forwarded out
 // of it without the host stack. Attaching again updates pinned links, so
