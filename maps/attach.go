@@ -184,6 +184,7 @@ func (d *Datapath) putIface(iface *net.Interface, kind tcIfaceKind) error {
 	if err := d.ifaces.Update(uint32(iface.Index), &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("record interface %s in tlb_ifaces: %w", iface.Name, err)
 	}
+	d.ifindexOf[iface.Name] = iface.Index
 	return nil
 }
 
@@ -252,11 +253,20 @@ func (d *Datapath) detach(ifname string) error {
 // them) and, where it found one, forgets the interface in tlb_ifaces.
 // The clsact qdisc stays: another tool's filters may be on it, or be
 // added to it at any moment. An interface that is gone took its filters
-// with it.
+// with it; its entry in tlb_ifaces is forgotten when this process
+// recorded it.
 func (d *Datapath) detachFilters(ifname string) error {
 	l, err := linkByName(ifname)
-	if err != nil || l == nil {
+	if err != nil {
 		return err
+	}
+	ifindex, recorded := d.ifindexOf[ifname]
+	delete(d.ifindexOf, ifname)
+	if l == nil {
+		if recorded && !d.closed() {
+			return d.forgetIface(ifname, ifindex)
+		}
+		return nil
 	}
 	var errs []error
 	removed := false
@@ -274,11 +284,19 @@ func (d *Datapath) detachFilters(ifname string) error {
 		}
 	}
 	if removed && !d.closed() {
-		if err := d.ifaces.Delete(uint32(l.Attrs().Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+		if err := d.forgetIface(ifname, l.Attrs().Index); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetIface deletes ifindex, once ifname, from tlb_ifaces.
+func (d *Datapath) forgetIface(ifname string, ifindex int) error {
+	if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err)
+	}
+	return nil
 }
 
 // unpinLink removes the link h pinned for ifname, which detaches its
@@ -300,8 +318,8 @@ func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
 		errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
 	}
 	if forget && ifindex > 0 && !d.closed() {
-		if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+		if err := d.forgetIface(ifname, ifindex); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	d.log.Info("detached", "hook", h, "interface", ifname)

@@ -63,6 +63,11 @@ type Datapath struct {
 	// tcAttach is how this process attaches tc programs: TCAttachTCX or
 	// TCAttachTC, chosen at Load (chooseTCAttach).
 	tcAttach TCAttach
+	// ifindexOf holds the ifindex of each interface this process recorded
+	// in tlb_ifaces: once the interface is deleted, neither its filters
+	// (gone with it) nor its pinned links (detached, ifindex 0) say which
+	// entry to forget.
+	ifindexOf map[string]int
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -155,7 +160,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
-	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}}
+	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}, ifindexOf: map[string]int{}}
 	if d.lock, err = lockDir(opts.PinPath); err != nil {
 		return nil, err
 	}

@@ -519,4 +519,23 @@ func testTCAttachLifecycle(t *testing.T, mode TCAttach) {
 	}
 	must(t, d2.Detach("hc")) // again: nothing to do
 	checkForeign("detach")
+
+	// A pod veth deleted before Detach: its entry in tlb_ifaces goes.
+	must(t, nettest.Veth(tb.node1, "hgone", tb.b2, "eth1"))
+	must(t, d2.AttachPod("hgone"))
+	nl := tb.node1.Netlink()
+	l, err := nl.LinkByName("hgone")
+	must(t, err)
+	var v tcIfaceValue
+	if err := d2.ifaces.Lookup(uint32(l.Attrs().Index), &v); err != nil {
+		t.Fatalf("hgone attached but not in tlb_ifaces: %v", err)
+	}
+	must(t, nl.LinkDel(l))
+	must(t, d2.Detach("hgone"))
+	if err := d2.ifaces.Lookup(uint32(l.Attrs().Index), &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("hgone deleted, then detached: tlb_ifaces lookup %v, want ErrKeyNotExist", err)
+	}
+	if got, err := d2.Attached(); err != nil || len(got) != 0 {
+		t.Errorf("Attached after hgone's Detach = %v, %v", got, err)
+	}
 }
