@@ -119,8 +119,10 @@ const (
 	xdpDriverOnly
 )
 
-// attachHook attaches prog at h to iface and pins the link, or updates
-// the link an earlier process pinned. modes applies to hookXDP.
+// attachHook attaches prog at h to iface: a tc hook as this process's
+// attach mode says (a tcx link, or a clsact filter), removing what the
+// other mode left there once prog runs; XDP as a pinned link. An earlier
+// process's link or filter is updated in place. modes applies to hookXDP.
 func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	if tcHook(h) && d.tcAttach == TCAttachTC {
 		if err := d.attachFilter(iface, h, prog); err != nil {
