@@ -200,7 +200,10 @@ func ipForwarded(t *testing.T, ns *nettest.NS) uint64 {
 func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
 	for _, mode := range tcAttachModes(t) {
-		t.Run(string(mode), func(t *testing.T) { testRealTraffic(t, mode) })
+		t.Run(string(mode), func(t *testing.T) {
+			requireTCAttach(t, mode)
+			testRealTraffic(t, mode)
+		})
 	}
 }
 
