@@ -22,9 +22,15 @@ import (
 	"github.com/topolb/topolb/internal/nettest"
 )
 
-// tcAttachModes are the modes the attach tests run in, tcx first.
-func tcAttachModes(t *testing.T) []TCAttach {
-	return []TCAttach{TCAttachTCX, TCAttachTC}
+// inEachTCAttach runs test as one subtest per attach mode, tcx first;
+// tcx's skips where the kernel has no tcx links.
+func inEachTCAttach(t *testing.T, test func(*testing.T, TCAttach)) {
+	for _, mode := range []TCAttach{TCAttachTCX, TCAttachTC} {
+		t.Run(string(mode), func(t *testing.T) {
+			requireTCAttach(t, mode)
+			test(t, mode)
+		})
+	}
 }
 
 // requireTCAttach skips where the kernel cannot attach in mode: tcx links
@@ -363,12 +369,7 @@ func (s *echoStream) stop() {
 // qdisc survive all of it.
 func TestTCAttachLifecycle(t *testing.T) {
 	requirePrivileges(t)
-	for _, mode := range tcAttachModes(t) {
-		t.Run(string(mode), func(t *testing.T) {
-			requireTCAttach(t, mode)
-			testTCAttachLifecycle(t, mode)
-		})
-	}
+	inEachTCAttach(t, testTCAttachLifecycle)
 }
 
 func testTCAttachLifecycle(t *testing.T, mode TCAttach) {

@@ -199,12 +199,7 @@ func ipForwarded(t *testing.T, ns *nettest.NS) uint64 {
 // restarts it and detaches a pod.
 func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
-	for _, mode := range tcAttachModes(t) {
-		t.Run(string(mode), func(t *testing.T) {
-			requireTCAttach(t, mode)
-			testRealTraffic(t, mode)
-		})
-	}
+	inEachTCAttach(t, testRealTraffic)
 }
 
 func testRealTraffic(t *testing.T, mode TCAttach) {
