@@ -102,10 +102,7 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 	if args == nil {
 		withAgents.start(t, tb)
 	} else {
-		// Longer than withAgents' 2 minutes: on the kernel matrix's
-		// guests under TCG, six agents verifying the programs at once
-		// take longer to be ready.
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 		defer cancel()
 		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5, Args: args}); err != nil {
 			t.Fatal(err)
