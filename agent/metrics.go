@@ -156,7 +156,7 @@ type DatapathCollector struct {
 	ctTable, ctTableCap, snatPorts, snatPortsCap, nodeInfo                  *prometheus.Desc
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 	uplinkPath                                                              *prometheus.Desc
-	kernelFeature                                                           *prometheus.Desc
+	kernelFeature, datapathPath                                             *prometheus.Desc
 	sourceRangeDrops                                                        *prometheus.Desc
 }
 
@@ -191,6 +191,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		upkeepErrors:     d("topolb_upkeep_errors_total", "Conntrack sweeps and map verifications that failed."),
 		pendingCleanups:  d("topolb_datapath_pending_cleanups", "Map cleanups queued after failed writes, retried on every change."),
 		kernelFeature:    d("topolb_kernel_feature", "1 where the kernel has a feature the datapath uses, 0 where it lacks it (the datapath then takes the fallback README's requirements name), probed at load; since is the first Linux release with it.", "release", "feature", "since"),
+		datapathPath:     d("topolb_datapath_path", "The path the datapath takes for a kernel feature with a choice (tcx links: tcx, or tc for clsact filters), from the kernel and the agent's flags (--tc-attach); always 1.", "feature", "path"),
 		uplinkPath:       d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
 		zoneShare:        d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
 		sourceRangeDrops: d("topolb_source_range_drops_total", "New flows to a load-balancer IP refused for coming from outside its loadBalancerSourceRanges, by frontend.", "frontend"),
@@ -201,7 +202,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.sourceRangeDrops} {
+		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.datapathPath, c.sourceRangeDrops} {
 		ch <- d
 	}
 }
@@ -233,6 +234,9 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 			present = 1
 		}
 		gauge(c.kernelFeature, present, k.Release, f.Name, f.Since)
+		if f.Path != "" {
+			gauge(c.datapathPath, 1, f.Name, f.Path)
+		}
 	}
 	if ups, err := c.DP.Uplinks(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.uplinkPath, err)

@@ -25,7 +25,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 	withError := full
 	withError.DatapathError = "example"
 	withError.Uplinks = []dpmaps.UplinkStatus{{Interface: "eth0", Path: "tc", Programs: []string{"tc_uplink_lb", "tc_lb_egress"}, Reason: "example"}}
-	withError.Kernel = &dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{{Name: "tcx links", Since: "6.6", Present: true}}}
+	withError.Kernel = &dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{{Name: "tcx links", Since: "6.6", Without: "clsact filters", Path: "tc"}}}
 	withUplinksError := full
 	withUplinksError.UplinksError = "example"
 	for _, c := range []struct {

@@ -259,3 +259,34 @@ topolb_snat_ports_capacity 100
 		t.Error(err)
 	}
 }
+
+// kernelReader is a DatapathReader on a kernel without tcx links, whose
+// tc programs are attached as clsact filters.
+type kernelReader struct{ emptyReader }
+
+func (kernelReader) Kernel() dpmaps.KernelReport {
+	return dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{
+		{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Present: true, Without: "dropped"},
+		{Name: "tcx links", Since: "6.6", Without: "clsact filters", Path: "tc"},
+	}}
+}
+
+// TestCollectorExportsKernel: every probed feature, present or not, and
+// the path chosen for each feature that has a choice (and only those).
+func TestCollectorExportsKernel(t *testing.T) {
+	a := runUpkeep(t, &fakeUpkeep{}, 0, time.Hour)
+	want := `
+# HELP topolb_datapath_path The path the datapath takes for a kernel feature with a choice (tcx links: tcx, or tc for clsact filters), from the kernel and the agent's flags (--tc-attach); always 1.
+# TYPE topolb_datapath_path gauge
+topolb_datapath_path{feature="tcx links",path="tc"} 1
+# HELP topolb_kernel_feature 1 where the kernel has a feature the datapath uses, 0 where it lacks it (the datapath then takes the fallback README's requirements name), probed at load; since is the first Linux release with it.
+# TYPE topolb_kernel_feature gauge
+topolb_kernel_feature{feature="BPF_FIB_LOOKUP_SRC",release="6.1.0-50-amd64",since="6.7"} 1
+topolb_kernel_feature{feature="tcx links",release="6.1.0-50-amd64",since="6.6"} 0
+`
+	err := testutil.CollectAndCompare(NewDatapathCollector(kernelReader{}, a), strings.NewReader(want),
+		"topolb_datapath_path", "topolb_kernel_feature")
+	if err != nil {
+		t.Error(err)
+	}
+}

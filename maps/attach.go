@@ -6,11 +6,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/topolb/topolb/internal/netns"
 )
@@ -20,18 +21,19 @@ import (
 type hook string
 
 const (
-	// hookTC is tc_lb on the tcx ingress of a pod's host-side veth.
+	// hookTC is tc_lb on the tc ingress (a tcx link or a clsact filter,
+	// Options.TCAttach) of a pod's host-side veth.
 	hookTC hook = "tc"
-	// hookTCEgress is tc_lb_egress on the tcx egress of a pod's
+	// hookTCEgress is tc_lb_egress on the tc egress of a pod's
 	// host-side veth.
 	hookTCEgress hook = "tcegress"
 	// hookXDP is xdp_lb on an uplink.
 	hookXDP hook = "xdp"
-	// hookUplink is the tcx ingress of an uplink: tc_uplink beside XDP
+	// hookUplink is the tc ingress of an uplink: tc_uplink beside XDP
 	// (it delivers what xdp_lb hands over in packet metadata), or
 	// tc_uplink_lb alone on the tc path (uplink.go).
 	hookUplink hook = "uplink"
-	// hookUplinkEgress is tc_lb_egress on the tcx egress of an uplink:
+	// hookUplinkEgress is tc_lb_egress on the tc egress of an uplink:
 	// replies of host-network backends to outside clients.
 	hookUplinkEgress hook = "uplinkegress"
 )
@@ -45,12 +47,14 @@ func (d *Datapath) linkPin(h hook, ifname string) string {
 }
 
 // AttachPod attaches the datapath to ifname, the host side of a pod veth:
-// tc_lb to its tcx ingress (the pod's packets: DNAT, replies of local
-// backends, ICMP errors from the pod, rejects), tc_lb_egress to its tcx
+// tc_lb to its tc ingress (the pod's packets: DNAT, replies of local
+// backends, ICMP errors from the pod, rejects), tc_lb_egress to its tc
 // egress (ICMP errors the node sends to the pod), and records the
-// interface in tlb_ifaces. The links are pinned under PinPath/links; a
-// link pinned by an earlier process for the same interface is updated to
-// this program instead of failing.
+// interface in tlb_ifaces. As tcx links, they are pinned under
+// PinPath/links, and a link pinned by an earlier process for the same
+// interface is updated to this program instead of failing; as clsact
+// filters, an earlier process's filter is replaced in place
+// (attachFilter).
 func (d *Datapath) AttachPod(ifname string) error {
 	if err := d.attach(ifname, tcIfaceKindIFACE_POD, hookTC, hookTCEgress); err != nil {
 		return fmt.Errorf("attach to pod interface %s: %w", ifname, err)
@@ -115,9 +119,35 @@ const (
 	xdpDriverOnly
 )
 
-// attachHook attaches prog at h to iface and pins the link, or updates
-// the link an earlier process pinned. modes applies to hookXDP.
+// attachHook attaches prog at h to iface: a tc hook as this process's
+// attach mode says (a tcx link, or a clsact filter), removing what the
+// other mode left there once prog runs; XDP as a pinned link. An earlier
+// process's link or filter is updated in place. modes applies to hookXDP.
 func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
+	if tcHook(h) && d.tcAttach == TCAttachTC {
+		if err := d.attachFilter(iface, h, prog); err != nil {
+			return err
+		}
+		// A tcx link an agent in tcx mode left runs before any clsact
+		// filter: it goes once the filter is in place.
+		return d.unpinLink(h, iface.Name, false)
+	}
+	if err := d.attachLink(iface, h, prog, modes); err != nil || !tcHook(h) {
+		return err
+	}
+	// The other way round: a filter an agent in tc mode left goes once
+	// the tcx link, which runs first, is in place.
+	l, err := netlink.LinkByIndex(iface.Index)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", iface.Name, err)
+	}
+	_, err = deleteFilter(l, h)
+	return err
+}
+
+// attachLink attaches prog at h to iface as a link and pins it, or
+// updates the link an earlier process pinned.
+func (d *Datapath) attachLink(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	pin := d.linkPin(h, iface.Name)
 	if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
 		return err
@@ -145,7 +175,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, 
 	if err := l.Pin(pin); err != nil {
 		return fmt.Errorf("pin link: %w", err)
 	}
-	d.log.Info("attached", "hook", h, "interface", iface.Name, "ifindex", iface.Index)
+	d.log.Info("attached", "hook", h, "interface", iface.Name, "ifindex", iface.Index, "mode", "link")
 	return nil
 }
 
@@ -156,6 +186,7 @@ func (d *Datapath) putIface(iface *net.Interface, kind tcIfaceKind) error {
 	if err := d.ifaces.Update(uint32(iface.Index), &v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("record interface %s in tlb_ifaces: %w", iface.Name, err)
 	}
+	d.ifindexOf[iface.Name] = iface.Index
 	return nil
 }
 
@@ -213,7 +244,61 @@ func (d *Datapath) detach(ifname string) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := d.inNetNS(func() error { return d.detachFilters(ifname) }); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// detachFilters removes topolb's tc filters from ifname (whichever
+// mode this process attaches in: an agent in the other mode may have left
+// them) and, where it found one, forgets the interface in tlb_ifaces.
+// The clsact qdisc stays: another tool's filters may be on it, or be
+// added to it at any moment. An interface that is gone took its filters
+// with it; its entry in tlb_ifaces is forgotten when this process
+// recorded it.
+func (d *Datapath) detachFilters(ifname string) error {
+	l, err := linkByName(ifname)
+	if err != nil {
+		return err
+	}
+	ifindex, recorded := d.ifindexOf[ifname]
+	delete(d.ifindexOf, ifname)
+	if l == nil {
+		if recorded && !d.closed() {
+			return d.forgetIface(ifname, ifindex)
+		}
+		return nil
+	}
+	var errs []error
+	removed := false
+	for _, h := range hooks {
+		if !tcHook(h) {
+			continue
+		}
+		found, err := deleteFilter(l, h)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
+		}
+		if found {
+			removed = true
+			d.log.Info("detached", "hook", h, "interface", ifname, "mode", TCAttachTC)
+		}
+	}
+	if removed && !d.closed() {
+		if err := d.forgetIface(ifname, l.Attrs().Index); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forgetIface deletes ifindex, once ifname, from tlb_ifaces.
+func (d *Datapath) forgetIface(ifname string, ifindex int) error {
+	if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err)
+	}
+	return nil
 }
 
 // unpinLink removes the link h pinned for ifname, which detaches its
@@ -235,16 +320,16 @@ func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
 		errs = append(errs, fmt.Errorf("detach %s from %s: %w", h, ifname, err))
 	}
 	if forget && ifindex > 0 && !d.closed() {
-		if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err))
+		if err := d.forgetIface(ifname, ifindex); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	d.log.Info("detached", "hook", h, "interface", ifname)
 	return errors.Join(errs...)
 }
 
-// Attached lists the interfaces with a pinned topolb link (of any hook),
-// sorted. The socket hooks (AttachHost) are not interfaces: see
+// Attached lists the interfaces with a pinned topolb link (of any hook)
+// or, when this process attaches in tc mode, a topolb tc filter, sorted. The socket hooks (AttachHost) are not interfaces: see
 // HostAttached.
 func (d *Datapath) Attached() ([]string, error) {
 	d.mu.Lock()
@@ -254,24 +339,29 @@ func (d *Datapath) Attached() ([]string, error) {
 
 func (d *Datapath) attached() ([]string, error) {
 	entries, err := os.ReadDir(d.linksDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
-	seen := make(map[string]bool)
 	var out []string
 	for _, e := range entries {
 		for _, h := range hooks {
-			if name, ok := strings.CutPrefix(e.Name(), string(h)+"_"); ok && !seen[name] {
-				seen[name] = true
+			if name, ok := strings.CutPrefix(e.Name(), string(h)+"_"); ok {
 				out = append(out, name)
 			}
 		}
 	}
-	sort.Strings(out)
-	return out, nil
+	if d.tcAttach == TCAttachTC {
+		err := d.inNetNS(func() error {
+			names, err := filtered()
+			out = append(out, names...)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 // inNetNS runs fn with the calling goroutine's OS thread in Options.NetNS,

@@ -65,6 +65,14 @@ type Datapath struct {
 	// compat is what the programs and the agent do without the features
 	// the kernel lacks (compat.go).
 	compat compat
+	// tcAttach is how this process attaches tc programs: TCAttachTCX or
+	// TCAttachTC, chosen at Load (chooseTCAttach).
+	tcAttach TCAttach
+	// ifindexOf holds the ifindex of each interface this process recorded
+	// in tlb_ifaces: once the interface is deleted, neither its filters
+	// (gone with it) nor its pinned links (detached, ifindex 0) say which
+	// entry to forget.
+	ifindexOf map[string]int
 
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
@@ -109,6 +117,12 @@ func (o Options) withDefaults() (Options, error) {
 	if _, err := ParseUplinkPath(string(o.UplinkPath)); err != nil {
 		return o, fmt.Errorf("options: %w", err)
 	}
+	if o.TCAttach == "" {
+		o.TCAttach = TCAttachAuto
+	}
+	if _, err := ParseTCAttach(string(o.TCAttach)); err != nil {
+		return o, fmt.Errorf("options: %w", err)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -151,7 +165,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
-	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}}
+	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}, ifindexOf: map[string]int{}}
 	if d.lock, err = lockDir(opts.PinPath); err != nil {
 		return nil, err
 	}
@@ -177,6 +191,9 @@ func Load(opts Options) (_ *Datapath, err error) {
 	}
 	if err := d.kernel.forceFallbacks(opts.ForceFallbacks); err != nil {
 		return nil, fmt.Errorf("options: %w", err)
+	}
+	if d.tcAttach, err = d.kernel.chooseTCAttach(opts.TCAttach); err != nil {
+		return nil, err
 	}
 	d.log.Info("kernel", d.kernel.LogArgs()...)
 	if err := d.kernel.errExcept(opts.tolerate); err != nil {

@@ -30,6 +30,10 @@ type KernelFeature struct {
 	// Forced says the kernel has it but Options.ForceFallbacks made the
 	// datapath do without it (Present is false).
 	Forced bool `json:"forced,omitempty"`
+	// Path is the way the datapath works that Load chose for this
+	// feature (for tcx links: "tcx" or "tc"), given the kernel and the
+	// options; empty for features without a choice.
+	Path string `json:"path,omitempty"`
 }
 
 // KernelReport is what ProbeKernel found on the running kernel.
@@ -75,6 +79,9 @@ func (r KernelReport) LogArgs() []any {
 			v = "forced off: " + f.Without
 		case !f.Present:
 			v = "no: " + f.Without
+		}
+		if f.Path != "" {
+			v += "; path " + f.Path
 		}
 		args = append(args, f.Name, v)
 	}
@@ -136,7 +143,8 @@ func ProbeKernel(specs ...*ebpf.CollectionSpec) (KernelReport, error) {
 	if err != nil {
 		return r, err
 	}
-	r.Features = append(r.Features, KernelFeature{Name: "tcx links", Since: "6.6", Present: tcx})
+	r.Features = append(r.Features, KernelFeature{Name: featureTCX, Since: "6.6", Present: tcx,
+		Without: "tc programs are attached as direct-action filters of a clsact qdisc (netlink)"})
 	for _, f := range compatFeatures {
 		present, err := f.probe()
 		if err != nil {
@@ -165,6 +173,32 @@ func camelToSnake(s string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// featureTCX names tcx links in the report.
+const featureTCX = "tcx links"
+
+// chooseTCAttach resolves want (Options.TCAttach) against the kernel:
+// TCAttachAuto takes tcx where the kernel has it and tc clsact filters
+// elsewhere; TCAttachTCX on a kernel without tcx is an error naming the
+// feature. It records the choice as the tcx feature's Path.
+func (r *KernelReport) chooseTCAttach(want TCAttach) (TCAttach, error) {
+	i := slices.IndexFunc(r.Features, func(f KernelFeature) bool { return f.Name == featureTCX })
+	if i < 0 {
+		return "", fmt.Errorf("kernel report has no %q feature", featureTCX)
+	}
+	f := &r.Features[i]
+	got := want
+	switch {
+	case want == TCAttachTCX && !f.Present:
+		return "", fmt.Errorf("kernel %s: %w: %s (Linux %s), which the tc attach option (--tc-attach=tcx) asks for", r.Release, ErrKernelFeature, f.Name, f.Since)
+	case want == TCAttachAuto && f.Present:
+		got = TCAttachTCX
+	case want == TCAttachAuto:
+		got = TCAttachTC
+	}
+	f.Path = string(got)
+	return got, nil
 }
 
 // probeTCX attaches a do-nothing program to an interface index that does

@@ -101,7 +101,14 @@ func (tb *testbed) all() map[string]*nettest.NS {
 // with XDP_TX here).
 func (tb *testbed) attachNode1(t *testing.T, pin string) *Datapath {
 	t.Helper()
-	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP})
+	return tb.attachNode1Mode(t, pin, TCAttachAuto)
+}
+
+// attachNode1Mode is attachNode1 with the tc programs attached as mode
+// says.
+func (tb *testbed) attachNode1Mode(t *testing.T, pin string, mode TCAttach) *Datapath {
+	t.Helper()
+	d := newDatapath(t, Options{PinPath: pin, NetNS: tb.node1.Path, UplinkPath: UplinkXDP, TCAttach: mode})
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachPod(ifname))
 	}
@@ -196,11 +203,21 @@ func ipForwarded(t *testing.T, ns *nettest.NS) uint64 {
 	return v
 }
 
+// TestRealTraffic runs HTTP and UDP through node1's datapath, with its
+// tc programs attached as tcx links and as tc clsact filters, then
+// restarts it and detaches a pod.
 func TestRealTraffic(t *testing.T) {
 	requirePrivileges(t)
+	inEachTCAttach(t, testRealTraffic)
+}
+
+func testRealTraffic(t *testing.T, mode TCAttach) {
 	pin := filepath.Join(bpffs(t), "topolb")
 	tb := newTestbed(t)
-	d := tb.attachNode1(t, pin)
+	d := tb.attachNode1Mode(t, pin, mode)
+	if got := tcxFeature(t, d).Path; got != string(mode) {
+		t.Errorf("tcx links path %q, want %q", got, mode)
+	}
 
 	for name, ns := range map[string]*nettest.NS{"b1": tb.b1, "b2": tb.b2, "b3": tb.b3} {
 		ns.ServeHTTPName(t, ":8080", name)
@@ -269,7 +286,7 @@ func TestRealTraffic(t *testing.T) {
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
-		d2, err := Load(Options{PinPath: pin, NetNS: tb.node1.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096, UplinkPath: UplinkXDP})
+		d2, err := Load(Options{PinPath: pin, NetNS: tb.node1.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096, UplinkPath: UplinkXDP, TCAttach: mode})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -309,6 +309,11 @@ type Options struct {
 	// (tests: the programs load and run without tcx links, which only
 	// attaching needs).
 	tolerate []string
+	// TCAttach says how the tc programs (pod veths, uplinks) are
+	// attached: TCAttachAuto (the zero value) takes tcx links where the
+	// kernel has them and tc clsact filters elsewhere; TCAttachTCX and
+	// TCAttachTC force one (see TCAttach).
+	TCAttach TCAttach
 	// Logger receives operator-level events (load, adopt, attach,
 	// rollback and repair) at Info or Warn and every map write at
 	// Debug-1 (klog -v 5). Nil discards.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -30,7 +31,7 @@ const (
 	// veth whose peer has no NAPI (no native XDP program, no GRO) the
 	// frames it sends back out are dropped by the kernel.
 	UplinkXDP UplinkPath = "xdp"
-	// UplinkTC is tc_uplink_lb alone on the uplink's tcx ingress: the
+	// UplinkTC is tc_uplink_lb alone on the uplink's tc ingress: the
 	// same decisions, maps and conntrack on skbs, delivered everywhere.
 	UplinkTC UplinkPath = "tc"
 )
@@ -39,11 +40,19 @@ const (
 var UplinkPaths = []UplinkPath{UplinkAuto, UplinkXDP, UplinkTC}
 
 // ParseUplinkPath parses "auto", "xdp" or "tc".
-func ParseUplinkPath(s string) (UplinkPath, error) {
-	if p := UplinkPath(s); slices.Contains(UplinkPaths, p) {
-		return p, nil
+func ParseUplinkPath(s string) (UplinkPath, error) { return parseChoice("uplink path", s, UplinkPaths) }
+
+// parseChoice returns s as one of values, or an error naming what and
+// the values.
+func parseChoice[T ~string](what, s string, values []T) (T, error) {
+	if v := T(s); slices.Contains(values, v) {
+		return v, nil
 	}
-	return "", fmt.Errorf("uplink path %q: want auto, xdp or tc", s)
+	names := make([]string, len(values))
+	for i, v := range values {
+		names[i] = string(v)
+	}
+	return "", fmt.Errorf("%s %q: want %s or %s", what, s, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 }
 
 // The paths an uplink has as read back from the kernel (UplinkStatus.Path).
@@ -72,7 +81,7 @@ type UplinkStatus struct {
 
 // AttachUplink attaches the uplink programs to ifname along the path
 // Options.UplinkPath gives (with UplinkAuto, the one probeUplink finds
-// for it), then tc_lb_egress to its tcx egress (replies of host-network
+// for it), then tc_lb_egress to its tc egress (replies of host-network
 // backends on this node to outside clients); it pins the links and
 // records ifname as an uplink in tlb_ifaces, so flows are forwarded out
 // of it without the host stack. Attaching again updates pinned links, so
@@ -318,24 +327,16 @@ func (d *Datapath) uplinkStatus(ifname string) (st UplinkStatus, ok bool, err er
 	return st, ok, nil
 }
 
-// pinnedProgram returns the name of the program attached by the link h
-// pinned for ifname and, for XDP, the attach mode as the interface
-// reports it ("driver", "generic", or the number). found is false
-// without such a pin.
+// pinnedProgram returns the name of the program attached at h on ifname
+// (by the link h pinned for it or, for a tc hook, by topolb's tc filter)
+// and, for XDP, the attach mode as the interface reports it ("driver",
+// "generic", or the number). found is false without either.
 func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, found bool, err error) {
-	l, err := link.LoadPinnedLink(d.linkPin(h, ifname), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", "", false, nil
+	id, found, err := d.hookProgram(h, ifname)
+	if !found || err != nil {
+		return "", "", found, err
 	}
-	if err != nil {
-		return "", "", false, fmt.Errorf("load pinned %s link of %s: %w", h, ifname, err)
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		return "", "", false, fmt.Errorf("%s link of %s: %w", h, ifname, err)
-	}
-	name = d.programName(info.Program)
+	name = d.programName(id)
 	if h != hookXDP {
 		return name, "", true, nil
 	}
@@ -354,6 +355,27 @@ func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, foun
 		mode = strconv.Itoa(int(x.AttachMode))
 	}
 	return name, mode, true, nil
+}
+
+// hookProgram returns the id of the program attached at h on ifname: by
+// the link pinned for it, else (tc hooks) by topolb's tc filter.
+func (d *Datapath) hookProgram(h hook, ifname string) (id ebpf.ProgramID, found bool, err error) {
+	l, err := link.LoadPinnedLink(d.linkPin(h, ifname), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		if !tcHook(h) {
+			return 0, false, nil
+		}
+		return filterProgram(ifname, h)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("load pinned %s link of %s: %w", h, ifname, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return 0, false, fmt.Errorf("%s link of %s: %w", h, ifname, err)
+	}
+	return info.Program, true, nil
 }
 
 // programName names the program with kernel id: one of this process's

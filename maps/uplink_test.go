@@ -228,18 +228,7 @@ func TestUplinkPathSwitchKeepsFlows(t *testing.T) {
 	e := newUplinkEnv(t, peerXDP, false)
 	// An echo backend on the wire, beside the HTTP one.
 	const echoAddr = "10.250.0.2:7000"
-	l, err := e.wire.Listen("tcp4", echoAddr)
-	must(t, err)
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	serveEcho(t, e.wire, echoAddr)
 	echoFE := extFrontend(nodeAddr+":30070", TCP)
 
 	d := e.load(t, UplinkXDP)

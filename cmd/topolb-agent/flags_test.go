@@ -37,34 +37,41 @@ func TestMetricsListenAddress(t *testing.T) {
 	}
 }
 
-// TestUplinkPathFlag: --uplink-path takes auto, xdp or tc, and refuses
-// anything else naming the flag.
-func TestUplinkPathFlag(t *testing.T) {
-	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767"}
+// TestChoiceFlags: --uplink-path takes auto, xdp or tc, --tc-attach
+// auto, tcx or tc; anything else is refused naming the flag.
+func TestChoiceFlags(t *testing.T) {
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto"}
+	uplinkPath := func(f *flags) *string { return &f.uplinkPath }
+	tcAttach := func(f *flags) *string { return &f.tcAttach }
 	for _, tt := range []struct {
+		flag    func(*flags) *string
+		got     func(settings) string
 		value   string
 		want    string
 		wantErr string
 	}{
-		{value: "auto", want: "auto"},
-		{value: "xdp", want: "xdp"},
-		{value: "tc", want: "tc"},
-		{value: "generic", wantErr: `--uplink-path: uplink path "generic": want auto, xdp or tc`},
-		{value: "", wantErr: "--uplink-path"},
+		{uplinkPath, func(s settings) string { return string(s.uplinkPath) }, "auto", "auto", ""},
+		{uplinkPath, func(s settings) string { return string(s.uplinkPath) }, "xdp", "xdp", ""},
+		{uplinkPath, func(s settings) string { return string(s.uplinkPath) }, "tc", "tc", ""},
+		{uplinkPath, nil, "generic", "", `--uplink-path: uplink path "generic": want auto, xdp or tc`},
+		{uplinkPath, nil, "", "", "--uplink-path"},
+		{tcAttach, func(s settings) string { return string(s.tcAttach) }, "auto", "auto", ""},
+		{tcAttach, func(s settings) string { return string(s.tcAttach) }, "tcx", "tcx", ""},
+		{tcAttach, func(s settings) string { return string(s.tcAttach) }, "tc", "tc", ""},
+		{tcAttach, nil, "clsact", "", `--tc-attach: tc attach mode "clsact": want auto, tcx or tc`},
+		{tcAttach, nil, "", "", "--tc-attach"},
 	} {
-		t.Run(tt.value, func(t *testing.T) {
-			f := base
-			f.uplinkPath = tt.value
-			s, err := checkFlags(f)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
-				}
-				return
+		f := base
+		*tt.flag(&f) = tt.value
+		s, err := checkFlags(f)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%q: error %v, want one containing %q", tt.value, err, tt.wantErr)
 			}
-			if err != nil || string(s.uplinkPath) != tt.want {
-				t.Errorf("got %q, %v; want %q", s.uplinkPath, err, tt.want)
-			}
-		})
+			continue
+		}
+		if err != nil || tt.got(s) != tt.want {
+			t.Errorf("%q: got %q, %v; want %q", tt.value, tt.got(s), err, tt.want)
+		}
 	}
 }

@@ -37,6 +37,7 @@ type flags struct {
 	podInterfaces  string
 	uplinks        string
 	uplinkPath     string
+	tcAttach       string
 	hostServices   bool
 	cgroupRoot     string
 	apiserver      string
@@ -122,7 +123,8 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.BoolVar(&f.allowEmpty, "allow-empty-cluster", false, "with --from-file: apply a manifest that holds no objects, or no Node named --node-name, as the cluster's state (deleting every frontend); without it such a file is refused and the last good state stays in force")
 	fl.StringVar(&f.podInterfaces, "pod-interfaces", "auto", `comma-separated pod (host-side veth) interfaces for the tc program, or "auto": every veth that is not an uplink, followed as they come and go`)
 	fl.StringVar(&f.uplinks, "uplinks", "auto", `comma-separated uplink interfaces, balancing traffic from outside the node (--uplink-path), or "auto": the devices of the default routes`)
-	fl.StringVar(&f.uplinkPath, "uplink-path", string(maps.UplinkAuto), `how uplinks balance traffic from outside: "xdp" (XDP, with generic mode where the driver has no native XDP), "tc" (tcx ingress), or "auto": per uplink, XDP where the frames it sends back out are taken (a veth whose peer has a native XDP program, a driver where native XDP attaches), tc elsewhere (a veth whose peer has none or cannot be inspected, as a kind node's eth0; drivers without native XDP). Restarting with another path keeps established flows`)
+	fl.StringVar(&f.uplinkPath, "uplink-path", string(maps.UplinkAuto), `how uplinks balance traffic from outside: "xdp" (XDP, with generic mode where the driver has no native XDP), "tc" (tc ingress, --tc-attach), or "auto": per uplink, XDP where the frames it sends back out are taken (a veth whose peer has a native XDP program, a driver where native XDP attaches), tc elsewhere (a veth whose peer has none or cannot be inspected, as a kind node's eth0; drivers without native XDP). Restarting with another path keeps established flows`)
+	fl.StringVar(&f.tcAttach, "tc-attach", string(maps.TCAttachAuto), `how the tc programs (pod interfaces, uplinks) are attached: "tcx" (tcx links, Linux 6.6), "tc" (direct-action BPF filters on a clsact qdisc, through netlink; other tools' filters and qdiscs are left alone), or "auto": tcx where the kernel has it, tc elsewhere. Restarting with the other mode keeps established flows`)
 	fl.BoolVar(&f.hostServices, "host-services", true, "balance the node's own processes (host network) to cluster IPs, NodePorts, external and load-balancer IPs with cgroup socket hooks; false detaches hooks an earlier agent attached")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "auto", `the node's cgroup v2 root for the socket hooks (or a directory holding it as "unified", as on hybrid hosts), or "auto": the cgroup2 mount of this process, which in a pod with its own cgroup namespace is not the root and is refused`)
 	fl.StringVar(&f.bpffs, "bpffs", maps.DefaultPinPath, "directory on a bpf filesystem where maps and links are pinned")
@@ -210,6 +212,8 @@ type settings struct {
 	snatPorts maps.PortRange
 	// uplinkPath is how uplinks balance traffic from outside.
 	uplinkPath maps.UplinkPath
+	// tcAttach is how tc programs are attached.
+	tcAttach maps.TCAttach
 }
 
 // checkFlags returns the settings the flags give, or an error naming the
@@ -242,6 +246,9 @@ func checkFlags(f flags) (settings, error) {
 	}
 	if s.uplinkPath, err = maps.ParseUplinkPath(f.uplinkPath); err != nil {
 		return s, fmt.Errorf("--uplink-path: %w", err)
+	}
+	if s.tcAttach, err = maps.ParseTCAttach(f.tcAttach); err != nil {
+		return s, fmt.Errorf("--tc-attach: %w", err)
 	}
 	return s, nil
 }
@@ -298,7 +305,8 @@ func loadDatapath(log *slog.Logger, f flags, s settings) (*maps.Datapath, error)
 	dp, err := maps.Load(maps.Options{
 		PinPath: f.bpffs, MaxFrontends: f.maxFrontends, MaxBackends: f.maxBackends,
 		MaxConntrack: maxConntrack, MaxConntrackNew: f.maxCtNew, NewFlowsPerSource: perSource,
-		MaxAffinity: f.maxAffinity, SNATPorts: s.snatPorts, UplinkPath: s.uplinkPath, Logger: log.With("component", "datapath"),
+		MaxAffinity: f.maxAffinity, SNATPorts: s.snatPorts, UplinkPath: s.uplinkPath, TCAttach: s.tcAttach,
+		Logger: log.With("component", "datapath"),
 	})
 	switch {
 	case err == nil:

@@ -127,21 +127,25 @@ func familyList(families []v1.IPFamily) string {
 	return strings.Join(parts, " ")
 }
 
-// printKernel lists the kernel's features the datapath probed at load and
-// what it does where one is missing.
+// printKernel lists the kernel's features the datapath probed at load,
+// the path the agent chose for each that has a choice, and what it does
+// where one is missing.
 func printKernel(w io.Writer, k *dpmaps.KernelReport) error {
 	if k == nil {
 		return nil
 	}
 	fmt.Fprintf(w, "\nkernel %s, probed at load\n", k.Release)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FEATURE\tSINCE\tPRESENT\tWITHOUT IT")
+	fmt.Fprintln(tw, "FEATURE\tSINCE\tPRESENT\tPATH\tWITHOUT IT")
 	for _, f := range k.Features {
-		present, without := "yes", "-"
+		present, path, without := "yes", "-", "-"
 		if !f.Present {
 			present, without = "no", f.Without
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Name, f.Since, present, cell(without, maxText))
+		if f.Path != "" {
+			path = f.Path
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Name, f.Since, present, path, cell(without, maxText))
 	}
 	return tw.Flush()
 }

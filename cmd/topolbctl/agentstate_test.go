@@ -155,12 +155,12 @@ func TestExplainAgentUplinks(t *testing.T) {
 		}},
 		{"kernel", uplinkDP{memDP: memDP{}, kernel: dpmaps.KernelReport{Release: "6.1.0-50-amd64", Features: []dpmaps.KernelFeature{
 			{Name: "BPF_FIB_LOOKUP_SRC", Since: "6.7", Without: "flows dropped"},
-			{Name: "tcx links", Since: "6.6", Present: true},
+			{Name: "tcx links", Since: "6.6", Present: false, Without: "clsact filters", Path: "tc"},
 		}}}, []string{
 			"kernel 6.1.0-50-amd64, probed at load",
-			"FEATURE             SINCE  PRESENT  WITHOUT IT",
-			"BPF_FIB_LOOKUP_SRC  6.7    no       flows dropped",
-			"tcx links           6.6    yes      -",
+			"FEATURE             SINCE  PRESENT  PATH  WITHOUT IT",
+			"BPF_FIB_LOOKUP_SRC  6.7    no       -     flows dropped",
+			"tcx links           6.6    no       tc    clsact filters",
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/tools/testbed"
 )
 
@@ -22,12 +24,94 @@ import (
 // permitted backends used, and the restarted agents agreeing with
 // DecideNode (decisions and map contents) on the changed objects.
 func TestAgentRestartUnderLoad(t *testing.T) {
+	testAgentRestartUnderLoad(t, nil, nil)
+}
+
+// TestAgentRestartUnderLoadTCAttach is TestAgentRestartUnderLoad with the
+// tc programs attached as direct-action filters on clsact qdiscs
+// (--tc-attach=tc), as on kernels without tcx links (Linux < 6.6): every
+// agent reports that path (/debug/state, /metrics), every pod veth of its
+// node carries topolb's filters before and after the restarts, and the
+// restarts under load lose nothing.
+func TestAgentRestartUnderLoadTCAttach(t *testing.T) {
+	testAgentRestartUnderLoad(t, []string{"--tc-attach=tc"}, func(t *testing.T, tb *testbed.Testbed) {
+		checkTCAttach(t, tb, maps.TCAttachTC)
+	})
+}
+
+// checkTCAttach checks every agent reports tc attach mode want, and, for
+// the tc mode, that topolb's filters are on its node's pod veths.
+func checkTCAttach(t *testing.T, tb *testbed.Testbed, want maps.TCAttach) {
+	t.Helper()
+	for _, a := range tb.Agents() {
+		st, err := a.State(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := ""
+		if st.Kernel != nil {
+			for _, f := range st.Kernel.Features {
+				if f.Name == "tcx links" {
+					path = f.Path
+				}
+			}
+		}
+		if path != string(want) {
+			t.Errorf("agent on %s: /debug/state says tcx links path %q, want %q (%+v)", a.Node.Name, path, want, st.Kernel)
+		}
+		m, err := a.Metrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line := `topolb_datapath_path{feature="tcx links",path="` + string(want) + `"} 1`; !strings.Contains(m, line) {
+			t.Errorf("agent on %s: /metrics lacks %s", a.Node.Name, line)
+		}
+		if want != maps.TCAttachTC {
+			continue
+		}
+		nl := a.Node.NS.Netlink()
+		for _, p := range a.Node.Pods {
+			l, err := nl.LinkByName(p.HostVeth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for parent, name := range map[uint32]string{netlink.HANDLE_MIN_INGRESS: "topolb_tc", netlink.HANDLE_MIN_EGRESS: "topolb_tcegress"} {
+				fs, err := nl.FilterList(l, parent)
+				if err != nil {
+					t.Fatalf("%s %s: list tc filters: %v", a.Node.Name, p.HostVeth, err)
+				}
+				if !slices.ContainsFunc(fs, func(f netlink.Filter) bool {
+					bf, ok := f.(*netlink.BpfFilter)
+					return ok && bf.Name == name && bf.DirectAction
+				}) {
+					t.Errorf("%s %s (pod %s): no direct-action filter %s: %+v", a.Node.Name, p.HostVeth, p.Name, name, fs)
+				}
+			}
+		}
+	}
+}
+
+// testAgentRestartUnderLoad is TestAgentRestartUnderLoad with the agents
+// given args; check, when not nil, runs once the agents first synced and
+// again after the restarts.
+func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.T, *testbed.Testbed)) {
 	requireRoot(t)
-	requireAgent(t) // skip before building a testbed
+	bin := requireAgent(t) // skip before building a testbed
 	spec := demoSpec(t)
 	tb := newTestbed(t, spec)
-	withAgents.start(t, tb)
+	if args == nil {
+		withAgents.start(t, tb)
+	} else {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5, Args: args}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	apply(t, tb, scenarioServices(t, spec, "zone-hints"))
+	if check != nil {
+		check(t, tb)
+	}
 	client := tb.Pod("client")
 	target := targets(t, tb, client)
 
@@ -123,6 +207,9 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 		}
 	}
 	noChecksumErrors(t, tb)
+	if check != nil {
+		check(t, tb)
+	}
 }
 
 // TestAgentsOnEveryNode runs an agent on every node and a client on every
