@@ -184,7 +184,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 		if mg, err = prepareMigration(opts.PinPath, tcSpec, opts.MaxFrontends); err != nil {
 			return nil, fmt.Errorf("upgrade maps at %s from layout %d: %w", opts.PinPath, migrateFrom, err)
 		}
-		defer mg.closeAll()
+		defer mg.close()
 	}
 	if err := d.loadObjects(tcSpec, mg.replacements()); err != nil {
 		return nil, err

@@ -336,30 +336,19 @@ func (mg *migration) closeLinks() {
 	mg.swapped = nil
 }
 
-// close releases the old maps and the links; the fresh maps stay open
-// only where d uses them (a failed Load closes them with d's objects).
+// close releases the links, the old maps and the fresh ones: the
+// programs and d hold their own references (clones) to what they use.
 func (mg *migration) close() {
 	if mg == nil {
 		return
 	}
 	mg.closeLinks()
-	for _, m := range mg.old {
-		m.Close()
+	for _, ms := range []map[string]*ebpf.Map{mg.old, mg.fresh} {
+		for _, m := range ms {
+			m.Close()
+		}
 	}
-	mg.old = nil
-}
-
-// closeAll also closes the fresh maps, for a Load that failed before
-// handing them to its objects.
-func (mg *migration) closeAll() {
-	if mg == nil {
-		return
-	}
-	mg.close()
-	for _, m := range mg.fresh {
-		m.Close()
-	}
-	mg.fresh = nil
+	mg.old, mg.fresh = nil, nil
 }
 
 // logArgs are the counts of entries migrated, per map.

@@ -167,9 +167,13 @@ func TestUpgradeFromPreviousLayout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(log), "upgraded pinned maps") {
+		_, line, ok := strings.Cut(string(log), "upgraded pinned maps")
+		if !ok {
 			t.Errorf("agent on %s: no \"upgraded pinned maps\" in its log:\n%s", a.Node.Name, a.LogTail(20))
+			continue
 		}
+		line, _, _ = strings.Cut(line, "\n")
+		t.Logf("agent on %s upgraded pinned maps:%s", a.Node.Name, line)
 	}
 	if err := tb.WaitAgents(ctx, time.Minute); err != nil {
 		t.Fatal(err)
