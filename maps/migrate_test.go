@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -351,4 +352,53 @@ func pinIDs(t *testing.T, dir string) map[string]string {
 		m.Close()
 	}
 	return out
+}
+
+// TestUpgradeRollsBackTheSwap checks that a swap that fails part way (a
+// pinned link running a program this layout has no counterpart of) puts
+// the old programs back on the links it had swapped, and leaves the
+// layout 4 maps pinned as they were.
+func TestUpgradeRollsBackTheSwap(t *testing.T) {
+	dir := filepath.Join(bpffs(t), "topolb")
+	node := nettest.NewNS(t, "upgrb")
+	must(t, nettest.Veth(node, "upg0", node, "upg1"))
+	opts := Options{PinPath: dir, NetNS: node.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096}
+	d1, err := Load(opts)
+	must(t, err)
+	mustSetService(t, d1, fe("10.96.7.10:80", TCP), Service{Backends: []Backend{be("10.1.0.1:8080")}})
+	must(t, d1.AttachPod("upg0"))
+	must(t, d1.Close())
+	downgrade(t, dir)
+	spec, err := loadBaseline()
+	must(t, err)
+	coll, err := ebpf.NewCollection(spec)
+	must(t, err)
+	defer coll.Close()
+	var ifindex int
+	must(t, d1.inNetNS(func() error {
+		iface, err := net.InterfaceByName("upg1")
+		if err == nil {
+			ifindex = iface.Index
+		}
+		return err
+	}))
+	// Sorted after the pod's links: swapped last.
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: coll.Programs[baselineProgTcBaseline], Attach: ebpf.AttachTCXIngress})
+	must(t, err)
+	defer l.Close()
+	must(t, l.Pin(filepath.Join(dir, "links", string(hookUplink)+"_upg1")))
+	tcPin := filepath.Join(dir, "links", string(hookTC)+"_upg0")
+	before, pins := linkProgram(t, tcPin), pinIDs(t, dir)
+
+	_, err = Load(opts)
+	if err == nil {
+		t.Fatal("Load swapped onto a link running a program it has no counterpart of")
+	}
+	t.Logf("error: %v", err)
+	if got := linkProgram(t, tcPin); got != before {
+		t.Errorf("link %s runs program %d after the failed upgrade, want the old %d back", tcPin, got, before)
+	}
+	if got := pinIDs(t, dir); !reflect.DeepEqual(got, pins) {
+		t.Errorf("pins changed:\nbefore %v\nafter  %v", pins, got)
+	}
 }
