@@ -313,7 +313,10 @@ func TestUpgradeRefusesHostileMaps(t *testing.T) {
 			must(t, hostile.Pin(path))
 			pins := pinIDs(t, dir)
 
-			_, err = Load(opts)
+			d, err := Load(opts)
+			if d != nil {
+				d.Close()
+			}
 			if !errors.Is(err, ErrLayoutMismatch) {
 				t.Fatalf("Load: %v, want ErrLayoutMismatch", err)
 			}
