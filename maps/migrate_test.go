@@ -164,6 +164,16 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 	return id
 }
 
+// upgradeNode is a namespace with the veth pair upg0, upg1 and the
+// options of a datapath for it pinned in a private bpffs.
+func upgradeNode(t *testing.T) Options {
+	t.Helper()
+	dir := filepath.Join(bpffs(t), "topolb")
+	node := nettest.NewNS(t, "upg")
+	must(t, nettest.Veth(node, "upg0", node, "upg1"))
+	return Options{PinPath: dir, NetNS: node.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096}
+}
+
 // TestUpgradeFromLayout4 builds a datapath's state (frontends with
 // affinity, source ranges, a draining backend, names, flows, a socket
 // record, attached links), turns its pins into layout 4's, and checks
@@ -171,10 +181,8 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 // equal, the links running the new programs, the flow still on its
 // backend, and nothing of layout 4 left.
 func TestUpgradeFromLayout4(t *testing.T) {
-	dir := filepath.Join(bpffs(t), "topolb")
-	node := nettest.NewNS(t, "upg")
-	must(t, nettest.Veth(node, "upg0", node, "upg1"))
-	opts := Options{PinPath: dir, NetNS: node.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096}
+	opts := upgradeNode(t)
+	dir := opts.PinPath
 	d1, err := Load(opts)
 	must(t, err)
 	closed := false
@@ -362,10 +370,8 @@ func pinIDs(t *testing.T, dir string) map[string]string {
 // the old programs back on the links it had swapped, and leaves the
 // layout 4 maps pinned as they were.
 func TestUpgradeRollsBackTheSwap(t *testing.T) {
-	dir := filepath.Join(bpffs(t), "topolb")
-	node := nettest.NewNS(t, "upgrb")
-	must(t, nettest.Veth(node, "upg0", node, "upg1"))
-	opts := Options{PinPath: dir, NetNS: node.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096}
+	opts := upgradeNode(t)
+	dir := opts.PinPath
 	d1, err := Load(opts)
 	must(t, err)
 	mustSetService(t, d1, fe("10.96.7.10:80", TCP), Service{Backends: []Backend{be("10.1.0.1:8080")}})
