@@ -70,6 +70,10 @@ type swappedLink struct {
 	old *ebpf.Program
 }
 
+// testBeforeSwap, nil outside tests, runs between the conversion and the
+// swap, where the old programs may still write to their maps.
+var testBeforeSwap func(pinPath string)
+
 // prepareMigration opens the previous layout's pinned maps and converts
 // them into fresh ones sized as spec says (which sizeMaps set from the
 // options: they must be the old maps' sizes). It writes nothing pinned.
@@ -193,6 +197,9 @@ func (mg *migration) names(maxFrontends uint32) (*ebpf.Map, error) {
 // fails; after it, it returns the first error of the steps that follow,
 // with the new programs forwarding on the new maps.
 func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
+	if testBeforeSwap != nil {
+		testBeforeSwap(mg.pinPath)
+	}
 	if err := mg.swap(d); err != nil {
 		return fmt.Errorf("replace the layout %d programs: %w", migrateFrom, err)
 	}

@@ -254,8 +254,28 @@ func TestUpgradeFromLayout4(t *testing.T) {
 		t.Fatalf("OpenPinned of layout 4 maps: %v, want ErrLayoutMismatch", err)
 	}
 
+	// What the old programs write between the conversion and the swap: a
+	// socket record (connect4), into the layout 4 map.
+	late := l4SockRevnatKey{Cookie: 78, Addr: be32(flowBackend.Addr()), Port: be16(flowBackend.Port())}
+	testBeforeSwap = func(pinPath string) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, tcMapTlbSockRevnat), nil)
+		if err == nil {
+			err = m.Update(&late, &l4SockRevnatValue{Addr: be32(web.Addr.Addr()), Port: be16(web.Addr.Port())}, ebpf.UpdateNoExist)
+			m.Close()
+		}
+		if err != nil {
+			t.Errorf("write a layout 4 socket record before the swap: %v", err)
+		}
+	}
+	t.Cleanup(func() { testBeforeSwap = nil })
 	d2 := newDatapath(t, opts)
+	testBeforeSwap = nil
 	after := readUpgradeState(t, dir)
+	lateKey := tcSockRevnatKey{Cookie: late.Cookie, Addr: rk.Addr, Port: rk.Port}
+	if got, ok := after.SockRev[lateKey]; !ok || got != rv {
+		t.Errorf("socket record written before the swap: %+v, %v after the upgrade, want %+v", got, ok, rv)
+	}
+	delete(after.SockRev, lateKey)
 	if !reflect.DeepEqual(before, after) {
 		t.Errorf("state after the upgrade differs:\nbefore %+v\nafter  %+v", before, after)
 	}
