@@ -326,8 +326,8 @@ func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
 // reserved fields"), it loads the object again without compare-and-exchange
 // (withoutCmpXchg) and, when that loads, records the feature absent: the
 // other objects are then configured without it too.
-func (d *Datapath) loadTcCollection(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
-	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}}
+func (d *Datapath) loadTcCollection(spec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) (*ebpf.Collection, error) {
+	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}, MapReplacements: replacements}
 	var plain *ebpf.CollectionSpec
 	if d.compat.cmpXchg {
 		plain = spec.Copy()

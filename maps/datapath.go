@@ -144,8 +144,9 @@ func (o Options) withDefaults() (Options, error) {
 // with an error wrapping ErrLocked, before touching any pin. Maps already
 // pinned there with the same layout are adopted: the mirror is rebuilt
 // from them and stale entries are garbage-collected, so an agent restart
-// keeps every flow. Otherwise the maps are created and pinned. Pinned maps
-// of another layout version, fingerprint or size make Load fail with an
+// keeps every flow. Otherwise the maps are created and pinned. Maps of the
+// previous layout are migrated, flows and all (migrate.go). Pinned maps
+// of any other layout version, fingerprint or size make Load fail with an
 // error wrapping ErrLayoutMismatch.
 func Load(opts Options) (_ *Datapath, err error) {
 	opts, err = opts.withDefaults()
@@ -183,7 +184,10 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("layout fingerprint: %w", err)
 	}
-	if err := checkPinnedLayout(opts.PinPath, fingerprint); err != nil {
+	previous := false
+	if err := checkPinnedLayout(opts.PinPath, fingerprint); errors.Is(err, errPreviousLayout) {
+		previous = true
+	} else if err != nil {
 		return nil, err
 	}
 	if d.kernel, err = probeDatapathKernel(tcSpec); err != nil {
@@ -210,13 +214,26 @@ func Load(opts Options) (_ *Datapath, err error) {
 		d.log.Info("interfaces' addresses and MTUs for the fallbacks of BPF_FIB_LOOKUP_SRC and bpf_check_mtu", "interfaces", srcs)
 	}
 	d.compat = newCompat(d.kernel, srcs)
-	if err := d.loadObjects(tcSpec); err != nil {
+	var mg *migration
+	if previous {
+		sizeMaps(tcSpec, opts)
+		if mg, err = prepareMigration(opts.PinPath, tcSpec, opts.MaxFrontends); err != nil {
+			return nil, fmt.Errorf("upgrade maps at %s from layout %d: %w", opts.PinPath, migrateFrom, err)
+		}
+		defer mg.close()
+	}
+	if err := d.loadObjects(tcSpec, mg.replacements()); err != nil {
 		return nil, err
 	}
 	if err := d.initMeta(fingerprint); err != nil {
 		return nil, err
 	}
-	if d.names, err = loadNames(opts.PinPath, opts.MaxFrontends); err != nil {
+	if mg != nil {
+		d.names, err = mg.names(opts.MaxFrontends)
+	} else {
+		d.names, err = loadNames(opts.PinPath, opts.MaxFrontends)
+	}
+	if err != nil {
 		return nil, err
 	}
 
@@ -224,6 +241,13 @@ func Load(opts Options) (_ *Datapath, err error) {
 	stats, err := d.adopt()
 	if err != nil {
 		return nil, fmt.Errorf("adopt pinned maps: %w", err)
+	}
+	if mg != nil {
+		if err := mg.commit(d, fingerprint); err != nil {
+			return nil, fmt.Errorf("upgrade maps at %s from layout %d: %w", opts.PinPath, migrateFrom, err)
+		}
+		d.log.Info("upgraded pinned maps", append([]any{"from", migrateFrom, "to", layoutVersion,
+			"kept", len(sharedMaps) - len(mg.replacements()), "swappedLinks", len(mg.swapped)}, mg.logArgs()...)...)
 	}
 	d.log.Info("datapath loaded", "pinPath", opts.PinPath, "frontends", len(d.fes),
 		"slots", d.slots, "staleSlotsRemoved", stats.staleSlots,
@@ -250,7 +274,9 @@ func lockDir(dir string) (*os.File, error) {
 
 // loadObjects creates (or adopts) the pinned maps with the tc object and
 // hands them to the XDP, uplink and socket objects.
-func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
+// replacements, when upgrading from the previous layout, are the maps
+// created for it instead of the pinned ones of those names.
+func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) (err error) {
 	sizeMaps(tcSpec, d.opts)
 	if err := configure(tcSpec, d.opts, d.compat); err != nil {
 		return err
@@ -258,7 +284,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec) (err error) {
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
-	d.tcColl, err = d.loadTcCollection(tcSpec)
+	d.tcColl, err = d.loadTcCollection(tcSpec, replacements)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("adopt maps at %s: %w: %w", d.opts.PinPath, ErrLayoutMismatch, err)
 	}
@@ -393,6 +419,10 @@ func checkBPFFS(path string) error {
 	return nil
 }
 
+// errPreviousLayout marks pinned maps of the previous layout, which Load
+// migrates (migrate.go) and readers of this build cannot read.
+var errPreviousLayout = errors.New("previous layout, upgraded by starting the agent")
+
 // checkPinnedLayout compares the layout version and fingerprint of a
 // pinned meta map, if any, before anything else is adopted.
 func checkPinnedLayout(pinPath string, fingerprint uint64) error {
@@ -412,6 +442,8 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 	switch {
 	case meta.LayoutVersion == 0:
 		return nil
+	case meta.LayoutVersion == migrateFrom && meta.Fingerprint == layout4Fingerprint:
+		return fmt.Errorf("maps at %s have layout version %d: %w: %w", pinPath, migrateFrom, errPreviousLayout, ErrLayoutMismatch)
 	case meta.LayoutVersion != layoutVersion:
 		return fmt.Errorf("maps at %s have layout version %d, this datapath uses %d: %w",
 			pinPath, meta.LayoutVersion, layoutVersion, ErrLayoutMismatch)

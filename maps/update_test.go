@@ -631,6 +631,10 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 	}{
 		{"other_layout_version_refused", tcMeta{LayoutVersion: layoutVersion + 1}},
 		{"same_version_other_fingerprint_refused", tcMeta{LayoutVersion: layoutVersion, Fingerprint: 0x5eed}},
+		{"previous_version_other_fingerprint_refused", tcMeta{LayoutVersion: migrateFrom, Fingerprint: 0x5eed}},
+		// Maps of this layout stamped as the previous one: the upgrade
+		// finds keys of the wrong size and writes nothing.
+		{"previous_layout_stamp_on_these_maps_refused", tcMeta{LayoutVersion: migrateFrom, Fingerprint: layout4Fingerprint}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			meta, err := ebpf.LoadPinnedMap(filepath.Join(pin, tcMapTlbMeta), nil)

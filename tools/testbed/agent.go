@@ -415,3 +415,20 @@ func (tb *Testbed) Agent(node string) *Agent {
 	}
 	return nil
 }
+
+// UseBinary makes the agent's next Start run bin instead, as an upgrade
+// replaces the binary between a stop and a start. It fails while the
+// agent runs.
+func (a *Agent) UseBinary(bin string) error {
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
+	if a.Running() {
+		return fmt.Errorf("agent on %s is running: stop it before changing its binary", a.Node.Name)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.binary, a.opts.Binary = abs, abs
+	return nil
+}
