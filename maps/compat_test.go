@@ -87,7 +87,7 @@ func TestForceFallbacks(t *testing.T) {
 	}
 
 	for _, c := range []struct{ name, force string }{
-		{"no_fallback", "tcx links"},
+		{"no_fallback", "helper bpf_map_lookup_elem"},
 		{"no_feature", "warp drive"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
