@@ -48,6 +48,16 @@ type DebugState struct {
 	Kernel *maps.KernelReport `json:"kernel,omitempty"`
 }
 
+// ProgrammedFamilies returns the families the state says the agent
+// programs; an agent older than dual stack does not say, and programs
+// IPv4.
+func (st DebugState) ProgrammedFamilies() []v1.IPFamily {
+	if len(st.Families) == 0 {
+		return []v1.IPFamily{v1.IPv4Protocol}
+	}
+	return st.Families
+}
+
 // ProgrammedFrontend is one frontend as the kernel maps hold it.
 type ProgrammedFrontend struct {
 	// Backends are the active backends, sorted "ip:port".

@@ -53,7 +53,7 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	if st.DatapathError != "" {
 		return fmt.Errorf("the agent could not read its maps: %s", st.DatapathError)
 	}
-	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v; families programmed: %s)\n", st.Synced, familyList(st.Families))
+	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v; families programmed: %s)\n", st.Synced, familyList(st.ProgrammedFamilies()))
 	decided := decidedFrontends(st.Report)
 	keys := make([]string, 0, len(st.Datapath)+len(decided))
 	for f := range st.Datapath {
@@ -114,12 +114,8 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	return printKernel(w, st.Kernel)
 }
 
-// familyList renders the families an agent programs, "IPv4 IPv6"; an
-// agent that does not say (older than dual stack) programs IPv4.
+// familyList renders families, "IPv4 IPv6".
 func familyList(families []v1.IPFamily) string {
-	if len(families) == 0 {
-		return string(v1.IPv4Protocol)
-	}
 	parts := make([]string, 0, len(families))
 	for _, f := range families {
 		parts = append(parts, string(f))

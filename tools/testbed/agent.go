@@ -272,7 +272,7 @@ func (a *Agent) Mismatch(st *AgentState) string {
 	if a.opts.Options != nil {
 		opts = *a.opts.Options
 	}
-	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name, opts, st.Families), st.Datapath)
+	return frontendMismatch(desiredFrontends(objs.State(nil), a.Node.Name, opts, st.ProgrammedFamilies()), st.Datapath)
 }
 
 // slotShareTolerance is how far a backend's share of its frontend's slots
