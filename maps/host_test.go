@@ -37,6 +37,9 @@ func hostDatapathOpts(t *testing.T, opts Options) *Datapath {
 		t.Skipf("no cgroup v2 root for the socket hooks: %v", err)
 	}
 	d := newDatapath(t, opts)
+	if !d.compat.netnsCookie {
+		t.Skipf("kernel %s lacks %s (Linux 5.14), or it is forced off: the socket hooks act on no socket", d.kernel.Release, featureNetnsCookie)
+	}
 	must(t, d.AttachHost(root))
 	return d
 }
