@@ -200,7 +200,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, err
 	}
 	d.log.Info("kernel", d.kernel.LogArgs()...)
-	if err := d.kernel.errExcept(opts.tolerate); err != nil {
+	if err := d.kernel.Err(); err != nil {
 		return nil, err
 	}
 	var srcs []ifaceAddr

@@ -56,9 +56,6 @@ func newDatapath(t testing.TB, opts Options) *Datapath {
 	if opts.MaxConntrack == 0 {
 		opts.MaxConntrack = 4096
 	}
-	// Packet tables run without tcx; a test that attaches skips without
-	// it (must).
-	opts.tolerate = append(opts.tolerate, "tcx links")
 	if os.Getenv(forceFallbacksEnv) != "" && opts.ForceFallbacks == nil {
 		opts.ForceFallbacks = fallbackFeatures(t)
 	}

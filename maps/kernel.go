@@ -50,13 +50,10 @@ var ErrKernelFeature = errors.New("kernel lacks a feature topolb needs")
 
 // Err names each absent feature without a fallback and the first release
 // that has it; nil when there is none.
-func (r KernelReport) Err() error { return r.errExcept(nil) }
-
-// errExcept is Err ignoring the features named in tolerate.
-func (r KernelReport) errExcept(tolerate []string) error {
+func (r KernelReport) Err() error {
 	var missing []string
 	for _, f := range r.Features {
-		if !f.Present && f.Without == "" && !slices.Contains(tolerate, f.Name) {
+		if !f.Present && f.Without == "" {
 			missing = append(missing, fmt.Sprintf("%s (Linux %s)", f.Name, f.Since))
 		}
 	}

@@ -305,10 +305,6 @@ type Options struct {
 	// older kernel: the tests run each fallback on a new kernel with it.
 	// A name that is not a feature with a fallback fails Load.
 	ForceFallbacks []string
-	// tolerate names kernel features Load accepts the kernel lacks
-	// (tests: the programs load and run without tcx links, which only
-	// attaching needs).
-	tolerate []string
 	// TCAttach says how the tc programs (pod veths, uplinks) are
 	// attached: TCAttachAuto (the zero value) takes tcx links where the
 	// kernel has them and tc clsact filters elsewhere; TCAttachTCX and
