@@ -263,7 +263,11 @@ func (e *env) clients() map[string]string {
 					// The image has no shell: serve on localhost is its sleep.
 					Name: "client", Image: e.echoImage, Args: []string{"serve", "-addr=127.0.0.1:8081", "-drain=0s"},
 					Resources: smallRequests,
+					// underLoad's stop file: the image's root is not
+					// writable by its user.
+					VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
 				}},
+				Volumes: []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 			},
 		}
 		if _, err := e.cs.CoreV1().Pods(e.ns).Create(e.ctx(), p, metav1.CreateOptions{}); err != nil {

@@ -2,7 +2,8 @@
 // binary in one image.
 //
 //	echo serve [-addr :8080] [-drain 5s]
-//	echo get -url http://10.215.0.10/ [-n 20 | -duration 30s] [-interval 0] [-timeout 2s]
+//	echo get -url http://10.215.0.10/ [-n 20 | -duration 30s [-stop-file F]] [-interval 0] [-timeout 2s]
+//	echo stop -file F
 //
 // serve answers GET / with one JSON line naming the pod, its IP, the node and
 // the zone it runs in ($POD_NAME, $POD_IP, $NODE_NAME, $ZONE, from the
@@ -10,11 +11,14 @@
 // fails /readyz, keeps serving for -drain (the time the endpoint's removal
 // takes to reach every node) and then shuts down gracefully.
 //
-// get makes -n requests (or requests for -duration), each on a new
-// connection, and prints one JSON object: the count of answers per node and
+// get makes -n requests (or requests for -duration, ending early once
+// -stop-file exists), each on a new connection, and prints one JSON object: the count of answers per node and
 // per pod IP, the number of failed
 // requests and, among them, connections reset, with the first few errors.
 // It exits 1 when a request failed.
+//
+// stop creates the file a running get was given as -stop-file: a test ends
+// its load when the change it measures is over, however long that took.
 package main
 
 import (
@@ -36,7 +40,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: echo serve|get [flags]")
+		fmt.Fprintln(os.Stderr, "usage: echo serve|get|stop [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -45,8 +49,10 @@ func main() {
 		err = serve(os.Args[2:])
 	case "get":
 		err = get(os.Args[2:])
+	case "stop":
+		err = stop(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q: want serve or get", os.Args[1])
+		err = fmt.Errorf("unknown command %q: want serve, get or stop", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "echo:", err)
@@ -103,9 +109,20 @@ func get(args []string) error {
 	duration := fl.Duration("duration", 0, "instead of -n: make requests for this long")
 	interval := fl.Duration("interval", 0, "pause between requests")
 	timeout := fl.Duration("timeout", 2*time.Second, "timeout per request")
+	stopFile := fl.String("stop-file", "", "with -duration: end early once this file exists (echo stop)")
 	fl.Parse(args)
 	if *url == "" {
 		return errors.New("get: -url is required")
+	}
+	if *stopFile != "" && *duration == 0 {
+		return errors.New("get: -stop-file needs -duration, its upper bound")
+	}
+	stopped := func() bool {
+		if *stopFile == "" {
+			return false
+		}
+		_, err := os.Stat(*stopFile)
+		return err == nil
 	}
 	client := &http.Client{
 		Timeout:   *timeout,
@@ -114,7 +131,7 @@ func get(args []string) error {
 	res := api.Result{ByNode: map[string]int{}, ByIP: map[string]int{}}
 	end := time.Now().Add(*duration)
 	for i := 0; ; i++ {
-		if (*duration == 0 && i >= *n) || (*duration > 0 && time.Now().After(end)) {
+		if (*duration == 0 && i >= *n) || (*duration > 0 && time.Now().After(end)) || stopped() {
 			break
 		}
 		if i > 0 && *interval > 0 {
@@ -142,6 +159,20 @@ func get(args []string) error {
 		return fmt.Errorf("%d of %d requests failed", res.Failed, res.Requests)
 	}
 	return nil
+}
+
+func stop(args []string) error {
+	fl := flag.NewFlagSet("stop", flag.ExitOnError)
+	file := fl.String("file", "", "the -stop-file of a running get")
+	fl.Parse(args)
+	if *file == "" {
+		return errors.New("stop: -file is required")
+	}
+	f, err := os.Create(*file)
+	if err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	return f.Close()
 }
 
 func getOne(client *http.Client, url string) (api.Answer, error) {
