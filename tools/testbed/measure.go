@@ -113,6 +113,35 @@ func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, ser
 	return out, nil
 }
 
+// MeasureExpectation measures an expectation of a spec's scenario: the
+// client pod through the cluster IP (Measure), or a client (pod or
+// outside) through the NodePorts of the node it names (MeasureNodePort),
+// in the expectation's family when it names one (else in o.Families). It
+// returns the landings and the node whose decision they are held to.
+func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o MeasureOptions) ([]Landing, string, error) {
+	if e.Family != "" {
+		o.Families = []v1.IPFamily{e.Family}
+	}
+	p := tb.Pod(e.Client)
+	if e.Via == "" {
+		if p == nil {
+			return nil, "", fmt.Errorf("expectation: %q is not a client pod", e.Client)
+		}
+		l, err := tb.Measure(ctx, p, e.Service, o)
+		return l, p.Node.Name, err
+	}
+	var c Client = p
+	if p == nil {
+		ext := tb.External(e.Client)
+		if ext == nil {
+			return nil, "", fmt.Errorf("expectation: no client %q", e.Client)
+		}
+		c = ext
+	}
+	l, err := tb.MeasureNodePort(ctx, c, e.Via, e.Service, o)
+	return l, e.Via, err
+}
+
 // withDefaults fills in MeasureOptions' defaults.
 func (o MeasureOptions) withDefaults() MeasureOptions {
 	if o.Requests <= 0 {

@@ -315,6 +315,11 @@ type Expectation struct {
 	Via      string   `json:"via,omitempty"`
 	Service  string   `json:"service"`
 	Backends []string `json:"backends"`
+	// Family, when set, is the one IP family the expectation holds for
+	// (each family of a dual-stack Service is decided on its own, so it
+	// may land elsewhere); unset, it holds for every family of the
+	// Service.
+	Family v1.IPFamily `json:"family,omitempty"`
 }
 
 // Defaults.
@@ -470,8 +475,12 @@ func (s *Spec) complete() error {
 			if err := s.checkClient(e, pods, nodes); err != nil {
 				return fmt.Errorf("%s: expect: %w", where, err)
 			}
-			if !slices.ContainsFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(e.Service) }) {
+			i := slices.IndexFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(e.Service) })
+			if i < 0 {
 				return fmt.Errorf("%s: expect: service %q is not in the scenario", where, e.Service)
+			}
+			if e.Family != "" && !slices.Contains(sc.Services[i].IPFamilies, e.Family) {
+				return fmt.Errorf("%s: expect: family %q is not one of service %s's (%v)", where, e.Family, e.Service, sc.Services[i].IPFamilies)
 			}
 			for _, b := range e.Backends {
 				if pods[b] != RoleBackend {
