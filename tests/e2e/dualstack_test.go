@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 
@@ -90,16 +89,7 @@ var dualStackCases = []dualStackCase{
 		for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 			d := decisionOnOf(t, tb, "node-a1", "empty", proto, family)
 			for _, client := range []testbed.Client{tb.Pod("client"), tb.Host("node-a1")} {
-				label := fmt.Sprintf("%s %s -> %s", proto, client.ClientName(), d.Frontend)
-				took, err := refusal(t.Context(), client, proto, d.Frontend)
-				if err != nil {
-					t.Errorf("%s: not refused after %s: %v", label, took, err)
-					continue
-				}
-				t.Logf("%s: refused after %s", label, took)
-				if took > refusedWithin {
-					t.Errorf("%s: refused after %s, want within %s", label, took, refusedWithin)
-				}
+				checkRefused(t, client, proto, d.Frontend)
 			}
 		}
 	}},

@@ -48,13 +48,7 @@ services:
 // and the Service and EndpointSlices a dual-stack Service becomes.
 func TestDualStackLayout(t *testing.T) {
 	spec, err := ParseSpec([]byte(dualStackSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewLayout(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := mustLayout(t, spec, err)
 	for _, tc := range []struct {
 		pod, addr, addr6, gw6, wire6 string
 	}{
@@ -221,33 +215,7 @@ func TestDualStackWiring(t *testing.T) {
 	}
 
 	// An outside client reaches a node's IPv6 address.
-	ext, n2 := tb.External("ext1"), tb.Node("n2")
-	target := netip.AddrPortFrom(n2.WireAddr6.Addr(), 7000)
-	l, err := n2.NS.Listen("tcp6", target.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan string, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			accepted <- err.Error()
-			return
-		}
-		accepted <- c.RemoteAddr().String()
-		c.Close()
-	}()
-	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	conn, err := ext.NS.DialContext(dctx, "tcp6", target.String())
-	if err != nil {
-		t.Fatalf("outside client to %s: %v", target, err)
-	}
-	conn.Close()
-	if from := <-accepted; !strings.HasPrefix(from, "["+ext.Addr6.String()+"]:") {
-		t.Errorf("node saw the outside client as %s, want %s", from, ext.Addr6)
-	}
+	reachNode(t, tb.External("ext1"), tb.Node("n2"), v1.IPv6Protocol)
 
 	// The router sends the IPv6 load-balancer IP to the ingress node's
 	// IPv6 address.

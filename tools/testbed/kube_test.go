@@ -12,28 +12,37 @@ import (
 	"github.com/topolb/topolb/internal/kubetest"
 )
 
+// apiserverTestbed starts an apiserver with opts and a testbed of the spec
+// in specYAML served from it, both torn down with the test; the context
+// ends after two minutes.
+func apiserverTestbed(t *testing.T, specYAML string, opts ...kubetest.Option) (*Testbed, *Spec, context.Context) {
+	t.Helper()
+	requireRoot(t)
+	cluster := kubetest.Start(t, opts...)
+	spec, err := ParseSpec([]byte(specYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	tb, err := New(ctx, spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tb.Close() })
+	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	return tb, spec, ctx
+}
+
 // TestServiceTypesInAPIServer checks that apiserver mode writes what the
 // spec says about reaching a Service from outside — type, node ports,
 // external IPs, traffic policy, affinity, health check port — and the
 // load-balancer ingress through the status subresource, and that a
 // Service can change type between two Applies.
 func TestServiceTypesInAPIServer(t *testing.T) {
-	requireRoot(t)
-	cluster := kubetest.Start(t)
-	spec, err := ParseSpec([]byte(outsideSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tb.Close()
-	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-		t.Fatal(err)
-	}
+	tb, _, ctx := apiserverTestbed(t, outsideSpec)
 	lb := ServiceSpec{
 		Name: "lb", Type: v1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: "Local",
 		ExternalIPs: []string{"198.51.100.7"}, LoadBalancerIPs: []string{"198.51.100.8"},
@@ -87,22 +96,7 @@ func TestServiceTypesInAPIServer(t *testing.T) {
 // decisions read back from it are made per family. A Service that drops
 // IPv6 between two Applies loses its IPv6 slice.
 func TestDualStackInAPIServer(t *testing.T) {
-	requireRoot(t)
-	cluster := kubetest.Start(t, kubetest.WithDualStackServices())
-	spec, err := ParseSpec([]byte(dualStackSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tb.Close()
-	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
-		t.Fatal(err)
-	}
+	tb, spec, ctx := apiserverTestbed(t, dualStackSpec, kubetest.WithDualStackServices())
 	c := tb.KubeClient()
 	for _, tc := range []struct {
 		name       string

@@ -57,10 +57,8 @@ func TestDualStackSpecAgreesWithDecisions(t *testing.T) {
 // none), and that the mode is wantModes' for "scenario" or
 // "scenario/family", where it names one.
 func checkScenarioDecisions(t *testing.T, spec *Spec, wantModes map[string]topology.Mode) {
-	l, err := NewLayout(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Helper()
+	l := mustLayout(t, spec, nil)
 	for _, sc := range spec.Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
 			objs, err := l.Objects(sc.Services)
@@ -110,8 +108,10 @@ func checkScenarioDecisions(t *testing.T, spec *Spec, wantModes map[string]topol
 	}
 }
 
-func TestLayoutAddresses(t *testing.T) {
-	spec, err := DemoSpec()
+// mustLayout plans the layout of a spec parsed with err, failing the
+// test on either error.
+func mustLayout(t *testing.T, spec *Spec, err error) *Layout {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +119,12 @@ func TestLayoutAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+func TestLayoutAddresses(t *testing.T) {
+	spec, err := DemoSpec()
+	l := mustLayout(t, spec, err)
 	for _, tc := range []struct {
 		pod, node, addr, gw, wire string
 	}{

@@ -341,32 +341,7 @@ func TestOutsideNetwork(t *testing.T) {
 
 	// The outside client reaches a node's address, and the node sees the
 	// client's own address.
-	target := netip.AddrPortFrom(n1.WireAddr.Addr(), 7000)
-	l, err := n1.NS.Listen("tcp4", target.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan string, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			accepted <- err.Error()
-			return
-		}
-		accepted <- c.RemoteAddr().String()
-		c.Close()
-	}()
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	c, err := ext.NS.DialContext(dctx, "tcp4", target.String())
-	if err != nil {
-		t.Fatalf("outside client to %s: %v", target, err)
-	}
-	c.Close()
-	if from := <-accepted; !strings.HasPrefix(from, ext.Addr.String()+":") {
-		t.Errorf("node saw the outside client as %s, want %s", from, ext.Addr)
-	}
+	reachNode(t, ext, n1, v1.IPv4Protocol)
 
 	// Load-balancer IPs are routed to the ingress node, and only while a
 	// Service has them.
@@ -512,4 +487,39 @@ func backlogDrops() (uint64, error) {
 		sum += v
 	}
 	return sum, nil
+}
+
+// reachNode connects over TCP from the outside client ext to node's wire
+// address of family, and fails unless the node sees ext's own address of
+// that family.
+func reachNode(t *testing.T, ext *External, node *Node, family v1.IPFamily) {
+	t.Helper()
+	target := netip.AddrPortFrom(pick(family, node.WireAddr, node.WireAddr6).Addr(), 7000)
+	network := pick(family, "tcp4", "tcp6")
+	l, err := node.NS.Listen(network, target.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan string, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			accepted <- err.Error()
+			return
+		}
+		accepted <- c.RemoteAddr().String()
+		c.Close()
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	c, err := ext.NS.DialContext(ctx, network, target.String())
+	if err != nil {
+		t.Fatalf("outside client to %s: %v", target, err)
+	}
+	c.Close()
+	want := ext.ClientAddrOf(family)
+	if from, err := netip.ParseAddrPort(<-accepted); err != nil || from.Addr() != want {
+		t.Errorf("node %s saw the outside client as %v (%v), want %s", node.Name, from, err, want)
+	}
 }
