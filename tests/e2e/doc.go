@@ -7,6 +7,10 @@
 // compares topolb with kube-proxy: their programmed endpoints
 // (TestKubeProxyAgrees) and their speed (BenchmarkE2E, `make bench-e2e`).
 //
+// TestDualStack runs its traffic checks once per IP family on a
+// dual-stack testbed; a family the datapath does not program yet (as the
+// agents report it) skips with that reason.
+//
 // TestMonitoring runs Debian's Prometheus against the agents, with the
 // dashboard (deploy/grafana) and alert rules (deploy/prometheus) the
 // project ships, and TestAlertRules their promtool unit tests.

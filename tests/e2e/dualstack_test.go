@@ -102,10 +102,12 @@ var dualStackCases = []dualStackCase{
 // IPv6-only Service (absent in IPv4), and a dual-stack Service without
 // endpoints refused in both. A family the datapath does not serve yet, as
 // the agents (or the in-process datapath) say themselves, skips with that
-// reason; IPv4 always runs.
+// reason; IPv4 always runs. With agents it also runs against a real
+// kube-apiserver with both service ranges, which takes the dual-stack and
+// IPv6-only Services.
 func TestDualStack(t *testing.T) {
 	requireRoot(t)
-	for _, dp := range datapaths {
+	for _, dp := range append(datapaths, withAgentsAndDualStackAPIServer) {
 		t.Run(dp.name, func(t *testing.T) {
 			spec := dualStackSpec(t)
 			spec.Services = dualStackServices()
