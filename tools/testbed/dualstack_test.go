@@ -12,21 +12,12 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 )
 
-// dualStackSpec has two nodes, an outside client, a dual-stack Service
-// (IPv6 primary), an IPv6-only one and an IPv4-only one.
+// dualStackSpec has tinySpec's two nodes, an outside client, a
+// dual-stack Service (IPv6 primary), an IPv6-only one and an IPv4-only
+// one.
 const dualStackSpec = `
 name: ds
-dualStack: true
-zones:
-- name: z1
-  nodes:
-  - name: n1
-    pods: [{name: c, role: client}, {name: b1}]
-- name: z2
-  nodes:
-  - name: n2
-    pods: [{name: b2}]
-outside:
+dualStack: true` + twoZones + `outside:
   clients: [{name: ext1}]
 services:
 - name: both
@@ -163,20 +154,8 @@ zones: [{name: z, nodes: [{name: n, pods: [{name: b}]}]}]
 // address; and that backends answer on both families.
 func TestDualStackWiring(t *testing.T) {
 	requireRoot(t)
-	spec, err := ParseSpec([]byte(dualStackSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := t.Context()
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := tb.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	tb, _ := upTestbed(t, ctx, dualStackSpec)
 	for _, ns := range []*NS{tb.Node("n1").NS, tb.Router.NS} {
 		if v, err := ns.ReadSysctl("net.ipv6.conf.all.forwarding"); err != nil || v != "1" {
 			t.Errorf("%s: IPv6 forwarding %q (%v)", ns.Name, v, err)

@@ -19,17 +19,9 @@ func apiserverTestbed(t *testing.T, specYAML string, opts ...kubetest.Option) (*
 	t.Helper()
 	requireRoot(t)
 	cluster := kubetest.Start(t, opts...)
-	spec, err := ParseSpec([]byte(specYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tb.Close() })
+	tb, spec := upTestbed(t, ctx, specYAML)
 	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-const tinySpec = `
-name: tiny
+// twoZones are tinySpec's zones: n1 (client c, backend b1) in z1, n2
+// (backend b2) in z2.
+const twoZones = `
 zones:
 - name: z1
   nodes:
@@ -30,7 +31,10 @@ zones:
   nodes:
   - name: n2
     pods: [{name: b2}]
-services:
+`
+
+const tinySpec = `
+name: tiny` + twoZones + `services:
 - name: s
   ports: [{name: http, port: 80}, {name: dns, protocol: UDP, port: 53}]
   endpoints: [{pod: b1}, {pod: b2}]
@@ -303,16 +307,8 @@ services:
 // out.
 func TestOutsideNetwork(t *testing.T) {
 	requireRoot(t)
-	spec, err := ParseSpec([]byte(outsideSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := t.Context()
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tb.Close()
+	tb, _ := upTestbed(t, ctx, outsideSpec)
 	ext, n1, n2, r := tb.External("ext1"), tb.Node("n1"), tb.Node("n2"), tb.Router
 
 	for _, c := range []struct {
@@ -487,6 +483,26 @@ func backlogDrops() (uint64, error) {
 		sum += v
 	}
 	return sum, nil
+}
+
+// upTestbed brings up the testbed of the spec in specYAML, torn down
+// (its errors failing the test) when the test ends.
+func upTestbed(t *testing.T, ctx context.Context, specYAML string) (*Testbed, *Spec) {
+	t.Helper()
+	spec, err := ParseSpec([]byte(specYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := New(ctx, spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tb.Close(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	return tb, spec
 }
 
 // reachNode connects over TCP from the outside client ext to node's wire
