@@ -85,6 +85,43 @@ var dualStackCases = []dualStackCase{
 			checkFamilyLandings(t, tb, "node-b1", family, []testbed.Landing{hl.Landing})
 		}
 	}},
+	{"drain", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+		// A stream on web-a1 keeps it after web-a1 turns terminating, as
+		// in a rollout; new flows avoid it. The Services are restored
+		// after (while the test's context lives).
+		defer apply(t, tb, dualStackServices())
+		stream, err := tb.OpenStreamOf(t.Context(), tb.Pod("client"), "web", "web-a1", family)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stream.Close()
+		svcs := dualStackServices()
+		for i, ep := range svcs[0].Endpoints {
+			if ep.Pod == "web-a1" {
+				svcs[0].Endpoints[i].Condition = testbed.Terminating
+			}
+		}
+		apply(t, tb, svcs)
+		if err := testbed.StreamStays(t.Context(), stream, "web-a1", 10); err != nil {
+			t.Error(err)
+		}
+		// New flows only from here: a UDP request reusing the source port
+		// of an earlier one to web-a1 is that flow, which keeps its
+		// draining backend (as with kube-proxy).
+		if err := tb.ForgetFlows(); err != nil {
+			t.Fatal(err)
+		}
+		landings, err := tb.Measure(t.Context(), tb.Pod("client"), "web", testbed.MeasureOptions{Requests: 60, Families: []v1.IPFamily{family}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range landings {
+			if slices.Contains(l.Decision.Backends, "web-a1") {
+				t.Errorf("%s %s: the decision still permits the terminating web-a1: %v", family, l.Decision.Protocol, l.Decision.Backends)
+			}
+		}
+		checkFamilyLandings(t, tb, "node-a1", family, landings)
+	}},
 	{"rejects", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 			d := decisionOnOf(t, tb, "node-a1", "empty", proto, family)
@@ -99,8 +136,9 @@ var dualStackCases = []dualStackCase{
 // anywhere: a dual-stack Service from a pod and from a process of the
 // node itself (a local and a remote backend, landing exactly on the
 // decision, which every agent's explain reports for that family), an
-// IPv6-only Service (absent in IPv4), and a dual-stack Service without
-// endpoints refused in both. A family the datapath does not serve yet, as
+// IPv6-only Service (absent in IPv4), a drain (a stream keeps its backend
+// after the backend turns terminating, new flows avoid it), and a
+// dual-stack Service without endpoints refused in both. A family the datapath does not serve yet, as
 // the agents (or the in-process datapath) say themselves, skips with that
 // reason; IPv4 always runs. With agents it also runs against a real
 // kube-apiserver with both service ranges, which takes the dual-stack and
