@@ -5,8 +5,11 @@
 // client on node-a1 (to the cluster IP or its node's NodePort) or from a
 // client outside the cluster (to a node's NodePort), then prints where
 // they landed, the source address each backend saw, and the mode
-// `explain` reports. It needs root and tears everything down on exit and
-// on Ctrl-C.
+// `explain` reports. Then it does the same on a dual-stack testbed
+// (tools/testbed/examples/dual-stack.yaml), where one Service's two IP
+// families decide different modes; a family the datapath does not serve
+// yet is explained and said to be skipped. It needs root and tears
+// everything down on exit and on Ctrl-C.
 //
 //	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300] [-v N]
 //
@@ -33,6 +36,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/internal/logging"
@@ -75,6 +79,9 @@ requests over HTTP and UDP from a client pod (to the cluster IP or its
 node's NodePort) or from a client outside the cluster (to a node's
 NodePort), then prints where they landed, the source address each backend
 saw, and the mode 'topolbctl explain' reports, and checks that they agree.
+Without --spec it then does the same on a dual-stack testbed, where one
+Service's IPv4 and IPv6 decide different modes; the traffic of a family
+the datapath does not serve yet is not sent, and it says so.
 It needs root and tears everything down on exit and on Ctrl-C.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -84,7 +91,7 @@ It needs root and tears everything down on exit and on Ctrl-C.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&c.specFile, "spec", "", "testbed spec with scenarios (default: the built-in demo, tools/testbed/examples/demo.yaml)")
+	fl.StringVar(&c.specFile, "spec", "", "testbed spec with scenarios (default: the built-in demo, tools/testbed/examples/demo.yaml, then its dual-stack part, dual-stack.yaml)")
 	fl.StringVar(&c.datapath, "datapath", "", "who programs the nodes: agent (topolb-agent on every node) or direct (this process, through maps/); default agent when the binary exists")
 	fl.StringVar(&c.agentBin, "agent-binary", "", "topolb-agent binary (default: next to this binary, else bin/topolb-agent)")
 	fl.IntVar(&c.requests, "requests", 300, "requests per scenario and protocol")
@@ -94,12 +101,12 @@ It needs root and tears everything down on exit and on Ctrl-C.`,
 	return cmd
 }
 
-func run(ctx context.Context, out io.Writer, c config) (err error) {
+func run(ctx context.Context, out io.Writer, c config) error {
 	start := time.Now()
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it creates network namespaces and loads BPF programs (try: sudo make demo)")
 	}
-	spec, err := loadSpec(c.specFile)
+	specs, err := loadSpecs(c.specFile)
 	if err != nil {
 		return err
 	}
@@ -113,10 +120,29 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 	if c.logging.Verbosity() < 2 {
 		log = logging.AtLeast(log, slog.LevelWarn)
 	}
+	failed, total := 0, 0
+	for _, spec := range specs {
+		f, err := runSpec(ctx, out, c, spec, log)
+		if err != nil {
+			return err
+		}
+		failed += f
+		total += len(spec.Scenarios)
+	}
+	fmt.Fprintf(out, "\n%d of %d scenarios landed exactly where explain said, in %.1fs.\n", total-failed, total, time.Since(start).Seconds())
+	if failed > 0 {
+		return fmt.Errorf("%d scenarios did not match", failed)
+	}
+	return nil
+}
 
+// runSpec stands up spec's testbed, runs its scenarios and tears it down;
+// it returns how many scenarios did not land where explain said, after
+// printing the agents' last log lines when any did not.
+func runSpec(ctx context.Context, out io.Writer, c config, spec *testbed.Spec, log *slog.Logger) (failed int, err error) {
 	tb, err := testbed.New(ctx, spec, testbed.Options{Logger: log})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var cluster *kubetest.Cluster
 	defer func() {
@@ -130,36 +156,50 @@ func run(ctx context.Context, out io.Writer, c config) (err error) {
 			}
 		}
 	}()
-	fmt.Fprintf(out, "testbed %s: %d zones, %d nodes, %d pods (namespaces %s%s-*)\n", tb.ID, len(spec.Zones), len(tb.Nodes), len(tb.Pods), testbed.Prefix, tb.ID)
+	stack := "IPv4"
+	if spec.DualStack {
+		stack = "dual stack (IPv4 and IPv6)"
+	}
+	fmt.Fprintf(out, "\ntestbed %s (%s): %d zones, %d nodes, %d pods, %s (namespaces %s%s-*)\n", tb.ID, spec.Name, len(spec.Zones), len(tb.Nodes), len(tb.Pods), stack, testbed.Prefix, tb.ID)
 
 	if c.kube {
-		if cluster, err = startAPIServer(ctx, out, tb); err != nil {
-			return err
+		if cluster, err = startAPIServer(ctx, out, tb, spec.DualStack); err != nil {
+			return 0, err
 		}
 	}
 	if err := startDatapath(ctx, out, tb, c); err != nil {
-		return err
+		return 0, err
 	}
-	failed, err := runScenarios(ctx, out, tb, c, spec)
+	served, err := tb.ProgrammedFamilies(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	fmt.Fprintf(out, "\n%d of %d scenarios landed exactly where explain said, in %.1fs.\n", len(spec.Scenarios)-failed, len(spec.Scenarios), time.Since(start).Seconds())
+	if spec.DualStack {
+		fmt.Fprintf(out, "the datapath serves %v (what the %s says it programs)\n", served, c.datapath)
+	}
+	failed, err = runScenarios(ctx, out, tb, c, spec, served)
+	if err != nil {
+		return failed, err
+	}
 	if failed > 0 {
 		for _, a := range tb.Agents() {
 			fmt.Fprintf(out, "\n--- last lines of %s\n%s\n", a.LogPath, a.LogTail(15))
 		}
-		return fmt.Errorf("%d scenarios did not match", failed)
 	}
-	return nil
+	return failed, nil
 }
 
-// startAPIServer runs etcd and a kube-apiserver and connects tb's nodes to
-// it; the caller closes the returned cluster.
-func startAPIServer(ctx context.Context, out io.Writer, tb *testbed.Testbed) (*kubetest.Cluster, error) {
+// startAPIServer runs etcd and a kube-apiserver (with an IPv6 service
+// range too for a dual-stack testbed) and connects tb's nodes to it; the
+// caller closes the returned cluster.
+func startAPIServer(ctx context.Context, out io.Writer, tb *testbed.Testbed, dualStack bool) (*kubetest.Cluster, error) {
 	fmt.Fprintln(out, "starting etcd and kube-apiserver ...")
 	t0 := time.Now()
-	cluster, err := kubetest.Run(ctx)
+	var opts []kubetest.Option
+	if dualStack {
+		opts = append(opts, kubetest.WithDualStackServices())
+	}
+	cluster, err := kubetest.Run(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("real apiserver (KUBE=1): %w", err)
 	}
@@ -195,10 +235,10 @@ func startDatapath(ctx context.Context, out io.Writer, tb *testbed.Testbed, c co
 
 // runScenarios runs spec's scenarios in order and returns how many did not
 // land where explain said; an error stops the run.
-func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, spec *testbed.Spec) (int, error) {
+func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, spec *testbed.Spec, served []v1.IPFamily) (int, error) {
 	failed := 0
 	for i, sc := range spec.Scenarios {
-		ok, err := runScenario(ctx, out, tb, c, i+1, len(spec.Scenarios), sc.Name)
+		ok, err := runScenario(ctx, out, tb, c, i+1, len(spec.Scenarios), sc.Name, served)
 		if err != nil {
 			return failed, err
 		}
@@ -209,11 +249,22 @@ func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c con
 	return failed, nil
 }
 
-func loadSpec(path string) (*testbed.Spec, error) {
-	if path == "" {
-		return testbed.DemoSpec()
+// loadSpecs returns the spec at path, or without one the built-in demo
+// and its dual-stack part, each run on its own testbed.
+func loadSpecs(path string) ([]*testbed.Spec, error) {
+	if path != "" {
+		s, err := testbed.LoadSpec(path)
+		return []*testbed.Spec{s}, err
 	}
-	return testbed.LoadSpec(path)
+	var out []*testbed.Spec
+	for _, load := range []func() (*testbed.Spec, error){testbed.DemoSpec, testbed.DualStackSpec} {
+		s, err := load()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // chooseDatapath settles --datapath and --agent-binary: the agent when its
@@ -256,7 +307,7 @@ func fileExists(p string) bool {
 // runScenario applies one scenario, waits for the agents to agree with
 // explain, sends the requests of every expectation and prints the tables.
 // It reports whether every landing matched both explain and the spec.
-func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string) (bool, error) {
+func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string, served []v1.IPFamily) (bool, error) {
 	var wait func() error
 	if c.datapath == "agent" {
 		wait = func() error { return tb.WaitAgents(ctx, 15*time.Second) }
@@ -290,7 +341,11 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 	}
 	ok := drained
 	for _, e := range sc.Expect {
-		landings, node, err := measure(ctx, tb, e, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second})
+		if e.Family != "" && !slices.Contains(served, e.Family) {
+			explainUnserved(out, tb, e, served)
+			continue
+		}
+		landings, node, err := tb.MeasureExpectation(ctx, e, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second, Families: served})
 		if err != nil {
 			return false, err
 		}
@@ -298,7 +353,11 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 		if e.Via != "" {
 			fmt.Fprintf(out, "      %s -> %s's NodePorts (%s)\n", e.Client, node, d.NodePort.Addr())
 		}
-		fmt.Fprintf(out, "      explain --node %s --service %s: policy %s, mode %s\n      reason: %s\n\n", node, d.Service, d.Policy, d.Mode, d.Reason)
+		family := ""
+		if tb.Spec.DualStack {
+			family = ", family " + string(d.Family)
+		}
+		fmt.Fprintf(out, "      explain --node %s --service %s%s: policy %s, mode %s\n      reason: %s\n\n", node, d.Service, family, d.Policy, d.Mode, d.Reason)
 		printTable(out, tb, landings, e.Via != "")
 		want := slices.Clone(e.Backends)
 		slices.Sort(want)
@@ -327,21 +386,24 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 	return ok, nil
 }
 
-// measure sends the requests of one expectation: from the client pod to
-// the cluster IP, or from a client (pod or outside) to the NodePorts of
-// the node e names. It returns the landings and the node that decided.
-func measure(ctx context.Context, tb *testbed.Testbed, e testbed.Expectation, o testbed.MeasureOptions) ([]testbed.Landing, string, error) {
-	p := tb.Pod(e.Client)
-	if e.Via == "" {
-		l, err := tb.Measure(ctx, p, e.Service, o)
-		return l, p.Node.Name, err
+// explainUnserved prints what explain decides for an expectation in a
+// family the datapath does not serve (served), and says plainly that its
+// traffic is not sent.
+func explainUnserved(out io.Writer, tb *testbed.Testbed, e testbed.Expectation, served []v1.IPFamily) {
+	node := e.Via
+	if node == "" {
+		node = tb.Pod(e.Client).Node.Name
 	}
-	if p != nil {
-		l, err := tb.MeasureNodePort(ctx, p, e.Via, e.Service, o)
-		return l, e.Via, err
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, node)
+	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+		d := testbed.FindDecisionOf(ds, e.Service, proto, e.Family)
+		if d == nil {
+			continue
+		}
+		fmt.Fprintf(out, "      explain --node %s --service %s, family %s: policy %s, mode %s, %s permits %v\n      reason: %s\n", node, d.Service, e.Family, d.Policy, d.Mode, proto, d.Backends, d.Reason)
 	}
-	l, err := tb.MeasureNodePort(ctx, tb.External(e.Client), e.Via, e.Service, o)
-	return l, e.Via, err
+	fmt.Fprintf(out, "      – %s traffic not sent: this datapath does not serve %s yet (it programs %v)\n\n", e.Family, e.Family, served)
 }
 
 // sources says, per backend, which source address it saw: the client's
@@ -362,13 +424,16 @@ func sources(tb *testbed.Testbed, landings []testbed.Landing) string {
 	nodeOf := map[netip.Addr]string{}
 	for _, n := range tb.Nodes {
 		nodeOf[n.WireAddr.Addr()] = n.Name
+		if n.WireAddr6.IsValid() {
+			nodeOf[n.WireAddr6.Addr()] = n.Name
+		}
 	}
 	var parts []string
 	for _, pod := range slices.Sorted(maps.Keys(seen)) {
 		for _, a := range slices.SortedFunc(maps.Keys(seen[pod]), netip.Addr.Compare) {
 			who := "another address"
 			switch {
-			case a == client.ClientAddr():
+			case a == client.ClientAddrOf(v1.IPv4Protocol) || a == client.ClientAddrOf(v1.IPv6Protocol):
 				who = client.ClientName() + "'s own"
 			case nodeOf[a] != "":
 				who = nodeOf[a] + "'s, source-translated"

@@ -5,7 +5,12 @@
 // with every landing compared to the decision topology.State.DecideNode
 // makes for the client's node — the code `topolbctl explain` runs. It also
 // compares topolb with kube-proxy: their programmed endpoints
-// (TestKubeProxyAgrees) and their speed (BenchmarkE2E, `make bench-e2e`).
+// (TestKubeProxyAgrees; TestKubeProxyAgreesDualStack in both families)
+// and their speed (BenchmarkE2E, `make bench-e2e`).
+//
+// TestDualStack runs its traffic checks once per IP family on a
+// dual-stack testbed; a family the datapath does not program yet (as the
+// agents report it) skips with that reason.
 //
 // TestMonitoring runs Debian's Prometheus against the agents, with the
 // dashboard (deploy/grafana) and alert rules (deploy/prometheus) the

@@ -33,6 +33,12 @@ var (
 	withAgentsAndAPIServer = datapath{"agent-apiserver", func(t *testing.T, tb *testbed.Testbed) {
 		startAgentsOnAPIServer(t, tb, testbed.AgentOptions{Binary: requireAgent(t), Verbosity: 5})
 	}}
+	// withAgentsAndDualStackAPIServer is withAgentsAndAPIServer with an
+	// apiserver that has an IPv6 service range too
+	// (kubetest.WithDualStackServices).
+	withAgentsAndDualStackAPIServer = datapath{"agent-apiserver-dualstack", func(t *testing.T, tb *testbed.Testbed) {
+		startAgentsOnAPIServer(t, tb, testbed.AgentOptions{Binary: requireAgent(t), Verbosity: 5}, kubetest.WithDualStackServices())
+	}}
 	withDirect = datapath{"direct", func(t *testing.T, tb *testbed.Testbed) {
 		if _, err := tb.AttachDirect(); err != nil {
 			t.Fatal(err)
@@ -42,11 +48,12 @@ var (
 )
 
 // startAgentsOnAPIServer serves tb's cluster from a real kube-apiserver
-// (internal/kubetest; skipped without `make kube-bins`) and starts agents
-// with o on every node, which watch it through a relay in each node.
-func startAgentsOnAPIServer(t *testing.T, tb *testbed.Testbed, o testbed.AgentOptions) []*testbed.Agent {
+// started with opts (internal/kubetest; skipped without `make
+// kube-bins`) and starts agents with o on every node, which watch it
+// through a relay in each node.
+func startAgentsOnAPIServer(t *testing.T, tb *testbed.Testbed, o testbed.AgentOptions, opts ...kubetest.Option) []*testbed.Agent {
 	t.Helper()
-	cluster := kubetest.Start(t)
+	cluster := kubetest.Start(t, opts...)
 	// Cleanups run last-in first-out: stop the agents before the
 	// apiserver, so it has no watches to drain. Close is idempotent.
 	t.Cleanup(func() {

@@ -69,7 +69,7 @@ func TestHostClients(t *testing.T) {
 						t.Logf("%s: landed %v, failed %d", label, l.Tally.Landed, l.Tally.Failed)
 					}
 				}
-				checkLocalAndRemote(t, tb, node, "web")
+				checkLocalAndRemote(t, tb, node, "web", "")
 				unconnectedUDP(t, tb, node, "web")
 			}
 			for _, k := range []string{"ClusterIP", "NodePort", "ExternalIP"} {
@@ -82,11 +82,12 @@ func TestHostClients(t *testing.T) {
 	}
 }
 
-// checkLocalAndRemote fails unless node's permitted set for service has a
-// backend on node itself and one elsewhere: both kinds must be measured.
-func checkLocalAndRemote(t *testing.T, tb *testbed.Testbed, node, service string) {
+// checkLocalAndRemote fails unless node's permitted set for service's TCP
+// port in family ("": the Service's first) has a backend on node itself
+// and one elsewhere: both kinds must be measured.
+func checkLocalAndRemote(t *testing.T, tb *testbed.Testbed, node, service string, family v1.IPFamily) {
 	t.Helper()
-	d := decisionOn(t, tb, node, service, v1.ProtocolTCP)
+	d := decisionOnOf(t, tb, node, service, v1.ProtocolTCP, family)
 	local, remote := 0, 0
 	for _, b := range d.Backends {
 		if tb.Pod(b).Node.Name == node {
@@ -145,11 +146,17 @@ func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string) {
 // objects last applied, and fails the test when there is none.
 func decisionOn(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol) *testbed.Decision {
 	t.Helper()
+	return decisionOnOf(t, tb, node, service, proto, "")
+}
+
+// decisionOnOf is decisionOn in family ("": the Service's first).
+func decisionOnOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol, family v1.IPFamily) *testbed.Decision {
+	t.Helper()
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, node)
-	d := testbed.FindDecision(ds, service, proto)
+	d := testbed.FindDecisionOf(ds, service, proto, family)
 	if d == nil {
-		t.Fatalf("no %s decision for %s on %s", proto, service, node)
+		t.Fatalf("no %s %s decision for %s on %s", family, proto, service, node)
 	}
 	return d
 }

@@ -1,15 +1,19 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
@@ -85,6 +89,10 @@ func hintServices(t *testing.T) []testbed.ServiceSpec {
 // frontends kube-proxy programs for traffic arriving from outside.
 var outsideSource = netip.MustParseAddr("203.0.113.50")
 
+// outsideSource6 is outsideSource's IPv6 twin, in the testbed's outside
+// IPv6 network.
+var outsideSource6 = netip.MustParseAddr("fd00:203:113::50")
+
 // TestKubeProxyAgrees runs kube-proxy, in nftables and then in iptables
 // mode, next to topolb-agent on every node of the every-node testbed,
 // against one real kube-apiserver, and asserts, node by node, that the
@@ -120,78 +128,160 @@ func TestKubeProxyAgrees(t *testing.T) {
 			if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin}); err != nil {
 				t.Fatal(err)
 			}
-			proxies := make([]*testbed.KubeProxy, len(tb.Nodes))
-			var wg sync.WaitGroup
-			errs := make([]error, len(tb.Nodes))
-			for i, n := range tb.Nodes {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					proxies[i], errs[i] = tb.StartKubeProxy(ctx, n.Name, testbed.KubeProxyOptions{Binary: kp, Mode: mode})
-				}()
-			}
-			wg.Wait()
-			for _, err := range errs {
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, k := range proxies {
-				needed, err := k.EnsureTopology(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if needed {
-					t.Logf("kube-proxy bug: on %s it never learnt its zone (startup race in kube-proxy v1.37.2, see testbed.KubeProxy.EnsureTopology); relabelled the node to recover", k.Node.Name)
-				}
-			}
+			proxies := startKubeProxies(t, tb, ctx, kp, mode)
 			if err := tb.WaitAgents(ctx, 10*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			objs, _ := tb.Current()
-			compared, wantCompared := 0, 0
-			for i, n := range tb.Nodes {
-				from := n.Pods[0]
-				if from.Role != testbed.RoleClient {
-					t.Fatalf("node %s: first pod %s is not a client", n.Name, from.Name)
-				}
-				ds, _ := tb.Decide(objs, n.Name)
-				st, err := tb.Agent(n.Name).State(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				// kube-proxy may still be writing a later sync: poll
-				// briefly before calling a difference a difference.
-				var diffs []string
-				var nodeCompared int
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					inside, err := proxies[i].Frontends(ctx, from.Addr)
-					if err != nil {
-						t.Fatal(err)
-					}
-					outside, err := proxies[i].Frontends(ctx, outsideSource)
-					if err != nil {
-						t.Fatal(err)
-					}
-					diffs, nodeCompared = compareKubeProxy(ds, inside, outside, st.Programmed)
-					if len(diffs) == 0 || time.Now().After(deadline) {
-						break
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-				for _, d := range diffs {
-					t.Errorf("node %s, kube-proxy %s: %s", n.Name, mode, d)
-				}
-				compared += nodeCompared
-				wantCompared += frontendsToCompare(ds)
-			}
+			compared, wantCompared := compareOnNodes(t, tb, proxies, v1.IPv4Protocol)
 			if compared != wantCompared || wantCompared < wantPorts*len(tb.Nodes) {
 				t.Errorf("compared %d frontends, want %d (at least %d ports × %d nodes)", compared, wantCompared, wantPorts, len(tb.Nodes))
 			}
 			t.Logf("%d frontends of %d service ports compared on %d nodes, from a pod and from outside (kube-proxy %s)", compared, wantPorts, len(tb.Nodes), mode)
 		})
 	}
+}
+
+// TestKubeProxyAgreesDualStack is TestKubeProxyAgrees in both families:
+// on a dual-stack every-node testbed served by an apiserver with both
+// service ranges, every Service of hintServices dual stack, kube-proxy in
+// nftables mode (which runs a proxier per family) and topolb agree with
+// DecideNode family by family, reading kube-proxy's ip and ip6 tables. A
+// family topolb does not program yet (as its agents report) is compared
+// between kube-proxy and DecideNode only, and said so.
+func TestKubeProxyAgreesDualStack(t *testing.T) {
+	requireRoot(t)
+	bin := requireAgent(t)
+	kp := kubeProxyBinary(t)
+	cluster := kubetest.Start(t, kubetest.WithDualStackServices())
+	svcs := hintServices(t)
+	ports := 0
+	for i := range svcs {
+		svcs[i].IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+		if _, other := svcs[i].Labels[topology.LabelServiceProxyName]; !other {
+			ports += len(svcs[i].Ports)
+		}
+	}
+	spec, err := testbed.EveryNodeSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.DualStack = true
+	tb, ctx := apiserverTestbed(t, spec, cluster, svcs)
+	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin}); err != nil {
+		t.Fatal(err)
+	}
+	proxies := startKubeProxies(t, tb, ctx, kp, testbed.KubeProxyNFTables)
+	if err := tb.WaitAgents(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The apiserver's default/kubernetes Service is IPv4 only, one port.
+	for family, wantPorts := range map[v1.IPFamily]int{v1.IPv4Protocol: ports + 1, v1.IPv6Protocol: ports} {
+		t.Run(string(family), func(t *testing.T) {
+			compared, wantCompared := compareOnNodes(t, tb, proxies, family)
+			if compared != wantCompared || wantCompared < wantPorts*len(tb.Nodes) {
+				t.Errorf("compared %d frontends, want %d (at least %d ports × %d nodes)", compared, wantCompared, wantPorts, len(tb.Nodes))
+			}
+			t.Logf("%d %s frontends of %d service ports compared on %d nodes, from a pod and from outside (kube-proxy nftables)", compared, family, wantPorts, len(tb.Nodes))
+		})
+	}
+}
+
+// startKubeProxies starts kube-proxy in mode on every node of tb and
+// recovers the ones that never learnt their zone (EnsureTopology).
+func startKubeProxies(t *testing.T, tb *testbed.Testbed, ctx context.Context, bin string, mode testbed.KubeProxyMode) []*testbed.KubeProxy {
+	t.Helper()
+	proxies := make([]*testbed.KubeProxy, len(tb.Nodes))
+	var wg sync.WaitGroup
+	errs := make([]error, len(tb.Nodes))
+	for i, n := range tb.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			proxies[i], errs[i] = tb.StartKubeProxy(ctx, n.Name, testbed.KubeProxyOptions{Binary: bin, Mode: mode})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range proxies {
+		needed, err := k.EnsureTopology(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if needed {
+			t.Logf("kube-proxy bug: on %s it never learnt its zone (startup race in kube-proxy v1.37.2, see testbed.KubeProxy.EnsureTopology); relabelled the node to recover", k.Node.Name)
+		}
+	}
+	return proxies
+}
+
+// compareOnNodes compares, on every node, kube-proxy's frontends of family
+// (for a packet from the node's client pod, and from outsideSource or
+// outsideSource6) with topolb's and with DecideNode's, and fails the test
+// for every difference (compareKubeProxy). Where the agent does not
+// program family (its /debug/state families), topolb's side is left out
+// and said so. It returns the frontends compared and those it should
+// have compared.
+func compareOnNodes(t *testing.T, tb *testbed.Testbed, proxies []*testbed.KubeProxy, family v1.IPFamily) (compared, wantCompared int) {
+	t.Helper()
+	ctx := t.Context()
+	objs, _ := tb.Current()
+	outside := outsideSource
+	if family == v1.IPv6Protocol {
+		outside = outsideSource6
+	}
+	for i, n := range tb.Nodes {
+		from := n.Pods[0]
+		if from.Role != testbed.RoleClient {
+			t.Fatalf("node %s: first pod %s is not a client", n.Name, from.Name)
+		}
+		all, _ := tb.Decide(objs, n.Name)
+		ds := slices.DeleteFunc(all, func(d testbed.Decision) bool { return d.Family != family })
+		st, err := tb.Agent(n.Name).State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var topolb map[string][]string
+		if slices.Contains(st.ProgrammedFamilies(), family) {
+			topolb = map[string][]string{}
+			for k, v := range st.Programmed {
+				if strings.HasPrefix(k, "[") == (family == v1.IPv6Protocol) {
+					topolb[k] = v
+				}
+			}
+		} else if i == 0 {
+			t.Logf("topolb does not program %s yet (the agents program %v): kube-proxy's %s frontends are compared with DecideNode only", family, st.ProgrammedFamilies(), family)
+		}
+		// kube-proxy may still be writing a later sync: poll briefly
+		// before calling a difference a difference.
+		var diffs []string
+		var nodeCompared int
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			in, err := proxies[i].Frontends(ctx, from.AddrOf(family))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := proxies[i].Frontends(ctx, outside)
+			if err != nil {
+				t.Fatal(err)
+			}
+			diffs, nodeCompared = compareKubeProxy(ds, in, out, topolb)
+			if len(diffs) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		for _, d := range diffs {
+			t.Errorf("node %s, kube-proxy %s, %s: %s", n.Name, proxies[i].Mode, family, d)
+		}
+		compared += nodeCompared
+		wantCompared += frontendsToCompare(ds)
+	}
+	return compared, wantCompared
 }
 
 // frontendsToCompare is how many frontends compareKubeProxy compares for
@@ -211,7 +301,7 @@ func frontendsToCompare(ds []testbed.Decision) int {
 // them (by testbed.FrontendKey, for a packet from the node's client pod:
 // inside; and from a client outside the cluster: outside) and as topolb's
 // maps hold them (agent.DebugState.Programmed: "/external" for the
-// external scope) with the node's decisions, and returns every difference
+// external scope; nil leaves topolb out) with the node's decisions, and returns every difference
 // and the number of frontends compared. Traffic from inside uses the
 // internal set at the cluster IP and the cluster set at external
 // frontends; traffic from outside the externalTrafficPolicy set. Frontends
@@ -225,6 +315,9 @@ func compareKubeProxy(ds []testbed.Decision, inside, outside, topolb map[string]
 		compared++
 		kpSet, kpOK := kp[kpKey]
 		topSet, topOK := topolb[topKey]
+		if topolb == nil {
+			topSet, topOK = want, true
+		}
 		switch {
 		case !kpOK:
 			diffs = append(diffs, fmt.Sprintf("%s (%s %s): kube-proxy does not program it", topKey, d.Service, d.Port))

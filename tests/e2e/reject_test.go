@@ -42,6 +42,22 @@ func refusal(ctx context.Context, client testbed.Client, proto v1.Protocol, targ
 	}
 }
 
+// checkRefused fails the test unless a flow from client to target is
+// refused within refusedWithin.
+func checkRefused(t *testing.T, client testbed.Client, proto v1.Protocol, target netip.AddrPort) {
+	t.Helper()
+	took, err := refusal(t.Context(), client, proto, target)
+	label := string(proto) + " " + client.ClientName() + " -> " + target.String()
+	if err != nil {
+		t.Errorf("%s: not refused after %s: %v", label, took, err)
+		return
+	}
+	t.Logf("%s: refused after %s", label, took)
+	if took > refusedWithin {
+		t.Errorf("%s: refused after %s, want within %s", label, took, refusedWithin)
+	}
+}
+
 // rejectServices: "empty" has no endpoint at all (refused), "nolocal"
 // has one, on node-b1, under externalTrafficPolicy Local, so outside
 // traffic arriving at node-a1 is dropped by policy, as kube-proxy drops it.
@@ -94,16 +110,7 @@ func TestRejectEmptyService(t *testing.T) {
 					{ext, d.NodePort},
 					{ext, d.External[len(d.External)-1]},
 				} {
-					took, err := refusal(t.Context(), c.client, proto, c.target)
-					label := string(proto) + " " + c.client.ClientName() + " -> " + c.target.String()
-					if err != nil {
-						t.Errorf("%s: not refused after %s: %v", label, took, err)
-						continue
-					}
-					t.Logf("%s: refused after %s", label, took)
-					if took > refusedWithin {
-						t.Errorf("%s: refused after %s, want within %s", label, took, refusedWithin)
-					}
+					checkRefused(t, c.client, proto, c.target)
 				}
 				// Dropped by policy: no answer at all.
 				nl := testbed.FindDecision(ds, "nolocal", proto)

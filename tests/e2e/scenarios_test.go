@@ -1,25 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/topolb/topolb/tools/testbed"
 )
-
-// measureExpectation measures an expectation of a spec: the client pod
-// through the cluster IP, or a client (pod or outside) through the
-// NodePorts of the node the expectation names.
-func measureExpectation(ctx context.Context, tb *testbed.Testbed, e testbed.Expectation, o testbed.MeasureOptions) ([]testbed.Landing, error) {
-	if e.Via == "" {
-		return tb.Measure(ctx, tb.Pod(e.Client), e.Service, o)
-	}
-	if p := tb.Pod(e.Client); p != nil {
-		return tb.MeasureNodePort(ctx, p, e.Via, e.Service, o)
-	}
-	return tb.MeasureNodePort(ctx, tb.External(e.Client), e.Via, e.Service, o)
-}
 
 // TestScenarios runs every scenario of the demo (tools/testbed/examples/
 // demo.yaml) and asserts, over HTTP (TCP) and UDP, that the client lands on
@@ -57,7 +43,7 @@ func TestScenarios(t *testing.T) {
 							// Every request times out: fewer and shorter.
 							o = testbed.MeasureOptions{Requests: 50, Parallel: 50, Timeout: 500 * time.Millisecond}
 						}
-						landings, err := measureExpectation(t.Context(), tb, e, o)
+						landings, _, err := tb.MeasureExpectation(t.Context(), e, o)
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/topolb/topolb/agent"
 	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -252,10 +254,12 @@ func (a *Agent) Mismatch(st *AgentState) string {
 	want, _ := a.tb.Decide(objs, a.Node.Name)
 	got := map[string][]string{}
 	for _, s := range st.Services {
-		got[s.Service+"/"+s.Port+"/"+s.Protocol] = s.Backends
+		// An agent older than dual stack does not say: it decides IPv4.
+		family := cmp.Or(s.Family, v1.IPv4Protocol)
+		got[s.Service+"/"+s.Port+"/"+s.Protocol+"/"+string(family)] = s.Backends
 	}
 	for _, d := range want {
-		key := d.Service + "/" + d.Port + "/" + string(d.Protocol)
+		key := d.Service + "/" + d.Port + "/" + string(d.Protocol) + "/" + string(d.Family)
 		g, ok := got[key]
 		if !ok {
 			return fmt.Sprintf("%s: agent has no decision", key)
@@ -397,6 +401,41 @@ func (tb *Testbed) WaitAgents(ctx context.Context, timeout time.Duration) error 
 		}
 	}
 	return nil
+}
+
+// ProgrammedFamilies returns the IP families every node's datapath
+// programs, as it says itself: each agent's /debug/state families
+// (AgentState.ProgrammedFamilies), or what the in-process datapath
+// serves (maps.Datapath.IPv6, as the agent reads it). A family missing on
+// one node is left out. Without agents or the in-process datapath there
+// is none.
+func (tb *Testbed) ProgrammedFamilies(ctx context.Context) ([]v1.IPFamily, error) {
+	tb.mu.Lock()
+	agents, direct := slices.Clone(tb.agents), tb.direct
+	tb.mu.Unlock()
+	var each [][]v1.IPFamily
+	for _, a := range agents {
+		st, err := a.State(ctx)
+		if err != nil {
+			return nil, err
+		}
+		each = append(each, st.ProgrammedFamilies())
+	}
+	if direct != nil {
+		for _, dp := range direct.nodes {
+			each = append(each, agent.ProgrammedFamilies(dp.IPv6()))
+		}
+	}
+	if len(each) == 0 {
+		return nil, nil
+	}
+	var out []v1.IPFamily
+	for _, f := range each[0] {
+		if !slices.ContainsFunc(each[1:], func(fs []v1.IPFamily) bool { return !slices.Contains(fs, f) }) {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 // Agents returns the agents the testbed started.

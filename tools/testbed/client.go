@@ -40,6 +40,9 @@ func (p *Pod) ClientName() string { return p.Name }
 // ClientAddr returns the pod's address.
 func (p *Pod) ClientAddr() netip.Addr { return p.Addr }
 
+// ClientAddrOf returns the pod's address of family (Pod.AddrOf).
+func (p *Pod) ClientAddrOf(family v1.IPFamily) netip.Addr { return p.AddrOf(family) }
+
 // Open opens a flow from the pod to target.
 func (p *Pod) Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error) {
 	return open(ctx, proto, target, p.NS.DialContext)
@@ -54,11 +57,17 @@ func dialHere(ctx context.Context, network, addr string) (net.Conn, error) {
 }
 
 func open(ctx context.Context, proto v1.Protocol, target netip.AddrPort, dial dialFunc) (*Conn, error) {
-	network := "tcp4"
+	network := "tcp"
 	if proto == v1.ProtocolUDP {
-		network = "udp4"
+		network = "udp"
 	} else if proto != v1.ProtocolTCP {
 		return nil, fmt.Errorf("protocol %q: want TCP or UDP", proto)
+	}
+	// The target's family, never the other one.
+	if target.Addr().Is4() {
+		network += "4"
+	} else {
+		network += "6"
 	}
 	c, err := dial(ctx, network, target.String())
 	if err != nil {
@@ -271,7 +280,7 @@ func Summarize(client Client, recs []Record) Tally {
 		t.Landed[r.Answer.Pod]++
 		t.Answers[r.Answer.Pod] = r.Answer
 		ap, err := netip.ParseAddrPort(r.Answer.Client)
-		if client != nil && (err != nil || ap.Addr() != client.ClientAddr()) {
+		if client != nil && (err != nil || ap.Addr() != client.ClientAddrOf(familyOf(ap.Addr()))) {
 			t.WrongSource++
 		}
 		if err == nil {
@@ -282,6 +291,14 @@ func Summarize(client Client, recs []Record) Tally {
 		}
 	}
 	return t
+}
+
+// familyOf returns the IP family of a.
+func familyOf(a netip.Addr) v1.IPFamily {
+	if a.Is4() || a.Is4In6() {
+		return v1.IPv4Protocol
+	}
+	return v1.IPv6Protocol
 }
 
 // Backends returns the pods that answered, sorted.

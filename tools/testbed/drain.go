@@ -16,11 +16,17 @@ const streamTries = 64
 // of service (its cluster IP, as the client's node decides) until one
 // lands on pod, closes the others, and returns it with the frontend.
 func (tb *Testbed) OpenStream(ctx context.Context, client *Pod, service, pod string) (*Conn, error) {
+	return tb.OpenStreamOf(ctx, client, service, pod, "")
+}
+
+// OpenStreamOf is OpenStream to the cluster IP of family ("": the
+// Service's first).
+func (tb *Testbed) OpenStreamOf(ctx context.Context, client *Pod, service, pod string, family v1.IPFamily) (*Conn, error) {
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, client.Node.Name)
-	d := FindDecision(ds, service, v1.ProtocolTCP)
+	d := FindDecisionOf(ds, service, v1.ProtocolTCP, family)
 	if d == nil {
-		return nil, fmt.Errorf("service %s has no TCP port", service)
+		return nil, fmt.Errorf("service %s has no %s TCP port", service, family)
 	}
 	for range streamTries {
 		c, err := client.Open(ctx, v1.ProtocolTCP, d.Frontend)

@@ -7,7 +7,14 @@ var (
 	demoYAML []byte
 	//go:embed examples/every-node.yaml
 	everyNodeYAML []byte
+	//go:embed examples/dual-stack.yaml
+	dualStackYAML []byte
 )
+
+// DualStackSpec returns the parsed examples/dual-stack.yaml: the
+// dual-stack part of `make demo`, a Service whose two families decide
+// different modes.
+func DualStackSpec() (*Spec, error) { return ParseSpec(dualStackYAML) }
 
 // DemoYAML returns examples/demo.yaml: the testbed of `make demo` and of
 // the end-to-end tests.

@@ -41,6 +41,12 @@ func (h *HostClient) ClientName() string { return "host/" + h.Node.Name }
 // measurements of host clients do not hold backends to one source.
 func (h *HostClient) ClientAddr() netip.Addr { return h.Node.WireAddr.Addr() }
 
+// ClientAddrOf returns the node's wire address of family, invalid when it
+// has none.
+func (h *HostClient) ClientAddrOf(family v1.IPFamily) netip.Addr {
+	return pick(family, h.Node.WireAddr, h.Node.WireAddr6).Addr()
+}
+
 // ErrPeerNotTarget is returned by a host client's Open when the connected
 // socket's peer (getpeername) is not the address it connected to: a
 // service proxy that translates a host-network socket must show the
@@ -121,7 +127,7 @@ func (tb *Testbed) MeasureHost(ctx context.Context, node, service string, o Meas
 	ds, _ := tb.Decide(objs, node)
 	var out []HostLanding
 	for _, d := range ds {
-		if d.Service != qualify(service) {
+		if !o.measures(d, service) {
 			continue
 		}
 		targets := []HostTarget{{Kind: "ClusterIP", Addr: d.Frontend}}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"net"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -126,23 +127,29 @@ func (g *ruleGraph) endpoints(chain string, from netip.Addr) ([]string, error) {
 
 // ---- nftables ----
 
+// nftAddrRE matches an address as nft prints it in either family's table:
+// dotted IPv4, or IPv6 (hex groups and colons; chain names, ports and
+// verdicts never hold a colon next to a hex digit).
+const nftAddrRE = `(?:\d+\.\d+\.\d+\.\d+|[0-9a-f]*:[0-9a-f:]+)`
+
 var (
 	nftChainStart = regexp.MustCompile(`^\s*chain (\S+) \{`)
 	nftMapStart   = regexp.MustCompile(`^\s*(?:map|set) (\S+) \{`)
 	// An element of service-ips or no-endpoint-services:
 	// "10.96.0.10 . tcp . 80 comment "..." : goto chain".
-	nftIPElement = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. (tcp|udp|sctp) \. (\d+)(?: comment "[^"]*")? : (goto|jump|drop|reject) ?([^\s,}]*)`)
+	nftIPElement = regexp.MustCompile(`(` + nftAddrRE + `) \. (tcp|udp|sctp) \. (\d+)(?: comment "[^"]*")? : (goto|jump|drop|reject) ?([^\s,}]*)`)
 	// An element of service-nodeports or no-endpoint-nodeports:
 	// "tcp . 30080 : goto chain".
 	nftPortElement = regexp.MustCompile(`(?:^|[{,]\s*)(tcp|udp|sctp) \. (\d+)(?: comment "[^"]*")? : (goto|jump|drop|reject) ?([^\s,}]*)`)
-	nftAddr        = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+(?:/\d+)?`)
-	nftSaddr       = regexp.MustCompile(`\bip saddr (!= )?(\d+\.\d+\.\d+\.\d+(?:/\d+)?)`)
+	nftAddr        = regexp.MustCompile(nftAddrRE + `(?:/\d+)?`)
+	nftSaddr       = regexp.MustCompile(`\bip6? saddr (!= )?(` + nftAddrRE + `(?:/\d+)?)`)
 	nftJump        = regexp.MustCompile(`\b(jump|goto) ([^\s,}]+)`)
-	nftDNATMap     = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+) \. (\d+)`)
-	nftDNATOne     = regexp.MustCompile(`\bdnat (?:ip )?to (\d+\.\d+\.\d+\.\d+:\d+)`)
+	nftDNATMap     = regexp.MustCompile(`(` + nftAddrRE + `) \. (\d+)`)
+	// "dnat to 10.244.1.3:8080", "dnat to [fd00:10:244:1::3]:8080".
+	nftDNATOne = regexp.MustCompile(`\bdnat (?:ip6? )?to (\d+\.\d+\.\d+\.\d+:\d+|\[[0-9a-f:]+\]:\d+)`)
 	// nftNeutral are conditions every packet of a frontend meets: its
 	// protocol and destination, which the map lookup already fixed.
-	nftNeutral = regexp.MustCompile(`meta l4proto (tcp|udp|sctp)|ip daddr \S+|th dport \d+|(tcp|udp) dport \d+|comment "[^"]*"`)
+	nftNeutral = regexp.MustCompile(`meta l4proto (tcp|udp|sctp)|ip6? daddr \S+|th dport \d+|(tcp|udp) dport \d+|comment "[^"]*"`)
 )
 
 // nftParsed is the part of an nftables ruleset the reader uses: chains,
@@ -209,7 +216,8 @@ func nftRule(line string) rule {
 			r.dnat = append(r.dnat, m[1])
 		} else if _, after, ok := strings.Cut(line, " map {"); ok {
 			for _, m := range nftDNATMap.FindAllStringSubmatch(after, -1) {
-				r.dnat = append(r.dnat, m[1]+":"+m[2])
+				// "ip:port" as netip prints it: IPv6 in brackets.
+				r.dnat = append(r.dnat, net.JoinHostPort(m[1], m[2]))
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -259,17 +260,18 @@ func syncNode(ctx context.Context, c kubernetes.Interface, want *v1.Node) error 
 
 // syncService creates or updates a Service, and writes its load-balancer
 // ingress through the status subresource (the spec update ignores status),
-// as a cloud controller would. A Service whose type changes is deleted and
-// created again: the apiserver refuses most type changes in place (node
-// ports, health check port and traffic policy must go with the type).
+// as a cloud controller would. A Service whose type or cluster IPs change
+// is deleted and created again: the apiserver refuses most type changes in
+// place (node ports, health check port and traffic policy must go with
+// the type), and a change of the primary family.
 func syncService(ctx context.Context, c kubernetes.Interface, want *v1.Service) error {
 	api := c.CoreV1().Services(want.Namespace)
 	name := want.Namespace + "/" + want.Name
 	cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
-	case err == nil && cur.Spec.Type != want.Spec.Type:
+	case err == nil && (cur.Spec.Type != want.Spec.Type || !slices.Equal(cur.Spec.ClusterIPs, want.Spec.ClusterIPs)):
 		if err := api.Delete(ctx, want.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("delete service %s to change its type: %w", name, err)
+			return fmt.Errorf("delete service %s to change its type or cluster IPs: %w", name, err)
 		}
 		fallthrough
 	case apierrors.IsNotFound(err):

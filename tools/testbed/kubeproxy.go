@@ -85,6 +85,12 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 		o.NodePortAddresses = "primary"
 	}
 	mode := o.Mode
+	// Both families' pod ranges in a dual-stack testbed: kube-proxy then
+	// runs a proxier per family.
+	clusterCIDR := tb.Spec.PodCIDR
+	if tb.Spec.DualStack {
+		clusterCIDR += "," + DefaultPodCIDR6
+	}
 	k := &KubeProxy{
 		Process: newNodeProcess(tb, n, "kube-proxy-"+string(mode), bin),
 		Mode:    mode,
@@ -98,7 +104,7 @@ func (tb *Testbed) StartKubeProxy(ctx context.Context, node string, o KubeProxyO
 			"--kubeconfig", kubeconfig,
 			"--hostname-override", n.Name,
 			"--proxy-mode", string(mode),
-			"--cluster-cidr", tb.Spec.PodCIDR,
+			"--cluster-cidr", clusterCIDR,
 			// 0 leaves the (global) conntrack sysctls alone.
 			"--conntrack-max-per-core", "0",
 			"--nodeport-addresses", o.NodePortAddresses,
@@ -266,14 +272,17 @@ func PortKey(service, port string, proto v1.Protocol) string {
 	return qualify(service) + "/" + port + "/" + string(proto)
 }
 
-// Ruleset returns kube-proxy's rules as its mode's tool prints them: `nft
-// list table ip kube-proxy` or `iptables-save`.
-func (k *KubeProxy) Ruleset(ctx context.Context) ([]byte, error) {
+// Ruleset returns kube-proxy's rules of family as its mode's tool prints
+// them: `nft list table ip kube-proxy` (ip6 for IPv6) or `iptables-save`
+// (IPv4 only: its IPv6 rules are not read).
+func (k *KubeProxy) Ruleset(ctx context.Context, family v1.IPFamily) ([]byte, error) {
 	var args []string
-	switch k.Mode {
-	case KubeProxyNFTables:
-		args = []string{"nft", "list", "table", "ip", "kube-proxy"}
-	case KubeProxyIPTables:
+	switch {
+	case k.Mode == KubeProxyNFTables:
+		args = []string{"nft", "list", "table", pick(family, "ip", "ip6"), "kube-proxy"}
+	case k.Mode == KubeProxyIPTables && family == v1.IPv6Protocol:
+		return nil, errors.New("kube-proxy's IPv6 rules are read in nftables mode only")
+	case k.Mode == KubeProxyIPTables:
 		args = []string{"iptables-save"}
 	default:
 		return nil, fmt.Errorf("kube-proxy mode %q", k.Mode)
@@ -296,9 +305,10 @@ func (k *KubeProxy) Ruleset(ctx context.Context) ([]byte, error) {
 // matters where kube-proxy branches on it (externalTrafficPolicy Local
 // sends pods to the cluster-wide set and others to the local one). A
 // frontend kube-proxy rejects or drops has an empty list. It follows the
-// rules from where packets enter, not names or comments.
+// rules from where packets enter, not names or comments, in the table of
+// from's family (IPv6: nftables mode only).
 func (k *KubeProxy) Frontends(ctx context.Context, from netip.Addr) (map[string][]string, error) {
-	rules, err := k.Ruleset(ctx)
+	rules, err := k.Ruleset(ctx, familyOf(from))
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -77,6 +78,40 @@ func TestKubeProxyFrontends(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKubeProxyFrontendsIPv6 reads kube-proxy v1.37.2's IPv6 rules
+// (nftables, `nft list table ip6 kube-proxy`) written on n1 of the
+// dual-stack testbed (dualStackSpec, a dual-stack apiserver) for its
+// Services and an IPv6-only one without endpoints (empty6,
+// fd00:10:96::c): IPv6 cluster IPs, the IPv6 load-balancer IP, NodePorts
+// on n1's IPv6 address, one endpoint (dnat to [addr]:port) and several
+// (a numgen map), a rejected frontend.
+func TestKubeProxyFrontendsIPv6(t *testing.T) {
+	rules, err := os.ReadFile("testdata/kube-proxy-v1.37.2-nftables-ipv6.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := nftFrontends(rules, netip.MustParseAddr("fd00:10:244:1::2")) // pod c
+	if err != nil {
+		t.Fatal(err)
+	}
+	const b1, b2 = "[fd00:10:244:1::3]", "[fd00:10:244:2::2]"
+	both := map[string][]string{"TCP": {b1 + ":8080", b2 + ":8080"}, "UDP": {b1 + ":5353", b2 + ":5353"}}
+	want := map[string][]string{
+		"[fd00:10:96::b]:80/TCP": {b2 + ":8080"},
+		"[fd00:10:96::c]:80/TCP": {},
+	}
+	for _, fe := range []struct{ addr, port, proto string }{
+		{"fd00:10:96::a", "80", "TCP"}, {"fd00:10:96::a", "53", "UDP"},
+		{"fd00:198:51:100::8", "80", "TCP"}, {"fd00:198:51:100::8", "53", "UDP"},
+		{"fd00:10:250::2", "30000", "TCP"}, {"fd00:10:250::2", "30001", "UDP"},
+	} {
+		want[net.JoinHostPort(fe.addr, fe.port)+"/"+fe.proto] = both[fe.proto]
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("IPv6 frontends:\n got %q\nwant %q", got, want)
 	}
 }
 

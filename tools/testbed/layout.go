@@ -45,6 +45,9 @@ type Layout struct {
 	// FabricAddr is the switch's address on the wire: every node's default
 	// gateway.
 	FabricAddr netip.Prefix
+	// FabricAddr6 is the switch's IPv6 address on the wire (dual stack
+	// only; invalid otherwise): every node's IPv6 default gateway.
+	FabricAddr6 netip.Prefix
 	// Router is the outside network's router; nil without an outside
 	// network.
 	Router *Router
@@ -70,6 +73,11 @@ type Router struct {
 	Subnet netip.Prefix
 	// Ingress is the node external and load-balancer IPs are routed to.
 	Ingress *Node
+	// WireAddr6, Gateway6 and Subnet6 are the IPv6 twins of WireAddr,
+	// Gateway and Subnet (dual stack only; invalid otherwise).
+	WireAddr6 netip.Prefix
+	Gateway6  netip.Addr
+	Subnet6   netip.Prefix
 
 	// NS is the router's namespace; nil until the testbed is up.
 	NS *NS
@@ -82,6 +90,9 @@ type External struct {
 	Name string
 	// Addr is its address in the outside subnet.
 	Addr netip.Addr
+	// Addr6 is its address in the outside IPv6 subnet (dual stack only;
+	// invalid otherwise).
+	Addr6 netip.Addr
 	// RouterIf is its veth's name in the router's namespace; the client's
 	// frames arrive there.
 	RouterIf string
@@ -107,6 +118,12 @@ type Node struct {
 	// WireAddr is the node's address on the wire (UplinkName), and its
 	// InternalIP in the Node object: its NodePorts are reached there.
 	WireAddr netip.Prefix
+	// PodCIDR6, Gateway6 and WireAddr6 are the IPv6 twins of PodCIDR,
+	// Gateway and WireAddr (dual stack only; invalid otherwise): a /64,
+	// its ::1, and the node's second InternalIP.
+	PodCIDR6  netip.Prefix
+	Gateway6  netip.Addr
+	WireAddr6 netip.Prefix
 	// WireMTU is the MTU of its wire and switch port; 0 for the default.
 	WireMTU int
 	// Netfilter is the netfilter state set up in its namespace.
@@ -124,12 +141,26 @@ type Pod struct {
 	Role Role
 	// Addr is the pod's address (a /32 on PodIfName).
 	Addr netip.Addr
+	// Addr6 is the pod's IPv6 address (a /128 on PodIfName; dual stack
+	// only, invalid otherwise).
+	Addr6 netip.Addr
 	// HostVeth is the name of the pod's veth in the node namespace; its
 	// alias is the pod's name.
 	HostVeth string
 
 	// NS is the pod's network namespace; nil until the testbed is up.
 	NS *NS
+}
+
+// AddrOf returns the pod's address of family, invalid when it has none.
+func (p *Pod) AddrOf(family v1.IPFamily) netip.Addr { return pick(family, p.Addr, p.Addr6) }
+
+// pick returns v6 for IPv6, v4 otherwise.
+func pick[T any](family v1.IPFamily, v4, v6 T) T {
+	if family == v1.IPv6Protocol {
+		return v6
+	}
+	return v4
 }
 
 // Zone returns the pod's node's zone.
@@ -146,6 +177,7 @@ func NewLayout(s *Spec) (*Layout, error) {
 		return nil, fmt.Errorf("wireCIDR %q: want an IPv4 /24", s.WireCIDR)
 	}
 	podCIDR, wire = podCIDR.Masked(), wire.Masked()
+	pod6, wire6 := netip.MustParsePrefix(DefaultPodCIDR6), netip.MustParsePrefix(DefaultWireCIDR6)
 	l := &Layout{
 		Spec:       s,
 		FabricAddr: netip.PrefixFrom(nth(wire.Addr(), 1), 24),
@@ -153,6 +185,9 @@ func NewLayout(s *Spec) (*Layout, error) {
 		pods:       map[string]*Pod{},
 		byIP:       map[netip.Addr]*Pod{},
 		externals:  map[string]*External{},
+	}
+	if s.DualStack {
+		l.FabricAddr6 = netip.PrefixFrom(nth(wire6.Addr(), 1), wire6.Bits())
 	}
 	idx := 0
 	for _, z := range s.Zones {
@@ -176,6 +211,13 @@ func NewLayout(s *Spec) (*Layout, error) {
 				WireMTU:   ns.WireMTU,
 				Netfilter: ns.Netfilter,
 			}
+			if s.DualStack {
+				b := pod6.Addr().As16()
+				b[6], b[7] = byte(idx>>8), byte(idx)
+				n.PodCIDR6 = netip.PrefixFrom(netip.AddrFrom16(b), 64)
+				n.Gateway6 = nth(n.PodCIDR6.Addr(), 1)
+				n.WireAddr6 = netip.PrefixFrom(nth(wire6.Addr(), 1+idx), wire6.Bits())
+			}
 			for k, v := range ns.Labels {
 				n.Labels[k] = v
 			}
@@ -189,6 +231,10 @@ func NewLayout(s *Spec) (*Layout, error) {
 					Role:     ps.Role,
 					Addr:     nth(cidr.Addr(), 2+pi),
 					HostVeth: fmt.Sprintf("veth%d", pi),
+				}
+				if s.DualStack {
+					p.Addr6 = nth(n.PodCIDR6.Addr(), 2+pi)
+					l.byIP[p.Addr6] = p
 				}
 				n.Pods = append(n.Pods, p)
 				l.Pods = append(l.Pods, p)
@@ -239,8 +285,17 @@ func (l *Layout) planOutside(wire netip.Prefix) error {
 	if l.Router.Ingress == nil {
 		return fmt.Errorf("outside: ingressNode %q is not a node", o.IngressNode)
 	}
+	if l.Spec.DualStack {
+		r := l.Router
+		r.Subnet6 = netip.MustParsePrefix(DefaultOutsideCIDR6)
+		r.Gateway6 = nth(r.Subnet6.Addr(), 1)
+		r.WireAddr6 = netip.PrefixFrom(nth(l.FabricAddr6.Masked().Addr(), 0xfe), l.FabricAddr6.Bits())
+	}
 	for i, c := range o.Clients {
 		e := &External{Name: c.Name, Addr: nth(subnet.Addr(), 10+i), RouterIf: fmt.Sprintf("x%d", i), Router: l.Router}
+		if l.Spec.DualStack {
+			e.Addr6 = nth(l.Router.Subnet6.Addr(), 10+i)
+		}
 		l.Externals = append(l.Externals, e)
 		l.externals[e.Name] = e
 	}
@@ -250,8 +305,15 @@ func (l *Layout) planOutside(wire netip.Prefix) error {
 // External returns the named outside client, or nil.
 func (l *Layout) External(name string) *External { return l.externals[name] }
 
-// nth returns base + n.
+// nth returns base + n; an IPv6 base is counted in its last 32 bits.
 func nth(base netip.Addr, n int) netip.Addr {
+	if base.Is6() {
+		b := base.As16()
+		v := uint32(b[12])<<24 | uint32(b[13])<<16 | uint32(b[14])<<8 | uint32(b[15])
+		v += uint32(n)
+		b[12], b[13], b[14], b[15] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+		return netip.AddrFrom16(b)
+	}
 	b := base.As4()
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	v += uint32(n)
@@ -290,12 +352,12 @@ func (l *Layout) Objects(svcs []ServiceSpec) (*kube.Objects, error) {
 		objs.Nodes = append(objs.Nodes, l.nodeObject(n))
 	}
 	for _, svc := range svcs {
-		s, es, err := l.serviceObjects(svc)
+		s, eps, err := l.serviceObjects(svc)
 		if err != nil {
 			return nil, err
 		}
 		objs.Services = append(objs.Services, s)
-		objs.Slices = append(objs.Slices, es)
+		objs.Slices = append(objs.Slices, eps...)
 	}
 	return objs, nil
 }
@@ -306,20 +368,37 @@ func (l *Layout) nodeObject(n *Node) *v1.Node {
 		labels[k] = v
 	}
 	cpu := resource.MustParse(n.CPU)
+	cidrs := []string{n.PodCIDR.String()}
+	addrs := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.WireAddr.Addr().String()}}
+	if n.PodCIDR6.IsValid() {
+		cidrs = append(cidrs, n.PodCIDR6.String())
+		addrs = append(addrs, v1.NodeAddress{Type: v1.NodeInternalIP, Address: n.WireAddr6.Addr().String()})
+	}
 	return &v1.Node{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels},
-		Spec:       v1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: []string{n.PodCIDR.String()}},
+		Spec:       v1.NodeSpec{PodCIDR: n.PodCIDR.String(), PodCIDRs: cidrs},
 		Status: v1.NodeStatus{
 			Allocatable: v1.ResourceList{v1.ResourceCPU: cpu},
 			Capacity:    v1.ResourceList{v1.ResourceCPU: cpu},
 			Conditions:  []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}},
-			Addresses:   []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: n.WireAddr.Addr().String()}},
+			Addresses:   addrs,
 		},
 	}
 }
 
-func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.EndpointSlice, error) {
+// serviceObjects returns the Service of svc and its EndpointSlices, one
+// per family in the order of its ipFamilies: the IPv4 one is named
+// "<name>-testbed", the IPv6 one "<name>-testbed-v6".
+func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, []*discovery.EndpointSlice, error) {
+	var clusterIPs []string
+	for _, f := range svc.IPFamilies {
+		clusterIPs = append(clusterIPs, pick(f, svc.ClusterIP, svc.ClusterIPv6))
+	}
+	policy := v1.IPFamilyPolicySingleStack
+	if len(svc.IPFamilies) > 1 {
+		policy = v1.IPFamilyPolicyRequireDualStack
+	}
 	s := &v1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -330,8 +409,10 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 		},
 		Spec: v1.ServiceSpec{
 			Type:                svc.Type,
-			ClusterIP:           svc.ClusterIP,
-			ClusterIPs:          []string{svc.ClusterIP},
+			ClusterIP:           clusterIPs[0],
+			ClusterIPs:          clusterIPs,
+			IPFamilies:          slices.Clone(svc.IPFamilies),
+			IPFamilyPolicy:      &policy,
 			ExternalIPs:         slices.Clone(svc.ExternalIPs),
 			HealthCheckNodePort: svc.HealthCheckNodePort,
 
@@ -362,19 +443,6 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 		p := v1.ServiceInternalTrafficPolicy(svc.InternalTrafficPolicy)
 		s.Spec.InternalTrafficPolicy = &p
 	}
-	es := &discovery.EndpointSlice{
-		TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      svc.Name + "-testbed",
-			Namespace: svc.Namespace,
-			Labels: map[string]string{
-				discovery.LabelServiceName: svc.Name,
-				discovery.LabelManagedBy:   ManagedBy,
-			},
-		},
-		AddressType: discovery.AddressTypeIPv4,
-		Endpoints:   []discovery.Endpoint{},
-	}
 	for _, p := range svc.Ports {
 		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{
 			Name:       p.Name,
@@ -383,17 +451,52 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 			TargetPort: intstr.FromInt32(p.TargetPort),
 			NodePort:   p.NodePort,
 		})
+	}
+	var out []*discovery.EndpointSlice
+	for _, f := range svc.IPFamilies {
+		es, err := l.endpointSlice(svc, f)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, es)
+	}
+	return s, out, nil
+}
+
+// endpointSlice returns the EndpointSlice of svc's endpoints in family.
+func (l *Layout) endpointSlice(svc ServiceSpec, family v1.IPFamily) (*discovery.EndpointSlice, error) {
+	es := &discovery.EndpointSlice{
+		TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      svc.Name + pick(family, "-testbed", "-testbed-v6"),
+			Namespace: svc.Namespace,
+			Labels: map[string]string{
+				discovery.LabelServiceName: svc.Name,
+				discovery.LabelManagedBy:   ManagedBy,
+			},
+		},
+		AddressType: discovery.AddressType(family),
+		Endpoints:   []discovery.Endpoint{},
+	}
+	for _, p := range svc.Ports {
 		name, proto, port := p.Name, p.Protocol, p.TargetPort
 		es.Ports = append(es.Ports, discovery.EndpointPort{Name: &name, Protocol: &proto, Port: &port})
 	}
 	for _, e := range svc.Endpoints {
+		if e.Families != nil && !slices.Contains(e.Families, family) {
+			continue
+		}
 		pod := l.pods[e.Pod]
 		if pod == nil || pod.Role != RoleBackend {
-			return nil, nil, fmt.Errorf("service %s: endpoint %q is not a backend pod", svc.Key(), e.Pod)
+			return nil, fmt.Errorf("service %s: endpoint %q is not a backend pod", svc.Key(), e.Pod)
+		}
+		addr := pod.AddrOf(family)
+		if !addr.IsValid() {
+			return nil, fmt.Errorf("service %s: pod %s has no %s address (not a dual-stack testbed)", svc.Key(), pod.Name, family)
 		}
 		node, zone := pod.Node.Name, pod.Node.Zone
 		ep := discovery.Endpoint{
-			Addresses:  []string{pod.Addr.String()},
+			Addresses:  []string{addr.String()},
 			Conditions: conditions(e.Condition),
 			NodeName:   &node,
 			Zone:       &zone,
@@ -422,7 +525,7 @@ func (l *Layout) serviceObjects(svc ServiceSpec) (*v1.Service, *discovery.Endpoi
 		}
 		es.Endpoints = append(es.Endpoints, ep)
 	}
-	return s, es, nil
+	return es, nil
 }
 
 func conditions(c Condition) discovery.EndpointConditions {

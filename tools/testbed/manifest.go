@@ -202,7 +202,10 @@ type Decision struct {
 	Service  string
 	Port     string
 	Protocol v1.Protocol
-	// Frontend is the cluster IP and service port.
+	// Family is the IP family the port is decided in: a dual-stack
+	// Service has one Decision per port and family.
+	Family v1.IPFamily
+	// Frontend is the cluster IP of Family and the service port.
 	Frontend netip.AddrPort
 	Policy   topology.Policy
 	Mode     topology.Mode
@@ -217,7 +220,7 @@ type Decision struct {
 	Weights map[string]float64
 
 	// NodePort is the port's NodePort frontend on this node: the node's
-	// InternalIP (its wire address) and the nodePort. Invalid when the
+	// InternalIP of Family (its wire address) and the nodePort. Invalid when the
 	// port has no nodePort.
 	NodePort netip.AddrPort
 	// External are the frontends traffic from outside the cluster reaches
@@ -254,6 +257,7 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 			Service:             r.Service,
 			Port:                r.Port,
 			Protocol:            d.Port.Protocol,
+			Family:              r.Family,
 			Frontend:            netip.AddrPortFrom(d.Port.ClusterIP, d.Port.Port),
 			Policy:              r.Policy,
 			Mode:                r.Mode,
@@ -269,7 +273,7 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 			}
 		}
 		if ln := l.Node(node); ln != nil && d.Port.NodePort != 0 {
-			dec.NodePort = netip.AddrPortFrom(ln.WireAddr.Addr(), d.Port.NodePort)
+			dec.NodePort = netip.AddrPortFrom(pick(r.Family, ln.WireAddr, ln.WireAddr6).Addr(), d.Port.NodePort)
 			dec.External = append(dec.External, dec.NodePort)
 		}
 		for _, ip := range slices.Concat(d.Port.ExternalIPs, d.Port.LoadBalancerIPs) {
@@ -289,9 +293,15 @@ func (l *Layout) Decide(objs *kube.Objects, node string) ([]Decision, []string) 
 // FindDecision returns the decision for a service ("name" or
 // "namespace/name") and protocol, or nil.
 func FindDecision(ds []Decision, service string, proto v1.Protocol) *Decision {
+	return FindDecisionOf(ds, service, proto, "")
+}
+
+// FindDecisionOf is FindDecision in one IP family; family "" takes the
+// first decision of any family (a dual-stack Service's primary one).
+func FindDecisionOf(ds []Decision, service string, proto v1.Protocol, family v1.IPFamily) *Decision {
 	service = qualify(service)
 	for i := range ds {
-		if ds[i].Service == service && ds[i].Protocol == proto {
+		if ds[i].Service == service && ds[i].Protocol == proto && (family == "" || ds[i].Family == family) {
 			return &ds[i]
 		}
 	}

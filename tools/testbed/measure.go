@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
 )
 
 // Landing is where one client's requests to one service port landed, next
@@ -33,6 +35,14 @@ type MeasureOptions struct {
 	Parallel int
 	// Timeout per request. Default 2s.
 	Timeout time.Duration
+	// Families, when set, are the IP families measured; nil measures
+	// every family the Service has.
+	Families []v1.IPFamily
+}
+
+// measures reports whether o measures decision d.
+func (o MeasureOptions) measures(d Decision, service string) bool {
+	return d.Service == qualify(service) && (o.Families == nil || slices.Contains(o.Families, d.Family))
 }
 
 // Measure sends requests, each on a new flow, from client to every port of
@@ -45,7 +55,7 @@ func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o M
 	ds, _ := tb.Decide(objs, client.Node.Name)
 	var out []Landing
 	for _, d := range ds {
-		if d.Service != qualify(service) {
+		if !o.measures(d, service) {
 			continue
 		}
 		recs := client.Send(ctx, Load{Proto: d.Protocol, Target: d.Frontend, Count: o.Requests, Parallel: o.Parallel, Timeout: o.Timeout})
@@ -78,7 +88,7 @@ func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, ser
 	_, outside := client.(*External)
 	var out []Landing
 	for _, d := range ds {
-		if d.Service != qualify(service) {
+		if !o.measures(d, service) {
 			continue
 		}
 		if !d.NodePort.IsValid() {
@@ -101,6 +111,35 @@ func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, ser
 		return strings.Compare(string(a.Decision.Protocol), string(b.Decision.Protocol))
 	})
 	return out, nil
+}
+
+// MeasureExpectation measures an expectation of a spec's scenario: the
+// client pod through the cluster IP (Measure), or a client (pod or
+// outside) through the NodePorts of the node it names (MeasureNodePort),
+// in the expectation's family when it names one (else in o.Families). It
+// returns the landings and the node whose decision they are held to.
+func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o MeasureOptions) ([]Landing, string, error) {
+	if e.Family != "" {
+		o.Families = []v1.IPFamily{e.Family}
+	}
+	p := tb.Pod(e.Client)
+	if e.Via == "" {
+		if p == nil {
+			return nil, "", fmt.Errorf("expectation: %q is not a client pod", e.Client)
+		}
+		l, err := tb.Measure(ctx, p, e.Service, o)
+		return l, p.Node.Name, err
+	}
+	var c Client = p
+	if p == nil {
+		ext := tb.External(e.Client)
+		if ext == nil {
+			return nil, "", fmt.Errorf("expectation: no client %q", e.Client)
+		}
+		c = ext
+	}
+	l, err := tb.MeasureNodePort(ctx, c, e.Via, e.Service, o)
+	return l, e.Via, err
 }
 
 // withDefaults fills in MeasureOptions' defaults.

@@ -8,12 +8,12 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/topolb/topolb/internal/netns"
 	"github.com/topolb/topolb/kube"
 )
 
@@ -29,6 +29,29 @@ var forwardingSysctls = [][2]string{
 	{"net.ipv4.conf.default.rp_filter", "0"},
 }
 
+// forwardingSysctls6 are forwardingSysctls' IPv6 twins, for a dual-stack
+// testbed (IPv6 has no reverse path filter of its own).
+var forwardingSysctls6 = [][2]string{
+	{"net.ipv6.conf.all.forwarding", "1"},
+	{"net.ipv6.conf.default.forwarding", "1"},
+}
+
+// makeRouter makes ns forward (forwardingSysctls, and forwardingSysctls6
+// in a dual-stack testbed). Call it before ns has interfaces, so every
+// interface inherits the defaults.
+func (tb *Testbed) makeRouter(ns *NS) error {
+	kvs := forwardingSysctls
+	if tb.Spec.DualStack {
+		kvs = append(slices.Clone(kvs), forwardingSysctls6...)
+	}
+	for _, kv := range kvs {
+		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // buildOutside creates the router, plugs it into the wire, wires the
 // outside clients to it and routes the outside subnet from every node.
 func (tb *Testbed) buildOutside() (err error) {
@@ -36,22 +59,20 @@ func (tb *Testbed) buildOutside() (err error) {
 	if r == nil {
 		return nil
 	}
-	if r.NS, err = netns.Create(tb.nsName("", "router")); err != nil {
+	if r.NS, err = tb.newNS("", "router"); err != nil {
 		return err
 	}
-	for _, kv := range forwardingSysctls {
-		if err := r.NS.Sysctl(kv[0], kv[1]); err != nil {
-			return err
-		}
+	if err := tb.makeRouter(r.NS); err != nil {
+		return err
 	}
-	if err := tb.plugIntoWire(r.NS, RouterPort, r.WireAddr, 0, false); err != nil {
+	if err := tb.plugIntoWire(r.NS, RouterPort, 0, false, r.WireAddr, r.WireAddr6); err != nil {
 		return err
 	}
 	for _, e := range tb.Externals {
-		if e.NS, err = netns.Create(tb.nsName("x-", e.Name)); err != nil {
+		if e.NS, err = tb.newNS("x-", e.Name); err != nil {
 			return err
 		}
-		if err := wirePointToPoint(r.NS, e.RouterIf, e.NS, ExternalIfName, r.Gateway, e.Addr); err != nil {
+		if err := wirePointToPoint(r.NS, e.RouterIf, e.NS, ExternalIfName, hostRoute{r.Gateway, e.Addr}, hostRoute{r.Gateway6, e.Addr6}); err != nil {
 			return err
 		}
 		if err := r.NS.SetAlias(e.RouterIf, e.Name); err != nil {
@@ -62,18 +83,29 @@ func (tb *Testbed) buildOutside() (err error) {
 		if err := n.NS.AddRouteDev(r.Subnet.String(), UplinkName, r.WireAddr.Addr().String()); err != nil {
 			return err
 		}
+		if r.Subnet6.IsValid() {
+			if err := n.NS.AddRouteDev(r.Subnet6.String(), UplinkName, r.WireAddr6.Addr().String()); err != nil {
+				return err
+			}
+		}
 	}
 	if tb.Spec.Outside.RouteServiceRange {
 		if err := r.NS.AddRouteDev(serviceRange.String(), UplinkName, r.Ingress.WireAddr.Addr().String()); err != nil {
 			return fmt.Errorf("router: route the service range: %w", err)
+		}
+		if r.Subnet6.IsValid() {
+			if err := r.NS.AddRouteDev(serviceRanges[ipv6].String(), UplinkName, r.Ingress.WireAddr6.Addr().String()); err != nil {
+				return fmt.Errorf("router: route the IPv6 service range: %w", err)
+			}
 		}
 	}
 	return nil
 }
 
 // routeOutsideIPs makes the router send every external IP and
-// load-balancer IP of objs to the ingress node, and removes the routes of
-// addresses no Service has any more.
+// load-balancer IP of objs to the ingress node (IPv6 ones to its IPv6
+// address, in a dual-stack testbed), and removes the routes of addresses
+// no Service has any more.
 func (tb *Testbed) routeOutsideIPs(objs *kube.Objects) error {
 	r := tb.Router
 	if r == nil || r.NS == nil {
@@ -87,7 +119,7 @@ func (tb *Testbed) routeOutsideIPs(objs *kube.Objects) error {
 			ips = append(ips, in.IP)
 		}
 		for _, s := range ips {
-			if ip, err := netip.ParseAddr(s); err == nil && ip.Is4() {
+			if ip, err := netip.ParseAddr(s); err == nil && (ip.Is4() || r.WireAddr6.IsValid()) {
 				want[ip] = true
 			}
 		}
@@ -97,38 +129,50 @@ func (tb *Testbed) routeOutsideIPs(objs *kube.Objects) error {
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
-	routes, err := nl.RouteList(up, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("router: list routes: %w", err)
-	}
-	via := r.Ingress.WireAddr.Addr()
-	have := map[netip.Addr]bool{}
 	var errs []error
-	for _, rt := range routes {
-		if rt.Dst == nil || rt.Gw == nil {
+	have := map[netip.Addr]bool{}
+	for _, fam := range []struct {
+		nl  int
+		via netip.Addr
+	}{{netlink.FAMILY_V4, r.Ingress.WireAddr.Addr()}, {netlink.FAMILY_V6, r.Ingress.WireAddr6.Addr()}} {
+		if !fam.via.IsValid() {
 			continue
 		}
-		ones, bits := rt.Dst.Mask.Size()
-		dst, ok := netip.AddrFromSlice(rt.Dst.IP.To4())
-		if !ok || ones != bits {
-			continue
+		routes, err := nl.RouteList(up, fam.nl)
+		if err != nil {
+			return fmt.Errorf("router: list routes: %w", err)
 		}
-		gw, _ := netip.AddrFromSlice(rt.Gw.To4())
-		if want[dst] && gw == via {
-			have[dst] = true
-			continue
-		}
-		if err := nl.RouteDel(&rt); err != nil {
-			errs = append(errs, fmt.Errorf("router: delete route to %s: %w", dst, err))
+		for _, rt := range routes {
+			if rt.Dst == nil || rt.Gw == nil {
+				continue
+			}
+			ones, bits := rt.Dst.Mask.Size()
+			dst, ok := netip.AddrFromSlice(rt.Dst.IP)
+			if !ok || ones != bits {
+				continue
+			}
+			dst = dst.Unmap()
+			gw, _ := netip.AddrFromSlice(rt.Gw)
+			if want[dst] && gw.Unmap() == fam.via {
+				have[dst] = true
+				continue
+			}
+			if err := nl.RouteDel(&rt); err != nil {
+				errs = append(errs, fmt.Errorf("router: delete route to %s: %w", dst, err))
+			}
 		}
 	}
 	for ip := range want {
 		if have[ip] {
 			continue
 		}
+		via := r.Ingress.WireAddr.Addr()
+		if ip.Is6() {
+			via = r.Ingress.WireAddr6.Addr()
+		}
 		rt := &netlink.Route{
 			LinkIndex: up.Attrs().Index,
-			Dst:       &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			Dst:       &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())},
 			Gw:        via.AsSlice(),
 		}
 		if err := nl.RouteReplace(rt); err != nil {
@@ -216,6 +260,10 @@ func (e *External) ClientName() string { return e.Name }
 // ClientAddr returns the outside client's address.
 func (e *External) ClientAddr() netip.Addr { return e.Addr }
 
+// ClientAddrOf returns the outside client's address of family, invalid
+// when it has none.
+func (e *External) ClientAddrOf(family v1.IPFamily) netip.Addr { return pick(family, e.Addr, e.Addr6) }
+
 // Open opens a flow from the outside client to target.
 func (e *External) Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error) {
 	return open(ctx, proto, target, e.NS.DialContext)
@@ -245,6 +293,9 @@ func (e *External) FloodUDP(target netip.AddrPort, count int) (FloodResult, erro
 type Client interface {
 	ClientName() string
 	ClientAddr() netip.Addr
+	// ClientAddrOf is the client's address of a family (ClientAddr for
+	// IPv4), invalid when it has none.
+	ClientAddrOf(family v1.IPFamily) netip.Addr
 	Open(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (*Conn, error)
 	Request(ctx context.Context, proto v1.Protocol, target netip.AddrPort) (Answer, error)
 	Send(ctx context.Context, l Load) []Record

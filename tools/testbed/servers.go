@@ -57,47 +57,58 @@ func serveBackend(p *Pod, tcpPorts, udpPorts []uint16) (_ *backendServers, err e
 		b, _ := json.Marshal(a)
 		return b
 	}
+	// One socket per family: an IPv6 socket is IPv6-only (Go sets
+	// IPV6_V6ONLY for "tcp6"), so IPv4 requests reach the IPv4 one as in
+	// an IPv4-only testbed.
+	tcpNets, udpNets := []string{"tcp4"}, []string{"udp4"}
+	if p.Addr6.IsValid() {
+		tcpNets, udpNets = append(tcpNets, "tcp6"), append(udpNets, "udp6")
+	}
 	for _, port := range tcpPorts {
-		l, err := p.NS.Listen("tcp4", ":"+strconv.Itoa(int(port)))
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: listen tcp %d: %w", p.Name, port, err)
+		for _, network := range tcpNets {
+			l, err := p.NS.Listen(network, ":"+strconv.Itoa(int(port)))
+			if err != nil {
+				return nil, fmt.Errorf("pod %s: listen %s %d: %w", p.Name, network, port, err)
+			}
+			srv := &http.Server{
+				Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "application/json")
+					w.Write(answer(r.RemoteAddr, 0))
+				}),
+				ReadHeaderTimeout: 10 * time.Second,
+				IdleTimeout:       5 * time.Minute,
+			}
+			s.http = append(s.http, srv)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				srv.Serve(l) // returns http.ErrServerClosed on close
+			}()
 		}
-		srv := &http.Server{
-			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				w.Write(answer(r.RemoteAddr, 0))
-			}),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       5 * time.Minute,
-		}
-		s.http = append(s.http, srv)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			srv.Serve(l) // returns http.ErrServerClosed on close
-		}()
 	}
 	for _, port := range udpPorts {
-		c, err := p.NS.ListenPacket("udp4", ":"+strconv.Itoa(int(port)))
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: listen udp %d: %w", p.Name, port, err)
-		}
-		s.udp = append(s.udp, c)
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			buf := make([]byte, 1<<16)
-			for {
-				n, from, err := c.ReadFrom(buf)
-				if err != nil {
-					if errors.Is(err, net.ErrClosed) {
-						return
-					}
-					continue
-				}
-				c.WriteTo(answer(from.String(), n), from)
+		for _, network := range udpNets {
+			c, err := p.NS.ListenPacket(network, ":"+strconv.Itoa(int(port)))
+			if err != nil {
+				return nil, fmt.Errorf("pod %s: listen %s %d: %w", p.Name, network, port, err)
 			}
-		}()
+			s.udp = append(s.udp, c)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				buf := make([]byte, 1<<16)
+				for {
+					n, from, err := c.ReadFrom(buf)
+					if err != nil {
+						if errors.Is(err, net.ErrClosed) {
+							return
+						}
+						continue
+					}
+					c.WriteTo(answer(from.String(), n), from)
+				}
+			}()
+		}
 	}
 	return s, nil
 }

@@ -38,6 +38,12 @@ type Spec struct {
 	// Outside, when set, adds a network outside the cluster: a router on
 	// the wire and clients behind it.
 	Outside *OutsideSpec `json:"outside,omitempty"`
+	// DualStack gives every node, pod, the wire and the outside network
+	// an IPv6 address beside its IPv4 one (ULA prefixes: see
+	// DefaultPodCIDR6, DefaultWireCIDR6, DefaultOutsideCIDR6), so Services
+	// may list IPv6 in their ipFamilies. Without it the testbed is IPv4
+	// only.
+	DualStack bool `json:"dualStack,omitempty"`
 	// KubeProxy says where kube-proxy may run: "" (default: only where a
 	// test starts one with StartKubeProxy) or "none" (nowhere:
 	// StartKubeProxy fails, and CheckNoKubeProxy proves every node's
@@ -169,11 +175,20 @@ type ServiceSpec struct {
 	Name string `json:"name"`
 	// Namespace defaults to "default".
 	Namespace string `json:"namespace,omitempty"`
-	// ClusterIP is an address in 10.96.0.0/16 (kubetest's service range).
+	// IPFamilies are the Service's families, its primary first: IPv4,
+	// IPv6, or both in either order (IPv6 needs the spec's dualStack). The
+	// testbed writes one EndpointSlice per family. Default [IPv4].
+	IPFamilies []v1.IPFamily `json:"ipFamilies,omitempty"`
+	// ClusterIP is the IPv4 cluster IP, an address in 10.96.0.0/16
+	// (kubetest's service range); "" for a Service without IPv4.
 	// Default: 10.96.0.10 and up, by the order of first appearance of the
 	// service's name in the spec, so a Service keeps its address across
 	// scenarios.
 	ClusterIP string `json:"clusterIP,omitempty"`
+	// ClusterIPv6 is the IPv6 cluster IP, in fd00:10:96::/108 (kubetest's
+	// dual-stack service range); "" for a Service without IPv6. Default
+	// fd00:10:96::a and up, as ClusterIP.
+	ClusterIPv6 string `json:"clusterIPv6,omitempty"`
 	// Type is ClusterIP (the default), NodePort or LoadBalancer.
 	Type v1.ServiceType `json:"type,omitempty"`
 	// ExternalIPs are written to spec.externalIPs.
@@ -253,6 +268,12 @@ type EndpointSpec struct {
 	ForNodes []string `json:"forNodes,omitempty"`
 	// Condition defaults to ready.
 	Condition Condition `json:"condition,omitempty"`
+	// Families, when set, are the only families whose EndpointSlice lists
+	// the endpoint, as a pod with addresses of those families only; each
+	// must be one of the Service's. Unset: every family of the Service.
+	// A family that lacks the endpoints of a zone decides on its own, as
+	// kube-proxy does: it may fall back where the other keeps its hints.
+	Families []v1.IPFamily `json:"families,omitempty"`
 }
 
 // Scenario is a named state of the Services and what clients should see.
@@ -294,6 +315,11 @@ type Expectation struct {
 	Via      string   `json:"via,omitempty"`
 	Service  string   `json:"service"`
 	Backends []string `json:"backends"`
+	// Family, when set, is the one IP family the expectation holds for
+	// (each family of a dual-stack Service is decided on its own, so it
+	// may land elsewhere); unset, it holds for every family of the
+	// Service.
+	Family v1.IPFamily `json:"family,omitempty"`
 }
 
 // Defaults.
@@ -315,6 +341,17 @@ const (
 	MaxWireMTU = 9000
 	// DefaultOutsideCIDR is the outside network's default subnet.
 	DefaultOutsideCIDR = "203.0.113.0/24"
+	// IPv6 addressing of a dual-stack testbed (Spec.DualStack), in the
+	// unique local range: node i's pods get the /64 fd00:10:244:i::/64
+	// (gateway ::1, pod k ::(2+k)), the wire is fd00:10:250::/64 (the
+	// switch ::1, node i ::(1+i), the router ::fe), the outside network
+	// fd00:203:113::/64 (router ::1, client i ::(10+i)).
+	DefaultPodCIDR6     = "fd00:10:244::/48"
+	DefaultWireCIDR6    = "fd00:10:250::/64"
+	DefaultOutsideCIDR6 = "fd00:203:113::/64"
+	// FirstClusterIPv6 is the first IPv6 address handed to Services
+	// without one.
+	FirstClusterIPv6 = "fd00:10:96::a"
 	// DefaultSessionAffinityTimeout is the API's default ClientIP
 	// affinity timeout, in seconds.
 	DefaultSessionAffinityTimeout = 10800
@@ -420,7 +457,7 @@ func (s *Spec) complete() error {
 	}
 	ips := newAllocator()
 	s.ips, s.roles = ips, pods
-	if err := completeServices(s.Services, pods, ips, "services"); err != nil {
+	if err := completeServices(s.Services, pods, ips, s.DualStack, "services"); err != nil {
 		return err
 	}
 	seen := map[string]bool{}
@@ -431,15 +468,19 @@ func (s *Spec) complete() error {
 		}
 		seen[sc.Name] = true
 		where := "scenario " + sc.Name
-		if err := completeServices(sc.Services, pods, ips, where); err != nil {
+		if err := completeServices(sc.Services, pods, ips, s.DualStack, where); err != nil {
 			return err
 		}
 		for _, e := range sc.Expect {
 			if err := s.checkClient(e, pods, nodes); err != nil {
 				return fmt.Errorf("%s: expect: %w", where, err)
 			}
-			if !slices.ContainsFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(e.Service) }) {
+			i := slices.IndexFunc(sc.Services, func(svc ServiceSpec) bool { return svc.Key() == qualify(e.Service) })
+			if i < 0 {
 				return fmt.Errorf("%s: expect: service %q is not in the scenario", where, e.Service)
+			}
+			if e.Family != "" && !slices.Contains(sc.Services[i].IPFamilies, e.Family) {
+				return fmt.Errorf("%s: expect: family %q is not one of service %s's (%v)", where, e.Family, e.Service, sc.Services[i].IPFamilies)
 			}
 			for _, b := range e.Backends {
 				if pods[b] != RoleBackend {
@@ -473,6 +514,7 @@ func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
 		svc.ExternalIPs = slices.Clone(svc.ExternalIPs)
 		svc.LoadBalancerIPs = slices.Clone(svc.LoadBalancerIPs)
 		svc.LoadBalancerSourceRanges = slices.Clone(svc.LoadBalancerSourceRanges)
+		svc.IPFamilies = slices.Clone(svc.IPFamilies)
 		svc.Annotations = copyMap(svc.Annotations)
 		svc.Labels = copyMap(svc.Labels)
 		out[i] = svc
@@ -482,7 +524,7 @@ func (s *Spec) CompleteServices(svcs []ServiceSpec) ([]ServiceSpec, error) {
 	if s.ips == nil {
 		return nil, errors.New("spec not validated: use ParseSpec or LoadSpec")
 	}
-	if err := completeServices(out, s.roles, s.ips, "services"); err != nil {
+	if err := completeServices(out, s.roles, s.ips, s.DualStack, "services"); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -502,8 +544,10 @@ func qualify(svc string) string {
 // allocator hands out stable default cluster IPs by service key, and node
 // ports by service key and port.
 type allocator struct {
-	next  netip.Addr
-	byKey map[string]netip.Addr
+	// next and byKey are per family (ipv4, ipv6 below); used holds
+	// both.
+	next  [2]netip.Addr
+	byKey [2]map[string]netip.Addr
 	used  map[netip.Addr]string
 
 	nextPort   int32
@@ -513,12 +557,32 @@ type allocator struct {
 
 func newAllocator() *allocator {
 	return &allocator{
-		next: netip.MustParseAddr(FirstClusterIP), byKey: map[string]netip.Addr{}, used: map[netip.Addr]string{},
+		next:  [2]netip.Addr{netip.MustParseAddr(FirstClusterIP), netip.MustParseAddr(FirstClusterIPv6)},
+		byKey: [2]map[string]netip.Addr{{}, {}}, used: map[netip.Addr]string{},
 		nextPort: FirstNodePort, portByKey: map[string]int32{}, portsTaken: map[int32]string{},
 	}
 }
 
-var serviceRange = netip.MustParsePrefix("10.96.0.0/16")
+// The service ranges of kubetest's apiserver (ServiceClusterIPRange and
+// the IPv6 half of DualStackServiceClusterIPRange), by family.
+var serviceRanges = [2]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:10:96::/108")}
+
+// serviceRange is the IPv4 service range.
+var serviceRange = serviceRanges[ipv4]
+
+// Indexes of per-family arrays.
+const (
+	ipv4 = 0
+	ipv6 = 1
+)
+
+// familyIndex returns ipv4 or ipv6 for family.
+func familyIndex(family v1.IPFamily) int {
+	if family == v1.IPv6Protocol {
+		return ipv6
+	}
+	return ipv4
+}
 
 // nodePort returns *port when set (checking it is in range and not another
 // key's), else the port key had before, else the next free one; key names
@@ -551,35 +615,63 @@ func (c *allocator) nodePort(key string, port *int32) error {
 	return nil
 }
 
+// assign checks or hands out the Service's cluster IP of every family it
+// has, and clears the field of a family it does not have.
 func (c *allocator) assign(svc *ServiceSpec) error {
-	key := svc.Key()
-	if svc.ClusterIP != "" {
-		ip, err := netip.ParseAddr(svc.ClusterIP)
-		if err != nil || !serviceRange.Contains(ip) {
-			return fmt.Errorf("service %s: clusterIP %q: want an address in %s", key, svc.ClusterIP, serviceRange)
+	fields := [2]*string{&svc.ClusterIP, &svc.ClusterIPv6}
+	for fi, field := range fields {
+		family := v1.IPv4Protocol
+		if fi == ipv6 {
+			family = v1.IPv6Protocol
+		}
+		if !slices.Contains(svc.IPFamilies, family) {
+			if *field != "" {
+				return fmt.Errorf("service %s: %s %s: %s is not in ipFamilies %v", svc.Key(), clusterIPFields[fi], *field, family, svc.IPFamilies)
+			}
+			continue
+		}
+		if err := c.assignFamily(svc.Key(), fi, field); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clusterIPFields name ServiceSpec's cluster IP fields, by family.
+var clusterIPFields = [2]string{"clusterIP", "clusterIPv6"}
+
+// assignFamily is assign for one family (fi): *field when set (checked),
+// else the address key had before, else the next free one.
+func (c *allocator) assignFamily(key string, fi int, field *string) error {
+	if *field != "" {
+		ip, err := netip.ParseAddr(*field)
+		if err != nil || !serviceRanges[fi].Contains(ip) {
+			return fmt.Errorf("service %s: %s %q: want an address in %s", key, clusterIPFields[fi], *field, serviceRanges[fi])
 		}
 		if owner, ok := c.used[ip]; ok && owner != key {
-			return fmt.Errorf("service %s: clusterIP %s is already used by %s", key, ip, owner)
+			return fmt.Errorf("service %s: %s %s is already used by %s", key, clusterIPFields[fi], ip, owner)
 		}
 		c.used[ip] = key
-		c.byKey[key] = ip
+		c.byKey[fi][key] = ip
 		return nil
 	}
-	ip, ok := c.byKey[key]
+	ip, ok := c.byKey[fi][key]
 	for !ok {
-		ip = c.next
-		c.next = c.next.Next()
+		ip = c.next[fi]
+		c.next[fi] = c.next[fi].Next()
 		if _, taken := c.used[ip]; !taken {
 			ok = true
 		}
 	}
 	c.used[ip] = key
-	c.byKey[key] = ip
-	svc.ClusterIP = ip.String()
+	c.byKey[fi][key] = ip
+	*field = ip.String()
 	return nil
 }
 
-func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, where string) error {
+// completeServices applies the defaults of svcs and validates them;
+// dualStack is the spec's (Spec.DualStack).
+func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, dualStack bool, where string) error {
 	seen := map[string]bool{}
 	for i := range svcs {
 		svc := &svcs[i]
@@ -591,6 +683,9 @@ func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, 
 		}
 		seen[svc.Key()] = true
 		key := svc.Key()
+		if err := completeFamilies(svc, dualStack); err != nil {
+			return fmt.Errorf("%s: service %s: %w", where, key, err)
+		}
 		if err := ips.assign(svc); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
@@ -640,6 +735,11 @@ func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, 
 				return fmt.Errorf("%s: service %s: endpoint %s listed twice", where, key, ep.Pod)
 			}
 			eps[ep.Pod] = true
+			for _, f := range ep.Families {
+				if !slices.Contains(svc.IPFamilies, f) {
+					return fmt.Errorf("%s: service %s: endpoint %s: family %q is not in ipFamilies %v", where, key, ep.Pod, f, svc.IPFamilies)
+				}
+			}
 			if err := checkHints(ep.Hints); err != nil {
 				return fmt.Errorf("%s: service %s: endpoint %s: %w", where, key, ep.Pod, err)
 			}
@@ -650,6 +750,26 @@ func completeServices(svcs []ServiceSpec, pods map[string]Role, ips *allocator, 
 			default:
 				return fmt.Errorf("%s: service %s: endpoint %s: condition %q: want ready, terminating or not-ready", where, key, ep.Pod, ep.Condition)
 			}
+		}
+	}
+	return nil
+}
+
+// completeFamilies checks a Service's ipFamilies and applies the default
+// ([IPv4]).
+func completeFamilies(svc *ServiceSpec, dualStack bool) error {
+	if len(svc.IPFamilies) == 0 {
+		svc.IPFamilies = []v1.IPFamily{v1.IPv4Protocol}
+	}
+	if len(svc.IPFamilies) > 2 || (len(svc.IPFamilies) == 2 && svc.IPFamilies[0] == svc.IPFamilies[1]) {
+		return fmt.Errorf("ipFamilies %v: want IPv4, IPv6 or both, each once", svc.IPFamilies)
+	}
+	for _, f := range svc.IPFamilies {
+		switch {
+		case f != v1.IPv4Protocol && f != v1.IPv6Protocol:
+			return fmt.Errorf("ipFamilies: %q: want IPv4 or IPv6", f)
+		case f == v1.IPv6Protocol && !dualStack:
+			return fmt.Errorf("ipFamilies: IPv6 needs a dual-stack testbed (dualStack: true)")
 		}
 	}
 	return nil
@@ -686,11 +806,18 @@ func completeExternal(svc *ServiceSpec, ips *allocator) error {
 	}{{"externalIPs", svc.ExternalIPs}, {"loadBalancerIPs", svc.LoadBalancerIPs}} {
 		for _, a := range list.ips {
 			ip, err := netip.ParseAddr(a)
-			if err != nil || !ip.Is4() {
-				return fmt.Errorf("%s: %q is not an IPv4 address", list.name, a)
+			if err != nil || ip.Zone() != "" || ip.Is4In6() {
+				return fmt.Errorf("%s: %q is not an IP address", list.name, a)
 			}
-			if serviceRange.Contains(ip) {
-				return fmt.Errorf("%s: %s is in the cluster IP range %s", list.name, ip, serviceRange)
+			family := v1.IPv4Protocol
+			if ip.Is6() {
+				family = v1.IPv6Protocol
+			}
+			if !slices.Contains(svc.IPFamilies, family) {
+				return fmt.Errorf("%s: %s is %s, not a family of the Service (ipFamilies %v)", list.name, ip, family, svc.IPFamilies)
+			}
+			if r := serviceRanges[familyIndex(family)]; r.Contains(ip) {
+				return fmt.Errorf("%s: %s is in the cluster IP range %s", list.name, ip, r)
 			}
 		}
 	}

@@ -20,14 +20,10 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewLayout(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(spec.Scenarios) != 12 {
 		t.Errorf("%d scenarios, want 12", len(spec.Scenarios))
 	}
-	wantModes := map[string]topology.Mode{
+	checkScenarioDecisions(t, spec, map[string]topology.Mode{
 		"zone-hints":             topology.ModePreferSameZone,
 		"missing-hint":           topology.ModeNone,
 		"prefer-same-node":       topology.ModePreferSameNode,
@@ -38,7 +34,31 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 		"hints-give-up":          topology.ModeNone,
 		"zone-weighted":          topology.ModeZoneWeighted,
 		"nodeport-zone-b":        topology.ModePreferSameZone,
+	})
+}
+
+// TestDualStackSpecAgreesWithDecisions: the dual-stack example's
+// expectations, family by family, are what DecideNode decides, and its
+// two families decide different modes.
+func TestDualStackSpecAgreesWithDecisions(t *testing.T) {
+	spec, err := DualStackSpec()
+	if err != nil {
+		t.Fatal(err)
 	}
+	checkScenarioDecisions(t, spec, map[string]topology.Mode{
+		"dual-stack-modes/IPv4": topology.ModePreferSameZone,
+		"dual-stack-modes/IPv6": topology.ModeNone,
+	})
+}
+
+// checkScenarioDecisions checks that every expectation of spec's scenarios
+// is what DecideNode decides, on objects that round-trip through the
+// agent's loader, in the expectation's family (every family when it names
+// none), and that the mode is wantModes' for "scenario" or
+// "scenario/family", where it names one.
+func checkScenarioDecisions(t *testing.T, spec *Spec, wantModes map[string]topology.Mode) {
+	t.Helper()
+	l := mustLayout(t, spec, nil)
 	for _, sc := range spec.Scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
 			objs, err := l.Objects(sc.Services)
@@ -59,9 +79,9 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 				}
 				ds, _ := l.Decide(back, node)
 				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-					d := FindDecision(ds, e.Service, proto)
+					d := FindDecisionOf(ds, e.Service, proto, e.Family)
 					if d == nil {
-						t.Fatalf("no %s decision for %s", proto, e.Service)
+						t.Fatalf("no %s %s decision for %s", e.Family, proto, e.Service)
 					}
 					if e.Via != "" && !d.NodePort.IsValid() {
 						t.Fatalf("%s %s: no NodePort on %s", e.Service, proto, e.Via)
@@ -75,8 +95,12 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 					if !slices.Equal(got, want) {
 						t.Errorf("%s %s from %s on %s: decided %v, spec expects %v (%s)", e.Service, proto, e.Client, node, got, want, d.Reason)
 					}
-					if m, ok := wantModes[sc.Name]; ok && d.Mode != m {
-						t.Errorf("%s %s: mode %s, want %s", e.Service, proto, d.Mode, m)
+					m, ok := wantModes[sc.Name]
+					if fm, fok := wantModes[sc.Name+"/"+string(d.Family)]; fok {
+						m, ok = fm, true
+					}
+					if ok && d.Mode != m {
+						t.Errorf("%s %s %s: mode %s, want %s", e.Service, d.Family, proto, d.Mode, m)
 					}
 				}
 			}
@@ -84,8 +108,10 @@ func TestDemoSpecAgreesWithDecisions(t *testing.T) {
 	}
 }
 
-func TestLayoutAddresses(t *testing.T) {
-	spec, err := DemoSpec()
+// mustLayout plans the layout of a spec parsed with err, failing the
+// test on either error.
+func mustLayout(t *testing.T, spec *Spec, err error) *Layout {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +119,12 @@ func TestLayoutAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+func TestLayoutAddresses(t *testing.T) {
+	spec, err := DemoSpec()
+	l := mustLayout(t, spec, err)
 	for _, tc := range []struct {
 		pod, node, addr, gw, wire string
 	}{

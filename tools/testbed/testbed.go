@@ -157,6 +157,31 @@ func (tb *Testbed) nsName(kind, name string) string {
 	return fmt.Sprintf("%s%s-%s-%s%s", Prefix, tb.ID, tb.Spec.Name, kind, name)
 }
 
+// noDAD turns duplicate address detection off for every interface a
+// namespace creates afterwards: without it an interface's IPv6 link-local
+// address stays tentative for a second or more, and neighbour discovery
+// through it waits. (The testbed's own addresses are added with nodad.)
+var noDAD = [][2]string{
+	{"net.ipv6.conf.all.accept_dad", "0"},
+	{"net.ipv6.conf.default.accept_dad", "0"},
+}
+
+// newNS creates a namespace of this testbed (nsName), with noDAD in a
+// dual-stack testbed. It returns the namespace even with an error, so
+// the caller records it for Close.
+func (tb *Testbed) newNS(kind, name string) (*NS, error) {
+	ns, err := netns.Create(tb.nsName(kind, name))
+	if err != nil || !tb.Spec.DualStack {
+		return ns, err
+	}
+	for _, kv := range noDAD {
+		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+			return ns, err
+		}
+	}
+	return ns, nil
+}
+
 // BPFFS returns the pin directory for a node's datapath, inside the
 // testbed's private bpffs mount.
 func (tb *Testbed) BPFFS(node string) string { return filepath.Join(tb.bpfRoot, node) }
@@ -196,37 +221,44 @@ func (tb *Testbed) mountBPFFS() error {
 }
 
 func (tb *Testbed) build(ctx context.Context) error {
-	fabric, err := netns.Create(tb.nsName("", "fabric"))
+	fabric, err := tb.newNS("", "fabric")
+	tb.Fabric = fabric
 	if err != nil {
 		return err
 	}
-	tb.Fabric = fabric
 	if err := fabric.AddBridge(BridgeName); err != nil {
 		return err
 	}
 	if err := fabric.AddAddr(BridgeName, tb.FabricAddr.String()); err != nil {
 		return err
 	}
+	if tb.FabricAddr6.IsValid() {
+		if err := fabric.AddAddr(BridgeName, tb.FabricAddr6.String()); err != nil {
+			return err
+		}
+	}
 
 	for _, n := range tb.Nodes {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if n.NS, err = netns.Create(tb.nsName("n-", n.Name)); err != nil {
+		if n.NS, err = tb.newNS("n-", n.Name); err != nil {
 			return err
 		}
 		// Before any interface exists, so every interface inherits it:
 		// reverse-NATed replies carry a service address as source.
-		for _, kv := range forwardingSysctls {
-			if err := n.NS.Sysctl(kv[0], kv[1]); err != nil {
-				return err
+		if err := tb.makeRouter(n.NS); err != nil {
+			return err
+		}
+		if err := tb.plugIntoWire(n.NS, n.SwitchPort(), n.WireMTU, !tb.plainPorts, n.WireAddr, n.WireAddr6); err != nil {
+			return err
+		}
+		for _, gw := range []netip.Prefix{tb.FabricAddr, tb.FabricAddr6} {
+			if gw.IsValid() {
+				if err := n.NS.AddRouteDev("default", UplinkName, gw.Addr().String()); err != nil {
+					return err
+				}
 			}
-		}
-		if err := tb.plugIntoWire(n.NS, n.SwitchPort(), n.WireAddr, n.WireMTU, !tb.plainPorts); err != nil {
-			return err
-		}
-		if err := n.NS.AddRouteDev("default", UplinkName, tb.FabricAddr.Addr().String()); err != nil {
-			return err
 		}
 		if err := tb.setNetfilter(n); err != nil {
 			return err
@@ -241,6 +273,11 @@ func (tb *Testbed) build(ctx context.Context) error {
 				if err := n.NS.AddRouteDev(o.PodCIDR.String(), UplinkName, o.WireAddr.Addr().String()); err != nil {
 					return err
 				}
+				if o.PodCIDR6.IsValid() {
+					if err := n.NS.AddRouteDev(o.PodCIDR6.String(), UplinkName, o.WireAddr6.Addr().String()); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		for _, p := range n.Pods {
@@ -253,7 +290,8 @@ func (tb *Testbed) build(ctx context.Context) error {
 }
 
 // plugIntoWire connects ns to the switch: a veth with UplinkName in ns and
-// port on the bridge, addr on it, and mtu (when not 0) on both ends. Like
+// port on the bridge, addrs (the valid ones: IPv4, and IPv6 in a
+// dual-stack testbed) on it, and mtu (when not 0) on both ends. Like
 // a real NIC, both ends put finished checksums on the wire (transmit
 // checksum offload off), so receivers verify them. With napi (a node's
 // port, unless Options.PlainSwitchPorts) the switch port gets a NAPI
@@ -262,7 +300,7 @@ func (tb *Testbed) build(ctx context.Context) error {
 // without: a NAPI veth takes at most
 // its ring (256 frames) between two polls, where a plain one queues to the
 // CPU's backlog.
-func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int, napi bool) error {
+func (tb *Testbed) plugIntoWire(ns *NS, port string, mtu int, napi bool, addrs ...netip.Prefix) error {
 	if err := netns.Veth(ns, UplinkName, tb.Fabric, port); err != nil {
 		return err
 	}
@@ -277,8 +315,13 @@ func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int,
 			return err
 		}
 	}
-	if err := ns.AddAddr(UplinkName, addr.String()); err != nil {
-		return err
+	for _, addr := range addrs {
+		if !addr.IsValid() {
+			continue
+		}
+		if err := ns.AddAddr(UplinkName, addr.String()); err != nil {
+			return err
+		}
 	}
 	if err := ns.SetTxChecksum(UplinkName, false); err != nil {
 		return err
@@ -291,24 +334,36 @@ func (tb *Testbed) plugIntoWire(ns *NS, port string, addr netip.Prefix, mtu int,
 	return tb.Fabric.SetTxChecksum(port, false)
 }
 
+// hostRoute is a gateway and an address of one family wired point to
+// point (wirePointToPoint); an invalid pair is skipped.
+type hostRoute struct{ gw, addr netip.Addr }
+
 // wirePointToPoint connects guest (a pod, an outside client) to host (its
-// node, the router) the way the CNI ptp plugin does: a veth, gw on the
-// host side as a /32 (the same gw on every such veth of host), addr as a
-// /32 in the guest with a default route via gw, and a /32 route to addr on
-// the host. The host side finishes checksums in software; the guest keeps
-// its offloads and sends CHECKSUM_PARTIAL, as a real pod does.
-func wirePointToPoint(host *NS, hostIf string, guest *NS, guestIf string, gw, addr netip.Addr) error {
+// node, the router) the way the CNI ptp plugin does: a veth and, for each
+// family's pair, gw on the host side as a host route (/32 or /128, the
+// same gw on every such veth of host), addr as one in the guest with a
+// default route via gw, and a host route to addr on the host. The host
+// side finishes checksums in software; the guest keeps its offloads and
+// sends CHECKSUM_PARTIAL, as a real pod does.
+func wirePointToPoint(host *NS, hostIf string, guest *NS, guestIf string, pairs ...hostRoute) error {
 	if err := netns.Veth(host, hostIf, guest, guestIf); err != nil {
 		return err
 	}
-	steps := []func() error{
-		func() error { return host.AddAddr(hostIf, gw.String()+"/32") },
-		func() error { return host.AddRouteDev(addr.String()+"/32", hostIf, "") },
-		func() error { return guest.AddAddr(guestIf, addr.String()+"/32") },
-		func() error { return guest.AddRouteDev(gw.String()+"/32", guestIf, "") },
-		func() error { return guest.AddRouteDev("default", guestIf, gw.String()) },
-		func() error { return host.SetTxChecksum(hostIf, false) },
+	var steps []func() error
+	for _, p := range pairs {
+		if !p.addr.IsValid() {
+			continue
+		}
+		gw, addr := netip.PrefixFrom(p.gw, p.gw.BitLen()).String(), netip.PrefixFrom(p.addr, p.addr.BitLen()).String()
+		steps = append(steps,
+			func() error { return host.AddAddr(hostIf, gw) },
+			func() error { return host.AddRouteDev(addr, hostIf, "") },
+			func() error { return guest.AddAddr(guestIf, addr) },
+			func() error { return guest.AddRouteDev(gw, guestIf, "") },
+			func() error { return guest.AddRouteDev("default", guestIf, p.gw.String()) },
+		)
 	}
+	steps = append(steps, func() error { return host.SetTxChecksum(hostIf, false) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
@@ -319,10 +374,10 @@ func wirePointToPoint(host *NS, hostIf string, guest *NS, guestIf string, gw, ad
 
 func (tb *Testbed) buildPod(p *Pod) (err error) {
 	n := p.Node
-	if p.NS, err = netns.Create(tb.nsName("p-", p.Name)); err != nil {
+	if p.NS, err = tb.newNS("p-", p.Name); err != nil {
 		return err
 	}
-	if err := wirePointToPoint(n.NS, p.HostVeth, p.NS, PodIfName, n.Gateway, p.Addr); err != nil {
+	if err := wirePointToPoint(n.NS, p.HostVeth, p.NS, PodIfName, hostRoute{n.Gateway, p.Addr}, hostRoute{n.Gateway6, p.Addr6}); err != nil {
 		return err
 	}
 	if err := n.NS.SetAlias(p.HostVeth, p.Name); err != nil {

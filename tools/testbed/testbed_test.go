@@ -19,8 +19,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-const tinySpec = `
-name: tiny
+// twoZones are tinySpec's zones: n1 (client c, backend b1) in z1, n2
+// (backend b2) in z2.
+const twoZones = `
 zones:
 - name: z1
   nodes:
@@ -30,7 +31,10 @@ zones:
   nodes:
   - name: n2
     pods: [{name: b2}]
-services:
+`
+
+const tinySpec = `
+name: tiny` + twoZones + `services:
 - name: s
   ports: [{name: http, port: 80}, {name: dns, protocol: UDP, port: 53}]
   endpoints: [{pod: b1}, {pod: b2}]
@@ -303,16 +307,8 @@ services:
 // out.
 func TestOutsideNetwork(t *testing.T) {
 	requireRoot(t)
-	spec, err := ParseSpec([]byte(outsideSpec))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := t.Context()
-	tb, err := New(ctx, spec, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tb.Close()
+	tb, _ := upTestbed(t, ctx, outsideSpec)
 	ext, n1, n2, r := tb.External("ext1"), tb.Node("n1"), tb.Node("n2"), tb.Router
 
 	for _, c := range []struct {
@@ -341,32 +337,7 @@ func TestOutsideNetwork(t *testing.T) {
 
 	// The outside client reaches a node's address, and the node sees the
 	// client's own address.
-	target := netip.AddrPortFrom(n1.WireAddr.Addr(), 7000)
-	l, err := n1.NS.Listen("tcp4", target.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan string, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			accepted <- err.Error()
-			return
-		}
-		accepted <- c.RemoteAddr().String()
-		c.Close()
-	}()
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	c, err := ext.NS.DialContext(dctx, "tcp4", target.String())
-	if err != nil {
-		t.Fatalf("outside client to %s: %v", target, err)
-	}
-	c.Close()
-	if from := <-accepted; !strings.HasPrefix(from, ext.Addr.String()+":") {
-		t.Errorf("node saw the outside client as %s, want %s", from, ext.Addr)
-	}
+	reachNode(t, ext, n1, v1.IPv4Protocol)
 
 	// Load-balancer IPs are routed to the ingress node, and only while a
 	// Service has them.
@@ -512,4 +483,59 @@ func backlogDrops() (uint64, error) {
 		sum += v
 	}
 	return sum, nil
+}
+
+// upTestbed brings up the testbed of the spec in specYAML, torn down
+// (its errors failing the test) when the test ends.
+func upTestbed(t *testing.T, ctx context.Context, specYAML string) (*Testbed, *Spec) {
+	t.Helper()
+	spec, err := ParseSpec([]byte(specYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := New(ctx, spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tb.Close(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	})
+	return tb, spec
+}
+
+// reachNode connects over TCP from the outside client ext to node's wire
+// address of family, and fails unless the node sees ext's own address of
+// that family.
+func reachNode(t *testing.T, ext *External, node *Node, family v1.IPFamily) {
+	t.Helper()
+	target := netip.AddrPortFrom(pick(family, node.WireAddr, node.WireAddr6).Addr(), 7000)
+	network := pick(family, "tcp4", "tcp6")
+	l, err := node.NS.Listen(network, target.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan string, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			accepted <- err.Error()
+			return
+		}
+		accepted <- c.RemoteAddr().String()
+		c.Close()
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	c, err := ext.NS.DialContext(ctx, network, target.String())
+	if err != nil {
+		t.Fatalf("outside client to %s: %v", target, err)
+	}
+	c.Close()
+	want := ext.ClientAddrOf(family)
+	if from, err := netip.ParseAddrPort(<-accepted); err != nil || from.Addr() != want {
+		t.Errorf("node %s saw the outside client as %v (%v), want %s", node.Name, from, err, want)
+	}
 }

@@ -124,25 +124,37 @@ func upCommand() *cobra.Command {
 	return cmd
 }
 
+// both renders an address or prefix, and its IPv6 twin after a comma in
+// a dual-stack testbed.
+func both[T interface {
+	IsValid() bool
+	String() string
+}](v4, v6 T) string {
+	if !v6.IsValid() {
+		return v4.String()
+	}
+	return v4.String() + "," + v6.String()
+}
+
 func printSummary(tb *testbed.Testbed) {
 	fmt.Printf("testbed %s: manifest %s\n\n", tb.ID, tb.ManifestPath())
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tZONE\tWIRE\tPOD CIDR\tNAMESPACE")
 	for _, n := range tb.Nodes {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Zone, n.WireAddr, n.PodCIDR, n.NS.Name)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Zone, both(n.WireAddr, n.WireAddr6), both(n.PodCIDR, n.PodCIDR6), n.NS.Name)
 	}
 	w.Flush()
 	fmt.Println()
 	fmt.Fprintln(w, "POD\tROLE\tNODE\tADDRESS\tHOST VETH\tNAMESPACE")
 	for _, p := range tb.Pods {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Role, p.Node.Name, p.Addr, p.HostVeth, p.NS.Name)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Role, p.Node.Name, both(p.Addr, p.Addr6), p.HostVeth, p.NS.Name)
 	}
 	w.Flush()
 	if r := tb.Router; r != nil {
-		fmt.Printf("\nrouter %s on the wire, outside subnet %s, external and LB IPs to %s: %s\n", r.WireAddr, r.Subnet, r.Ingress.Name, r.NS.Name)
+		fmt.Printf("\nrouter %s on the wire, outside subnet %s, external and LB IPs to %s: %s\n", both(r.WireAddr, r.WireAddr6), both(r.Subnet, r.Subnet6), r.Ingress.Name, r.NS.Name)
 		fmt.Fprintln(w, "OUTSIDE CLIENT\tADDRESS\tROUTER VETH\tNAMESPACE")
 		for _, e := range tb.Externals {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Name, e.Addr, e.RouterIf, e.NS.Name)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", e.Name, both(e.Addr, e.Addr6), e.RouterIf, e.NS.Name)
 		}
 		w.Flush()
 	}
