@@ -22,6 +22,36 @@
 #include "stats.h"
 #include "structs.h"
 
+/* ct_clock caches the datapath's clock (compat_now) with the tick it was
+ * read in: the established packet reads the time from here, not through
+ * a helper call. Per program object, in .bss; written by every CPU once
+ * per tick at most. */
+static struct {
+	__u64 jiffies; /* bpf_jiffies64 when now was read */
+	__u64 now;     /* compat_now then, in ns */
+} ct_clock;
+
+/* ct_now is the datapath's clock as of the last tick: compat_now read
+ * once per tick (jiffy) and cached. bpf_jiffies64 is a load of the
+ * kernel's tick count (the verifier inlines it on 64-bit JITs);
+ * CLOCK_MONOTONIC_COARSE itself moves only at a tick, so the cached time
+ * is behind the clock by a tick at most, and never ahead of it: conntrack
+ * refreshes and expiries count in seconds. No agent keeps it: it is the
+ * kernel's own tick, so it goes on across agent restarts. A concurrent
+ * refill of the cache by another CPU can only leave an older time of the
+ * same tick (now is written before jiffies). */
+static __always_inline __u64 ct_now(void)
+{
+	__u64 j = bpf_jiffies64(), now;
+
+	if (*(volatile __u64 *)&ct_clock.jiffies == j)
+		return *(volatile __u64 *)&ct_clock.now;
+	now = compat_now();
+	*(volatile __u64 *)&ct_clock.now = now;
+	*(volatile __u64 *)&ct_clock.jiffies = j;
+	return now;
+}
+
 static __always_inline int is_syn(const struct packet *pkt)
 {
 	return (pkt->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
@@ -399,7 +429,7 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = compat_now();
+	__u64 now = ct_now();
 
 	if (now > ct->expires && ((ct->flags & CT_F_STALE) || !ct_peer_live(pkt, ct, now))) {
 		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
@@ -426,7 +456,7 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = compat_now();
+	__u64 now = ct_now();
 
 	if (now > ct->expires && !ct_peer_live(pkt, ct, now)) {
 		stat_inc(STAT_CT_EXPIRED);
