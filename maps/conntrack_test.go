@@ -394,15 +394,7 @@ func TestSweepTakesStaleFlowsWhole(t *testing.T) {
 	a, b := be("10.1.0.1:8080"), be("10.1.0.2:8080")
 	mustSet(t, d, f, a, b)
 	src := srcFor(t, "10.0.0.5", f, 0, 2, 20000)
-	for _, fr := range []frame{
-		tcpFrame(src, vipTCP, tcpSYN, ""),
-		tcpFrame(a.Addr.String(), src, tcpSYN|tcpACK, ""),
-		tcpFrame(src, vipTCP, tcpACK, ""),
-	} {
-		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
-			t.Fatalf("establishing the flow: verdict %d", ret)
-		}
-	}
+	establishTCP(t, d, src, vipTCP, a.Addr.String())
 	fwdKey := ctKey(src, vipTCP, protoTCP)
 	var v tcCtValue
 	if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
@@ -438,6 +430,21 @@ func TestSweepTakesStaleFlowsWhole(t *testing.T) {
 	}
 }
 
+// establishTCP takes a TCP flow src -> vip, balanced to backend, through
+// its handshake in tc_lb: assured, in tlb_conntrack.
+func establishTCP(t *testing.T, d *Datapath, src, vip, backend string) {
+	t.Helper()
+	for _, fr := range []frame{
+		tcpFrame(src, vip, tcpSYN, ""),
+		tcpFrame(backend, src, tcpSYN|tcpACK, ""),
+		tcpFrame(src, vip, tcpACK, ""),
+	} {
+		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
+			t.Fatalf("establishing the flow: verdict %d", ret)
+		}
+	}
+}
+
 // TestSweepKeepsAFlowWithALiveHalf checks the sweep deletes an expired
 // entry of an assured flow only once its other direction expired too:
 // each direction refreshes its own entry (ct_refreshes_alone), and a
@@ -448,15 +455,7 @@ func TestSweepKeepsAFlowWithALiveHalf(t *testing.T) {
 	a := be("10.1.0.1:8080")
 	mustSet(t, d, f, a)
 	src := "10.0.0.5:20001"
-	for _, fr := range []frame{
-		tcpFrame(src, vipTCP, tcpSYN, ""),
-		tcpFrame(a.Addr.String(), src, tcpSYN|tcpACK, ""),
-		tcpFrame(src, vipTCP, tcpACK, ""),
-	} {
-		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
-			t.Fatalf("establishing the flow: verdict %d", ret)
-		}
-	}
+	establishTCP(t, d, src, vipTCP, a.Addr.String())
 	flow := flowOf(src, vipTCP, a.Addr.String(), protoTCP)
 	expectTable(flow, true)(t, d)
 	for _, silent := range []tcCtKey{flow.rev, flow.fwd} {
