@@ -22,6 +22,36 @@
 #include "stats.h"
 #include "structs.h"
 
+/* ct_clock caches the datapath's clock (compat_now) with the tick it was
+ * read in: the established packet reads the time from here, not through
+ * a helper call. Per program object, in .bss; written by every CPU once
+ * per tick at most. */
+static struct {
+	__u64 jiffies; /* bpf_jiffies64 when now was read */
+	__u64 now;     /* compat_now then, in ns */
+} ct_clock;
+
+/* ct_now is the datapath's clock as of the last tick: compat_now read
+ * once per tick (jiffy) and cached. bpf_jiffies64 is a load of the
+ * kernel's tick count (the verifier inlines it on 64-bit JITs);
+ * CLOCK_MONOTONIC_COARSE itself moves only at a tick, so the cached time
+ * is behind the clock by a tick at most, and never ahead of it: conntrack
+ * refreshes and expiries count in seconds. No agent keeps it: it is the
+ * kernel's own tick, so it goes on across agent restarts. A concurrent
+ * refill of the cache by another CPU can only leave an older time of the
+ * same tick (now is written before jiffies). */
+static __always_inline __u64 ct_now(void)
+{
+	__u64 j = bpf_jiffies64(), now;
+
+	if (*(volatile __u64 *)&ct_clock.jiffies == j)
+		return *(volatile __u64 *)&ct_clock.now;
+	now = compat_now();
+	*(volatile __u64 *)&ct_clock.now = now;
+	*(volatile __u64 *)&ct_clock.jiffies = j;
+	return now;
+}
+
 static __always_inline int is_syn(const struct packet *pkt)
 {
 	return (pkt->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
@@ -112,6 +142,40 @@ static __always_inline int ct_is_peer(const struct packet *pkt, const struct ct_
 	       (!snat || (peer->nat_addr == pkt->daddr && peer->nat_port == pkt->dport));
 }
 
+/* ct_refreshes_alone reports whether ct's entry refreshes its expiry by
+ * itself, without its peer: an assured flow that is not source-NATed.
+ * Its entries live in tlb_conntrack, a plain hash that never evicts, so
+ * its peer cannot go missing under it (the sweep and the datapath delete
+ * a flow's entries together), and each direction's packets keep their
+ * own entry alive; the flow lives while either entry does (ct_peer_live,
+ * and the sweep: maps/conntrack.go, peerLive). A source-NATed flow's
+ * reply entry holds its SNAT port, which a new flow takes over once the
+ * entry expired (snat_claim): both its entries are refreshed together,
+ * as are a flow's in tlb_ct_new, where the refresh also finds a peer the
+ * LRU evicted. */
+static __always_inline int ct_refreshes_alone(const struct ct_value *ct)
+{
+	return (ct->flags & (CT_F_ASSURED | CT_F_SNAT)) == CT_F_ASSURED;
+}
+
+/* ct_peer_live reports whether the other direction of ct's flow (matched
+ * by pkt) keeps the flow alive though ct expired: a flow whose entries
+ * refresh alone (ct_refreshes_alone) and whose one direction was silent
+ * for its lifetime (a one-way stream). A reply of a flow whose backend is
+ * gone (the forward entry marked stale) is still translated. Rare path:
+ * only for an expired entry. */
+static __always_inline int ct_peer_live(const struct packet *pkt, const struct ct_value *ct, __u64 now)
+{
+	struct ct_key peer_key = {};
+	struct ct_value *peer;
+
+	if (!ct_refreshes_alone(ct))
+		return 0;
+	ct_peer_key(pkt, ct, &peer_key);
+	peer = bpf_map_lookup_elem(&tlb_conntrack, &peer_key);
+	return peer && ct_is_peer(pkt, ct, peer) && (now <= peer->expires || (peer->flags & CT_F_STALE));
+}
+
 /* ct_client is the client address of the flow whose entry ct pkt
  * matched: the forward packet's source, the reply's destination (before
  * the reverse source NAT). */
@@ -199,9 +263,12 @@ static __always_inline void ct_fold(const struct ct_value *ct)
 /* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
  * when something changes: the state (FIN or RST either way closes, the
  * first reply establishes), the reply flag, or an expiry more than
- * CT_REFRESH_INTERVAL stale. It writes both directions' entries, so a
- * one-way stream keeps its other half, and marks their forwarding
- * targets to be resolved again (fwd_mark_stale). It moves the flow
+ * CT_REFRESH_INTERVAL stale. A change of state or flags writes both
+ * directions' entries; a stale expiry alone refreshes ct's own entry
+ * where it may (ct_refreshes_alone), both entries otherwise, so a
+ * one-way stream keeps its other half either way. The entries written
+ * have their forwarding targets resolved again (fwd_mark_stale). It
+ * moves the flow
  * between the tables:
  *   - promotion into tlb_conntrack. TCP: when the client sends after
  *     the reply (the handshake's last ACK), the step that proves its
@@ -219,7 +286,9 @@ static __always_inline void ct_fold(const struct ct_value *ct)
  * lost its other direction (an LRU eviction of tlb_ct_new): a forward
  * entry is then deleted and the packet balanced as new; a reply is
  * translated by what its entry says, which is left to expire. Rare: the
- * peer is looked up at most once a second per flow, plus changes. */
+ * peer is looked up at most once a second per flow not yet assured (or
+ * source-NATed), plus changes; an assured flow's refresh writes its own
+ * entry only. */
 static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
 						 struct ct_value *ct, __u64 now)
 {
@@ -245,6 +314,13 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	expires = now + ct_lifetime(state, flags);
 	if (state == ct->state && !stale && (flags == ct->flags || (promote && (ct->flags & CT_F_FULL))))
 		return ct;
+	/* Only the expiry is stale: the entry refreshes itself, without its
+	 * peer's lookup (a second cache miss), where it may. */
+	if (state == ct->state && flags == ct->flags && ct_refreshes_alone(ct)) {
+		ct->expires = expires;
+		fwd_mark_stale(ct);
+		return ct;
+	}
 	ct_peer_key(pkt, ct, &peer_key);
 	peer = ct_find_in(ct->flags, &peer_key);
 	if (!peer || !ct_is_peer(pkt, ct, peer)) {
@@ -353,9 +429,9 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
 static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = compat_now();
+	__u64 now = ct_now();
 
-	if (now > ct->expires) {
+	if (now > ct->expires && ((ct->flags & CT_F_STALE) || !ct_peer_live(pkt, ct, now))) {
 		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
 		return ct_forget(pkt, key, ct);
 	}
@@ -380,9 +456,9 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
 					  struct ct_value *ct, struct nat *nat)
 {
-	__u64 now = compat_now();
+	__u64 now = ct_now();
 
-	if (now > ct->expires) {
+	if (now > ct->expires && !ct_peer_live(pkt, ct, now)) {
 		stat_inc(STAT_CT_EXPIRED);
 		return LB_CONTINUE;
 	}

@@ -33,7 +33,7 @@ enum floor_step {
 	FLOOR_NO_REWRITE = 1 << 0, /* skip the rewrite: what the floor's rewrite costs */
 	FLOOR_PROLOGUE = 1 << 1,   /* tc: the VLAN test and the pull; both: frag_remember */
 	FLOOR_CT = 1 << 2,         /* the real tables (ct_find) instead of floor_flows */
-	FLOOR_EXPIRY = 1 << 3,     /* the clock read and the expiry test */
+	FLOOR_EXPIRY = 1 << 3,     /* the clock (ct_now) and the expiry test */
 	FLOOR_SYN = 1 << 4,        /* the SYN test (and the registry on a SYN) */
 	FLOOR_TOUCH = 1 << 5,      /* ct_touch: state, reply flag and refresh checks */
 	FLOOR_COUNT = 1 << 6,      /* the per-flow counters in the entry */
@@ -91,7 +91,7 @@ static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_
 		return 0;
 	}
 	if (floor_has(FLOOR_EXPIRY)) {
-		now = compat_now();
+		now = ct_now();
 		if (now > v->expires)
 			return -1;
 	}

@@ -142,7 +142,8 @@ func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
 }
 
 // SweepConntrack deletes expired conntrack entries (each direction is
-// deleted when it has expired; both expire together) and orphans (an
+// deleted when it has expired and its flow's other direction has too, or
+// is gone: peerLive) and orphans (an
 // entry whose other direction is in neither table), and reports the
 // tables' state. It reads the tables in batches and deletes entry by entry
 // without holding the Datapath's lock, so updates and packets go on while
@@ -211,7 +212,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		// reads, until its own expiry.
 		peers := make(map[tcCtKey]tcCtValue)
 		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
-			if now <= v.Expires {
+			if now <= v.Expires || peerLive(m, k, v, now) {
 				return false
 			}
 			d.addSwept(v) // its counts, for Counters (stale.go)
@@ -241,8 +242,9 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	}
 	// Orphans: a live entry of the unreplied table whose peer is in
 	// neither table. Only that table loses entries one at a time (LRU
-	// evictions); the established one loses flows whole (both entries
-	// expire together, and a closing flow moves out whole). A peer
+	// evictions); the established one loses flows whole (an entry is
+	// swept only once its peer expired too, and a closing flow moves out
+	// whole). A peer
 	// missing from the unreplied table's scan is looked up in both
 	// tables before the delete: the flow may be mid-promotion.
 	orphaned := func(k tcCtKey, v tcCtValue) bool {
@@ -288,6 +290,27 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// peerLive reports whether the other direction of the flow whose entry v
+// (stored under k in m) expired is still live in m: the entries of an
+// assured flow that is not source-NATed refresh alone, each on its own
+// direction's packets, and the flow lives while either does (the mirror
+// of ct_refreshes_alone and ct_peer_live in bpf/conntrack.h: change them
+// together). A flow marked stale (its backend released) is not kept
+// alive by its reply entry: it is swept whole.
+func peerLive(m *ebpf.Map, k tcCtKey, v tcCtValue, now uint64) bool {
+	alone := uint8(tcCtFlagCT_F_ASSURED)
+	if v.Flags&(alone|uint8(tcCtFlagCT_F_SNAT)) != alone || v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 {
+		return false
+	}
+	var p tcCtValue
+	pk := ctPeerKey(k, v)
+	if err := m.Lookup(&pk, &p); err != nil {
+		return false
+	}
+	return p.Dir != v.Dir && p.BackendId == v.BackendId && p.BackendGen == v.BackendGen &&
+		p.Flags&uint8(tcCtFlagCT_F_STALE) == 0 && now <= p.Expires
 }
 
 // unlive takes a live entry that the sweep deleted, from table i (0 the

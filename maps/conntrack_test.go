@@ -111,6 +111,29 @@ func setExpires(f flowKeys, offset time.Duration) func(t *testing.T, d *Datapath
 	}
 }
 
+// setEntryExpires plants expiry now+offset in the entry under k alone.
+func setEntryExpires(k tcCtKey, offset time.Duration) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		at := uint64(int64(nowNS(t)) + int64(offset))
+		editCT(t, d, k, func(v *tcCtValue) { v.Expires = at })
+	}
+}
+
+// expectEntryExpires checks the entry under k alone expires about
+// now+ttl.
+func expectEntryExpires(k tcCtKey, ttl time.Duration) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		now := nowNS(t)
+		v := readCT(t, d, k)
+		want := now + uint64(ttl)
+		if v.Expires+clockSlack < want || v.Expires > want+clockSlack {
+			t.Errorf("entry %s expires in %s, want about %s", addrPortFromWire(k.Saddr, k.Sport),
+				time.Duration(int64(v.Expires)-int64(now)), ttl)
+		}
+	}
+}
+
 // expectState checks both entries of f: state, and expiry about now+ttl.
 func expectState(f flowKeys, state tcCtState, ttl time.Duration) func(t *testing.T, d *Datapath) {
 	return func(t *testing.T, d *Datapath) {
@@ -182,12 +205,23 @@ func TestConntrackLifecycle(t *testing.T) {
 		{name: "hit_within_refresh_interval_writes_nothing", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
 			before: setExpires(flow, TimeoutTCPEstablished-500*time.Millisecond),
 			after:  expectExpires(flow, TimeoutTCPEstablished-500*time.Millisecond)},
-		{name: "stale_forward_refreshes_itself_and_its_peer", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
+		// An assured flow's entries refresh alone, each on its own
+		// direction's packets: the peer is not read.
+		{name: "stale_forward_refreshes_itself_alone", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
 			before: setExpires(flow, time.Hour),
-			after:  expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished)},
-		{name: "stale_reply_refreshes_itself_and_its_peer", hook: hookXDP, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			after:  both(expectEntryExpires(flow.fwd, TimeoutTCPEstablished), expectEntryExpires(flow.rev, time.Hour))},
+		{name: "stale_reply_refreshes_itself_alone", hook: hookXDP, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
 			before: setExpires(flow, 5*time.Second),
-			after:  expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished)},
+			after:  both(expectEntryExpires(flow.rev, TimeoutTCPEstablished), expectEntryExpires(flow.fwd, 5*time.Second))},
+		// The flow lives while either entry does: a direction silent for
+		// its lifetime (a one-way stream) goes on by its peer's.
+		{name: "expired_reply_of_a_live_forward_is_translated", hook: hookTC, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			before: both(setEntryExpires(flow.rev, -time.Second), setEntryExpires(flow.fwd, time.Hour)),
+			after:  both(expectEntryExpires(flow.rev, TimeoutTCPEstablished), expectEntryExpires(flow.fwd, time.Hour))},
+		{name: "expired_forward_of_a_live_reply_goes_on", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE,
+			before: both(setEntryExpires(flow.fwd, -time.Second), setEntryExpires(flow.rev, time.Hour)),
+			after: both(expectEntryExpires(flow.fwd, TimeoutTCPEstablished), expectEntryExpires(flow.rev, time.Hour),
+				expectTable(flow, true))},
 		{name: "expired_reply_passes_untranslated", hook: hookTC, in: reply, stats: stats{StatConntrackExpired: 1},
 			before: setExpires(flow, -time.Second)},
 		// The expired assured flow is deleted from tlb_conntrack, where it
@@ -360,15 +394,7 @@ func TestSweepTakesStaleFlowsWhole(t *testing.T) {
 	a, b := be("10.1.0.1:8080"), be("10.1.0.2:8080")
 	mustSet(t, d, f, a, b)
 	src := srcFor(t, "10.0.0.5", f, 0, 2, 20000)
-	for _, fr := range []frame{
-		tcpFrame(src, vipTCP, tcpSYN, ""),
-		tcpFrame(a.Addr.String(), src, tcpSYN|tcpACK, ""),
-		tcpFrame(src, vipTCP, tcpACK, ""),
-	} {
-		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
-			t.Fatalf("establishing the flow: verdict %d", ret)
-		}
-	}
+	establishTCP(t, d, src, vipTCP, a.Addr.String())
 	fwdKey := ctKey(src, vipTCP, protoTCP)
 	var v tcCtValue
 	if err := d.conntrack.Lookup(&fwdKey, &v); err != nil {
@@ -401,6 +427,60 @@ func TestSweepTakesStaleFlowsWhole(t *testing.T) {
 		if it := m.Iterate(); it.Next(&k, &v) {
 			t.Errorf("%s still holds %+v", m, k)
 		}
+	}
+}
+
+// establishTCP takes a TCP flow src -> vip, balanced to backend, through
+// its handshake in tc_lb: assured, in tlb_conntrack.
+func establishTCP(t *testing.T, d *Datapath, src, vip, backend string) {
+	t.Helper()
+	for _, fr := range []frame{
+		tcpFrame(src, vip, tcpSYN, ""),
+		tcpFrame(backend, src, tcpSYN|tcpACK, ""),
+		tcpFrame(src, vip, tcpACK, ""),
+	} {
+		if ret, _ := run(t, d.tcProg, fr.bytes()); ret != tcOK {
+			t.Fatalf("establishing the flow: verdict %d", ret)
+		}
+	}
+}
+
+// TestSweepKeepsAFlowWithALiveHalf checks the sweep deletes an expired
+// entry of an assured flow only once its other direction expired too:
+// each direction refreshes its own entry (ct_refreshes_alone), and a
+// one-way stream keeps its silent half.
+func TestSweepKeepsAFlowWithALiveHalf(t *testing.T) {
+	d := newDatapath(t, Options{})
+	f := fe(vipTCP, TCP)
+	a := be("10.1.0.1:8080")
+	mustSet(t, d, f, a)
+	src := "10.0.0.5:20001"
+	establishTCP(t, d, src, vipTCP, a.Addr.String())
+	flow := flowOf(src, vipTCP, a.Addr.String(), protoTCP)
+	expectTable(flow, true)(t, d)
+	for _, silent := range []tcCtKey{flow.rev, flow.fwd} {
+		live := flow.fwd
+		if silent == flow.fwd {
+			live = flow.rev
+		}
+		setEntryExpires(silent, -time.Second)(t, d)
+		setEntryExpires(live, time.Hour)(t, d)
+		st, err := d.SweepConntrack(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Expired != 0 {
+			t.Fatalf("sweep deleted %d entries of a flow whose other half is live", st.Expired)
+		}
+		expectTable(flow, true)(t, d)
+	}
+	setExpires(flow, -time.Second)(t, d)
+	st, err := d.SweepConntrack(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Expired != 2 || st.Established != 0 {
+		t.Errorf("sweep of a flow expired both ways: expired %d, established left %d; want 2 and 0", st.Expired, st.Established)
 	}
 }
 

@@ -46,6 +46,9 @@ type Datapath struct {
 	// staleQ holds the ids released since the last walk that marks their
 	// flows stale (stale.go).
 	staleQ staleQueue
+	// finals are the members released under mu whose live flows
+	// settleFinal counts after the lock is released (stale.go).
+	finals []finalCount
 	// ncpu is the number of possible CPUs: the length of per-CPU values.
 	ncpu int
 	// writeFault, when set, is asked before every map write of a change
@@ -242,6 +245,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("adopt pinned maps: %w", err)
 	}
+	d.settleFinal()
 	if mg != nil {
 		if err := mg.commit(d, fingerprint); err != nil {
 			return nil, fmt.Errorf("upgrade maps at %s from layout %d: %w", opts.PinPath, migrateFrom, err)

@@ -22,7 +22,7 @@ type member struct {
 }
 
 // traffic is what m carried since it was assigned: rec, its id's record,
-// plus flows, its live flows' counts (flowTraffic), plus what sweeps
+// plus flows, its live flows' counts (ctTables.traffic), plus what sweeps
 // deleted.
 func (m *member) traffic(rec record, flows map[idGen]Traffic) Traffic {
 	if rec.gen != m.gen {

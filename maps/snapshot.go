@@ -190,17 +190,30 @@ type ProgrammedBackend struct {
 // backends with their ids and slot counts, draining backends from the
 // registry, and the problems that make a frontend inconsistent.
 func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
-	var flowErr error
-	ps, err := readKernel(d, func(k *kernelState) map[Frontend]ProgrammedService {
-		if flowErr = k.addFlows(d.ctTables()); flowErr != nil {
-			return nil
-		}
-		return k.programmed()
+	// The kernel's state is read under the lock; the live flows' counts,
+	// a walk of conntrack (most of a second for a quarter million flows),
+	// from copies of the tables' handles after it, as Counters does, so
+	// changes go on meanwhile.
+	type read struct {
+		k      *kernelState
+		tables ctTables
+		err    error
+	}
+	r, err := readKernel(d, func(k *kernelState) read {
+		tables, err := d.cloneCtTables()
+		return read{k, tables, err}
 	})
 	if err == nil {
-		err = flowErr
+		err = r.err
 	}
-	return ps, err
+	if err != nil {
+		return nil, err
+	}
+	defer r.tables.close()
+	if err := r.k.addFlows(r.tables); err != nil {
+		return nil, err
+	}
+	return r.k.programmed(), nil
 }
 
 // readKernel reads the kernel maps under d's lock and returns what derive

@@ -91,12 +91,6 @@ func (ts ctTables) close() {
 	}
 }
 
-// flowTraffic sums the counts of the live flows' forward entries by
-// backend id and generation, for the pairs want accepts (nil: all).
-func (d *Datapath) flowTraffic(want func(idGen) bool) (map[idGen]Traffic, error) {
-	return d.ctTables().traffic(want)
-}
-
 // traffic sums the counts of ts's forward entries by backend id and
 // generation, for the pairs want accepts (nil: all).
 func (ts ctTables) traffic(want func(idGen) bool) (map[idGen]Traffic, error) {
@@ -267,22 +261,78 @@ func (d *Datapath) takeSwept() map[idGen]Traffic {
 	return out
 }
 
-// finalTraffic is what member m carried until now, read as its id is
-// released: its record, its live flows, what sweeps deleted, and never
-// less than Counters reported. One walk of conntrack.
-func (d *Datapath) finalTraffic(m *member) Traffic {
+// finalCount is a released member's traffic waiting for its live flows'
+// counts: what it carried, read as its id was released (under d.mu), and
+// the frontend whose released total receives it.
+type finalCount struct {
+	s   *service
+	ig  idGen
+	m   member // as released: its base, swept and seen counts
+	rec record
+	ok  bool // rec was read
+}
+
+// beginFinal reads what member m carried as its id is released, but its
+// live flows' counts: its record (before the release bumps its
+// generation) and what sweeps deleted. Under d.mu.
+func (d *Datapath) beginFinal(s *service, m *member) finalCount {
 	rec, err := d.readRecord(m.id)
-	if err != nil {
-		return m.seen
-	}
-	flows, err := d.flowTraffic(func(ig idGen) bool { return ig == idGen{m.id, m.gen} })
-	if err != nil {
-		return m.seen
-	}
-	if sw := d.takeSweptOf(idGen{m.id, m.gen}); sw != (Traffic{}) {
+	fc := finalCount{s: s, ig: idGen{m.id, m.gen}, rec: rec, ok: err == nil}
+	if sw := d.takeSweptOf(fc.ig); sw != (Traffic{}) {
 		m.swept = m.swept.plus(sw)
 	}
-	return m.traffic(rec, flows).atLeast(m.seen)
+	fc.m = *m
+	return fc
+}
+
+// queueFinal adds a released member's traffic to its frontend's released
+// total: at once what Counters reported for it (m.seen), so the total
+// never goes down, and the rest when settleFinal has walked conntrack for
+// its live flows. Under d.mu.
+func (d *Datapath) queueFinal(fc finalCount) {
+	fc.s.released = fc.s.released.plus(fc.m.seen)
+	if fc.ok {
+		d.finals = append(d.finals, fc)
+	}
+}
+
+// settleFinal adds the live flows of the members released since the last
+// call to their frontends' released totals: one walk of copies of the
+// conntrack tables for all of them, without d.mu (a walk of a quarter
+// million flows takes most of a second; changes and scrapes go on
+// meanwhile), then their totals under it. Called after every change
+// (write) and after Load's adoption. A walk that fails leaves the members
+// at what Counters last reported for them.
+func (d *Datapath) settleFinal() {
+	d.mu.Lock()
+	finals := d.finals
+	d.finals = nil
+	if len(finals) == 0 || d.closed() {
+		d.mu.Unlock()
+		return
+	}
+	tables, err := d.cloneCtTables()
+	d.mu.Unlock()
+	if err != nil {
+		d.log.Error("counting the flows of released backends failed", "err", err)
+		return
+	}
+	want := make(map[idGen]bool, len(finals))
+	for _, fc := range finals {
+		want[fc.ig] = true
+	}
+	flows, err := tables.traffic(func(ig idGen) bool { return want[ig] })
+	tables.close()
+	if err != nil {
+		d.log.Error("counting the flows of released backends failed", "err", err)
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, fc := range finals {
+		final := fc.m.traffic(fc.rec, flows).atLeast(fc.m.seen)
+		fc.s.released = fc.s.released.plus(final.minus(fc.m.seen))
+	}
 }
 
 // takeSweptOf returns the swept counts of one id and generation and

@@ -100,6 +100,7 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 // transaction's writes (the retries' included) and f's error; ErrClosed
 // and no write after Close.
 func (d *Datapath) write(f func(t *txn) error) (int, error) {
+	defer d.settleFinal() // released backends' live flows, counted without the lock
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
@@ -468,7 +469,7 @@ func (d *Datapath) commitMirror(s *service, p *plan, table []*member, buf uint8,
 		m.be = b
 	}
 	for _, m := range p.gone {
-		s.released = s.released.plus(d.finalTraffic(m))
+		d.queueFinal(d.beginFinal(s, m))
 		delete(s.members, m.be.Addr)
 	}
 	for _, m := range p.fresh {

@@ -310,11 +310,11 @@ func (d *Datapath) deleteUnexpected(t *txn, k *kernelState, fe Frontend) error {
 func (d *Datapath) regenerate(t *txn, k *kernelState, s *service, m *member) error {
 	rec, _ := k.recordOf(m.id)
 	gen := max(m.gen, rec.gen) + 1
-	final := d.finalTraffic(m)
+	final := d.beginFinal(s, m)
 	if err := t.putGeneration(m.id, gen); err != nil {
 		return err
 	}
-	s.released = s.released.plus(final)
+	d.queueFinal(final)
 	m.gen, m.base, m.swept, m.seen = gen, Traffic{}, Traffic{}, Traffic{}
 	return nil
 }
