@@ -129,6 +129,10 @@ type ctTables [2]*ebpf.Map
 // ctTables returns the Datapath's conntrack tables.
 func (d *Datapath) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
 
+// ct6Tables returns the Datapath's IPv6 conntrack tables (keys tcCt6Key,
+// values tcCt6Value).
+func (d *Datapath) ct6Tables() ctTables { return ctTables{d.ct6, d.ct6New} }
+
 // lookup reads k's entry from the first table that holds it.
 func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
 	var v tcCtValue

@@ -192,7 +192,7 @@ type ProgrammedBackend struct {
 func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
 	var flowErr error
 	ps, err := readKernel(d, func(k *kernelState) map[Frontend]ProgrammedService {
-		if flowErr = k.addFlows(d.ctTables()); flowErr != nil {
+		if flowErr = k.addFlows(d.ctTables(), d.ct6Tables()); flowErr != nil {
 			return nil
 		}
 		return k.programmed()
@@ -225,12 +225,11 @@ func readKernel[T any](d *Datapath, derive func(*kernelState) T) (T, error) {
 // flow counts its packets in its conntrack entry, and the record holds
 // only what flows that are gone counted (ct_fold, bpf/ct.h). Flows the
 // agent's sweep deleted are not in either (Counters adds them).
-func (k *kernelState) addFlows(ts ctTables) error {
-	return ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+func (k *kernelState) addFlows(ts, ts6 ctTables) error {
+	return walkValues(ts, ts6, func(v tcCtValue) {
 		if ig, tr, ok := entryTraffic(v); ok && int(ig.id) < len(k.records) && k.records[ig.id].gen == ig.gen {
 			k.records[ig.id].traffic = k.records[ig.id].traffic.plus(tr)
 		}
-		return nil
 	})
 }
 
