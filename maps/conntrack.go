@@ -166,18 +166,22 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		d.mu.Unlock()
 		return SweepStats{}, ErrClosed
 	}
-	var tables ctTables
+	var tables, tables6 ctTables
 	var stats, records *ebpf.Map
 	var err error
 	defer func() {
-		for _, m := range append(tables[:], stats, records) {
+		for _, m := range append(append(tables[:], tables6[:]...), stats, records) {
 			if m != nil {
 				m.Close()
 			}
 		}
 	}()
-	for i, m := range []*ebpf.Map{d.conntrack, d.ctNew} {
-		if tables[i], err = m.Clone(); err != nil {
+	for i, m := range []*ebpf.Map{d.conntrack, d.ctNew, d.ct6, d.ct6New} {
+		to := &tables[i%2]
+		if i >= 2 {
+			to = &tables6[i%2]
+		}
+		if *to, err = m.Clone(); err != nil {
 			d.mu.Unlock()
 			return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 		}
@@ -190,13 +194,18 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	if err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
-	if st.Outdated, err = markOutdated(tables, records); err != nil {
+	if st.Outdated, err = markOutdated(ctFamilies{tables, tables6}, records); err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
 
 	now, err := d.compat.now()
 	if err != nil {
 		return st, err
+	}
+	expired6, err := d.sweepExpired6(ctx, tables6, now)
+	st.Expired += expired6
+	if err != nil {
+		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired)))
 	}
 	var scans [2]ctScan
 	for i, m := range tables {
@@ -292,6 +301,38 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// sweepExpired6 deletes the expired entries of the IPv6 conntrack tables
+// ts (as SweepConntrack the IPv4 ones', with the same atomic take) and
+// returns how many it deleted. Only expiry: no orphan check and no SNAT
+// ports (IPv6 flows are never source-translated yet), and the live
+// entries are not counted into SweepStats, which describes IPv4's tables.
+func (d *Datapath) sweepExpired6(ctx context.Context, ts ctTables, now uint64) (int, error) {
+	n := 0
+	for _, m := range ts {
+		var expired []tcCt6Key
+		if err := walkTable(m, func(k tcCt6Key, v tcCt6Value) error {
+			if now > v.Ct.Expires {
+				expired = append(expired, k)
+			}
+			return nil
+		}); err != nil {
+			return n, err
+		}
+		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, expired, func(_ tcCt6Key, v tcCt6Value) bool {
+			if now <= v.Ct.Expires {
+				return false
+			}
+			d.addSwept(v.Ct) // its counts, for Counters (stale.go)
+			return true
+		})
+		n += len(deleted)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // unlive takes a live entry that the sweep deleted, from table i (0 the
@@ -391,15 +432,15 @@ func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats
 // moment its old flow on it is swept. The remaining cases are safe: an
 // entry evicted, moved or replaced before the read is skipped, and one
 // that still does not hold when read is left alone.
-func deleteCandidates(ctx context.Context, atomic bool, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) ([]tcCtKey, error) {
-	var deleted []tcCtKey
+func deleteCandidates[K, V any](ctx context.Context, atomic bool, ct *ebpf.Map, candidates []K, still func(K, V) bool) ([]K, error) {
+	var deleted []K
 	for i, k := range candidates {
 		if i%sweepBatch == 0 {
 			if err := ctx.Err(); err != nil {
 				return deleted, err
 			}
 		}
-		var v tcCtValue
+		var v V
 		if !atomic {
 			ok, err := readCheckDelete(ct, k, still)
 			if err != nil {
@@ -429,8 +470,8 @@ func deleteCandidates(ctx context.Context, atomic bool, ct *ebpf.Map, candidates
 
 // readCheckDelete deletes k from ct when still holds for its entry as read,
 // and says whether it did (deleteCandidates without atomic).
-func readCheckDelete(ct *ebpf.Map, k tcCtKey, still func(tcCtKey, tcCtValue) bool) (bool, error) {
-	var v tcCtValue
+func readCheckDelete[K, V any](ct *ebpf.Map, k K, still func(K, V) bool) (bool, error) {
+	var v V
 	if err := ct.Lookup(&k, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return false, nil // evicted, moved or replaced meanwhile

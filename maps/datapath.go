@@ -82,8 +82,8 @@ type Datapath struct {
 	// fragmented datagrams' first fragments (bpf/frag.h).
 	ctNew, ctSrc, frags *ebpf.Map
 	// ct6 and ct6New are the IPv6 conntrack tables, conntrack's and
-	// ctNew's twins (keys tcCt6Key, values tcCt6Value). Read for
-	// counters; not swept yet (IPv6 returns false until they are).
+	// ctNew's twins (keys tcCt6Key, values tcCt6Value): counted, swept
+	// (expiry only) and marked stale as the IPv4 ones.
 	ct6, ct6New *ebpf.Map
 	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
 	// (srcrange.go).
@@ -536,11 +536,12 @@ func (d *Datapath) Unpin() error {
 // closed reports, with mu held, whether Close ran.
 func (d *Datapath) closed() bool { return d.tcColl == nil }
 
-// IPv6 reports whether the datapath serves IPv6, the condition for the
-// agent to hand it IPv6 frontends and backends. The maps carry either
+// IPv6 reports whether the datapath serves IPv6 wherever it serves IPv4,
+// the condition for the agent to hand it IPv6 frontends and backends
+// (of every scope: the agent programs per family). The maps carry either
 // family, the socket hooks balance the node's own processes to IPv6
 // frontends, and tc on pod veths translates IPv6 with its own conntrack
-// tables (layout 6); but the agent's sweep and stale marking
-// (conntrack.go, stale.go) do not cover those tables yet, and the uplinks
-// pass IPv6 untouched (docs/datapath.md, "Addresses"), so it is false.
+// tables (layout 6), which the sweep and stale marking cover; but the
+// uplinks (XDP and tc: NodePorts, load-balancer and external IPs) pass
+// IPv6 untouched (docs/datapath.md, "Addresses"), so it is false.
 func (d *Datapath) IPv6() bool { return false }

@@ -171,3 +171,52 @@ func TestIPv6PassesUntouched(t *testing.T) {
 		fwd: Frontend{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP}, newFlow: true, stats: newFlowStats(nil)})
 	runTable(t, d, rows)
 }
+
+// TestSweepConntrackIPv6 checks that a sweep deletes the expired entries
+// of the IPv6 conntrack tables, leaves the live ones, and keeps the
+// deleted flows' counts in their frontend's.
+func TestSweepConntrackIPv6(t *testing.T) {
+	a := tcFamilies[1].addrs
+	d := setupTableFor(t, a)
+	for _, f := range []frame{
+		tcpFrame(a.client, a.vipTCP, tcpSYN, ""),
+		tcpFrame(a.beTCP, a.client, tcpSYN|tcpACK, ""),
+		udpFrame(a.client2, a.vipUDP, "q"),
+	} {
+		if ret, _ := run(t, d.tcProg, f.bytes()); ret != tcOK {
+			t.Fatalf("verdict %d", ret)
+		}
+	}
+	// Expire the TCP flow's two entries.
+	expired := 0
+	for _, m := range d.ct6Tables() {
+		must(t, walkTable(m, func(k tcCt6Key, v tcCt6Value) error {
+			if k.Proto != protoTCP {
+				return nil
+			}
+			v.Ct.Expires = 0
+			expired++
+			return m.Update(&k, &v, 0)
+		}))
+	}
+	if expired != 2 {
+		t.Fatalf("%d TCP entries in the IPv6 tables, want 2", expired)
+	}
+	st, err := d.SweepConntrack(t.Context())
+	must(t, err)
+	if st.Expired != 2 {
+		t.Errorf("sweep expired %d entries, want 2", st.Expired)
+	}
+	left := map[uint8]int{}
+	for _, m := range d.ct6Tables() {
+		must(t, walkTable(m, func(k tcCt6Key, _ tcCt6Value) error { left[k.Proto]++; return nil }))
+	}
+	if left[protoTCP] != 0 || left[protoUDP] != 2 {
+		t.Errorf("entries left by protocol %v, want the UDP flow's 2 only", left)
+	}
+	c, err := d.Counters()
+	must(t, err)
+	if got := c.Frontends[fe(a.vipTCP, TCP)]; got.Flows != 1 || got.Packets != 1 {
+		t.Errorf("swept flow's frontend counts %+v, want its flow and packet", got)
+	}
+}

@@ -213,7 +213,7 @@ func (d *Datapath) flushStale() error {
 		return fmt.Errorf("mark stale flows: %w", err)
 	}
 	defer tables.close()
-	n, err := tables.v4.markStale(func(ig idGen) bool {
+	n, err := tables.markStale(func(ig idGen) bool {
 		gen, ok := released[ig.id]
 		return ok && gen != ig.gen
 	})
@@ -221,32 +221,55 @@ func (d *Datapath) flushStale() error {
 	return err
 }
 
-// markStale marks stale (CT_F_STALE, expired) every forward entry whose
-// id and generation stale names, and returns how many it marked. Each
-// entry is read again just before it is rewritten, and left alone when it
-// changed (moved, closed, or a new flow under the same tuple); the
-// datapath writes fields in place, so an increment racing the rewrite is
-// lost.
-func (ts ctTables) markStale(stale func(idGen) bool) (int, error) {
+// markStale marks stale (CT_F_STALE, expired) every forward entry of
+// both families whose id and generation stale names, and returns how
+// many it marked.
+func (fs ctFamilies) markStale(stale func(idGen) bool) (int, error) {
+	n := 0
+	for _, m := range fs.v4 {
+		got, err := markStaleIn[tcCtKey](m, func(v *tcCtValue) *tcCtValue { return v }, stale)
+		n += got
+		if err != nil {
+			return n, err
+		}
+	}
+	for _, m := range fs.v6 {
+		got, err := markStaleIn[tcCt6Key](m, func(v *tcCt6Value) *tcCtValue { return &v.Ct }, stale)
+		n += got
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// markStaleIn is markStale for one table m of keys K and values V, whose
+// family-neutral part ct returns. Each entry is read again just before it
+// is rewritten, and left alone when it changed (moved, closed, or a new
+// flow under the same tuple); the datapath writes fields in place, so an
+// increment racing the rewrite is lost.
+func markStaleIn[K, V any](m *ebpf.Map, ct func(*V) *tcCtValue, stale func(idGen) bool) (int, error) {
 	flag := uint8(tcCtFlagCT_F_STALE)
 	n := 0
-	err := ts.walk(func(m *ebpf.Map, k tcCtKey, v tcCtValue) error {
-		if tcCtDir(v.Dir) != tcCtDirCT_FORWARD || v.Flags&flag != 0 || !stale(idGen{v.BackendId, v.BackendGen}) {
+	err := walkTable(m, func(k K, v V) error {
+		was := ct(&v)
+		if tcCtDir(was.Dir) != tcCtDirCT_FORWARD || was.Flags&flag != 0 || !stale(idGen{was.BackendId, was.BackendGen}) {
 			return nil
 		}
-		var now tcCtValue
-		if err := m.Lookup(&k, &now); err != nil {
+		var cur V
+		if err := m.Lookup(&k, &cur); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return nil
 			}
 			return fmt.Errorf("mark stale flows: %w", err)
 		}
-		if now.BackendId != v.BackendId || now.BackendGen != v.BackendGen || now.Flags&flag != 0 {
+		now := ct(&cur)
+		if now.BackendId != was.BackendId || now.BackendGen != was.BackendGen || now.Flags&flag != 0 {
 			return nil
 		}
 		now.Flags |= flag
 		now.Expires = 0
-		if err := m.Update(&k, &now, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Update(&k, &cur, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("mark stale flows: %w", err)
 		}
 		n++
@@ -261,7 +284,7 @@ func (ts ctTables) markStale(stale func(idGen) bool) (int, error) {
 // read just before a release, whose entry appeared after that change's
 // walk had passed, is caught here. A valid flow's generation is always
 // its id's: an id's generation changes only when it is released.
-func markOutdated(tables ctTables, records *ebpf.Map) (int, error) {
+func markOutdated(tables ctFamilies, records *ebpf.Map) (int, error) {
 	gens := make(map[uint32]record)
 	return tables.markStale(func(ig idGen) bool {
 		rec, ok := gens[ig.id]
