@@ -285,7 +285,9 @@ func TestBackendStates(t *testing.T) {
 // testBackendStates is TestBackendStates in one family: frontends on
 // vip, backends a and b, clients client+"5" and on.
 func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
-	at := func(addr string, port uint16) string { return netip.AddrPortFrom(netip.MustParseAddr(addr), port).String() }
+	at := func(addr string, port uint16) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+	}
 	vipTCP, vipUDP := at(vip, 80), at(vip, 53)
 	d := newDatapath(t, Options{})
 	f := fe(vipTCP, TCP)
