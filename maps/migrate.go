@@ -92,6 +92,11 @@ func prepareMigration(pinPath string, spec *ebpf.CollectionSpec, maxFrontends ui
 	}()
 	for _, lm := range prevMaps {
 		if lm.added {
+			// The previous layout has no such map: one pinned says these
+			// are not its maps (this layout's, stamped otherwise).
+			if _, err := os.Stat(filepath.Join(pinPath, lm.name)); err == nil {
+				return nil, fmt.Errorf("layout %d has no %s, yet one is pinned at %s: %w", migrateFrom, lm.name, pinPath, ErrLayoutMismatch)
+			}
 			ms := spec.Maps[lm.name].Copy()
 			ms.Pinning = ebpf.PinNone
 			if mg.fresh[lm.name], err = ebpf.NewMap(ms); err != nil {
@@ -227,6 +232,9 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 		mg.delta[lm.name] = n
 	}
 	for _, lm := range prevMaps {
+		if lm.added {
+			continue
+		}
 		if err := mg.pin(lm.name); err != nil {
 			return err
 		}
@@ -234,6 +242,19 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 	meta := tcMeta{LayoutVersion: layoutVersion, Fingerprint: fingerprint}
 	if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("stamp layout %d: %w", layoutVersion, err)
+	}
+	// The maps this layout added are pinned after the stamp: a crash
+	// before it leaves none pinned, and the next start migrates again (a
+	// map of them pinned would tell it these are not the previous
+	// layout's maps); a crash after it, some unpinned, which that start
+	// creates afresh.
+	for _, lm := range prevMaps {
+		if !lm.added {
+			continue
+		}
+		if err := mg.pin(lm.name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
