@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* A flow's conntrack entries, one per direction, in the two tables of
- * ct.h: states and lifetimes, the other direction's key, the per-source
+ * ct.h, for both families (the IPv6 addresses are conntrack6.h's; each
+ * helper taking a family, fam, is compiled per family): states and lifetimes, the other direction's key, the per-source
  * budget of new flows, promotion and demotion between the tables, and
  * what a packet of a known flow does (ct_forward_hit, ct_reverse_hit).
  * Creating a flow is flow.h's. */
@@ -12,6 +13,7 @@
 
 #include "compat.h"
 #include "consts.h"
+#include "conntrack6.h"
 #include "ct.h"
 #include "fwd.h"
 #include "gcra.h"
@@ -119,17 +121,63 @@ static __always_inline void ct_peer_key(const struct packet *pkt, const struct c
 	}
 }
 
+/* ct_peer_key_fam is ct_peer_key for a flow of family fam: peer is a
+ * struct ct_key or, for IPv6, a struct ct6_key. */
+static __always_inline void ct_peer_key_fam(int fam, const struct packet *pkt, const struct ct_value *ct, void *peer)
+{
+	if (fam == PKT_IPV6)
+		ct6_peer_key(pkt, ct, peer);
+	else
+		ct_peer_key(pkt, ct, peer);
+}
+
+/* ct_scratch is this CPU's scratch space for the two entries of a flow
+ * of family fam (tlb_ct_scratch, tlb_ct6_scratch), or NULL (cannot
+ * happen: one slot per CPU). */
+static __always_inline void *ct_scratch(int fam)
+{
+	__u32 zero = 0;
+
+	if (fam == PKT_IPV6)
+		return bpf_map_lookup_elem(&tlb_ct6_scratch, &zero);
+	return bpf_map_lookup_elem(&tlb_ct_scratch, &zero);
+}
+
+/* ct_scratch_copy copies ct and peer, entries of a flow of family fam,
+ * into pair, ct_scratch's space, and points a and b at the copies. */
+static __always_inline void ct_scratch_copy(int fam, void *pair, const struct ct_value *ct,
+					    const struct ct_value *peer, struct ct_value **a, struct ct_value **b)
+{
+	if (fam == PKT_IPV6) {
+		struct ct6_pair *p6 = pair;
+
+		p6->a = *ct6_of(ct);
+		p6->b = *ct6_of(peer);
+		*a = &p6->a.ct;
+		*b = &p6->b.ct;
+	} else {
+		struct ct_pair *p = pair;
+
+		p->a = *ct;
+		p->b = *peer;
+		*a = &p->a;
+		*b = &p->b;
+	}
+}
+
 /* ct_is_peer reports whether peer, found under the key ct_peer_key gave
  * for ct (matched by pkt), is the other direction of ct's flow, and not
  * the entry of a flow that took the key over (an expired SNAT port
  * reclaimed, the same client port to another frontend). */
-static __always_inline int ct_is_peer(const struct packet *pkt, const struct ct_value *ct,
+static __always_inline int ct_is_peer(int fam, const struct packet *pkt, const struct ct_value *ct,
 				      const struct ct_value *peer)
 {
 	int snat = ct->flags & CT_F_SNAT;
 
 	if (peer->dir == ct->dir || peer->backend_id != ct->backend_id || peer->backend_gen != ct->backend_gen)
 		return 0;
+	if (fam == PKT_IPV6)
+		return ct6_is_peer_addr(pkt, ct, peer);
 	/* A reply's addr:port is the frontend, the forward packet's
 	 * destination; with SNAT its nat pair is the client, the forward
 	 * packet's source. A forward entry's addr:port is the backend, the
@@ -164,16 +212,18 @@ static __always_inline int ct_refreshes_alone(const struct ct_value *ct)
  * for its lifetime (a one-way stream). A reply of a flow whose backend is
  * gone (the forward entry marked stale) is still translated. Rare path:
  * only for an expired entry. */
-static __always_inline int ct_peer_live(const struct packet *pkt, const struct ct_value *ct, __u64 now)
+static __always_inline int ct_peer_live(int fam, const struct packet *pkt, const struct ct_value *ct, __u64 now)
 {
-	struct ct_key peer_key = {};
+	struct ct_key peer_key4 = {};
+	struct ct6_key peer_key6 = {};
+	void *peer_key = fam == PKT_IPV6 ? (void *)&peer_key6 : (void *)&peer_key4;
 	struct ct_value *peer;
 
 	if (!ct_refreshes_alone(ct))
 		return 0;
-	ct_peer_key(pkt, ct, &peer_key);
-	peer = bpf_map_lookup_elem(&tlb_conntrack, &peer_key);
-	return peer && ct_is_peer(pkt, ct, peer) && (now <= peer->expires || (peer->flags & CT_F_STALE));
+	ct_peer_key_fam(fam, pkt, ct, peer_key);
+	peer = ct_find_in(fam, CT_F_ASSURED, peer_key);
+	return peer && ct_is_peer(fam, pkt, ct, peer) && (now <= peer->expires || (peer->flags & CT_F_STALE));
 }
 
 /* ct_client is the client address of the flow whose entry ct pkt
@@ -186,33 +236,49 @@ static __always_inline __be32 ct_client(const struct packet *pkt, const struct c
 	return ct->flags & CT_F_SNAT ? ct->nat_addr : pkt->daddr;
 }
 
-/* ct_src_take takes one new flow from src's budget (tlb_ct_src). Returns
+/* ct_src_take_in takes one new flow from the budget of src, a key of
+ * table (tlb_ct_src, tlb_ct6_src). Returns
  * 0 when it is spent. A source not in the table (new, or forgotten by the
  * LRU) starts with a full budget. */
-static __always_inline int ct_src_take(__be32 src, __u64 now)
+static __always_inline int ct_src_take_in(void *table, const void *src, __u64 now)
 {
 	struct ct_src *b, fresh = {};
 
 	if (!cfg_ct_src_interval)
 		return 1;
-	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	b = bpf_map_lookup_elem(table, src);
 	if (b)
 		return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 	gcra_take(&fresh.tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 	/* Losing the record only refills the budget. */
-	bpf_map_update_elem(&tlb_ct_src, &src, &fresh, BPF_NOEXIST);
+	bpf_map_update_elem(table, src, &fresh, BPF_NOEXIST);
 	return 1;
 }
 
-/* ct_src_give gives src back the share of a flow that got promoted: a
- * client whose handshakes complete never runs out. */
-static __always_inline void ct_src_give(__be32 src)
+/* ct_src_take is ct_src_take_in for an IPv4 source (tlb_ct_src). */
+static __always_inline int ct_src_take(__be32 src, __u64 now)
 {
+	return ct_src_take_in(&tlb_ct_src, &src, now);
+}
+
+/* ct_src_give gives the client of the flow pkt matched as ct back the
+ * share of a flow that got promoted: a client whose handshakes complete
+ * never runs out. */
+static __always_inline void ct_src_give(int fam, const struct packet *pkt, const struct ct_value *ct)
+{
+	union tlb_addr src6;
+	__be32 src;
 	struct ct_src *b;
 
 	if (!cfg_ct_src_interval)
 		return;
-	b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	if (fam == PKT_IPV6) {
+		src6 = ct6_src_key(ct6_client(pkt, ct));
+		b = bpf_map_lookup_elem(&tlb_ct6_src, &src6);
+	} else {
+		src = ct_client(pkt, ct);
+		b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+	}
 	if (b)
 		gcra_give(&b->tat, cfg_ct_src_interval);
 }
@@ -225,11 +291,11 @@ static __always_inline void ct_src_give(__be32 src)
  * Returns a's entry in its new table, or NULL when the insert was refused
  * (tlb_conntrack full; an LRU insert does not fail for room): then
  * nothing moved. */
-static __always_inline struct ct_value *ct_move(const struct ct_key *key, const struct ct_value *a,
-						const struct ct_key *peer_key, const struct ct_value *b)
+static __always_inline struct ct_value *ct_move(int fam, const void *key, const struct ct_value *a,
+						const void *peer_key, const struct ct_value *b)
 {
 	__u8 to = a->flags, from = to ^ CT_F_ASSURED;
-	void *table = to & CT_F_ASSURED ? (void *)&tlb_conntrack : (void *)&tlb_ct_new;
+	void *table = ct_table(fam, to);
 
 	if (bpf_map_update_elem(table, peer_key, b, BPF_ANY))
 		return NULL;
@@ -237,9 +303,9 @@ static __always_inline struct ct_value *ct_move(const struct ct_key *key, const 
 		bpf_map_delete_elem(table, peer_key);
 		return NULL;
 	}
-	ct_delete_in(from, key);
-	ct_delete_in(from, peer_key);
-	return ct_find_in(to, key);
+	ct_delete_in(fam, from, key);
+	ct_delete_in(fam, from, peer_key);
+	return ct_find_in(fam, to, key);
 }
 
 /* ct_fold adds the forward entry ct, about to be deleted, to its
@@ -289,8 +355,8 @@ static __always_inline void ct_fold(const struct ct_value *ct)
  * peer is looked up at most once a second per flow not yet assured (or
  * source-NATed), plus changes; an assured flow's refresh writes its own
  * entry only. */
-static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
-						 struct ct_value *ct, __u64 now)
+static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packet *pkt, const void *key,
+						     struct ct_value *ct, __u64 now)
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
 	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
@@ -301,10 +367,11 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	/* Staleness by the lifetime where the flow is: a promotion refused
 	 * for a full table is tried again only once a second. */
 	int stale = now + ct_lifetime(state, flags) > ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC;
-	struct ct_key peer_key = {};
-	struct ct_value *peer, *moved;
-	struct ct_pair *pair;
-	__u32 zero = 0;
+	struct ct_key peer_key4 = {};
+	struct ct6_key peer_key6 = {};
+	void *peer_key = fam == PKT_IPV6 ? (void *)&peer_key6 : (void *)&peer_key4;
+	struct ct_value *peer, *moved, *a, *b;
+	void *pair;
 	__u64 expires;
 
 	if (promote)
@@ -321,21 +388,21 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 		fwd_mark_stale(ct);
 		return ct;
 	}
-	ct_peer_key(pkt, ct, &peer_key);
-	peer = ct_find_in(ct->flags, &peer_key);
-	if (!peer || !ct_is_peer(pkt, ct, peer)) {
+	ct_peer_key_fam(fam, pkt, ct, peer_key);
+	peer = ct_find_in(fam, ct->flags, peer_key);
+	if (!peer || !ct_is_peer(fam, pkt, ct, peer)) {
 		/* Another CPU may be moving the flow between the tables (a
 		 * promotion or demotion by a packet of the other direction):
 		 * its peer is then in the other table already. Not an orphan:
 		 * this packet goes on by its entry, the next finds both moved. */
-		peer = ct_find_in(ct->flags ^ CT_F_ASSURED, &peer_key);
-		if (peer && ct_is_peer(pkt, ct, peer))
+		peer = ct_find_in(fam, ct->flags ^ CT_F_ASSURED, peer_key);
+		if (peer && ct_is_peer(fam, pkt, ct, peer))
 			return ct;
 		if (ct->dir == CT_REVERSE)
 			return ct;
 		stat_inc(STAT_CT_ORPHAN);
 		ct_fold(ct);
-		ct_delete_in(ct->flags, key);
+		ct_delete_in(fam, ct->flags, key);
 		return NULL;
 	}
 	/* A reply of a flow whose backend is gone (the agent marked the
@@ -344,23 +411,22 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	if (peer->flags & CT_F_STALE)
 		return ct;
 	/* The copies live in per-CPU scratch space, not on the stack. */
-	pair = (promote || demote) ? bpf_map_lookup_elem(&tlb_ct_scratch, &zero) : NULL;
+	pair = (promote || demote) ? ct_scratch(fam) : NULL;
 	if ((promote || demote) && !pair)
 		return ct; /* cannot happen (one slot per CPU); changes nothing */
 	if (pair) {
-		pair->a = *ct;
-		pair->b = *peer;
-		pair->a.state = pair->b.state = state;
-		pair->a.flags = pair->b.flags = flags & ~CT_F_FULL;
-		pair->a.expires = pair->b.expires = expires;
-		fwd_mark_stale(&pair->a);
-		fwd_mark_stale(&pair->b);
-		moved = ct_move(key, &pair->a, &peer_key, &pair->b);
+		ct_scratch_copy(fam, pair, ct, peer, &a, &b);
+		a->state = b->state = state;
+		a->flags = b->flags = flags & ~CT_F_FULL;
+		a->expires = b->expires = expires;
+		fwd_mark_stale(a);
+		fwd_mark_stale(b);
+		moved = ct_move(fam, key, a, peer_key, b);
 		if (moved) {
 			if (promote) {
 				stat_inc(STAT_CT_PROMOTED);
 				/* From the copy: ct's element is freed. */
-				ct_src_give(ct_client(pkt, &pair->a));
+				ct_src_give(fam, pkt, a);
 			} else {
 				stat_inc(STAT_CT_DEMOTED);
 			}
@@ -379,6 +445,13 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
 	return ct;
 }
 
+/* ct_touch is ct_touch_fam for IPv4. */
+static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
+						 struct ct_value *ct, __u64 now)
+{
+	return ct_touch_fam(PKT_IPV4, pkt, key, ct, now);
+}
+
 /* ct_forget deletes the flow ct (matched by pkt under key) that pkt cannot
  * continue (expired, backend gone, a SYN reopening it), both directions,
  * before pkt creates a new flow: the new entries go to tlb_ct_new, where
@@ -386,19 +459,21 @@ static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const
  * entry must not keep its SNAT port. The peer is deleted only while it is
  * still this flow's. Counts the entries deleted as replaced. Returns
  * LB_CONTINUE. */
-static __always_inline int ct_forget(const struct packet *pkt, const struct ct_key *key, const struct ct_value *ct)
+static __always_inline int ct_forget(int fam, const struct packet *pkt, const void *key, const struct ct_value *ct)
 {
-	struct ct_key peer_key = {};
+	struct ct_key peer_key4 = {};
+	struct ct6_key peer_key6 = {};
+	void *peer_key = fam == PKT_IPV6 ? (void *)&peer_key6 : (void *)&peer_key4;
 	struct ct_value *peer;
 	__u8 flags = ct->flags;
 	int n = 0;
 
-	ct_peer_key(pkt, ct, &peer_key);
-	peer = ct_find_in(flags, &peer_key);
-	if (peer && ct_is_peer(pkt, ct, peer))
-		n += ct_delete_in(flags, &peer_key);
+	ct_peer_key_fam(fam, pkt, ct, peer_key);
+	peer = ct_find_in(fam, flags, peer_key);
+	if (peer && ct_is_peer(fam, pkt, ct, peer))
+		n += ct_delete_in(fam, flags, peer_key);
 	ct_fold(ct);
-	n += ct_delete_in(flags, key);
+	n += ct_delete_in(fam, flags, key);
 	if (n)
 		stat_add(STAT_CT_REPLACED, n);
 	return LB_CONTINUE;
@@ -426,20 +501,20 @@ static __always_inline int syn_reopens(const struct ct_value *ct)
  * flows stale (CT_F_STALE, expired) when it releases the id, and its
  * sweep marks any flow whose generation is no longer its id's
  * (maps/stale.go). */
-static __always_inline int ct_forward_hit(const struct packet *pkt, const struct ct_key *key,
+static __always_inline int ct_forward_hit(int fam, const struct packet *pkt, const void *key,
 					  struct ct_value *ct, struct nat *nat)
 {
 	__u64 now = ct_now();
 
-	if (now > ct->expires && ((ct->flags & CT_F_STALE) || !ct_peer_live(pkt, ct, now))) {
+	if (now > ct->expires && ((ct->flags & CT_F_STALE) || !ct_peer_live(fam, pkt, ct, now))) {
 		stat_inc(ct->flags & CT_F_STALE ? STAT_CT_STALE_BACKEND : STAT_CT_EXPIRED);
-		return ct_forget(pkt, key, ct);
+		return ct_forget(fam, pkt, key, ct);
 	}
 	if (is_syn(pkt) && syn_reopens(ct)) {
 		stat_inc(STAT_CT_SYN_REOPEN);
-		return ct_forget(pkt, key, ct);
+		return ct_forget(fam, pkt, key, ct);
 	}
-	ct = ct_touch(pkt, key, ct, now);
+	ct = ct_touch_fam(fam, pkt, key, ct, now);
 	if (!ct)
 		return LB_CONTINUE;
 	/* Per flow, not per CPU: a flow's packets come in on one queue
@@ -447,26 +522,30 @@ static __always_inline int ct_forward_hit(const struct packet *pkt, const struct
 	ct->packets += 1;
 	ct->bytes += pkt->l3_len;
 	nat_forward(nat, ct);
+	if (fam == PKT_IPV6)
+		nat6_addrs(nat, ct);
 	return LB_REWRITE;
 }
 
 /* ct_reverse_hit translates a reply back to the frontend address. Replies
  * are translated even after the backend left the set: the client must only
  * ever see the service address. */
-static __always_inline int ct_reverse_hit(const struct packet *pkt, const struct ct_key *key,
+static __always_inline int ct_reverse_hit(int fam, const struct packet *pkt, const void *key,
 					  struct ct_value *ct, struct nat *nat)
 {
 	__u64 now = ct_now();
 
-	if (now > ct->expires && !ct_peer_live(pkt, ct, now)) {
+	if (now > ct->expires && !ct_peer_live(fam, pkt, ct, now)) {
 		stat_inc(STAT_CT_EXPIRED);
 		return LB_CONTINUE;
 	}
-	ct = ct_touch(pkt, key, ct, now);
+	ct = ct_touch_fam(fam, pkt, key, ct, now);
 	if (!ct)
 		return LB_CONTINUE;
 	stat_inc(STAT_REVERSE_NAT);
 	nat_reverse(nat, ct);
+	if (fam == PKT_IPV6)
+		nat6_addrs(nat, ct);
 	return LB_REWRITE;
 }
 

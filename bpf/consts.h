@@ -9,6 +9,7 @@
 #include <linux/types.h>
 
 #define ETH_P_IPV4 0x0800
+#define ETH_P_IPV6 0x86DD
 #define IP_PROTO_ICMP 1
 #define IP_PROTO_TCP 6
 #define IP_PROTO_UDP 17

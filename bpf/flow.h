@@ -20,18 +20,45 @@
 #include "stats.h"
 #include "structs.h"
 
-/* ct_put inserts an entry of a new flow into tlb_ct_new, or overwrites
- * an existing one. Returns the number of entries overwritten (0 or 1), or
- * -1 when the map refused. */
-static __always_inline int ct_put(const struct ct_key *key, const struct ct_value *v)
+/* ct_put_in inserts an entry of a new flow into table (tlb_ct_new,
+ * tlb_ct6_new), or overwrites an existing one. Returns the number of
+ * entries overwritten (0 or 1), or -1 when the map refused. */
+static __always_inline int ct_put_in(void *table, const void *key, const struct ct_value *v)
 {
 	/* NOEXIST fails cheaply on an existing key, which tells replaced
 	 * entries apart without a lookup on the common path. */
-	if (!bpf_map_update_elem(&tlb_ct_new, key, v, BPF_NOEXIST))
+	if (!bpf_map_update_elem(table, key, v, BPF_NOEXIST))
 		return 0;
-	if (bpf_map_update_elem(&tlb_ct_new, key, v, BPF_ANY))
+	if (bpf_map_update_elem(table, key, v, BPF_ANY))
 		return -1;
 	return 1;
+}
+
+/* ct_put is ct_put_in for IPv4 (tlb_ct_new). */
+static __always_inline int ct_put(const struct ct_key *key, const struct ct_value *v)
+{
+	return ct_put_in(&tlb_ct_new, key, v);
+}
+
+/* flow_entries fills what the two entries of pkt's new flow to backend
+ * be of service svc_id share, whatever the family; the caller writes
+ * the addresses and the forwarding targets. */
+static __always_inline void flow_entries(struct ct_value *fwd, struct ct_value *rev, const struct packet *pkt,
+					 __u32 svc_id, const struct backend_value *be, __u8 state, __u64 expires)
+{
+	fwd->port = be->port;
+	fwd->dir = CT_FORWARD;
+	rev->port = pkt->dport;
+	rev->dir = CT_REVERSE;
+	fwd->state = rev->state = state;
+	fwd->svc_id = rev->svc_id = svc_id;
+	fwd->backend_id = rev->backend_id = be->id;
+	fwd->backend_gen = rev->backend_gen = be->gen;
+	fwd->expires = rev->expires = expires;
+	/* The flow's counts live in its forward entry from its first packet
+	 * on (ct_fold hands them to the backend's record when it goes). */
+	fwd->packets = 1;
+	fwd->bytes = pkt->l3_len;
 }
 
 /* flow_create records both directions of a new flow of pkt to backend be
@@ -80,20 +107,8 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	rev = &pair->b;
 	__builtin_memset(pair, 0, sizeof(*pair));
 	fwd->addr = addr_v4(&be->addr);
-	fwd->port = be->port;
-	fwd->dir = CT_FORWARD;
 	rev->addr = pkt->daddr;
-	rev->port = pkt->dport;
-	rev->dir = CT_REVERSE;
-	fwd->state = rev->state = state;
-	fwd->svc_id = rev->svc_id = svc_id;
-	fwd->backend_id = rev->backend_id = be->id;
-	fwd->backend_gen = rev->backend_gen = be->gen;
-	fwd->expires = rev->expires = expires;
-	/* The flow's counts live in its forward entry from its first packet
-	 * on (ct_fold hands them to the backend's record when it goes). */
-	fwd->packets = 1;
-	fwd->bytes = pkt->l3_len;
+	flow_entries(fwd, rev, pkt, svc_id, be, state, expires);
 
 	src = fwd_resolve(ctx, iif, pkt->saddr, addr_v4(&be->addr), pkt->proto, snat, snat, &to_backend);
 	if (snat && !src) {

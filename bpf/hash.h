@@ -27,11 +27,17 @@ static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initv
 	return c;
 }
 
+/* flow_hash_of hashes pkt's flow from its addresses src and dst, each
+ * folded into 32 bits (an IPv4 address is its own fold; addr_fold folds
+ * an IPv6 one), with its ports and protocol. maps' flowHash mirrors it. */
+static __always_inline __u32 flow_hash_of(__u32 src, __u32 dst, const struct packet *pkt)
+{
+	return jhash_3words(src, dst, ((__u32)pkt->sport << 16 | pkt->dport) ^ pkt->proto, cfg_hash_seed);
+}
+
 static __always_inline __u32 flow_hash(const struct packet *pkt)
 {
-	return jhash_3words(pkt->saddr, pkt->daddr,
-			    ((__u32)pkt->sport << 16 | pkt->dport) ^ pkt->proto,
-			    cfg_hash_seed);
+	return flow_hash_of(pkt->saddr, pkt->daddr, pkt);
 }
 
 #endif

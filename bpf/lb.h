@@ -30,6 +30,7 @@
 #include "consts.h"
 #include "ct.h"
 #include "flow.h"
+#include "flow6.h"
 #include "frag.h"
 #include "hash.h"
 #include "maps.h"
@@ -47,14 +48,36 @@
  * new-flow path only: passing the frame pointers down would cost tc's
  * stack, which is at its limit. */
 #if defined(LB_FRAME)
-#define lb_frame_creates_state(ctx, pkt)                                                    \
-	frame_creates_state((void *)(long)((LB_FRAME *)(ctx))->data,                       \
+#define lb_frame_creates_state_fam(fam, ctx, pkt)                                           \
+	frame_creates_state(fam, (void *)(long)((LB_FRAME *)(ctx))->data,                  \
 			    (void *)(long)((LB_FRAME *)(ctx))->data_end, pkt)
 #elif defined(LB_NO_FRAME)
-#define lb_frame_creates_state(ctx, pkt) 1
+#define lb_frame_creates_state_fam(fam, ctx, pkt) 1
 #else
 #error "entry file must define LB_FRAME (its context type) or LB_NO_FRAME before including lb.h"
 #endif
+#define lb_frame_creates_state(ctx, pkt) lb_frame_creates_state_fam(PKT_IPV4, ctx, pkt)
+
+/* lb_src_take takes a new flow of pkt from its source's budget
+ * (conntrack.h, conntrack6.h). Returns 0 when it is spent. */
+static __always_inline int lb_src_take(int fam, const struct packet *pkt, __u64 now)
+{
+	union tlb_addr k6;
+
+	if (fam == PKT_IPV6) {
+		k6 = ct6_src_key(&packet6_of(pkt)->saddr);
+		return ct_src_take_in(&tlb_ct6_src, &k6, now);
+	}
+	return ct_src_take(pkt->saddr, now);
+}
+
+/* lb_flow_hash is pkt's flow hash (hash.h). */
+static __always_inline __u32 lb_flow_hash(int fam, const struct packet *pkt)
+{
+	if (fam == PKT_IPV6)
+		return flow_hash_of(addr_fold(&packet6_of(pkt)->saddr), addr_fold(&packet6_of(pkt)->daddr), pkt);
+	return flow_hash(pkt);
+}
 
 /* lb_stack_reply translates back a reply that the node's own stack sends
  * (seen at a tcx egress): a host-network backend on this node answering a
@@ -71,21 +94,22 @@ static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *
 	ct = ct_find(&key);
 	if (!ct || ct->dir != CT_REVERSE)
 		return LB_PASS;
-	if (ct_reverse_hit(pkt, &key, ct, nat) != LB_REWRITE)
+	if (ct_reverse_hit(PKT_IPV4, pkt, &key, ct, nat) != LB_REWRITE)
 		return LB_PASS;
 	return LB_REWRITE;
 }
 
-/* lb_new_flow balances the first packet of a flow to a frontend of this
+/* lb_new_flow balances the first packet of a flow of family fam (a
+ * constant: an IPv6 packet is a struct packet6) to a frontend of this
  * hook's scope. had_entry says the packet matched a conntrack entry that
  * could not be honoured. Returns LB_PASS when pkt is not addressed to a
  * frontend, LB_REJECT when the frontend has no active backend and asks
  * for rejects (the hook answers, reject.h, and counts). */
-static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet *pkt, int had_entry,
+static __always_inline int lb_new_flow(int fam, void *ctx, __u32 iif, const struct packet *pkt, int had_entry,
 				       struct nat *nat)
 {
 	struct svc_key key = {
-		.vip = addr_from4(pkt->daddr),
+		.vip = fam == PKT_IPV6 ? packet6_of(pkt)->daddr : addr_from4(pkt->daddr),
 		.port = pkt->dport,
 		.proto = pkt->proto,
 		.scope = cfg_scope,
@@ -102,11 +126,11 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	svc = *v;
 	/* What the receiver would drop creates no state and draws no
 	 * reject. */
-	if (!lb_frame_creates_state(ctx, pkt)) {
+	if (!lb_frame_creates_state_fam(fam, ctx, pkt)) {
 		stat_inc(STAT_DROP_PARSE_ERROR);
 		return LB_DROP;
 	}
-	if (!src_range_allows(&svc, pkt->saddr))
+	if (fam == PKT_IPV6 ? !src_range_allows_addr(&svc, &packet6_of(pkt)->saddr) : !src_range_allows(&svc, pkt->saddr))
 		return LB_DROP;
 	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
 		stat_inc(STAT_TCP_MIDFLOW_MISS);
@@ -118,16 +142,19 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	}
 
 	now = compat_now();
-	if (!ct_src_take(pkt->saddr, now)) {
+	if (!lb_src_take(fam, pkt, now)) {
 		stat_inc(STAT_DROP_CT_SOURCE_LIMIT);
 		return LB_DROP;
 	}
-	client = addr_from4(pkt->saddr);
-	if (choose_backend(&client, flow_hash(pkt), &key, &svc, now, &be)) {
+	client = fam == PKT_IPV6 ? packet6_of(pkt)->saddr : addr_from4(pkt->saddr);
+	if (choose_backend(&client, lb_flow_hash(fam, pkt), &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}
-	replaced = flow_create(ctx, iif, pkt, svc.id, &be, now, nat);
+	if (fam == PKT_IPV6)
+		replaced = flow6_create(ctx, iif, pkt, svc.id, &be, now, nat);
+	else
+		replaced = flow_create(ctx, iif, pkt, svc.id, &be, now, nat);
 	if (replaced < 0)
 		return LB_DROP;
 	stat_inc(STAT_CT_CREATED);
@@ -137,25 +164,32 @@ static __always_inline int lb_new_flow(void *ctx, __u32 iif, const struct packet
 	return LB_REWRITE;
 }
 
-/* lb_process decides what happens to a parsed TCP/UDP packet that arrived
- * on iif: pass, drop, or rewrite as nat says and forward along nat->fwd. */
-static __always_inline int lb_process(void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
+/* lb_process decides what happens to a parsed TCP/UDP packet of family
+ * fam (a constant; an IPv6 packet is a struct packet6, its nat a struct
+ * nat6) that arrived on iif: pass, drop, or rewrite as nat says and
+ * forward along nat->fwd. */
+static __always_inline int lb_process(int fam, void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
 {
-	struct ct_key key = {};
+	struct ct_key key4 = {};
+	struct ct6_key key6 = {};
+	void *key = fam == PKT_IPV6 ? (void *)&key6 : (void *)&key4;
 	struct ct_value *ct;
 	int ret;
 
-	ct_key_of(pkt, &key);
-	ct = ct_find(&key);
-	if (!ct)
-		return lb_new_flow(ctx, iif, pkt, 0, nat);
-	if (ct->dir == CT_REVERSE)
-		ret = ct_reverse_hit(pkt, &key, ct, nat);
+	if (fam == PKT_IPV6)
+		ct6_key_of(packet6_of(pkt), &key6);
 	else
-		ret = ct_forward_hit(pkt, &key, ct, nat);
+		ct_key_of(pkt, &key4);
+	ct = ct_find_fam(fam, key);
+	if (!ct)
+		return lb_new_flow(fam, ctx, iif, pkt, 0, nat);
+	if (ct->dir == CT_REVERSE)
+		ret = ct_reverse_hit(fam, pkt, key, ct, nat);
+	else
+		ret = ct_forward_hit(fam, pkt, key, ct, nat);
 	if (ret != LB_CONTINUE)
 		return ret;
-	return lb_new_flow(ctx, iif, pkt, 1, nat);
+	return lb_new_flow(fam, ctx, iif, pkt, 1, nat);
 }
 
 /* lb_classify runs the parser and the core; shared prologue of every hook. */
@@ -165,7 +199,7 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 	switch (parse_packet(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
 		frag_remember(data, data_end, pkt);
-		return lb_process(ctx, iif, pkt, nat);
+		return lb_process(PKT_IPV4, ctx, iif, pkt, nat);
 	case PARSE_FRAGMENT:
 		return frag_follow(data, data_end, pkt, 0, nat);
 	case PARSE_ERROR:
@@ -176,6 +210,17 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 	default:
 		return LB_PASS;
 	}
+}
+
+/* lb6_classify is lb_classify for an IPv6 frame (ipv6.h): TCP and UDP go
+ * to the core, everything else (ICMPv6, fragments, what the parser does
+ * not take) passes untouched. pkt and nat are the family's. */
+static __always_inline int lb6_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
+					struct packet6 *pkt, struct nat6 *nat)
+{
+	if (parse_ipv6(data, data_end, frame_len, pkt) != PARSE_OK)
+		return LB_PASS;
+	return lb_process(PKT_IPV6, ctx, iif, &pkt->p, &nat->n);
 }
 
 #endif

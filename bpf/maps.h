@@ -103,6 +103,46 @@ struct {
 	__type(value, struct ct_pair);
 } tlb_ct_scratch SEC(".maps");
 
+/* IPv6 conntrack: tlb_conntrack's and tlb_ct_new's twins (ct6_key,
+ * ct6_value), the same two tables for the same reasons, over the same
+ * helpers (ct.h, conntrack.h, conntrack6.h). Sized as their IPv4 twins. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_value);
+} tlb_ct6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_value);
+} tlb_ct6_new SEC(".maps");
+
+/* tlb_ct6_src: tlb_ct_src's IPv6 twin, keyed by the source's budget
+ * prefix (conntrack6.h, ct6_src_key says which). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CT_SRC);
+	__type(key, union tlb_addr);
+	__type(value, struct ct_src);
+} tlb_ct6_src SEC(".maps");
+
+/* tlb_ct_scratch's IPv6 twin: the two entries of an IPv6 flow. Not
+ * shared and not pinned. */
+struct ct6_pair {
+	struct ct6_value a;
+	struct ct6_value b;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct6_pair);
+} tlb_ct6_scratch SEC(".maps");
+
 /* ClientIP session affinity: (client, service) -> backend. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

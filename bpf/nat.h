@@ -272,6 +272,17 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 
 /* ---- rewriting skbs (tc) ---- */
 
+/* nat_skb_port_csum updates the L4 checksum at csum_off for one port
+ * (nat_skb_l4_csum). */
+static __always_inline int nat_skb_port_csum(struct __sk_buff *skb, __u32 csum_off, __u64 mangled0,
+					     __be16 old_port, __be16 new_port)
+{
+	if (old_port != new_port &&
+	    bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled0 | sizeof(new_port)))
+		return -1;
+	return 0;
+}
+
 /* nat_skb_l4_csum updates the L4 checksum at csum_off for one address and
  * one port. The csum helper knows CHECKSUM_PARTIAL (pod traffic, whose
  * field holds only the pseudo-header sum) from a full checksum and keeps
@@ -281,10 +292,41 @@ static __always_inline int nat_skb_l4_csum(struct __sk_buff *skb, __u32 csum_off
 {
 	if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled0 | sizeof(new_addr)))
 		return -1;
-	if (old_port != new_port &&
-	    bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled0 | sizeof(new_port)))
-		return -1;
-	return 0;
+	return nat_skb_port_csum(skb, csum_off, mangled0, old_port, new_port);
+}
+
+/* nat_skb_csum_off is the offset of pkt's L4 checksum (TCP or UDP) in
+ * the frame, and sets *mangled0 to the csum helpers' flag for a UDP
+ * checksum 0. */
+static __always_inline __u32 nat_skb_csum_off(const struct packet *pkt, __u64 *mangled0)
+{
+	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
+
+	*mangled0 = 0;
+	if (pkt->proto == IP_PROTO_TCP)
+		return l4_off + offsetof(struct tcphdr, check);
+	/* UDP checksum 0 means "none" and stays 0. */
+	*mangled0 = BPF_F_MARK_MANGLED_0;
+	return l4_off + offsetof(struct udphdr, check);
+}
+
+/* nat_skb_ports reloads the packet pointers the csum helpers
+ * invalidated, writes n's ports into the L4 header at l4_off (TCP's sit
+ * where UDP's do, parse.h) and returns the L3 header, checked to hold
+ * l3_hlen bytes; NULL when the frame is shorter. */
+static __always_inline void *nat_skb_ports(struct __sk_buff *skb, __u32 l4_off, __u32 l3_hlen, const struct nat *n)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *l3 = data + ETH_HLEN, *l4 = data + l4_off;
+
+	if (l3 + l3_hlen > data_end || l4 + sizeof(struct udphdr) > data_end)
+		return NULL;
+	if (n->flags & NAT_F_DST)
+		*(__be16 *)(l4 + offsetof(struct udphdr, dest)) = n->dport;
+	if (n->flags & NAT_F_SRC)
+		*(__be16 *)(l4 + offsetof(struct udphdr, source)) = n->sport;
+	return l3;
 }
 
 /* nat_rewrite_skb applies n to the skb: L4 checksum through the helper,
@@ -294,8 +336,8 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 {
 	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
 	__u32 csum_off;
-	__u64 mangled0 = 0;
-	void *data, *data_end, *l4;
+	__u64 mangled0;
+	void *data, *data_end;
 	struct iphdr *ip;
 
 	if (n->flags & NAT_F_L3) {
@@ -307,13 +349,7 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 		nat_rewrite_ip(ip, pkt, n);
 		return 0;
 	}
-	if (pkt->proto == IP_PROTO_TCP) {
-		csum_off = l4_off + offsetof(struct tcphdr, check);
-	} else {
-		csum_off = l4_off + offsetof(struct udphdr, check);
-		/* UDP checksum 0 means "none" and stays 0. */
-		mangled0 = BPF_F_MARK_MANGLED_0;
-	}
+	csum_off = nat_skb_csum_off(pkt, &mangled0);
 	if ((n->flags & NAT_F_DST) &&
 	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->daddr, n->daddr, pkt->dport, n->dport))
 		return -1;
@@ -321,18 +357,9 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->saddr, n->saddr, pkt->sport, n->sport))
 		return -1;
 
-	/* The helpers invalidated packet pointers: reload and re-check. */
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	ip = data + ETH_HLEN;
-	l4 = data + l4_off;
-	if ((void *)(ip + 1) > data_end || l4 + sizeof(struct udphdr) > data_end)
+	ip = nat_skb_ports(skb, l4_off, sizeof(*ip), n);
+	if (!ip)
 		return -1;
-	/* TCP and UDP ports sit at the same offsets (parse.h). */
-	if (n->flags & NAT_F_DST)
-		*(__be16 *)(l4 + offsetof(struct udphdr, dest)) = n->dport;
-	if (n->flags & NAT_F_SRC)
-		*(__be16 *)(l4 + offsetof(struct udphdr, source)) = n->sport;
 	nat_rewrite_ip(ip, pkt, n);
 	return 0;
 }

@@ -27,14 +27,24 @@ _Static_assert(__builtin_offsetof(struct tcphdr, dest) == __builtin_offsetof(str
 
 enum parse_result {
 	PARSE_OK = 0,       /* TCP or UDP, headers complete: unfragmented, or a datagram's first fragment */
-	PARSE_SKIP = 1,     /* not ours: non-IPv4, other protocols */
+	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 fragments and extension chains (ipv6.h) */
 	PARSE_FRAGMENT = 2, /* a later IPv4 fragment (no L4 header) or an ICMP one: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
 	PARSE_ICMP = 4,     /* ICMP, unfragmented: addresses and l4_off set, ports 0 */
 };
 
+/* packet.family. IPv4 is 0, so a zeroed packet (every hook starts from
+ * one) is an IPv4 packet without a store on IPv4's path. */
+enum pkt_family {
+	PKT_IPV4 = 0,
+	PKT_IPV6 = 1, /* the addresses are in the packet6 (ipv6.h) this packet heads */
+};
+
 /* What the core needs to know about a packet. All addresses and ports in
- * network byte order, as on the wire. */
+ * network byte order, as on the wire. The addresses are IPv4's; an IPv6
+ * packet's are in the struct packet6 (ipv6.h) that holds this one first,
+ * so every family-neutral helper (ports, protocol, TCP state, lengths)
+ * takes a struct packet whatever the family. */
 struct packet {
 	__be32 saddr;
 	__be32 daddr;
@@ -43,7 +53,8 @@ struct packet {
 	__u8 proto;
 	__u8 tcp_flags; /* TCP_F_* bits; 0 for UDP */
 	__u16 l4_off;   /* offset of the L4 header from the start of the frame */
-	__u32 l3_len;   /* IPv4 total length, for byte counters */
+	__u32 l3_len;   /* IPv4 total length, IPv6 header plus payload length: for byte counters */
+	__u8 family;    /* enum pkt_family */
 };
 
 /* parse_l4 reads the TCP or UDP header at l4 (pkt->proto says which) into

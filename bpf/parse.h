@@ -14,6 +14,7 @@
 
 #include "consts.h"
 #include "ipv4.h"
+#include "ipv6.h"
 #include "packet.h"
 
 /* Longest Ethernet + IPv4 (with options) + TCP header prefix we read. */
@@ -38,12 +39,15 @@ static __always_inline int parse_packet(void *data, void *data_end, __u32 frame_
  * receiving kernel would drop must not take a conntrack entry, a SNAT
  * port or a reject. It checks what parse_packet leaves out because the
  * hit path should not pay for it (ipv4_creates_state, l4_creates_state).
+ * fam (enum pkt_family) is the family's, a constant of the caller.
  * A packet of an established flow that fails is translated all the same:
  * the incremental checksum update keeps a bad checksum bad, and the
  * receiver drops it. */
-static __always_inline int frame_creates_state(const void *data, const void *data_end,
+static __always_inline int frame_creates_state(int fam, const void *data, const void *data_end,
 					       const struct packet *pkt)
 {
+	if (fam == PKT_IPV6)
+		return ipv6_creates_state(data, data_end, pkt);
 	return ipv4_creates_state(data, data_end, pkt);
 }
 

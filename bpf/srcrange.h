@@ -33,8 +33,20 @@ static __always_inline void src_range_drop(const struct svc_value *svc)
 		__sync_fetch_and_add(n, 1);
 }
 
-/* src_range_allows reports whether a new flow from saddr may reach frontend
- * svc, and counts the refusals. */
+/* src_range_lookup reports whether a new flow from key's source may
+ * reach frontend svc, and counts the refusals. */
+static __always_inline int src_range_lookup(const struct svc_value *svc, const struct src_range_key *key)
+{
+	if (!(svc->flags & SVC_F_SRC_RANGES))
+		return 1;
+	if (bpf_map_lookup_elem(&tlb_src_ranges, key))
+		return 1;
+	src_range_drop(svc);
+	return 0;
+}
+
+/* src_range_allows reports whether a new flow from the IPv4 address saddr
+ * may reach frontend svc, and counts the refusals. */
 static __always_inline int src_range_allows(const struct svc_value *svc, __be32 saddr)
 {
 	struct src_range_key key = {
@@ -43,12 +55,19 @@ static __always_inline int src_range_allows(const struct svc_value *svc, __be32 
 		.addr = addr_from4(saddr),
 	};
 
-	if (!(svc->flags & SVC_F_SRC_RANGES))
-		return 1;
-	if (bpf_map_lookup_elem(&tlb_src_ranges, &key))
-		return 1;
-	src_range_drop(svc);
-	return 0;
+	return src_range_lookup(svc, &key);
+}
+
+/* src_range_allows_addr is src_range_allows for saddr of either family. */
+static __always_inline int src_range_allows_addr(const struct svc_value *svc, const union tlb_addr *saddr)
+{
+	struct src_range_key key = {
+		.prefixlen = SRC_RANGE_HOST_LEN,
+		.svc_id = bpf_htonl(svc->id),
+		.addr = *saddr,
+	};
+
+	return src_range_lookup(svc, &key);
 }
 
 /* src_range_allows_node reports whether the node's own processes may open

@@ -20,6 +20,7 @@
 #include "fwd.h"
 #include "icmp.h"
 #include "nat.h"
+#include "nat6.h"
 #include "reject.h"
 
 /* tc_pull makes the first len bytes of the frame linear, where it has
@@ -87,6 +88,42 @@ static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet 
 	if (cfg_scope == SCOPE_EXTERNAL)
 		return bpf_redirect(skb->ifindex, 0);
 	return bpf_redirect_peer(skb->ifindex, 0);
+}
+
+/* tc_balance6 is tc_balance for an IPv6 frame (skb->protocol): parse,
+ * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h). Translated
+ * packets go up the host stack, which routes them (flow6.h). A new flow
+ * to an empty reject frontend is dropped and counted as having no
+ * backend: IPv6 rejects (TCP reset, ICMPv6 port unreachable) are not
+ * sent yet. Only an entry that translates IPv6 calls it (tc_lb.c); the
+ * others pass IPv6 frames without a byte of IPv6 code (the uplink
+ * programs are near the verifier's limit on 5.10). */
+static __always_inline int tc_balance6(struct __sk_buff *skb)
+{
+	struct packet6 pkt = {};
+	struct nat6 nat = {};
+	void *data, *data_end;
+
+	if (tc_tagged(skb))
+		return TC_PASS;
+	tc_pull(skb, MAX_PARSE6_LEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	switch (lb6_classify(skb, skb->ingress_ifindex, data, data_end, skb->len, &pkt, &nat)) {
+	case LB_REWRITE:
+		if (nat6_rewrite_skb(skb, &pkt.p, &nat.n)) {
+			stat_inc(STAT_DROP_REWRITE);
+			return TC_ACT_SHOT;
+		}
+		return TC_PASS;
+	case LB_REJECT:
+		stat_inc(STAT_DROP_NO_BACKEND);
+		return TC_ACT_SHOT;
+	case LB_DROP:
+		return TC_ACT_SHOT;
+	default:
+		return TC_PASS;
+	}
 }
 
 /* tc_balance is the whole balancing path of a tcx ingress: parse, decide

@@ -24,10 +24,25 @@
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "tc.h"
 
+/* Each family balances in its own subprogram: each needs most of the
+ * 512-byte stack, and a program's stack is that of its deepest call
+ * chain, so the two inlined into one frame would not fit. */
+static __attribute__((noinline)) int tc_lb4(struct __sk_buff *skb)
+{
+	return tc_balance(skb);
+}
+
+static __attribute__((noinline)) int tc_lb6(struct __sk_buff *skb)
+{
+	return tc_balance6(skb);
+}
+
 SEC("tcx/ingress")
 int tc_lb(struct __sk_buff *skb)
 {
-	return tc_balance(skb);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc_lb6(skb);
+	return tc_lb4(skb);
 }
 
 /* tc_lb_egress, on the tcx egress of pod veths and uplinks, sees what the

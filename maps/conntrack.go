@@ -122,12 +122,35 @@ func ctPeerKey(k tcCtKey, v tcCtValue) tcCtKey {
 	return p
 }
 
+// ct6PeerKey is ctPeerKey for IPv6 (ct6_peer_key in bpf/conntrack6.h:
+// change them together).
+func ct6PeerKey(k tcCt6Key, v tcCt6Value) tcCt6Key {
+	snat := v.Ct.Flags&uint8(tcCtFlagCT_F_SNAT) != 0
+	p := tcCt6Key{Proto: k.Proto}
+	if tcCtDir(v.Ct.Dir) == tcCtDirCT_FORWARD {
+		p.Saddr, p.Sport, p.Daddr, p.Dport = v.Addr, v.Ct.Port, k.Saddr, k.Sport
+		if snat {
+			p.Daddr, p.Dport = v.NatAddr, v.Ct.NatPort
+		}
+		return p
+	}
+	p.Saddr, p.Sport, p.Daddr, p.Dport = k.Daddr, k.Dport, v.Addr, v.Ct.Port
+	if snat {
+		p.Saddr, p.Sport = v.NatAddr, v.Ct.NatPort
+	}
+	return p
+}
+
 // ctTables are the conntrack tables, the established one first, in the
 // order the datapath looks them up.
 type ctTables [2]*ebpf.Map
 
 // ctTables returns the Datapath's conntrack tables.
 func (d *Datapath) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
+
+// ct6Tables returns the Datapath's IPv6 conntrack tables (keys tcCt6Key,
+// values tcCt6Value).
+func (d *Datapath) ct6Tables() ctTables { return ctTables{d.ct6, d.ct6New} }
 
 // lookup reads k's entry from the first table that holds it.
 func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
@@ -163,18 +186,22 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		d.mu.Unlock()
 		return SweepStats{}, ErrClosed
 	}
-	var tables ctTables
+	var tables, tables6 ctTables
 	var stats, records *ebpf.Map
 	var err error
 	defer func() {
-		for _, m := range append(tables[:], stats, records) {
+		for _, m := range append(append(tables[:], tables6[:]...), stats, records) {
 			if m != nil {
 				m.Close()
 			}
 		}
 	}()
-	for i, m := range []*ebpf.Map{d.conntrack, d.ctNew} {
-		if tables[i], err = m.Clone(); err != nil {
+	for i, m := range []*ebpf.Map{d.conntrack, d.ctNew, d.ct6, d.ct6New} {
+		to := &tables[i%2]
+		if i >= 2 {
+			to = &tables6[i%2]
+		}
+		if *to, err = m.Clone(); err != nil {
 			d.mu.Unlock()
 			return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 		}
@@ -187,13 +214,18 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	if err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
-	if st.Outdated, err = markOutdated(tables, records); err != nil {
+	if st.Outdated, err = markOutdated(ctFamilies{tables, tables6}, records); err != nil {
 		return SweepStats{}, fmt.Errorf("sweep conntrack: %w", err)
 	}
 
 	now, err := d.compat.now()
 	if err != nil {
 		return st, err
+	}
+	expired6, err := d.sweepExpired6(ctx, tables6, now)
+	st.Expired += expired6
+	if err != nil {
+		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired)))
 	}
 	var scans [2]ctScan
 	for i, m := range tables {
@@ -212,7 +244,7 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 		// reads, until its own expiry.
 		peers := make(map[tcCtKey]tcCtValue)
 		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
-			if now <= v.Expires || peerLive(m, k, v, now) {
+			if now <= v.Expires || peerLive4(m, k, v, now) {
 				return false
 			}
 			d.addSwept(v) // its counts, for Counters (stale.go)
@@ -299,18 +331,72 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 // of ct_refreshes_alone and ct_peer_live in bpf/conntrack.h: change them
 // together). A flow marked stale (its backend released) is not kept
 // alive by its reply entry: it is swept whole.
-func peerLive(m *ebpf.Map, k tcCtKey, v tcCtValue, now uint64) bool {
+//
+// lookupPeer reads the peer's entry (of either family: its family-neutral
+// part), an error when there is none.
+func peerLive(v tcCtValue, now uint64, lookupPeer func(*tcCtValue) error) bool {
 	alone := uint8(tcCtFlagCT_F_ASSURED)
 	if v.Flags&(alone|uint8(tcCtFlagCT_F_SNAT)) != alone || v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 {
 		return false
 	}
 	var p tcCtValue
-	pk := ctPeerKey(k, v)
-	if err := m.Lookup(&pk, &p); err != nil {
+	if err := lookupPeer(&p); err != nil {
 		return false
 	}
 	return p.Dir != v.Dir && p.BackendId == v.BackendId && p.BackendGen == v.BackendGen &&
 		p.Flags&uint8(tcCtFlagCT_F_STALE) == 0 && now <= p.Expires
+}
+
+// peerLive4 is peerLive for the IPv4 entry v stored under k in m.
+func peerLive4(m *ebpf.Map, k tcCtKey, v tcCtValue, now uint64) bool {
+	return peerLive(v, now, func(p *tcCtValue) error {
+		pk := ctPeerKey(k, v)
+		return m.Lookup(&pk, p)
+	})
+}
+
+// peerLive6 is peerLive for the IPv6 entry v stored under k in m.
+func peerLive6(m *ebpf.Map, k tcCt6Key, v tcCt6Value, now uint64) bool {
+	return peerLive(v.Ct, now, func(p *tcCtValue) error {
+		var pv tcCt6Value
+		pk := ct6PeerKey(k, v)
+		err := m.Lookup(&pk, &pv)
+		*p = pv.Ct
+		return err
+	})
+}
+
+// sweepExpired6 deletes the expired entries of the IPv6 conntrack tables
+// ts (as SweepConntrack the IPv4 ones', with the same atomic take) and
+// returns how many it deleted, keeping an expired entry whose peer is
+// live (peerLive). Only expiry: no orphan check and no SNAT
+// ports (IPv6 flows are never source-translated yet), and the live
+// entries are not counted into SweepStats, which describes IPv4's tables.
+func (d *Datapath) sweepExpired6(ctx context.Context, ts ctTables, now uint64) (int, error) {
+	n := 0
+	for _, m := range ts {
+		var expired []tcCt6Key
+		if err := walkTable(m, func(k tcCt6Key, v tcCt6Value) error {
+			if now > v.Ct.Expires {
+				expired = append(expired, k)
+			}
+			return nil
+		}); err != nil {
+			return n, err
+		}
+		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, expired, func(k tcCt6Key, v tcCt6Value) bool {
+			if now <= v.Ct.Expires || peerLive6(m, k, v, now) {
+				return false
+			}
+			d.addSwept(v.Ct) // its counts, for Counters (stale.go)
+			return true
+		})
+		n += len(deleted)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // unlive takes a live entry that the sweep deleted, from table i (0 the
@@ -410,15 +496,15 @@ func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats
 // moment its old flow on it is swept. The remaining cases are safe: an
 // entry evicted, moved or replaced before the read is skipped, and one
 // that still does not hold when read is left alone.
-func deleteCandidates(ctx context.Context, atomic bool, ct *ebpf.Map, candidates []tcCtKey, still func(tcCtKey, tcCtValue) bool) ([]tcCtKey, error) {
-	var deleted []tcCtKey
+func deleteCandidates[K, V any](ctx context.Context, atomic bool, ct *ebpf.Map, candidates []K, still func(K, V) bool) ([]K, error) {
+	var deleted []K
 	for i, k := range candidates {
 		if i%sweepBatch == 0 {
 			if err := ctx.Err(); err != nil {
 				return deleted, err
 			}
 		}
-		var v tcCtValue
+		var v V
 		if !atomic {
 			ok, err := readCheckDelete(ct, k, still)
 			if err != nil {
@@ -448,8 +534,8 @@ func deleteCandidates(ctx context.Context, atomic bool, ct *ebpf.Map, candidates
 
 // readCheckDelete deletes k from ct when still holds for its entry as read,
 // and says whether it did (deleteCandidates without atomic).
-func readCheckDelete(ct *ebpf.Map, k tcCtKey, still func(tcCtKey, tcCtValue) bool) (bool, error) {
-	var v tcCtValue
+func readCheckDelete[K, V any](ct *ebpf.Map, k K, still func(K, V) bool) (bool, error) {
+	var v V
 	if err := ct.Lookup(&k, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return false, nil // evicted, moved or replaced meanwhile

@@ -273,9 +273,9 @@ func TestConntrackLifecycle(t *testing.T) {
 func srcFor(t *testing.T, ip string, f Frontend, want, n int, from int) string {
 	t.Helper()
 	for port := from; port < from+10000; port++ {
-		src := fmt.Sprintf("%s:%d", ip, port)
-		if slotOf(netip.MustParseAddrPort(src), f.Addr, uint8(f.Proto), n) == want {
-			return src
+		src := netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))
+		if slotOf(src, f.Addr, uint8(f.Proto), n) == want {
+			return src.String()
 		}
 	}
 	t.Fatalf("no port of %s hashes to slot %d of %d", ip, want, n)
@@ -303,25 +303,40 @@ func backendAt(t *testing.T, d *Datapath, f Frontend, i int) string {
 	return ""
 }
 
-// TestBackendStates checks what each backend state does to flows pinned
-// to it: draining keeps established flows, a SYN reopening one moves, a
+// TestBackendStates checks, in each family tc on pod veths translates,
+// what each backend state does to flows pinned to it: draining keeps established flows, a SYN reopening one moves, a
 // gone backend's flows are re-balanced (UDP moves, TCP goes to an active
 // backend, which resets it), and a stale generation is never honoured.
 func TestBackendStates(t *testing.T) {
+	for _, fam := range []struct{ name, vip, a, b, client string }{
+		{"ipv4", "10.96.0.10", "10.1.0.1", "10.1.0.2", "10.0.0."},
+		{"ipv6", "fd00:96::10", "fd00:1::1", "fd00:1::2", "fd00::"},
+	} {
+		t.Run(fam.name, func(t *testing.T) { testBackendStates(t, fam.vip, fam.a, fam.b, fam.client) })
+	}
+}
+
+// testBackendStates is TestBackendStates in one family: frontends on
+// vip, backends a and b, clients client+"5" and on.
+func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
+	at := func(addr string, port uint16) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+	}
+	vipTCP, vipUDP := at(vip, 80), at(vip, 53)
 	d := newDatapath(t, Options{})
 	f := fe(vipTCP, TCP)
 	u := fe(vipUDP, UDP)
-	a, b := be("10.1.0.1:8080"), be("10.1.0.2:8080")
-	ua, ub := be("10.1.0.1:5353"), be("10.1.0.2:5353")
+	a, b := be(at(aAddr, 8080)), be(at(bAddr, 8080))
+	ua, ub := be(at(aAddr, 5353)), be(at(bAddr, 5353))
 	mustSet(t, d, f, a, b)
 	mustSet(t, d, u, ua, ub)
 	if backendAt(t, d, f, 0) != a.Addr.String() || backendAt(t, d, u, 0) != ua.Addr.String() {
 		t.Fatal("tables not in the order written")
 	}
 	// Flows that hash to a (slot 0 of 2) and, once a is gone, to b.
-	src1 := srcFor(t, "10.0.0.5", f, 0, 2, 20000)
-	src2 := srcFor(t, "10.0.0.6", f, 0, 2, 20000)
-	usrc := srcFor(t, "10.0.0.7", u, 0, 2, 20000)
+	src1 := srcFor(t, client+"5", f, 0, 2, 20000)
+	src2 := srcFor(t, client+"6", f, 0, 2, 20000)
+	usrc := srcFor(t, client+"7", u, 0, 2, 20000)
 	syn1, ack1 := tcpFrame(src1, vipTCP, tcpSYN, ""), tcpFrame(src1, vipTCP, tcpACK, "more")
 	synAck1 := tcpFrame(a.Addr.String(), src1, tcpSYN|tcpACK, "")
 	syn2, ack2 := tcpFrame(src2, vipTCP, tcpSYN, ""), tcpFrame(src2, vipTCP, tcpACK, "more")
@@ -345,7 +360,7 @@ func TestBackendStates(t *testing.T) {
 		if err := tx.putGeneration(m.id, m.gen+7); err != nil {
 			t.Fatal(err)
 		}
-		n, err := markOutdated(d.ctTables(), d.backendStats)
+		n, err := markOutdated(d.ctFamilies(), d.backendStats)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@ var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
 	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops, tcMapTlbFrags,
+	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -83,6 +84,10 @@ type Datapath struct {
 	// one), ctSrc the per-source budgets of new flows, frags the ports of
 	// fragmented datagrams' first fragments (bpf/frag.h).
 	ctNew, ctSrc, frags *ebpf.Map
+	// ct6 and ct6New are the IPv6 conntrack tables, conntrack's and
+	// ctNew's twins (keys tcCt6Key, values tcCt6Value): counted, swept
+	// (expiry only) and marked stale as the IPv4 ones.
+	ct6, ct6New *ebpf.Map
 	// srcRanges and srcRangeDrops hold loadBalancerSourceRanges
 	// (srcrange.go).
 	srcRanges, srcRangeDrops *ebpf.Map
@@ -329,6 +334,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
 	d.ctNew, d.ctSrc, d.frags = m[tcMapTlbCtNew], m[tcMapTlbCtSrc], m[tcMapTlbFrags]
+	d.ct6, d.ct6New = m[tcMapTlbCt6], m[tcMapTlbCt6New]
 	d.srcRanges, d.srcRangeDrops = m[tcMapTlbSrcRanges], m[tcMapTlbSrcRangeDrops]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]
 	d.tcEgressProg = d.tcColl.Programs[tcProgTcLbEgress]
@@ -403,6 +409,8 @@ func sizeMaps(spec *ebpf.CollectionSpec, opts Options) {
 	spec.Maps[tcMapTlbBackendStats].MaxEntries = opts.MaxBackends
 	spec.Maps[tcMapTlbConntrack].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbCtNew].MaxEntries = opts.MaxConntrackNew
+	spec.Maps[tcMapTlbCt6].MaxEntries = opts.MaxConntrack
+	spec.Maps[tcMapTlbCt6New].MaxEntries = opts.MaxConntrackNew
 	spec.Maps[tcMapTlbSockRevnat].MaxEntries = opts.MaxConntrack
 	spec.Maps[tcMapTlbAffinity].MaxEntries = opts.MaxAffinity
 	// Indexed by svc id, 1..MaxFrontends.
@@ -446,7 +454,7 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 	switch {
 	case meta.LayoutVersion == 0:
 		return nil
-	case meta.LayoutVersion == migrateFrom && meta.Fingerprint == layout4Fingerprint:
+	case meta.LayoutVersion == migrateFrom && meta.Fingerprint == prevLayoutFingerprint:
 		return fmt.Errorf("maps at %s have layout version %d: %w: %w", pinPath, migrateFrom, errPreviousLayout, ErrLayoutMismatch)
 	case meta.LayoutVersion != layoutVersion:
 		return fmt.Errorf("maps at %s have layout version %d, this datapath uses %d: %w",
@@ -532,10 +540,12 @@ func (d *Datapath) Unpin() error {
 // closed reports, with mu held, whether Close ran.
 func (d *Datapath) closed() bool { return d.tcColl == nil }
 
-// IPv6 reports whether the datapath translates IPv6 on the tc hook of pod
-// veths, the condition for the agent to hand it IPv6 frontends and
-// backends. Since layout 5 the maps carry either family and the socket
-// hooks balance the node's own processes to IPv6 frontends; the packet
-// hooks still pass IPv6 frames untouched (docs/datapath.md, "Addresses"),
-// so it is false.
+// IPv6 reports whether the datapath serves IPv6 wherever it serves IPv4,
+// the condition for the agent to hand it IPv6 frontends and backends
+// (of every scope: the agent programs per family). The maps carry either
+// family, the socket hooks balance the node's own processes to IPv6
+// frontends, and tc on pod veths translates IPv6 with its own conntrack
+// tables (layout 6), which the sweep and stale marking cover; but the
+// uplinks (XDP and tc: NodePorts, load-balancer and external IPs) pass
+// IPv6 untouched (docs/datapath.md, "Addresses"), so it is false.
 func (d *Datapath) IPv6() bool { return false }

@@ -101,8 +101,14 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 	}
 }
 
-// l3Len is the IPv4 total length of a rendered frame.
-func l3Len(b []byte) uint64 { return uint64(binary.BigEndian.Uint16(b[16:])) }
+// l3Len is the L3 length of a rendered frame: IPv4's total length, the
+// IPv6 header's 40 bytes and its payload length.
+func l3Len(b []byte) uint64 {
+	if binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return 40 + uint64(binary.BigEndian.Uint16(b[18:]))
+	}
+	return uint64(binary.BigEndian.Uint16(b[16:]))
+}
 
 // runTable runs rows in order (conntrack state carries over) and checks
 // every row's verdict, output and counter deltas, then the per-frontend
@@ -314,50 +320,102 @@ func extFE() Frontend {
 }
 
 func setupTable(t *testing.T) *Datapath {
+	return setupTableFor(t, tcFamilies[0].addrs)
+}
+
+// setupTableFor programs the tables' frontends with the addresses of one
+// family; the external frontend only for IPv4, the family the uplinks
+// translate.
+func setupTableFor(t *testing.T, a tcAddrs) *Datapath {
 	d := newDatapath(t, Options{})
-	mustSet(t, d, fe(vipTCP, TCP), be(beTCP))
-	mustSet(t, d, fe(vipUDP, UDP), be(beUDP))
-	mustSet(t, d, fe(vipEmpty, TCP))
-	// Node-local: no source translation (forward_test.go has those).
-	mustSet(t, d, extFE(), Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
+	mustSet(t, d, fe(a.vipTCP, TCP), be(a.beTCP))
+	mustSet(t, d, fe(a.vipUDP, UDP), be(a.beUDP))
+	mustSet(t, d, fe(a.vipEmpty, TCP))
+	if netip.MustParseAddrPort(a.vipTCP).Addr().Is4() {
+		// Node-local: no source translation (forward_test.go has those).
+		mustSet(t, d, extFE(), Backend{Addr: netip.MustParseAddrPort(beExt), NodeLocal: true})
+	}
 	return d
 }
 
-func TestTCProgram(t *testing.T) {
-	d := setupTable(t)
-	tcpFE, udpFE := fe(vipTCP, TCP), fe(vipUDP, UDP)
+// tcAddrs are the addresses of TestTCProgram's rows in one family.
+type tcAddrs struct {
+	client, client2, client3, vipTCP, vipUDP, vipEmpty, beTCP, beUDP string
+}
 
-	syn := tcpFrame(client, vipTCP, tcpSYN, "")
-	ack := tcpFrame(client, vipTCP, tcpACK|tcpPSH, "odd-length-13")
-	fin := tcpFrame(client, vipTCP, tcpFIN|tcpACK, "")
-	synAck := tcpFrame(beTCP, client, tcpSYN|tcpACK, "")
-	udp := udpFrame(client, vipUDP, "abcde")
-	udpNoSum := udpFrame(client2, vipUDP, "zero-sum")
-	udpNoSum.noUDPSum = true
-	udpReply := udpFrame(beUDP, client, "reply!")
+// tcFamilies are the families tc on pod veths translates, IPv4 first
+// (setupTable's).
+var tcFamilies = []struct {
+	name  string
+	addrs tcAddrs
+}{
+	{"ipv4", tcAddrs{client, client2, client3, vipTCP, vipUDP, vipEmpty, beTCP, beUDP}},
+	{"ipv6", tcAddrs{"[fd00::2]:40000", "[fd00::2]:40001", "[fd00::3]:40002", "[fd00:96::10]:80", "[fd00:96::10]:53",
+		"[fd00:96::11]:80", "[fd00:1:1::2]:8080", "[fd00:1:1::3]:5353"}},
+}
+
+// TestTCProgram runs the pod-veth hook's table in each family it
+// translates: the same rows, the family's addresses; what only IPv4 has
+// (options, the external frontend, its malformations) in IPv4's, what
+// only IPv6 has in TestIPv6PassesUntouched.
+func TestTCProgram(t *testing.T) {
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			a := fam.addrs
+			d := setupTableFor(t, a)
+			rows := tcRows(a)
+			if fam.name == "ipv4" {
+				rows = append(rows, tcRows4()...)
+				rows = append(rows, untouchedRows(hookTC)...)
+				rows = append(rows, malformedRows(hookTC)...)
+			}
+			runTable(t, d, rows)
+		})
+	}
+}
+
+// tcRows are TestTCProgram's rows for a family's addresses a.
+func tcRows(a tcAddrs) []pktCase {
+	tcpFE, udpFE := fe(a.vipTCP, TCP), fe(a.vipUDP, UDP)
+	syn := tcpFrame(a.client, a.vipTCP, tcpSYN, "")
+	ack := tcpFrame(a.client, a.vipTCP, tcpACK|tcpPSH, "odd-length-13")
+	fin := tcpFrame(a.client, a.vipTCP, tcpFIN|tcpACK, "")
+	synAck := tcpFrame(a.beTCP, a.client, tcpSYN|tcpACK, "")
+	udp := udpFrame(a.client, a.vipUDP, "abcde")
+	udpReply := udpFrame(a.beUDP, a.client, "reply!")
+	padded := udpFrame(a.client3, a.vipUDP, "p")
+	padded.pad = 17
+	rst := tcpFrame(a.client3, a.vipTCP, tcpRST, "")
+	rows := []pktCase{
+		{name: "tcp_syn_new_flow", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", a.beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tcp_ack_odd_payload_conntrack_hit", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", a.beTCP)), fwd: tcpFE},
+		{name: "tcp_reply_from_local_backend", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(a.vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		{name: "tcp_fin", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", a.beTCP)), fwd: tcpFE},
+		{name: "udp_odd_payload", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", a.beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+	}
+	if netip.MustParseAddrPort(a.client).Addr().Is4() {
+		// IPv6 has no UDP checksum 0 (RFC 8200 8.1).
+		udpNoSum := udpFrame(a.client2, a.vipUDP, "zero-sum")
+		udpNoSum.noUDPSum = true
+		rows = append(rows, pktCase{name: "udp_zero_checksum_stays_zero", hook: hookTC, in: udpNoSum, out: ptr(udpNoSum.withAddrs("", a.beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)})
+	}
+	return append(rows, []pktCase{
+		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(a.vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "ethernet_padding_kept", hook: hookTC, in: padded, out: ptr(padded.withAddrs("", a.beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
+		{name: "tcp_rst_without_flow_is_a_midflow_miss", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", a.beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(stats{StatTCPMidflowMiss: 1})},
+		{name: "zero_backends_dropped", hook: hookTC, in: tcpFrame(a.client, a.vipEmpty, tcpSYN, ""), want: drop, stats: stats{StatDropNoBackend: 1}},
+	}...)
+}
+
+// tcRows4 are TestTCProgram's rows only IPv4 has.
+func tcRows4() []pktCase {
+	tcpFE := fe(vipTCP, TCP)
 	opts := tcpFrame(client2, vipTCP, tcpSYN, "")
 	opts.ipOptions = []byte{1, 1, 1, 1, 1, 1, 1, 0}
-	padded := udpFrame(client3, vipUDP, "p")
-	padded.pad = 17
-	rst := tcpFrame(client3, vipTCP, tcpRST, "")
-
-	rows := []pktCase{
-		{name: "tcp_syn_new_flow", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "tcp_ack_odd_payload_conntrack_hit", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "tcp_reply_from_local_backend", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
-		{name: "tcp_fin", hook: hookTC, in: fin, out: ptr(fin.withAddrs("", beTCP)), fwd: tcpFE},
-		{name: "udp_odd_payload", hook: hookTC, in: udp, out: ptr(udp.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "udp_zero_checksum_stays_zero", hook: hookTC, in: udpNoSum, out: ptr(udpNoSum.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "udp_reply_from_local_backend", hook: hookTC, in: udpReply, out: ptr(udpReply.withAddrs(vipUDP, "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+	return []pktCase{
 		{name: "ip_options", hook: hookTC, in: opts, out: ptr(opts.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "ethernet_padding_kept", hook: hookTC, in: padded, out: ptr(padded.withAddrs("", beUDP)), fwd: udpFE, newFlow: true, stats: newFlowStats(nil)},
-		{name: "tcp_rst_without_flow_is_a_midflow_miss", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(stats{StatTCPMidflowMiss: 1})},
-		{name: "zero_backends_dropped", hook: hookTC, in: tcpFrame(client, vipEmpty, tcpSYN, ""), want: drop, stats: stats{StatDropNoBackend: 1}},
 		{name: "external_frontend_not_matched_by_tc", hook: hookTC, in: tcpFrame(client, vipExt, tcpSYN, ""), want: pass},
 	}
-	rows = append(rows, untouchedRows(hookTC)...)
-	rows = append(rows, malformedRows(hookTC)...)
-	runTable(t, d, rows)
 }
 
 func TestXDPProgram(t *testing.T) {

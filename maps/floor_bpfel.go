@@ -15,11 +15,8 @@ import (
 
 type floorAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client floorTlbAddr
+	SvcId  uint32
 }
 
 type floorAffinityValue struct {
@@ -47,16 +44,36 @@ type floorBackendStats struct {
 }
 
 type floorBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  floorTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
 	Id    uint32
 	Gen   uint32
+}
+
+type floorCt6Key struct {
+	_     structs.HostLayout
+	Saddr floorTlbAddr
+	Daddr floorTlbAddr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type floorCt6Pair struct {
+	_ structs.HostLayout
+	A floorCt6Value
+	B floorCt6Value
+}
+
+type floorCt6Value struct {
+	_       structs.HostLayout
+	Ct      floorCtValue
+	Addr    floorTlbAddr
+	NatAddr floorTlbAddr
 }
 
 type floorCtKey struct {
@@ -157,10 +174,7 @@ type floorMeta struct {
 type floorRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  floorTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -180,20 +194,14 @@ type floorRejectRoom struct {
 type floorSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   floorTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type floorSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr floorTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -202,18 +210,12 @@ type floorSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      floorTlbAddr
 }
 
 type floorSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   floorTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -230,6 +232,11 @@ type floorSvcValue struct {
 	Pad             uint16
 }
 
+type floorTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -240,6 +247,10 @@ const (
 	floorMapTlbBackendStats    = "tlb_backend_stats"
 	floorMapTlbBackends        = "tlb_backends"
 	floorMapTlbConntrack       = "tlb_conntrack"
+	floorMapTlbCt6             = "tlb_ct6"
+	floorMapTlbCt6New          = "tlb_ct6_new"
+	floorMapTlbCt6Scratch      = "tlb_ct6_scratch"
+	floorMapTlbCt6Src          = "tlb_ct6_src"
 	floorMapTlbCtNew           = "tlb_ct_new"
 	floorMapTlbCtScratch       = "tlb_ct_scratch"
 	floorMapTlbCtSrc           = "tlb_ct_src"
@@ -330,6 +341,10 @@ type floorMapSpecs struct {
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.MapSpec `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.MapSpec `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
@@ -392,6 +407,10 @@ type floorMaps struct {
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.Map `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.Map `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
@@ -415,6 +434,10 @@ func (m *floorMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCt6,
+		m.TlbCt6New,
+		m.TlbCt6Scratch,
+		m.TlbCt6Src,
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,

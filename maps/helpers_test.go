@@ -127,9 +127,22 @@ func snatPortOf(src, dst netip.AddrPort, proto uint8, try int, r PortRange) uint
 	return r.Min + uint16(h%uint32(r.Size()))
 }
 
-// flowHash is an independent Go copy of flow_hash (kernel jhash_3words).
+// flowHash is an independent Go copy of flow_hash (kernel jhash_3words),
+// of either family: an IPv6 address is folded into 32 bits first
+// (addr_fold, the XOR of its four words).
 func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
-	le := func(a netip.Addr) uint32 { b := a.As4(); return binary.LittleEndian.Uint32(b[:]) }
+	le := func(a netip.Addr) uint32 {
+		if a.Is4() {
+			b := a.As4()
+			return binary.LittleEndian.Uint32(b[:])
+		}
+		b := a.As16()
+		var x uint32
+		for i := 0; i < 16; i += 4 {
+			x ^= binary.LittleEndian.Uint32(b[i:])
+		}
+		return x
+	}
 	swap := func(p uint16) uint32 { return uint32(bits.ReverseBytes16(p)) }
 	a, b := le(src.Addr()), le(dst.Addr())
 	c := (swap(src.Port())<<16 | swap(dst.Port())) ^ uint32(proto)

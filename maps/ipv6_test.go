@@ -10,6 +10,7 @@ import (
 const (
 	v6HopByHop = 0
 	v6Fragment = 44
+	v6DestOpts = 60
 	v6ICMP     = 58
 	v6NoNext   = 59
 )
@@ -35,13 +36,8 @@ type v6Ext struct {
 func ipv6Frame(src, dst netip.Addr, hopLimit uint8, ext []v6Ext, next uint8, l4 []byte) frame {
 	l4 = append([]byte(nil), l4...)
 	if off, ok := map[uint8]int{protoTCP: 16, protoUDP: 6, v6ICMP: 2}[next]; ok {
-		var ph []byte
-		ph = append(ph, src.AsSlice()...)
-		ph = append(ph, dst.AsSlice()...)
-		ph = binary.BigEndian.AppendUint32(ph, uint32(len(l4)))
-		ph = append(ph, 0, 0, 0, next)
 		l4[off], l4[off+1] = 0, 0
-		binary.BigEndian.PutUint16(l4[off:], csum(0, append(ph, l4...)))
+		binary.BigEndian.PutUint16(l4[off:], csum(pseudoOf(src, dst, next, len(l4)), l4))
 	}
 	first := next
 	var chain []byte
@@ -51,13 +47,7 @@ func ipv6Frame(src, dst netip.Addr, hopLimit uint8, ext []v6Ext, next uint8, l4 
 		chain = append(h, chain...)
 		first = ext[i].kind
 	}
-	hdr := make([]byte, 40)
-	hdr[0] = 0x60
-	binary.BigEndian.PutUint16(hdr[4:], uint16(len(chain)+len(l4)))
-	hdr[6] = first
-	hdr[7] = hopLimit
-	copy(hdr[8:], src.AsSlice())
-	copy(hdr[24:], dst.AsSlice())
+	hdr := ipv6Header(src, dst, hopLimit, first, len(chain)+len(l4))
 	return frame{etherType: 0x86dd, payload: append(append(hdr, chain...), l4...)}
 }
 
@@ -104,27 +94,30 @@ func fragmentHeader(off uint16, more bool) v6Ext {
 	return v6Ext{v6Fragment, b}
 }
 
+// destOpts is an empty destination options header (RFC 8200 4.6: a PadN
+// option filling its 8 bytes).
+var destOpts = v6Ext{v6DestOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0}}
+
 // TestIPv6PassesUntouched sends IPv6 frames through every packet hook
-// with IPv6 frontends programmed (layout 5 carries them for the socket
-// hooks): until the packet hooks translate IPv6 (Datapath.IPv6), every
-// IPv6 frame is the kernel's, byte for byte and without a counter. NDP,
-// router advertisements, MLD (behind a hop-by-hop header) and echo must
-// pass on any hook at any time; a SYN or a datagram to an IPv6 frontend
-// passes here because no packet hook serves IPv6 yet, and an IPv6
-// frontend must not make one match an IPv4 frontend or a conntrack
-// entry either.
+// with IPv6 frontends programmed: what is not a TCP or UDP packet to a
+// frontend is the kernel's on every hook, byte for byte and without a
+// counter: NDP, router advertisements, MLD (behind a hop-by-hop header),
+// echo, fragments, a chain of extension headers longer than the parser
+// walks. A SYN or a datagram to an IPv6 frontend passes the hooks that do
+// not translate IPv6 (XDP and tc on uplinks, tc egress); on pod veths
+// (TestTCProgram's ipv6 rows) it is translated, also behind extension
+// headers the parser walks. An IPv6 packet never matches an IPv4
+// frontend, even to its IPv4-mapped address.
 func TestIPv6PassesUntouched(t *testing.T) {
 	d := setupTable(t)
-	if d.IPv6() {
-		t.Fatal("Datapath.IPv6 says the packet hooks translate IPv6: this test's SYN and datagram rows must then expect a translation")
-	}
 	vip := netip.MustParseAddr("fd00:96::10")
+	backend := netip.MustParseAddr("fd00:1::1")
 	for _, f := range []Frontend{
 		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP},
 		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP, Scope: ScopeExternal},
 		{Addr: netip.AddrPortFrom(vip, 53), Proto: UDP},
 	} {
-		mustSet(t, d, f, Backend{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:1::1"), f.Addr.Port())})
+		mustSet(t, d, f, Backend{Addr: netip.AddrPortFrom(backend, f.Addr.Port())})
 	}
 	client := netip.MustParseAddr("fd00:2::7")
 	linkLocal := netip.MustParseAddr("fe80::1")
@@ -136,13 +129,13 @@ func TestIPv6PassesUntouched(t *testing.T) {
 	// IPv4-mapped: the IPv4 frontend's key, which an IPv6 packet must
 	// never reach.
 	mappedVIP := netip.AddrFrom16(netip.MustParseAddr(vipTCP[:len(vipTCP)-3]).As16())
+	tooLong := []v6Ext{destOpts, destOpts, destOpts, destOpts, destOpts}
 
-	frames := []struct {
+	type row struct {
 		name string
 		in   frame
-	}{
-		{"tcp_syn_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
-		{"udp_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoUDP, udp6(41000, 53, "q"))},
+	}
+	untouched := []row{
 		{"tcp_syn_to_ipv4_mapped_frontend", ipv6Frame(client, mappedVIP, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
 		{"neighbor_solicitation", ipv6Frame(linkLocal, solicited, 255, nil, v6ICMP,
 			icmp6(icmp6NeighSolicit, append(make([]byte, 4), vip.AsSlice()...)))},
@@ -153,12 +146,77 @@ func TestIPv6PassesUntouched(t *testing.T) {
 		{"echo_request_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, v6ICMP, icmp6(icmp6EchoRequest, []byte{0, 1, 0, 1, 'p'}))},
 		{"first_fragment_to_ipv6_frontend", ipv6Frame(client, vip, 64, []v6Ext{fragmentHeader(0, true)}, protoUDP, udp6(41000, 53, "fragment-one"))},
 		{"no_next_header", ipv6Frame(client, vip, 64, nil, v6NoNext, nil)},
+		{"syn_behind_more_extension_headers_than_walked", ipv6Frame(client, vip, 64, tooLong, protoTCP, tcp6(41001, 80, tcpSYN))},
+	}
+	toFrontend := []row{
+		{"tcp_syn_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
+		{"udp_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoUDP, udp6(41000, 53, "q"))},
 	}
 	var rows []pktCase
 	for _, h := range []hook{hookTC, hookXDP, hookUplinkTC, hookTCEgress} {
-		for _, f := range frames {
+		set := untouched
+		if h != hookTC {
+			set = append(set, toFrontend...)
+		}
+		for _, f := range set {
 			rows = append(rows, pktCase{name: string(h) + "/" + f.name, hook: h, in: f.in, want: pass})
 		}
 	}
+	// The extension headers the parser walks (hop-by-hop, destination
+	// options, routing) before the L4 header: translated on pod veths.
+	walked := []v6Ext{routerAlert, destOpts}
+	syn := ipv6Frame(client, vip, 64, walked, protoTCP, tcp6(41002, 80, tcpSYN))
+	rows = append(rows, pktCase{name: "tc/syn_behind_walked_extension_headers", hook: hookTC, in: syn,
+		out: ptr(ipv6Frame(client, backend, 64, walked, protoTCP, tcp6(41002, 80, tcpSYN))),
+		fwd: Frontend{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP}, newFlow: true, stats: newFlowStats(nil)})
 	runTable(t, d, rows)
+}
+
+// TestSweepConntrackIPv6 checks that a sweep deletes the expired entries
+// of the IPv6 conntrack tables, leaves the live ones, and keeps the
+// deleted flows' counts in their frontend's.
+func TestSweepConntrackIPv6(t *testing.T) {
+	a := tcFamilies[1].addrs
+	d := setupTableFor(t, a)
+	for _, f := range []frame{
+		tcpFrame(a.client, a.vipTCP, tcpSYN, ""),
+		tcpFrame(a.beTCP, a.client, tcpSYN|tcpACK, ""),
+		udpFrame(a.client2, a.vipUDP, "q"),
+	} {
+		if ret, _ := run(t, d.tcProg, f.bytes()); ret != tcOK {
+			t.Fatalf("verdict %d", ret)
+		}
+	}
+	// Expire the TCP flow's two entries.
+	expired := 0
+	for _, m := range d.ct6Tables() {
+		must(t, walkTable(m, func(k tcCt6Key, v tcCt6Value) error {
+			if k.Proto != protoTCP {
+				return nil
+			}
+			v.Ct.Expires = 0
+			expired++
+			return m.Update(&k, &v, 0)
+		}))
+	}
+	if expired != 2 {
+		t.Fatalf("%d TCP entries in the IPv6 tables, want 2", expired)
+	}
+	st, err := d.SweepConntrack(t.Context())
+	must(t, err)
+	if st.Expired != 2 {
+		t.Errorf("sweep expired %d entries, want 2", st.Expired)
+	}
+	left := map[uint8]int{}
+	for _, m := range d.ct6Tables() {
+		must(t, walkTable(m, func(k tcCt6Key, _ tcCt6Value) error { left[k.Proto]++; return nil }))
+	}
+	if left[protoTCP] != 0 || left[protoUDP] != 2 {
+		t.Errorf("entries left by protocol %v, want the UDP flow's 2 only", left)
+	}
+	c, err := d.Counters()
+	must(t, err)
+	if got := c.Frontends[fe(a.vipTCP, TCP)]; got.Flows != 1 || got.Packets != 1 {
+		t.Errorf("swept flow's frontend counts %+v, want its flow and packet", got)
+	}
 }

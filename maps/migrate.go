@@ -14,11 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Upgrading from the previous layout (migrateFrom, layout4.go) without a
+// Upgrading from the previous layout (migrateFrom, layout5.go) without a
 // reset. Load finds maps of that layout pinned and, instead of failing:
 //
-//  1. opens the pinned maps whose shape changed (l4Maps) and creates their
-//     twins of this layout, unpinned, with every entry converted; every
+//  1. opens the pinned maps whose shape changed (prevMaps) and creates their
+//     twins of this layout, unpinned, with every entry converted, and
+//     creates the maps this layout added, unpinned and empty; every
 //     other map kept its shape and is adopted as it is pinned, flows
 //     (conntrack, SNAT ports) included, so the old and the new programs
 //     share them;
@@ -37,9 +38,13 @@ import (
 // forwarding, and Load returns the error. The new maps are unpinned until
 // 5, so nothing is left behind either.
 
-// l4Map is one map of the previous layout whose shape changed.
-type l4Map struct {
-	name       string
+// prevMap is one map of the previous layout whose shape changed, or one
+// this layout added.
+type prevMap struct {
+	name string
+	// added: the previous layout has no such map; it starts empty, and
+	// nothing of the rest applies.
+	added      bool
 	typ        ebpf.MapType
 	key, value any
 	// delta: the programs write it; copied again after the swap.
@@ -53,7 +58,7 @@ type l4Map struct {
 // migration carries the pinned maps of the previous layout into this one.
 type migration struct {
 	pinPath string
-	// old are the pinned maps of l4Maps (nil for an optional one not
+	// old are the pinned maps of prevMaps (nil for an optional one not
 	// pinned), fresh their twins of this layout, by name.
 	old, fresh map[string]*ebpf.Map
 	// copied and delta count the entries converted per map, before and
@@ -85,7 +90,20 @@ func prepareMigration(pinPath string, spec *ebpf.CollectionSpec, maxFrontends ui
 			mg.close()
 		}
 	}()
-	for _, lm := range l4Maps {
+	for _, lm := range prevMaps {
+		if lm.added {
+			// The previous layout has no such map: one pinned says these
+			// are not its maps (this layout's, stamped otherwise).
+			if _, err := os.Stat(filepath.Join(pinPath, lm.name)); err == nil {
+				return nil, fmt.Errorf("layout %d has no %s, yet one is pinned at %s: %w", migrateFrom, lm.name, pinPath, ErrLayoutMismatch)
+			}
+			ms := spec.Maps[lm.name].Copy()
+			ms.Pinning = ebpf.PinNone
+			if mg.fresh[lm.name], err = ebpf.NewMap(ms); err != nil {
+				return nil, fmt.Errorf("create %s of layout %d: %w", lm.name, layoutVersion, err)
+			}
+			continue
+		}
 		path := filepath.Join(pinPath, lm.name)
 		old, err := ebpf.LoadPinnedMap(path, nil)
 		if lm.optional && errors.Is(err, os.ErrNotExist) {
@@ -117,9 +135,9 @@ func prepareMigration(pinPath string, spec *ebpf.CollectionSpec, maxFrontends ui
 	return mg, nil
 }
 
-// check compares a pinned map with what layout 4 made and what its twin
+// check compares a pinned map with what the previous layout made and what its twin
 // will hold.
-func (lm l4Map) check(old *ebpf.Map, ms *ebpf.MapSpec) error {
+func (lm prevMap) check(old *ebpf.Map, ms *ebpf.MapSpec) error {
 	keySize, valueSize := uint32(binary.Size(lm.key)), uint32(binary.Size(lm.value))
 	switch {
 	case old.Type() != lm.typ:
@@ -203,7 +221,7 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 	if err := mg.swap(d); err != nil {
 		return fmt.Errorf("replace the layout %d programs: %w", migrateFrom, err)
 	}
-	for _, lm := range l4Maps {
+	for _, lm := range prevMaps {
 		if !lm.delta || mg.old[lm.name] == nil {
 			continue
 		}
@@ -213,7 +231,10 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 		}
 		mg.delta[lm.name] = n
 	}
-	for _, lm := range l4Maps {
+	for _, lm := range prevMaps {
+		if lm.added {
+			continue
+		}
 		if err := mg.pin(lm.name); err != nil {
 			return err
 		}
@@ -221,6 +242,19 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 	meta := tcMeta{LayoutVersion: layoutVersion, Fingerprint: fingerprint}
 	if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("stamp layout %d: %w", layoutVersion, err)
+	}
+	// The maps this layout added are pinned after the stamp: a crash
+	// before it leaves none pinned, and the next start migrates again (a
+	// map of them pinned would tell it these are not the previous
+	// layout's maps); a crash after it, some unpinned, which that start
+	// creates afresh.
+	for _, lm := range prevMaps {
+		if !lm.added {
+			continue
+		}
+		if err := mg.pin(lm.name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -361,8 +395,8 @@ func (mg *migration) close() {
 // logArgs are the counts of entries migrated, per map.
 func (mg *migration) logArgs() []any {
 	var args []any
-	for _, lm := range l4Maps {
-		if _, ok := mg.fresh[lm.name]; !ok {
+	for _, lm := range prevMaps {
+		if _, ok := mg.fresh[lm.name]; !ok || lm.added {
 			continue
 		}
 		args = append(args, lm.name, mg.copied[lm.name])

@@ -70,76 +70,22 @@ func readUpgradeState(t *testing.T, dir string) upgradeState {
 	return s
 }
 
-// downgrade turns the layout 5 maps pinned in dir into what an agent of
-// layout 4 pinned: every reshaped map re-created in its layout 4 shape
-// with its entries converted back, tlb_meta stamped 4. It is the inverse
-// of l4Maps' conversions, for building the test's input only.
+// downgrade turns the maps pinned in dir into what an agent of the
+// previous layout pinned: the maps this layout added unpinned (prevMaps;
+// no map of that layout changed shape), tlb_meta stamped with its version
+// and fingerprint. For building the test's input only.
 func downgrade(t *testing.T, dir string) {
 	t.Helper()
-	back := func(a tcTlbAddr) uint32 {
-		if a == (tcTlbAddr{}) {
-			return 0
+	for _, lm := range prevMaps {
+		if !lm.added {
+			t.Fatalf("%s changed shape: downgrade must convert it back", lm.name)
 		}
-		return be32(addrFromWire(a))
-	}
-	svcKey4 := func(k tcSvcKey) l4SvcKey {
-		return l4SvcKey{Vip: back(k.Vip), Port: k.Port, Proto: k.Proto, Scope: k.Scope}
-	}
-	convs := map[string]func(from, to *ebpf.Map) (int, error){
-		tcMapTlbServices: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcSvcKey, v tcSvcValue) (l4SvcKey, tcSvcValue) { return svcKey4(k), v })
-		},
-		tcMapTlbBackends: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcBackendKey, v tcBackendValue) (tcBackendKey, l4BackendValue) {
-				return k, l4BackendValue{Addr: back(v.Addr), Port: v.Port, Flags: v.Flags, Id: v.Id, Gen: v.Gen}
-			})
-		},
-		tcMapTlbRegistry: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k uint32, v tcRegistryValue) (uint32, l4RegistryValue) {
-				return k, l4RegistryValue{SvcId: v.SvcId, Addr: back(v.Addr), Port: v.Port, State: v.State, Flags: v.Flags, Gen: v.Gen}
-			})
-		},
-		tcMapTlbAffinity: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcAffinityKey, v tcAffinityValue) (l4AffinityKey, tcAffinityValue) {
-				return l4AffinityKey{Client: back(k.Client), SvcId: k.SvcId}, v
-			})
-		},
-		tcMapTlbSockRevnat: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcSockRevnatKey, v tcSockRevnatValue) (l4SockRevnatKey, l4SockRevnatValue) {
-				return l4SockRevnatKey{Cookie: k.Cookie, Addr: back(k.Addr), Port: k.Port}, l4SockRevnatValue{Addr: back(v.Addr), Port: v.Port}
-			})
-		},
-		tcMapTlbSrcRanges: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcSrcRangeKey, v uint8) (l4SrcRangeKey, uint8) {
-				return l4SrcRangeKey{Prefixlen: k.Prefixlen - v4MappedBits, SvcId: k.SvcId, Addr: be32(addrFromWire(k.Addr))}, v
-			})
-		},
-		namesMap: func(from, to *ebpf.Map) (int, error) {
-			return convertEntries(from, to, ebpf.UpdateAny, func(k tcSvcKey, v nameValue) (l4SvcKey, nameValue) { return svcKey4(k), v })
-		},
-	}
-	for _, lm := range l4Maps {
-		path := filepath.Join(dir, lm.name)
-		cur, err := ebpf.LoadPinnedMap(path, nil)
-		must(t, err)
-		info, err := cur.Info()
-		must(t, err)
-		flags := info.Flags
-		old, err := ebpf.NewMap(&ebpf.MapSpec{Name: lm.name, Type: lm.typ, KeySize: uint32(binary.Size(lm.key)),
-			ValueSize: uint32(binary.Size(lm.value)), MaxEntries: cur.MaxEntries(), Flags: flags})
-		must(t, err)
-		if _, err := convs[lm.name](cur, old); err != nil {
-			t.Fatalf("downgrade %s: %v", lm.name, err)
-		}
-		cur.Close()
-		must(t, os.Remove(path))
-		must(t, old.Pin(path))
-		old.Close()
+		must(t, os.Remove(filepath.Join(dir, lm.name)))
 	}
 	meta, err := ebpf.LoadPinnedMap(filepath.Join(dir, tcMapTlbMeta), nil)
 	must(t, err)
 	defer meta.Close()
-	must(t, meta.Update(uint32(0), &tcMeta{LayoutVersion: migrateFrom, Fingerprint: layout4Fingerprint}, ebpf.UpdateAny))
+	must(t, meta.Update(uint32(0), &tcMeta{LayoutVersion: migrateFrom, Fingerprint: prevLayoutFingerprint}, ebpf.UpdateAny))
 }
 
 // linkProgram is the id of the program the link pinned at pin runs.
@@ -174,13 +120,14 @@ func upgradeNode(t *testing.T) Options {
 	return Options{PinPath: dir, NetNS: node.Path, MaxFrontends: 1024, MaxBackends: 4096, MaxConntrack: 4096}
 }
 
-// TestUpgradeFromLayout4 builds a datapath's state (frontends with
+// TestUpgradeFromPreviousLayout builds a datapath's state (frontends with
 // affinity, source ranges, a draining backend, names, flows, a socket
-// record, attached links), turns its pins into layout 4's, and checks
-// that Load migrates them: every entry converted, the state readers see
-// equal, the links running the new programs, the flow still on its
-// backend, and nothing of layout 4 left.
-func TestUpgradeFromLayout4(t *testing.T) {
+// record, attached links), turns its pins into the previous layout's, and
+// checks that Load migrates them: every entry kept, the state readers see
+// unchanged, the links running the new programs, the flow going on to its
+// backend, the maps this layout added pinned, and nothing of the upgrade
+// left.
+func TestUpgradeFromPreviousLayout(t *testing.T) {
 	opts := upgradeNode(t)
 	dir := opts.PinPath
 	d1, err := Load(opts)
@@ -228,54 +175,11 @@ func TestUpgradeFromLayout4(t *testing.T) {
 	must(t, d1.Close())
 	closed = true
 	downgrade(t, dir)
-
-	// The layout 4 wire format, byte for byte: the frontend key is
-	// 10.96.7.10, port 80, TCP, scope.
-	svcs, err := ebpf.LoadPinnedMap(filepath.Join(dir, tcMapTlbServices), nil)
-	must(t, err)
-	raw := make([]byte, 8)
-	found := false
-	it := svcs.Iterate()
-	val := make([]byte, svcs.ValueSize())
-	for it.Next(&raw, &val) {
-		if raw[6] == protoTCP {
-			found = true
-			if want := []byte{10, 96, 7, 10, 0, 80, protoTCP}; string(raw[:7]) != string(want) {
-				t.Errorf("layout 4 frontend key % x, want % x", raw[:7], want)
-			}
-		}
-	}
-	must(t, it.Err())
-	svcs.Close()
-	if !found {
-		t.Fatal("no TCP frontend in the layout 4 services map")
-	}
 	if _, err := OpenPinned(dir); !errors.Is(err, ErrLayoutMismatch) {
-		t.Fatalf("OpenPinned of layout 4 maps: %v, want ErrLayoutMismatch", err)
+		t.Fatalf("OpenPinned of layout %d maps: %v, want ErrLayoutMismatch", migrateFrom, err)
 	}
-
-	// What the old programs write between the conversion and the swap: a
-	// socket record (connect4), into the layout 4 map.
-	late := l4SockRevnatKey{Cookie: 78, Addr: be32(flowBackend.Addr()), Port: be16(flowBackend.Port())}
-	testBeforeSwap = func(pinPath string) {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, tcMapTlbSockRevnat), nil)
-		if err == nil {
-			err = m.Update(&late, &l4SockRevnatValue{Addr: be32(web.Addr.Addr()), Port: be16(web.Addr.Port())}, ebpf.UpdateNoExist)
-			m.Close()
-		}
-		if err != nil {
-			t.Errorf("write a layout 4 socket record before the swap: %v", err)
-		}
-	}
-	t.Cleanup(func() { testBeforeSwap = nil })
 	d2 := newDatapath(t, opts)
-	testBeforeSwap = nil
 	after := readUpgradeState(t, dir)
-	lateKey := tcSockRevnatKey{Cookie: late.Cookie, Addr: rk.Addr, Port: rk.Port}
-	if got, ok := after.SockRev[lateKey]; !ok || got != rv {
-		t.Errorf("socket record written before the swap: %+v, %v after the upgrade, want %+v", got, ok, rv)
-	}
-	delete(after.SockRev, lateKey)
 	if !reflect.DeepEqual(before, after) {
 		t.Errorf("state after the upgrade differs:\nbefore %+v\nafter  %+v", before, after)
 	}
@@ -297,6 +201,11 @@ func TestUpgradeFromLayout4(t *testing.T) {
 			t.Errorf("left behind: %s", e.Name())
 		}
 	}
+	for _, lm := range prevMaps {
+		if _, err := os.Stat(filepath.Join(dir, lm.name)); err != nil {
+			t.Errorf("%s of layout %d not pinned: %v", lm.name, layoutVersion, err)
+		}
+	}
 	// The flow's next packet goes to its backend, the draining one.
 	ack := tcpFrame(client, web.Addr.String(), tcpACK, "x")
 	v, out := run(t, d2.tcProg, ack.bytes())
@@ -313,17 +222,19 @@ func TestUpgradeFromLayout4(t *testing.T) {
 	must(t, d3.Close())
 }
 
-// TestUpgradeRefusesHostileMaps checks that layout 4 maps of wrong sizes
-// fail the upgrade with a clear error and stay pinned as they were.
+// TestUpgradeRefusesHostileMaps checks that maps of the previous layout
+// of wrong shapes or sizes fail the upgrade with a clear error and stay
+// pinned as they were.
 func TestUpgradeRefusesHostileMaps(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		spec ebpf.MapSpec
 	}{
 		{"truncated key", ebpf.MapSpec{Type: ebpf.Hash, KeySize: 6, ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 1024, Flags: 1}},
-		{"value of layout 5", ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 64, MaxEntries: 1024, Flags: 1}},
-		{"other size", ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 7, Flags: 1}},
-		{"other type", ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 8, ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 1024}},
+		{"key of layout 4", ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 1024, Flags: 1}},
+		{"other value", ebpf.MapSpec{Type: ebpf.Hash, KeySize: uint32(binary.Size(tcSvcKey{})), ValueSize: 64, MaxEntries: 1024, Flags: 1}},
+		{"other size", ebpf.MapSpec{Type: ebpf.Hash, KeySize: uint32(binary.Size(tcSvcKey{})), ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 7, Flags: 1}},
+		{"other type", ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: uint32(binary.Size(tcSvcKey{})), ValueSize: uint32(binary.Size(tcSvcValue{})), MaxEntries: 1024}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(bpffs(t), "topolb")
@@ -388,7 +299,7 @@ func pinIDs(t *testing.T, dir string) map[string]string {
 // TestUpgradeRollsBackTheSwap checks that a swap that fails part way (a
 // pinned link running a program this layout has no counterpart of) puts
 // the old programs back on the links it had swapped, and leaves the
-// layout 4 maps pinned as they were.
+// previous layout's maps pinned as they were.
 func TestUpgradeRollsBackTheSwap(t *testing.T) {
 	opts := upgradeNode(t)
 	dir := opts.PinPath

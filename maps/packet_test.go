@@ -83,6 +83,9 @@ func (f frame) bytes() []byte {
 	et := f.etherType
 	if et == 0 {
 		et = 0x0800
+		if f.is6() {
+			et = 0x86dd
+		}
 	}
 	b := make([]byte, 0, 128)
 	src, dst := macA, macB
@@ -99,13 +102,12 @@ func (f frame) bytes() []byte {
 		b = binary.BigEndian.AppendUint16(b, testVID)
 	}
 	b = binary.BigEndian.AppendUint16(b, et)
-	if et != 0x0800 {
+	if et != 0x0800 && (et != 0x86dd || !f.is6()) {
 		b = append(b, f.payload...)
 		return b
 	}
 
 	var l4 []byte
-	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
 	proto := f.proto
 	if f.rawL4 {
 		proto = 0 // nothing built, no checksum
@@ -142,10 +144,10 @@ func (f frame) bytes() []byte {
 	// of it, which is all the datapath needs to see.
 	switch proto {
 	case protoTCP:
-		binary.BigEndian.PutUint16(l4[16:], csum(pseudo(src4, dst4, protoTCP, len(l4)), l4))
+		binary.BigEndian.PutUint16(l4[16:], csum(pseudoOf(f.src.Addr(), f.dst.Addr(), protoTCP, len(l4)), l4))
 	case protoUDP:
 		if !f.noUDPSum {
-			s := csum(pseudo(src4, dst4, protoUDP, len(l4)), l4)
+			s := csum(pseudoOf(f.src.Addr(), f.dst.Addr(), protoUDP, len(l4)), l4)
 			if s == 0 {
 				s = 0xffff
 			}
@@ -162,6 +164,10 @@ func (f frame) bytes() []byte {
 		binary.BigEndian.PutUint16(l4[4:], uint16(f.udpLen))
 	}
 
+	if f.is6() {
+		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), f.proto, len(l4))...), l4...)
+	}
+	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
 	ip := make([]byte, 20+len(f.ipOptions))
 	ip[0] = 0x40 | uint8(len(ip)/4)
 	binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+len(l4)))
@@ -219,6 +225,39 @@ func fragmentsOf(f frame, size int) []frame {
 	return out
 }
 
+// is6 reports whether f is an IPv6 packet: its addresses are IPv6 ones
+// (not IPv4-mapped). Only TCP and UDP without malformations are built so;
+// ipv6Frame builds the rest.
+func (f frame) is6() bool { return f.src.Addr().Is6() && !f.src.Addr().Is4In6() }
+
+// pseudoOf is the one's-complement sum of the pseudo-header of either
+// family (RFC 768, RFC 8200 8.1).
+func pseudoOf(src, dst netip.Addr, proto uint8, l4len int) uint32 {
+	if src.Is4() {
+		return pseudo(src.As4(), dst.As4(), proto, l4len)
+	}
+	var s uint32
+	for _, a := range [][16]byte{src.As16(), dst.As16()} {
+		for i := 0; i < 16; i += 2 {
+			s += uint32(binary.BigEndian.Uint16(a[i:]))
+		}
+	}
+	return s + uint32(l4len)>>16 + uint32(l4len)&0xffff + uint32(proto)
+}
+
+// ipv6Header is a fixed IPv6 header from src to dst with hop limit hops,
+// next header next and a payload of payload bytes.
+func ipv6Header(src, dst netip.Addr, hops, next uint8, payload int) []byte {
+	hdr := make([]byte, 40)
+	hdr[0] = 0x60
+	binary.BigEndian.PutUint16(hdr[4:], uint16(payload))
+	hdr[6] = next
+	hdr[7] = hops
+	copy(hdr[8:], src.AsSlice())
+	copy(hdr[24:], dst.AsSlice())
+	return hdr
+}
+
 // pseudo is the one's-complement sum of the IPv4 pseudo-header.
 func pseudo(src, dst [4]byte, proto uint8, l4len int) uint32 {
 	var s uint32
@@ -254,6 +293,9 @@ type parsed struct {
 // datapath.
 func verifyChecksums(b []byte) (parsed, error) {
 	var p parsed
+	if len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return verifyChecksums6(b[14:])
+	}
 	if len(b) < 34 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
 		return p, errors.New("not an IPv4 frame")
 	}
@@ -283,6 +325,32 @@ func verifyChecksums(b []byte) (parsed, error) {
 		return p, nil // no checksum
 	}
 	if s := csum(pseudo(src4, dst4, p.proto, len(l4)), l4); s != 0 {
+		return p, fmt.Errorf("bad %d checksum (residue %#04x)", p.proto, s)
+	}
+	return p, nil
+}
+
+// verifyChecksums6 is verifyChecksums for the IPv6 packet ip without
+// extension headers: the L4 checksum over the IPv6 pseudo header.
+func verifyChecksums6(ip []byte) (parsed, error) {
+	var p parsed
+	payload := int(binary.BigEndian.Uint16(ip[4:]))
+	if ip[0]>>4 != 6 || 40+payload > len(ip) {
+		return p, errors.New("malformed IPv6 header")
+	}
+	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	p.proto = ip[6]
+	l4 := ip[40 : 40+payload]
+	if p.proto != protoTCP && p.proto != protoUDP {
+		p.src, p.dst = netip.AddrPortFrom(src, 0), netip.AddrPortFrom(dst, 0)
+		return p, nil
+	}
+	if len(l4) < 8 {
+		return p, errors.New("truncated L4 header")
+	}
+	p.src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(l4[0:]))
+	p.dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(l4[2:]))
+	if s := csum(pseudoOf(src, dst, p.proto, len(l4)), l4); s != 0 {
 		return p, fmt.Errorf("bad %d checksum (residue %#04x)", p.proto, s)
 	}
 	return p, nil

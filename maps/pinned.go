@@ -24,8 +24,8 @@ type Pinned struct {
 	km  kernelMaps
 	// names is nil when the directory has no tlb_names (maps of an agent
 	// that did not record names).
-	conntrack, ctNew, affinity, stats, names *ebpf.Map
-	opened                                   []*ebpf.Map
+	conntrack, ctNew, ct6, ct6New, affinity, stats, names *ebpf.Map
+	opened                                                []*ebpf.Map
 }
 
 // OpenPinned opens the datapath pinned at dir. It fails, wrapping
@@ -64,6 +64,7 @@ func OpenPinned(dir string) (_ *Pinned, err error) {
 		{tcMapTlbServices, &p.km.services}, {tcMapTlbBackends, &p.km.backends}, {tcMapTlbRegistry, &p.km.registry},
 		{tcMapTlbBackendStats, &p.km.backendStats}, {tcMapTlbSrcRanges, &p.km.srcRanges},
 		{tcMapTlbConntrack, &p.conntrack}, {tcMapTlbCtNew, &p.ctNew}, {tcMapTlbAffinity, &p.affinity},
+		{tcMapTlbCt6, &p.ct6}, {tcMapTlbCt6New, &p.ct6New},
 		{tcMapTlbStats, &p.stats}, {namesMap, &p.names},
 	} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(dir, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
@@ -106,7 +107,7 @@ func (p *Pinned) Frontends() ([]PinnedFrontend, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := k.addFlows(ctTables{p.conntrack, p.ctNew}); err != nil {
+	if err := k.addFlows(ctTables{p.conntrack, p.ctNew}, ctTables{p.ct6, p.ct6New}); err != nil {
 		return nil, err
 	}
 	names, err := p.readNames()

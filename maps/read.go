@@ -267,15 +267,15 @@ func (d *Datapath) Counters() (Counters, error) {
 // members, and copies of the conntrack tables' handles for the walk
 // (which the caller closes). recs and tables are nil when no frontend
 // has a member.
-func (d *Datapath) countersBeforeWalk() (Counters, []record, ctTables, error) {
+func (d *Datapath) countersBeforeWalk() (Counters, []record, ctFamilies, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
-		return Counters{}, nil, ctTables{}, ErrClosed
+		return Counters{}, nil, ctFamilies{}, ErrClosed
 	}
 	stats, err := d.readStats()
 	if err != nil {
-		return Counters{}, nil, ctTables{}, err
+		return Counters{}, nil, ctFamilies{}, err
 	}
 	c := Counters{
 		Frontends:      make(map[Frontend]Traffic, len(d.fes)),
@@ -292,7 +292,7 @@ func (d *Datapath) countersBeforeWalk() (Counters, []record, ctTables, error) {
 		Fragments:  stats[StatFragment],
 	}
 	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
-		return Counters{}, nil, ctTables{}, err
+		return Counters{}, nil, ctFamilies{}, err
 	}
 	swept := d.takeSwept()
 	for _, s := range d.fes {
@@ -302,15 +302,15 @@ func (d *Datapath) countersBeforeWalk() (Counters, []record, ctTables, error) {
 	}
 	maxID, ok := d.maxMemberID()
 	if !ok {
-		return c, nil, ctTables{}, nil
+		return c, nil, ctFamilies{}, nil
 	}
 	recs, err := d.readRecords(maxID)
 	if err != nil {
-		return Counters{}, nil, ctTables{}, err
+		return Counters{}, nil, ctFamilies{}, err
 	}
 	tables, err := d.cloneCtTables()
 	if err != nil {
-		return Counters{}, nil, ctTables{}, fmt.Errorf("read conntrack: %w", err)
+		return Counters{}, nil, ctFamilies{}, fmt.Errorf("read conntrack: %w", err)
 	}
 	return c, recs, tables, nil
 }

@@ -196,7 +196,7 @@ func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
 	// changes go on meanwhile.
 	type read struct {
 		k      *kernelState
-		tables ctTables
+		tables ctFamilies
 		err    error
 	}
 	r, err := readKernel(d, func(k *kernelState) read {
@@ -210,7 +210,7 @@ func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
 		return nil, err
 	}
 	defer r.tables.close()
-	if err := r.k.addFlows(r.tables); err != nil {
+	if err := r.k.addFlows(r.tables.v4, r.tables.v6); err != nil {
 		return nil, err
 	}
 	return r.k.programmed(), nil
@@ -238,12 +238,11 @@ func readKernel[T any](d *Datapath, derive func(*kernelState) T) (T, error) {
 // flow counts its packets in its conntrack entry, and the record holds
 // only what flows that are gone counted (ct_fold, bpf/ct.h). Flows the
 // agent's sweep deleted are not in either (Counters adds them).
-func (k *kernelState) addFlows(ts ctTables) error {
-	return ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+func (k *kernelState) addFlows(ts, ts6 ctTables) error {
+	return walkValues(ts, ts6, func(v tcCtValue) {
 		if ig, tr, ok := entryTraffic(v); ok && int(ig.id) < len(k.records) && k.records[ig.id].gen == ig.gen {
 			k.records[ig.id].traffic = k.records[ig.id].traffic.plus(tr)
 		}
-		return nil
 	})
 }
 

@@ -15,11 +15,8 @@ import (
 
 type sockAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client sockTlbAddr
+	SvcId  uint32
 }
 
 type sockAffinityValue struct {
@@ -47,16 +44,36 @@ type sockBackendStats struct {
 }
 
 type sockBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  sockTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
 	Id    uint32
 	Gen   uint32
+}
+
+type sockCt6Key struct {
+	_     structs.HostLayout
+	Saddr sockTlbAddr
+	Daddr sockTlbAddr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type sockCt6Pair struct {
+	_ structs.HostLayout
+	A sockCt6Value
+	B sockCt6Value
+}
+
+type sockCt6Value struct {
+	_       structs.HostLayout
+	Ct      sockCtValue
+	Addr    sockTlbAddr
+	NatAddr sockTlbAddr
 }
 
 type sockCtKey struct {
@@ -136,10 +153,7 @@ type sockMeta struct {
 type sockRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  sockTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -149,20 +163,14 @@ type sockRegistryValue struct {
 type sockSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   sockTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type sockSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr sockTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -171,18 +179,12 @@ type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      sockTlbAddr
 }
 
 type sockSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   sockTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -199,6 +201,11 @@ type sockSvcValue struct {
 	Pad             uint16
 }
 
+type sockTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -207,6 +214,10 @@ const (
 	sockMapTlbBackendStats    = "tlb_backend_stats"
 	sockMapTlbBackends        = "tlb_backends"
 	sockMapTlbConntrack       = "tlb_conntrack"
+	sockMapTlbCt6             = "tlb_ct6"
+	sockMapTlbCt6New          = "tlb_ct6_new"
+	sockMapTlbCt6Scratch      = "tlb_ct6_scratch"
+	sockMapTlbCt6Src          = "tlb_ct6_src"
 	sockMapTlbCtNew           = "tlb_ct_new"
 	sockMapTlbCtScratch       = "tlb_ct_scratch"
 	sockMapTlbCtSrc           = "tlb_ct_src"
@@ -304,6 +315,10 @@ type sockMapSpecs struct {
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.MapSpec `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.MapSpec `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
@@ -363,6 +378,10 @@ type sockMaps struct {
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.Map `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.Map `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
@@ -383,6 +402,10 @@ func (m *sockMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCt6,
+		m.TlbCt6New,
+		m.TlbCt6Scratch,
+		m.TlbCt6Src,
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,

@@ -44,62 +44,96 @@ func entryTraffic(v tcCtValue) (idGen, Traffic, bool) {
 // walk calls f for every entry of both conntrack tables, read in
 // batches.
 func (ts ctTables) walk(f func(m *ebpf.Map, k tcCtKey, v tcCtValue) error) error {
-	keys := make([]tcCtKey, sweepBatch)
-	vals := make([]tcCtValue, sweepBatch)
 	for _, m := range ts {
-		var cursor ebpf.MapBatchCursor
-		for {
-			n, err := m.BatchLookup(&cursor, keys, vals, nil)
-			for i := 0; i < n; i++ {
-				if ferr := f(m, keys[i], vals[i]); ferr != nil {
-					return ferr
-				}
-			}
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("read conntrack: %w", err)
-			}
+		if err := walkTable(m, func(k tcCtKey, v tcCtValue) error { return f(m, k, v) }); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// cloneCtTables returns copies of the conntrack tables' handles, for a
-// walk that runs without d.mu (the caller holds it here): map writes go on
-// while it reads. The caller closes them.
-func (d *Datapath) cloneCtTables() (ctTables, error) {
-	var tables ctTables
-	for i, m := range d.ctTables() {
-		c, err := m.Clone()
-		if err != nil {
-			tables.close()
-			return ctTables{}, err
+// walkTable calls f for every entry of the conntrack table m (keys K,
+// values V: tcCtKey and tcCtValue, or IPv6's tcCt6Key and tcCt6Value),
+// read in batches.
+func walkTable[K, V any](m *ebpf.Map, f func(k K, v V) error) error {
+	keys := make([]K, sweepBatch)
+	vals := make([]V, sweepBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if ferr := f(keys[i], vals[i]); ferr != nil {
+				return ferr
+			}
 		}
-		tables[i] = c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read conntrack: %w", err)
+		}
 	}
-	return tables, nil
+}
+
+// walkValues calls f with the family-neutral part (ct_value) of every
+// entry of the IPv4 tables ts and the IPv6 tables ts6 (ct6_value embeds
+// it), for the readers that need nothing else: counters.
+func walkValues(ts, ts6 ctTables, f func(v tcCtValue)) error {
+	if err := ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error { f(v); return nil }); err != nil {
+		return err
+	}
+	for _, m := range ts6 {
+		if err := walkTable(m, func(_ tcCt6Key, v tcCt6Value) error { f(v.Ct); return nil }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ctFamilies are the conntrack tables of both families.
+type ctFamilies struct{ v4, v6 ctTables }
+
+// ctFamilies returns the Datapath's conntrack tables of both families.
+func (d *Datapath) ctFamilies() ctFamilies { return ctFamilies{d.ctTables(), d.ct6Tables()} }
+
+// cloneCtTables returns copies of the conntrack tables' handles, of both
+// families, for a walk that runs without d.mu (the caller holds it here):
+// map writes go on while it reads. The caller closes them.
+func (d *Datapath) cloneCtTables() (ctFamilies, error) {
+	var out ctFamilies
+	from := d.ctFamilies()
+	for _, f := range []struct{ from, to *ctTables }{{&from.v4, &out.v4}, {&from.v6, &out.v6}} {
+		for i, m := range f.from {
+			c, err := m.Clone()
+			if err != nil {
+				out.close()
+				return ctFamilies{}, err
+			}
+			f.to[i] = c
+		}
+	}
+	return out, nil
 }
 
 // close closes the handles of cloned tables (nil ones are skipped).
-func (ts ctTables) close() {
-	for _, m := range ts {
-		if m != nil {
-			m.Close()
+func (fs ctFamilies) close() {
+	for _, ts := range []ctTables{fs.v4, fs.v6} {
+		for _, m := range ts {
+			if m != nil {
+				m.Close()
+			}
 		}
 	}
 }
 
-// traffic sums the counts of ts's forward entries by backend id and
+// traffic sums the counts of fs's forward entries by backend id and
 // generation, for the pairs want accepts (nil: all).
-func (ts ctTables) traffic(want func(idGen) bool) (map[idGen]Traffic, error) {
+func (fs ctFamilies) traffic(want func(idGen) bool) (map[idGen]Traffic, error) {
 	out := make(map[idGen]Traffic)
-	err := ts.walk(func(_ *ebpf.Map, _ tcCtKey, v tcCtValue) error {
+	err := walkValues(fs.v4, fs.v6, func(v tcCtValue) {
 		if ig, tr, ok := entryTraffic(v); ok && (want == nil || want(ig)) {
 			out[ig] = out[ig].plus(tr)
 		}
-		return nil
 	})
 	return out, err
 }
@@ -180,32 +214,55 @@ func (d *Datapath) flushStale() error {
 	return err
 }
 
-// markStale marks stale (CT_F_STALE, expired) every forward entry whose
-// id and generation stale names, and returns how many it marked. Each
-// entry is read again just before it is rewritten, and left alone when it
-// changed (moved, closed, or a new flow under the same tuple); the
-// datapath writes fields in place, so an increment racing the rewrite is
-// lost.
-func (ts ctTables) markStale(stale func(idGen) bool) (int, error) {
+// markStale marks stale (CT_F_STALE, expired) every forward entry of
+// both families whose id and generation stale names, and returns how
+// many it marked.
+func (fs ctFamilies) markStale(stale func(idGen) bool) (int, error) {
+	n := 0
+	for _, m := range fs.v4 {
+		got, err := markStaleIn[tcCtKey](m, func(v *tcCtValue) *tcCtValue { return v }, stale)
+		n += got
+		if err != nil {
+			return n, err
+		}
+	}
+	for _, m := range fs.v6 {
+		got, err := markStaleIn[tcCt6Key](m, func(v *tcCt6Value) *tcCtValue { return &v.Ct }, stale)
+		n += got
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// markStaleIn is markStale for one table m of keys K and values V, whose
+// family-neutral part ct returns. Each entry is read again just before it
+// is rewritten, and left alone when it changed (moved, closed, or a new
+// flow under the same tuple); the datapath writes fields in place, so an
+// increment racing the rewrite is lost.
+func markStaleIn[K, V any](m *ebpf.Map, ct func(*V) *tcCtValue, stale func(idGen) bool) (int, error) {
 	flag := uint8(tcCtFlagCT_F_STALE)
 	n := 0
-	err := ts.walk(func(m *ebpf.Map, k tcCtKey, v tcCtValue) error {
-		if tcCtDir(v.Dir) != tcCtDirCT_FORWARD || v.Flags&flag != 0 || !stale(idGen{v.BackendId, v.BackendGen}) {
+	err := walkTable(m, func(k K, v V) error {
+		was := ct(&v)
+		if tcCtDir(was.Dir) != tcCtDirCT_FORWARD || was.Flags&flag != 0 || !stale(idGen{was.BackendId, was.BackendGen}) {
 			return nil
 		}
-		var now tcCtValue
-		if err := m.Lookup(&k, &now); err != nil {
+		var cur V
+		if err := m.Lookup(&k, &cur); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return nil
 			}
 			return fmt.Errorf("mark stale flows: %w", err)
 		}
-		if now.BackendId != v.BackendId || now.BackendGen != v.BackendGen || now.Flags&flag != 0 {
+		now := ct(&cur)
+		if now.BackendId != was.BackendId || now.BackendGen != was.BackendGen || now.Flags&flag != 0 {
 			return nil
 		}
 		now.Flags |= flag
 		now.Expires = 0
-		if err := m.Update(&k, &now, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := m.Update(&k, &cur, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("mark stale flows: %w", err)
 		}
 		n++
@@ -220,7 +277,7 @@ func (ts ctTables) markStale(stale func(idGen) bool) (int, error) {
 // read just before a release, whose entry appeared after that change's
 // walk had passed, is caught here. A valid flow's generation is always
 // its id's: an id's generation changes only when it is released.
-func markOutdated(tables ctTables, records *ebpf.Map) (int, error) {
+func markOutdated(tables ctFamilies, records *ebpf.Map) (int, error) {
 	gens := make(map[uint32]record)
 	return tables.markStale(func(ig idGen) bool {
 		rec, ok := gens[ig.id]

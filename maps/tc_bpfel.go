@@ -68,6 +68,29 @@ type tcBackendValue struct {
 	Gen   uint32
 }
 
+type tcCt6Key struct {
+	_     structs.HostLayout
+	Saddr tcTlbAddr
+	Daddr tcTlbAddr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type tcCt6Pair struct {
+	_ structs.HostLayout
+	A tcCt6Value
+	B tcCt6Value
+}
+
+type tcCt6Value struct {
+	_       structs.HostLayout
+	Ct      tcCtValue
+	Addr    tcTlbAddr
+	NatAddr tcTlbAddr
+}
+
 type tcCtDir uint32
 
 const (
@@ -395,6 +418,10 @@ const (
 	tcMapTlbBackendStats    = "tlb_backend_stats"
 	tcMapTlbBackends        = "tlb_backends"
 	tcMapTlbConntrack       = "tlb_conntrack"
+	tcMapTlbCt6             = "tlb_ct6"
+	tcMapTlbCt6New          = "tlb_ct6_new"
+	tcMapTlbCt6Scratch      = "tlb_ct6_scratch"
+	tcMapTlbCt6Src          = "tlb_ct6_src"
 	tcMapTlbCtNew           = "tlb_ct_new"
 	tcMapTlbCtScratch       = "tlb_ct_scratch"
 	tcMapTlbCtSrc           = "tlb_ct_src"
@@ -481,6 +508,10 @@ type tcMapSpecs struct {
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.MapSpec `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.MapSpec `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
@@ -541,6 +572,10 @@ type tcMaps struct {
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.Map `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.Map `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
@@ -563,6 +598,10 @@ func (m *tcMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCt6,
+		m.TlbCt6New,
+		m.TlbCt6Scratch,
+		m.TlbCt6Src,
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,

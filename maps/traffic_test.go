@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,13 +42,20 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// pod wires a pod namespace to its node: eth0 in the pod, host in the node.
+// pod wires a pod namespace to its node: eth0 in the pod, host in the
+// node, the node's address subnet.1 and the pod's subnet.2 in a /24, or,
+// for an IPv6 subnet (one with a colon), subnet::1 and subnet::2 in a
+// /64.
 func pod(t *testing.T, node, p *nettest.NS, host, subnet string) {
 	t.Helper()
+	gw, podAddr, bits := subnet+".1", subnet+".2", "/24"
+	if strings.Contains(subnet, ":") {
+		gw, podAddr, bits = subnet+"::1", subnet+"::2", "/64"
+	}
 	must(t, nettest.Veth(node, host, p, "eth0"))
-	must(t, node.AddAddr(host, subnet+".1/24"))
-	must(t, p.AddAddr("eth0", subnet+".2/24"))
-	must(t, p.AddRoute("default", subnet+".1"))
+	must(t, node.AddAddr(host, gw+bits))
+	must(t, p.AddAddr("eth0", podAddr+bits))
+	must(t, p.AddRoute("default", gw))
 }
 
 func newTestbed(t *testing.T) *testbed {
@@ -160,7 +168,11 @@ func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]in
 	got := make(map[string]int)
 	buf := make([]byte, 512)
 	for i := 0; i < n; i++ {
-		c, err := from.ListenPacket("udp4", "0.0.0.0:0")
+		network, any := "udp4", "0.0.0.0:0"
+		if to.AddrPort().Addr().Is6() {
+			network, any = "udp6", "[::]:0"
+		}
+		c, err := from.ListenPacket(network, any)
 		if err != nil {
 			t.Fatal(err)
 		}

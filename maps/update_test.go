@@ -634,7 +634,7 @@ func TestLoadAdoptsPinnedMaps(t *testing.T) {
 		{"previous_version_other_fingerprint_refused", tcMeta{LayoutVersion: migrateFrom, Fingerprint: 0x5eed}},
 		// Maps of this layout stamped as the previous one: the upgrade
 		// finds keys of the wrong size and writes nothing.
-		{"previous_layout_stamp_on_these_maps_refused", tcMeta{LayoutVersion: migrateFrom, Fingerprint: layout4Fingerprint}},
+		{"previous_layout_stamp_on_these_maps_refused", tcMeta{LayoutVersion: migrateFrom, Fingerprint: prevLayoutFingerprint}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			meta, err := ebpf.LoadPinnedMap(filepath.Join(pin, tcMapTlbMeta), nil)

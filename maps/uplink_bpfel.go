@@ -15,11 +15,8 @@ import (
 
 type uplinkAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client uplinkTlbAddr
+	SvcId  uint32
 }
 
 type uplinkAffinityValue struct {
@@ -47,16 +44,36 @@ type uplinkBackendStats struct {
 }
 
 type uplinkBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  uplinkTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
 	Id    uint32
 	Gen   uint32
+}
+
+type uplinkCt6Key struct {
+	_     structs.HostLayout
+	Saddr uplinkTlbAddr
+	Daddr uplinkTlbAddr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type uplinkCt6Pair struct {
+	_ structs.HostLayout
+	A uplinkCt6Value
+	B uplinkCt6Value
+}
+
+type uplinkCt6Value struct {
+	_       structs.HostLayout
+	Ct      uplinkCtValue
+	Addr    uplinkTlbAddr
+	NatAddr uplinkTlbAddr
 }
 
 type uplinkCtKey struct {
@@ -136,10 +153,7 @@ type uplinkMeta struct {
 type uplinkRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  uplinkTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -159,20 +173,14 @@ type uplinkRejectRoom struct {
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   uplinkTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type uplinkSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr uplinkTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -181,18 +189,12 @@ type uplinkSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      uplinkTlbAddr
 }
 
 type uplinkSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   uplinkTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -209,6 +211,11 @@ type uplinkSvcValue struct {
 	Pad             uint16
 }
 
+type uplinkTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -218,6 +225,10 @@ const (
 	uplinkMapTlbBackendStats    = "tlb_backend_stats"
 	uplinkMapTlbBackends        = "tlb_backends"
 	uplinkMapTlbConntrack       = "tlb_conntrack"
+	uplinkMapTlbCt6             = "tlb_ct6"
+	uplinkMapTlbCt6New          = "tlb_ct6_new"
+	uplinkMapTlbCt6Scratch      = "tlb_ct6_scratch"
+	uplinkMapTlbCt6Src          = "tlb_ct6_src"
 	uplinkMapTlbCtNew           = "tlb_ct_new"
 	uplinkMapTlbCtScratch       = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc           = "tlb_ct_src"
@@ -304,6 +315,10 @@ type uplinkMapSpecs struct {
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.MapSpec `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.MapSpec `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
@@ -364,6 +379,10 @@ type uplinkMaps struct {
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.Map `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.Map `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
@@ -386,6 +405,10 @@ func (m *uplinkMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCt6,
+		m.TlbCt6New,
+		m.TlbCt6Scratch,
+		m.TlbCt6Src,
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,

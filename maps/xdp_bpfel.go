@@ -15,11 +15,8 @@ import (
 
 type xdpAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client xdpTlbAddr
+	SvcId  uint32
 }
 
 type xdpAffinityValue struct {
@@ -47,16 +44,36 @@ type xdpBackendStats struct {
 }
 
 type xdpBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  xdpTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
 	Id    uint32
 	Gen   uint32
+}
+
+type xdpCt6Key struct {
+	_     structs.HostLayout
+	Saddr xdpTlbAddr
+	Daddr xdpTlbAddr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type xdpCt6Pair struct {
+	_ structs.HostLayout
+	A xdpCt6Value
+	B xdpCt6Value
+}
+
+type xdpCt6Value struct {
+	_       structs.HostLayout
+	Ct      xdpCtValue
+	Addr    xdpTlbAddr
+	NatAddr xdpTlbAddr
 }
 
 type xdpCtKey struct {
@@ -136,10 +153,7 @@ type xdpMeta struct {
 type xdpRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  xdpTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -159,20 +173,14 @@ type xdpRejectRoom struct {
 type xdpSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   xdpTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type xdpSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr xdpTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -181,18 +189,12 @@ type xdpSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      xdpTlbAddr
 }
 
 type xdpSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   xdpTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -209,6 +211,11 @@ type xdpSvcValue struct {
 	Pad             uint16
 }
 
+type xdpTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -218,6 +225,10 @@ const (
 	xdpMapTlbBackendStats    = "tlb_backend_stats"
 	xdpMapTlbBackends        = "tlb_backends"
 	xdpMapTlbConntrack       = "tlb_conntrack"
+	xdpMapTlbCt6             = "tlb_ct6"
+	xdpMapTlbCt6New          = "tlb_ct6_new"
+	xdpMapTlbCt6Scratch      = "tlb_ct6_scratch"
+	xdpMapTlbCt6Src          = "tlb_ct6_src"
 	xdpMapTlbCtNew           = "tlb_ct_new"
 	xdpMapTlbCtScratch       = "tlb_ct_scratch"
 	xdpMapTlbCtSrc           = "tlb_ct_src"
@@ -302,6 +313,10 @@ type xdpMapSpecs struct {
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.MapSpec `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.MapSpec `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.MapSpec `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.MapSpec `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
@@ -362,6 +377,10 @@ type xdpMaps struct {
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
 	TlbBackends      *ebpf.Map `ebpf:"tlb_backends"`
 	TlbConntrack     *ebpf.Map `ebpf:"tlb_conntrack"`
+	TlbCt6           *ebpf.Map `ebpf:"tlb_ct6"`
+	TlbCt6New        *ebpf.Map `ebpf:"tlb_ct6_new"`
+	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
+	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
@@ -384,6 +403,10 @@ func (m *xdpMaps) Close() error {
 		m.TlbBackendStats,
 		m.TlbBackends,
 		m.TlbConntrack,
+		m.TlbCt6,
+		m.TlbCt6New,
+		m.TlbCt6Scratch,
+		m.TlbCt6Src,
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,

@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* What only IPv6 has, beside ipv4.h: the fixed header with 16-byte
+ * addresses, the extension header chain, the hop limit, and the parsed
+ * packet with its addresses (struct packet6). The L4 headers and the
+ * family-neutral part of the parsed packet are packet.h's.
+ *
+ * Only hooks that translate IPv6 include this header (tc on pod veths:
+ * tc_lb.c defines LB_IPV6); the others pass IPv6 frames untouched without
+ * a byte of IPv6 code. */
+#ifndef TOPOLB_IPV6_H
+#define TOPOLB_IPV6_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "addr.h"
+#include "consts.h"
+#include "packet.h"
+#include "structs.h"
+
+/* Next-header values (RFC 8200 4, IANA "Assigned Internet Protocol
+ * Numbers"). */
+#define IP6_NEXT_HOP_BY_HOP 0
+#define IP6_NEXT_ROUTING 43
+#define IP6_NEXT_FRAGMENT 44
+#define IP6_NEXT_DEST_OPTS 60
+#define IP6_PROTO_ICMPV6 58
+
+/* The extension headers walked before the L4 header: at most
+ * IP6_MAX_EXT of them (hop-by-hop, destination options, routing,
+ * destination options again is RFC 8200 4.1's longest sane chain), in at
+ * most IP6_MAX_EXT_LEN bytes, so the L4 header starts within
+ * L4_OFF_MASK like IPv4's (packet.h) and every L4 helper serves both
+ * families. A longer chain passes untranslated: the kernel takes it. */
+#define IP6_MAX_EXT 4
+#define IP6_MAX_EXT_LEN 64
+/* An extension header's length field counts 8-byte units after the
+ * first 8 (RFC 8200 4.3, 4.4, 4.6). */
+#define IP6_EXT_UNIT 8
+#define IP6_HLEN 40
+_Static_assert(sizeof(struct ipv6hdr) == IP6_HLEN, "the fixed IPv6 header is 40 bytes");
+_Static_assert(ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN <= L4_OFF_MASK, "L4_OFF_MASK must cover every IPv6 L4 offset");
+
+/* Longest Ethernet + IPv6 (with extension headers) + TCP header prefix
+ * we read. */
+#define MAX_PARSE6_LEN (ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN + sizeof(struct tcphdr))
+
+/* An IPv6 packet as the core sees it: the family-neutral part first (its
+ * family PKT_IPV6), so a struct packet pointer to it serves every shared
+ * helper, and the addresses, network byte order. */
+struct packet6 {
+	struct packet p;
+	union tlb_addr saddr;
+	union tlb_addr daddr;
+};
+
+/* packet6_of is the packet6 that pkt (family PKT_IPV6) heads. */
+static __always_inline const struct packet6 *packet6_of(const struct packet *pkt)
+{
+	return (const struct packet6 *)pkt;
+}
+
+/* ip6_ext_len is the length of the extension header at h, whose type is
+ * next, or 0 for a type that ends the walk here. */
+static __always_inline __u32 ip6_ext_len(__u8 next, const __u8 *h)
+{
+	switch (next) {
+	case IP6_NEXT_HOP_BY_HOP:
+	case IP6_NEXT_ROUTING:
+	case IP6_NEXT_DEST_OPTS:
+		return ((__u32)h[1] + 1) * IP6_EXT_UNIT;
+	default:
+		return 0;
+	}
+}
+
+/* parse_ipv6 fills pkt from the IPv6 frame in [data, data_end) (the
+ * caller checked the Ethernet header). frame_len is the full frame length
+ * (which can exceed data_end - data for non-linear skbs). Returns
+ * PARSE_OK for TCP and UDP with their headers complete, PARSE_SKIP for
+ * everything else: ICMPv6 (NDP, router advertisements, MLD, echo and
+ * errors), fragments (an IPv6 fragment passes untranslated, as an IPv4
+ * fragment with no state does), other protocols, IPv4-mapped addresses, extension chains longer
+ * than the walk, jumbograms, and what is malformed: the kernel takes
+ * those, and drops what it must. */
+static __always_inline int parse_ipv6(void *data, void *data_end, __u32 frame_len, struct packet6 *pkt)
+{
+	struct ipv6hdr *ip = data + ETH_HLEN;
+	__u32 off = ETH_HLEN + IP6_HLEN, payload;
+	__u8 next;
+
+	if ((void *)(ip + 1) > data_end || ip->version != 6)
+		return PARSE_SKIP;
+	payload = bpf_ntohs(ip->payload_len);
+	/* Payload length 0 is a jumbogram's (RFC 2675) or BIG TCP's. */
+	if (payload == 0 || IP6_HLEN + payload > frame_len - ETH_HLEN)
+		return PARSE_SKIP;
+	next = ip->nexthdr;
+	for (int i = 0; i < IP6_MAX_EXT; i++) {
+		const __u8 *h = data + off;
+		__u32 len;
+
+		if ((void *)(h + 2) > data_end)
+			return PARSE_SKIP;
+		len = ip6_ext_len(next, h);
+		if (!len)
+			break;
+		off += len;
+		if (off > ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN)
+			return PARSE_SKIP;
+		next = h[0];
+	}
+	if (next != IP_PROTO_TCP && next != IP_PROTO_UDP)
+		return PARSE_SKIP;
+	if (off - ETH_HLEN > IP6_HLEN + payload)
+		return PARSE_SKIP;
+
+	__builtin_memcpy(&pkt->saddr, &ip->saddr, sizeof(pkt->saddr));
+	__builtin_memcpy(&pkt->daddr, &ip->daddr, sizeof(pkt->daddr));
+	/* IPv4-mapped addresses are how IPv4 is stored (addr.h), never an
+	 * IPv6 packet's on the wire (RFC 4291 2.5.5.2): such a packet must
+	 * not reach an IPv4 frontend or flow. */
+	if (addr_is4(&pkt->saddr) || addr_is4(&pkt->daddr))
+		return PARSE_SKIP;
+	pkt->p.family = PKT_IPV6;
+	pkt->p.proto = next;
+	pkt->p.tcp_flags = 0;
+	pkt->p.l4_off = off;
+	pkt->p.l3_len = IP6_HLEN + payload;
+	if (parse_l4(data + (off & L4_OFF_MASK), data_end, IP6_HLEN + payload - (off - ETH_HLEN), &pkt->p) != PARSE_OK)
+		return PARSE_SKIP;
+	return PARSE_OK;
+}
+
+/* ipv6_creates_state is frame_creates_state (parse.h) for IPv6: no
+ * header checksum to check, fragments never get here, so the L4 header's
+ * checks only. */
+static __always_inline int ipv6_creates_state(const void *data, const void *data_end, const struct packet *pkt)
+{
+	return l4_creates_state(data, data_end, pkt, 0);
+}
+
+/* ip6_hop_limit_expires reports whether forwarding would take ip's hop
+ * limit to 0. */
+static __always_inline int ip6_hop_limit_expires(const struct ipv6hdr *ip)
+{
+	return ip->hop_limit <= 1;
+}
+
+#endif

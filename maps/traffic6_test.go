@@ -1,0 +1,82 @@
+package maps
+
+import (
+	"net/netip"
+	"path/filepath"
+	"testing"
+
+	"github.com/topolb/topolb/internal/nettest"
+)
+
+// TestRealTrafficIPv6 runs HTTP and UDP over IPv6 from a pod to an IPv6
+// ClusterIP through the pod-veth hook: the client's packets are
+// translated to the backends on its veth (tc_lb), the backends' replies
+// back to the frontend on theirs, and the node's stack routes both
+// (flow6.h). Every answer must come from the frontend's address, with no
+// checksum error anywhere.
+func TestRealTrafficIPv6(t *testing.T) {
+	requirePrivileges(t)
+	if err := nettest.RemoveStale(); err != nil {
+		t.Logf("removing stale namespaces: %v", err)
+	}
+	node, client := nettest.NewNS(t, "node6"), nettest.NewNS(t, "client6")
+	b1, b2 := nettest.NewNS(t, "b16"), nettest.NewNS(t, "b26")
+	must(t, node.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	pod(t, node, client, "hc", "fd00:10:0")
+	pod(t, node, b1, "hb1", "fd00:10:1")
+	pod(t, node, b2, "hb2", "fd00:10:2")
+	// Node-side senders compute checksums in software, so a receiver
+	// verifies what the datapath wrote (pods keep CHECKSUM_PARTIAL).
+	for _, ifname := range []string{"hc", "hb1", "hb2"} {
+		must(t, node.SetOffload(ifname, "tx", false))
+	}
+	d := newDatapath(t, Options{PinPath: filepath.Join(bpffs(t), "topolb"), NetNS: node.Path})
+	for _, ifname := range []string{"hc", "hb1", "hb2"} {
+		must(t, d.AttachPod(ifname))
+	}
+	for name, ns := range map[string]*nettest.NS{"b1": b1, "b2": b2} {
+		ns.ServeHTTPName(t, "[::]:8080", name)
+		ns.ServeUDPName(t, "[::]:5353", name)
+	}
+	const vipHTTP, vipDNS = "[fd00:96::10]:80", "[fd00:96::10]:53"
+	backends := func(port uint16) []Backend {
+		return []Backend{
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:10:1::2"), port), NodeLocal: true},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:10:2::2"), port), NodeLocal: true},
+		}
+	}
+	mustSet(t, d, fe(vipHTTP, TCP), backends(8080)...)
+	mustSet(t, d, fe(vipDNS, UDP), backends(5353)...)
+
+	const n = 100
+	httpGot := httpGets(t, client, "http://"+vipHTTP+"/", n)
+	udpGot := udpQueries(t, client, vipDNS, n)
+	t.Logf("HTTP answers per backend: %v; UDP: %v", httpGot, udpGot)
+	for _, name := range []string{"b1", "b2"} {
+		if httpGot[name] == 0 || udpGot[name] == 0 {
+			t.Errorf("backend %s never answered (HTTP %v, UDP %v)", name, httpGot, udpGot)
+		}
+	}
+	for name, ns := range map[string]*nettest.NS{"node": node, "client": client, "b1": b1, "b2": b2} {
+		ce, err := ns.ChecksumErrors()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ce != (nettest.ChecksumErrors{}) {
+			t.Errorf("%s: checksum errors %+v", name, ce)
+		}
+	}
+	c, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Drops != (Drops{}) {
+		t.Errorf("drops: %+v", c.Drops)
+	}
+	// Every request counted in its frontend, from the IPv6 conntrack
+	// entries (a UDP query may reuse an earlier one's port, and flow), and
+	// every answer translated back.
+	if c.Frontends[fe(vipHTTP, TCP)].Flows < n || c.Frontends[fe(vipDNS, UDP)].Packets < n || c.ReverseNAT < 2*n {
+		t.Errorf("counters too low: %+v", c)
+	}
+}
