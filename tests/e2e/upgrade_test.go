@@ -16,9 +16,9 @@ import (
 	"github.com/topolb/topolb/tools/testbed"
 )
 
-// previousLayoutCommit is the last commit of map layout 4, whose agent an
-// agent of this tree upgrades from (maps/layout4.go).
-const previousLayoutCommit = "e000925"
+// previousLayoutCommit is the last commit of map layout 5, whose agent an
+// agent of this tree upgrades from (maps/layout5.go).
+const previousLayoutCommit = "0b96faf"
 
 // buildPreviousAgent builds cmd/topolb-agent of previousLayoutCommit into
 // the test's temporary directory, from `git archive` (the repository is
@@ -31,7 +31,7 @@ func buildPreviousAgent(t *testing.T) string {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("git", "-C", root, "cat-file", "-e", previousLayoutCommit+"^{commit}").CombinedOutput(); err != nil {
-		t.Skipf("git history without commit %s (layout 4's agent): %v %s", previousLayoutCommit, err, out)
+		t.Skipf("git history without commit %s (the previous layout's agent): %v %s", previousLayoutCommit, err, out)
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
@@ -42,7 +42,7 @@ func buildPreviousAgent(t *testing.T) string {
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("git archive %s: %v\n%s", previousLayoutCommit, err, out)
 	}
-	bin := filepath.Join(dir, "topolb-agent-layout4")
+	bin := filepath.Join(dir, "topolb-agent-previous-layout")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/topolb-agent")
 	build.Dir = src
 	if out, err := build.CombinedOutput(); err != nil {
@@ -107,7 +107,7 @@ func TestUpgradeFromPreviousLayout(t *testing.T) {
 	}
 	for _, a := range agents {
 		if err := a.WaitReady(ctx); err != nil {
-			t.Fatalf("agent of layout 4 on %s: %v", a.Node.Name, err)
+			t.Fatalf("agent of the previous layout on %s: %v", a.Node.Name, err)
 		}
 	}
 	web := service(t, spec, "missing-hint", "web") // every endpoint: local and remote
