@@ -1,6 +1,8 @@
 package maps
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -258,5 +260,32 @@ func TestLookupRecords(t *testing.T) {
 	}
 	if !slices.Equal(batch, one) || len(one) != int(upto)+1 || one[upto].traffic.Packets != 7 || one[upto].traffic.Bytes != 9 {
 		t.Errorf("lookups read %v, the batch %v; want the same, ids 0..%d, the last with 7 packets and 9 bytes", one, batch, upto)
+	}
+}
+
+// TestCmpXchgInsn: the probe's compare-and-exchange goes to the kernel as
+// one, as the objects' do (an instruction that says add would make the
+// probe find it on every kernel), and withoutCmpXchg recognises it.
+func TestCmpXchgInsn(t *testing.T) {
+	wire := func(ins asm.Instruction) []byte {
+		t.Helper()
+		var b bytes.Buffer
+		if _, err := ins.Marshal(&b, binary.LittleEndian); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	got := wire(cmpXchgInsn(asm.R1, asm.R2, asm.DWord, 0))
+	// BPF_STX|BPF_ATOMIC|BPF_DW, dst r1, src r2, off 0, imm BPF_CMPXCHG.
+	want := []byte{0xdb, 0x21, 0, 0, 0xf1, 0, 0, 0}
+	if !bytes.Equal(got, want) {
+		t.Errorf("cmpXchgInsn marshals as % x, want % x", got, want)
+	}
+	var back asm.Instruction
+	if err := back.Unmarshal(bytes.NewReader(got), binary.LittleEndian, "linux"); err != nil {
+		t.Fatal(err)
+	}
+	if op := back.OpCode.AtomicOp(); op != asm.CmpXchg {
+		t.Errorf("cmpXchgInsn reads back as %v", op)
 	}
 }
