@@ -198,9 +198,10 @@ const DefaultAgentReadyTimeout = 60 * time.Second
 // verifying the programs takes minutes.
 const AgentReadyTimeoutEnv = "TOPOLB_AGENT_READY_TIMEOUT"
 
-// agentReadyTimeout is WaitReady's limit: AgentReadyTimeoutEnv, else
-// DefaultAgentReadyTimeout.
-func agentReadyTimeout() (time.Duration, error) {
+// AgentReadyTimeout is WaitReady's limit: AgentReadyTimeoutEnv, else
+// DefaultAgentReadyTimeout. Callers that bound an agent's start with a
+// context of their own give it at least this.
+func AgentReadyTimeout() (time.Duration, error) {
 	v := os.Getenv(AgentReadyTimeoutEnv)
 	if v == "" {
 		return DefaultAgentReadyTimeout, nil
@@ -217,12 +218,13 @@ func agentReadyTimeout() (time.Duration, error) {
 
 // WaitReady waits until GET /readyz answers 200: the agent has written its
 // first full sync to the maps. It fails at once if the process exits, and
-// after agentReadyTimeout.
+// after AgentReadyTimeout or when ctx ends.
 func (a *Agent) WaitReady(ctx context.Context) error {
-	limit, err := agentReadyTimeout()
+	limit, err := AgentReadyTimeout()
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	done := a.doneChan()
@@ -242,7 +244,8 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 		case <-done:
 			return fmt.Errorf("agent on %s exited before it was ready (%v); last log lines:\n%s", a.Node.Name, a.ExitError(), a.LogTail(20))
 		case <-ctx.Done():
-			return fmt.Errorf("agent on %s not ready within %v (%s): %w (last: %v); last log lines:\n%s", a.Node.Name, limit, AgentReadyTimeoutEnv, ctx.Err(), last, a.LogTail(20))
+			return fmt.Errorf("agent on %s not ready after %v (limit %v, %s): %w (last: %v); last log lines:\n%s",
+				a.Node.Name, time.Since(start).Round(time.Second), limit, AgentReadyTimeoutEnv, ctx.Err(), last, a.LogTail(20))
 		case <-tick.C:
 		}
 	}

@@ -19,7 +19,7 @@ func TestAgentReadyTimeout(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(AgentReadyTimeoutEnv, c.env)
-			got, err := agentReadyTimeout()
+			got, err := AgentReadyTimeout()
 			if got != c.want || (err != nil) != c.wantErr {
 				t.Errorf("%s=%q: %v, %v; want %v, error %v", AgentReadyTimeoutEnv, c.env, got, err, c.want, c.wantErr)
 			}
