@@ -172,8 +172,8 @@ var testRunContexts = sync.OnceValues(func() (string, error) {
 		ctx  any
 		what string
 	}{
-		{ebpf.XDP, xdpMD{DataEnd: 64, IngressIfindex: 1}, "an xdp_md context with ingress_ifindex (Linux 5.14)"},
-		{ebpf.SchedCLS, skbCtx{IngressIfindex: 1, Ifindex: 1}, "a __sk_buff context with ingress_ifindex"},
+		{ebpf.XDP, xdpMD{DataEnd: 64, IngressIfindex: 1}, "xdp_md context with ingress_ifindex (Linux 5.14)"},
+		{ebpf.SchedCLS, skbCtx{IngressIfindex: 1, Ifindex: 1}, "__sk_buff context with ingress_ifindex"},
 	} {
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: c.typ, License: "GPL",
 			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
