@@ -49,8 +49,13 @@ volatile const __u32 cfg_src_ifindex[COMPAT_SRC_MAX] = {};
 volatile const __be32 cfg_src_addr[COMPAT_SRC_MAX] = {};
 volatile const __u32 cfg_src_mtu[COMPAT_SRC_MAX] = {};
 
-/* compat_iface returns ifindex's slot in cfg_src_*, or -1. */
-static __always_inline int compat_iface(__u32 ifindex)
+/* compat_iface returns ifindex's slot in cfg_src_*, or -1. A global
+ * function, verified once on its own: its callers see an unknown slot.
+ * Inlined, each interface the agent names gave every caller a path of its
+ * own with a known slot, address and MTU, which Linux 5.10's verifier
+ * followed through the rest of xdp_lb: over its limit of 1,000,000
+ * instructions with 4 interfaces (about 100,000 with none). */
+__noinline int compat_iface(__u32 ifindex)
 {
 	int i;
 

@@ -260,12 +260,8 @@ func datapathClock() (int32, error) {
 // probeCmpXchg says whether the verifier takes BPF_CMPXCHG (Linux 5.12;
 // before, only BPF_XADD, and Linux 5.10 rejects any other atomic
 // instruction before it looks at what is reachable, so no load-time knob
-// can hide one).
-//
-// Like ct_claim_expired in snat_claim, it exchanges a map value's 64 bits
-// in a BPF-to-BPF function (Debian's 5.10 loaded a probe with one in the
-// program's main body, yet rejected snat_claim's: "BPF_STX uses reserved
-// fields"; loadTcCollection catches what a probe misses).
+// can hide one). Like ct_claim_expired in snat_claim, it exchanges a map
+// value's 64 bits in a BPF-to-BPF function.
 func probeCmpXchg() (bool, error) {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
@@ -284,7 +280,7 @@ func probeCmpXchg() (bool, error) {
 		asm.Mov.Reg(asm.R1, asm.R0),
 		asm.Mov.Imm(asm.R0, 0),
 		asm.Mov.Imm(asm.R2, 1),
-		asm.CmpXchg.Mem(asm.R1, asm.R2, asm.DWord, 0),
+		cmpXchgInsn(asm.R1, asm.R2, asm.DWord, 0),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
 		asm.Return(),
 	}})
@@ -296,6 +292,17 @@ func probeCmpXchg() (bool, error) {
 	}
 	prog.Close()
 	return true, nil
+}
+
+// cmpXchgInsn is r0 = cmpxchg(dst + off, r0, src). cilium/ebpf (v0.22)
+// writes an atomic instruction's immediate, which names the operation,
+// from its Constant, not from the operation in its OpCode (as an object's
+// instruction carries both): asm.CmpXchg.Mem alone goes to the kernel as
+// BPF_XADD, which every kernel takes (TestCmpXchgInsn).
+func cmpXchgInsn(dst, src asm.Register, size asm.Size, off int16) asm.Instruction {
+	ins := asm.CmpXchg.Mem(dst, src, size, off)
+	ins.Constant = int64(asm.CmpXchg >> 8)
+	return ins
 }
 
 // withoutCmpXchg rewrites each compare-and-exchange of spec's programs,
@@ -318,37 +325,4 @@ func withoutCmpXchg(spec *ebpf.CollectionSpec) error {
 		}
 	}
 	return nil
-}
-
-// loadTcCollection loads the tc object with its maps pinned. Where the
-// verifier turns it down although the probe's compare-and-exchange loaded
-// (Debian's 5.10 takes the probe's and rejects the object's: "BPF_STX uses
-// reserved fields"), it loads the object again without compare-and-exchange
-// (withoutCmpXchg) and, when that loads, records the feature absent: the
-// other objects are then configured without it too.
-func (d *Datapath) loadTcCollection(spec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) (*ebpf.Collection, error) {
-	opts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}, MapReplacements: replacements}
-	var plain *ebpf.CollectionSpec
-	if d.compat.cmpXchg {
-		plain = spec.Copy()
-	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
-	if err == nil || plain == nil || errors.Is(err, ebpf.ErrMapIncompatible) {
-		return coll, err
-	}
-	if werr := withoutCmpXchg(plain); werr != nil {
-		return nil, errors.Join(err, werr)
-	}
-	coll, perr := ebpf.NewCollectionWithOptions(plain, opts)
-	if perr != nil {
-		return nil, err // the first error: compare-and-exchange was not it
-	}
-	i := slices.IndexFunc(d.kernel.Features, func(f KernelFeature) bool { return f.Name == featureCmpXchg })
-	if i >= 0 {
-		d.kernel.Features[i].Present = false
-	}
-	d.compat.cmpXchg = false
-	d.log.Warn("kernel turned down the programs' compare-and-exchange its probe accepted: loaded without it",
-		"feature", featureCmpXchg, "without", cmpXchgWithout, "error", err)
-	return coll, nil
 }

@@ -1,7 +1,11 @@
 package maps
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -258,5 +262,87 @@ func TestLookupRecords(t *testing.T) {
 	}
 	if !slices.Equal(batch, one) || len(one) != int(upto)+1 || one[upto].traffic.Packets != 7 || one[upto].traffic.Bytes != 9 {
 		t.Errorf("lookups read %v, the batch %v; want the same, ids 0..%d, the last with 7 packets and 9 bytes", one, batch, upto)
+	}
+}
+
+// TestCmpXchgInsn: the probe's compare-and-exchange goes to the kernel as
+// one, as the objects' do (an instruction that says add would make the
+// probe find it on every kernel), and withoutCmpXchg recognises it.
+func TestCmpXchgInsn(t *testing.T) {
+	wire := func(ins asm.Instruction) []byte {
+		t.Helper()
+		var b bytes.Buffer
+		if _, err := ins.Marshal(&b, binary.LittleEndian); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	got := wire(cmpXchgInsn(asm.R1, asm.R2, asm.DWord, 0))
+	// BPF_STX|BPF_ATOMIC|BPF_DW, dst r1, src r2, off 0, imm BPF_CMPXCHG.
+	want := []byte{0xdb, 0x21, 0, 0, 0xf1, 0, 0, 0}
+	if !bytes.Equal(got, want) {
+		t.Errorf("cmpXchgInsn marshals as % x, want % x", got, want)
+	}
+	var back asm.Instruction
+	if err := back.Unmarshal(bytes.NewReader(got), binary.LittleEndian, "linux"); err != nil {
+		t.Fatal(err)
+	}
+	if op := back.OpCode.AtomicOp(); op != asm.CmpXchg {
+		t.Errorf("cmpXchgInsn reads back as %v", op)
+	}
+}
+
+// verifierStats is the verifier's summary line (ebpf.LogLevelStats).
+var verifierStats = regexp.MustCompile(`processed \d+ insns.*`)
+
+// TestVerifierEveryConfig loads the programs of the balancing objects as
+// Load configures them on this kernel, and again with every fallback
+// forced, each with no interface and with the full table of compatSrcMax
+// for the fallbacks of BPF_FIB_LOOKUP_SRC and bpf_check_mtu (the node's
+// interfaces): the knobs change what the verifier walks. Inlined,
+// compat_iface gave each interface of the table a path of its own through
+// xdp_lb, and Linux 5.10 stopped at its 1,000,000 instructions with 4
+// (bpf/compat.h). It logs how many instructions each program took.
+func TestVerifierEveryConfig(t *testing.T) {
+	requirePrivileges(t)
+	opts, err := Options{PinPath: "/unused"}.withDefaults()
+	must(t, err)
+	tcSpec, err := loadTc()
+	must(t, err)
+	kernel, err := probeDatapathKernel(tcSpec)
+	must(t, err)
+	reports := map[string]KernelReport{"kernel": kernel}
+	if force := fallbackFeatures(t); len(force) > 0 {
+		forced := KernelReport{Release: kernel.Release, Features: slices.Clone(kernel.Features)}
+		must(t, forced.forceFallbacks(force))
+		reports["forced"] = forced
+	}
+	full := make([]ifaceAddr, compatSrcMax)
+	for i := range full {
+		full[i] = ifaceAddr{ifindex: uint32(i + 1), addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), mtu: 1500}
+	}
+	objects := map[string]func() (*ebpf.CollectionSpec, error){"tc": loadTc, "xdp": loadXdp, "uplink": loadUplink}
+	for rname, r := range reports {
+		for _, srcs := range [][]ifaceAddr{nil, full} {
+			c := newCompat(r, srcs)
+			for oname, load := range objects {
+				name := fmt.Sprintf("%s/%d interfaces/%s", rname, len(srcs), oname)
+				spec, err := load()
+				must(t, err)
+				sizeMaps(spec, opts)
+				if err := configure(spec, opts, c); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					continue
+				}
+				for pname, p := range coll.Programs {
+					t.Logf("%s %s: %s", name, pname, verifierStats.FindString(p.VerifierLog))
+				}
+				coll.Close()
+			}
+		}
 	}
 }

@@ -293,7 +293,9 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 	for _, name := range sharedMaps {
 		tcSpec.Maps[name].Pinning = ebpf.PinByName
 	}
-	d.tcColl, err = d.loadTcCollection(tcSpec, replacements)
+	d.tcColl, err = ebpf.NewCollectionWithOptions(tcSpec, ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}, MapReplacements: replacements,
+	})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("adopt maps at %s: %w: %w", d.opts.PinPath, ErrLayoutMismatch, err)
 	}

@@ -3,15 +3,19 @@ package maps
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/topolb/topolb/internal/nettest"
 )
@@ -73,6 +77,7 @@ type fwdEnv struct {
 func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
 	t.Helper()
 	requirePrivileges(t)
+	requireTestRunContexts(t)
 	if err := nettest.RemoveStale(); err != nil {
 		t.Logf("removing stale namespaces: %v", err)
 	}
@@ -154,6 +159,51 @@ type skbCtx struct {
 // xdpMD is struct xdp_md, the context of an XDP test run.
 type xdpMD struct {
 	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// testRunContexts says which context fwdEnv.run passes that the kernel's
+// BPF_PROG_TEST_RUN does not take ("" when it takes both): an xdp_md with
+// an ingress interface (Linux 5.14) and a __sk_buff with ingress_ifindex
+// (Linux 5.10 takes neither: EINVAL). Each is tried once with a program
+// that only returns, on lo.
+var testRunContexts = sync.OnceValues(func() (string, error) {
+	for _, c := range []struct {
+		typ  ebpf.ProgramType
+		ctx  any
+		what string
+	}{
+		{ebpf.XDP, xdpMD{DataEnd: 64, IngressIfindex: 1}, "xdp_md context with ingress_ifindex (Linux 5.14)"},
+		{ebpf.SchedCLS, skbCtx{IngressIfindex: 1, Ifindex: 1}, "__sk_buff context with ingress_ifindex"},
+	} {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: c.typ, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+		if err != nil {
+			return "", fmt.Errorf("load a %v program: %w", c.typ, err)
+		}
+		_, err = prog.Run(&ebpf.RunOptions{Data: make([]byte, 64), Context: c.ctx})
+		prog.Close()
+		if errors.Is(err, unix.EINVAL) {
+			return c.what, nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("test run of a %v program with %s: %w", c.typ, c.what, err)
+		}
+	}
+	return "", nil
+})
+
+// requireTestRunContexts skips where BPF_PROG_TEST_RUN cannot run a frame
+// as arriving on a given interface (testRunContexts), which fwdEnv.run
+// needs.
+func requireTestRunContexts(t *testing.T) {
+	t.Helper()
+	missing, err := testRunContexts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing != "" {
+		t.Skipf("the kernel's BPF_PROG_TEST_RUN takes no %s", missing)
+	}
 }
 
 // run feeds one frame through prog inside the node namespace as if it

@@ -102,7 +102,7 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 	if args == nil {
 		withAgents.start(t, tb)
 	} else {
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		ctx, cancel := agentsCtx(t)
 		defer cancel()
 		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5, Args: args}); err != nil {
 			t.Fatal(err)

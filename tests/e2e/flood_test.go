@@ -35,7 +35,7 @@ func TestFloodKeepsConnections(t *testing.T) {
 	spec := outsideSpec(t)
 	tb := newTestbed(t, spec)
 	bin := requireAgent(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := agentsCtx(t)
 	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5, MaxConntrack: floodTable}); err != nil {
 		cancel()
 		t.Fatal(err)

@@ -21,7 +21,7 @@ type datapath struct {
 var (
 	withAgents = datapath{"agent", func(t *testing.T, tb *testbed.Testbed) {
 		bin := requireAgent(t)
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		ctx, cancel := agentsCtx(t)
 		defer cancel()
 		if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 5}); err != nil {
 			t.Fatal(err)
@@ -61,7 +61,7 @@ func startAgentsOnAPIServer(t *testing.T, tb *testbed.Testbed, o testbed.AgentOp
 			t.Errorf("teardown: %v", err)
 		}
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := agentsCtx(t)
 	defer cancel()
 	if err := tb.ConnectAPIServer(ctx, cluster.Config); err != nil {
 		t.Fatal(err)
@@ -178,4 +178,16 @@ func apiserverTestbed(t *testing.T, spec *testbed.Spec, cluster *kubetest.Cluste
 		t.Fatal(err)
 	}
 	return tb, ctx
+}
+
+// agentsCtx bounds a test's start of its agents: the testbed's readiness
+// limit (testbed.AgentReadyTimeout, longer under TCG in the kernel
+// matrix) and a minute more for the rest.
+func agentsCtx(t *testing.T) (context.Context, context.CancelFunc) {
+	t.Helper()
+	limit, err := testbed.AgentReadyTimeout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return context.WithTimeout(t.Context(), limit+time.Minute)
 }

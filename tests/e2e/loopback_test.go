@@ -27,7 +27,7 @@ func loopbackServices() []testbed.ServiceSpec {
 func startAgentsWith(t *testing.T, tb *testbed.Testbed, opts topology.Options, args ...string) {
 	t.Helper()
 	bin := requireAgent(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	ctx, cancel := agentsCtx(t)
 	defer cancel()
 	if _, err := tb.StartAgents(ctx, testbed.AgentOptions{Binary: bin, Verbosity: 2, Args: args, Options: &opts}); err != nil {
 		t.Fatal(err)

@@ -56,7 +56,8 @@ func outsideSpec(t *testing.T) *testbed.Spec {
 // checkUplinkPaths checks that every agent's uplink takes the path its
 // switch port allows, as the agent reads it back from the kernel: tc
 // where the port has no XDP program (TOPOLB_E2E_SWITCH_PORTS=plain), XDP
-// where it has one.
+// where it has one. It logs what each agent reports of the kernel and the
+// paths it chose (the kernel matrix's e2e.log shows them per kernel).
 func checkUplinkPaths(t *testing.T, tb *testbed.Testbed) {
 	t.Helper()
 	want := string(maps.UplinkXDP)
@@ -68,6 +69,10 @@ func checkUplinkPaths(t *testing.T, tb *testbed.Testbed) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if st.Kernel != nil {
+			t.Logf("agent on %s: kernel %v", a.Node.Name, st.Kernel.LogArgs())
+		}
+		t.Logf("agent on %s: uplinks %+v", a.Node.Name, st.Uplinks)
 		if len(st.Uplinks) != 1 || st.Uplinks[0].Path != want {
 			t.Errorf("agent on %s: uplinks %+v (%s), want one on path %s", a.Node.Name, st.Uplinks, st.UplinksError, want)
 		}

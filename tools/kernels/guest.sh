@@ -35,3 +35,8 @@ if [ -n "${TOPOLB_KERNELS_E2E_RUN:-}" ]; then
 	run e2e "$REPO/tests/e2e" "$OUT/bin/e2e.test" -test.timeout "${TOPOLB_KERNELS_E2E_TIMEOUT:-6m}" -test.run "$TOPOLB_KERNELS_E2E_RUN"
 fi
 uname -a >"$res/uname"
+if [ -z "${TOPOLB_KERNELS_HOST:-}" ]; then
+	# The guest's clock, which run.sh compares with the host's.
+	dmesg | grep -iE 'clocksource|tsc' >"$res/clock.log"
+	cut -d' ' -f1 /proc/uptime >"$res/uptime"
+fi

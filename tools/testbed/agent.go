@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -189,10 +190,44 @@ func (a *Agent) getAt(ctx context.Context, addr, path string) ([]byte, int, erro
 	return body, resp.StatusCode, err
 }
 
+// DefaultAgentReadyTimeout is how long WaitReady waits for an agent unless
+// AgentReadyTimeoutEnv says otherwise.
+const DefaultAgentReadyTimeout = 60 * time.Second
+
+// AgentReadyTimeoutEnv names the environment variable that sets how long
+// WaitReady waits for an agent (a Go duration, "5m"): the kernel matrix
+// sets it under TCG (tools/kernels/run.sh), where probing the kernel and
+// verifying the programs takes minutes.
+const AgentReadyTimeoutEnv = "TOPOLB_AGENT_READY_TIMEOUT"
+
+// AgentReadyTimeout is WaitReady's limit: AgentReadyTimeoutEnv, else
+// DefaultAgentReadyTimeout. Callers that bound an agent's start with a
+// context of their own give it at least this.
+func AgentReadyTimeout() (time.Duration, error) {
+	v := os.Getenv(AgentReadyTimeoutEnv)
+	if v == "" {
+		return DefaultAgentReadyTimeout, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err == nil && d <= 0 {
+		err = errors.New("not positive")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: want a positive duration such as 5m: %w", AgentReadyTimeoutEnv, v, err)
+	}
+	return d, nil
+}
+
 // WaitReady waits until GET /readyz answers 200: the agent has written its
-// first full sync to the maps. It fails at once if the process exits.
+// first full sync to the maps. It fails at once if the process exits, and
+// after AgentReadyTimeout or when ctx ends.
 func (a *Agent) WaitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	limit, err := AgentReadyTimeout()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	done := a.doneChan()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -211,7 +246,8 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 		case <-done:
 			return fmt.Errorf("agent on %s exited before it was ready (%v); last log lines:\n%s", a.Node.Name, a.ExitError(), a.LogTail(20))
 		case <-ctx.Done():
-			return fmt.Errorf("agent on %s not ready: %w (last: %v); last log lines:\n%s", a.Node.Name, ctx.Err(), last, a.LogTail(20))
+			return fmt.Errorf("agent on %s not ready after %v (limit %v, %s): %w (last: %v); last log lines:\n%s",
+				a.Node.Name, time.Since(start).Round(time.Second), limit, AgentReadyTimeoutEnv, ctx.Err(), last, a.LogTail(20))
 		case <-tick.C:
 		}
 	}
