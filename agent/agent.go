@@ -202,9 +202,13 @@ func (a *Agent) hasFailed() bool {
 
 // Apply folds a batch into the agent's state, decides every service the
 // batch affects (all of them on a resync), and writes the differences into
-// the datapath. The first resync also removes frontends left in the maps by
-// a previous agent that are no longer desired; before it, nothing is ever
-// deleted, so a restarting agent never makes the datapath worse.
+// the datapath. Before the first resync it only folds: the informers'
+// initial lists are still arriving (a Service can come before its
+// EndpointSlices, and deciding it then would write an empty, rejecting
+// frontend over the working one a previous agent left). The first resync
+// decides every service and removes the frontends left in the maps by a
+// previous agent that are no longer desired, so a restarting agent never
+// makes the datapath worse.
 func (a *Agent) Apply(b kube.Batch) SyncResult {
 	start := time.Now()
 	a.live.begin(a.now())
@@ -213,6 +217,9 @@ func (a *Agent) Apply(b kube.Batch) SyncResult {
 	defer a.mu.Unlock()
 
 	affected := a.fold(b)
+	if !b.Resync && !a.synced {
+		return SyncResult{}
+	}
 	if b.Resync {
 		for nn := range a.state.Services {
 			affected[nn] = true

@@ -349,3 +349,41 @@ func TestAgentSkipsServicesNotOurs(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentDecidesNothingBeforeTheFirstResync: a restarted agent's
+// informers deliver their initial lists one object at a time, a Service
+// possibly before its EndpointSlices. Deciding it then would write an
+// empty, rejecting frontend over the one the previous agent left working
+// (a refused connection in tests/cluster's agent restart): until the
+// first resync the agent only folds what arrives.
+func TestAgentDecidesNothingBeforeTheFirstResync(t *testing.T) {
+	dp := newFakeDP()
+	a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Events: &fakeEvents{}}, dp)
+	tr := kube.NewTracker()
+	dp.fes[dpmaps.Frontend{Addr: netip.MustParseAddrPort("10.96.0.1:80"), Proto: dpmaps.TCP}] = dpmaps.Service{
+		Backends: []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.0.1.1:8080")}}}
+	dp.fes[dpmaps.Frontend{Addr: netip.MustParseAddrPort("10.96.0.1:53"), Proto: dpmaps.UDP}] = dpmaps.Service{
+		Backends: []dpmaps.Backend{{Addr: netip.MustParseAddrPort("10.0.1.1:5353")}}}
+	left := map[string][]string{
+		"10.96.0.1:80/TCP": {"10.0.1.1:8080"},
+		"10.96.0.1:53/UDP": {"10.0.1.1:5353"},
+	}
+	tr.NodeChanged(nil, node("a1", "zone-a"))
+	tr.ServiceChanged(nil, service("web", "10.96.0.1", nil))
+	a.Apply(tr.Drain())
+	if got := dp.programmed(); !maps.EqualFunc(got, left, slices.Equal) {
+		t.Fatalf("the Service before its EndpointSlices: %v, want what the previous agent left %v", got, left)
+	}
+	tr.SliceChanged(nil, epSlice("web", "web-1",
+		endpoint{"10.0.1.1", "a1", "zone-a", "", true},
+		endpoint{"10.0.2.1", "b1", "zone-b", "", true}))
+	tr.Resync()
+	a.Apply(tr.Drain())
+	want := map[string][]string{
+		"10.96.0.1:80/TCP": {"10.0.1.1:8080", "10.0.2.1:8080"},
+		"10.96.0.1:53/UDP": {"10.0.1.1:5353", "10.0.2.1:5353"},
+	}
+	if got := dp.programmed(); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("after the first resync: %v, want %v", got, want)
+	}
+}

@@ -16,7 +16,8 @@ import (
 )
 
 // Watch starts shared informers for Services, EndpointSlices and Nodes that
-// feed t, waits for their caches to sync, then asks t for a full resync.
+// feed t, waits until t has received their initial lists, then asks t for
+// a full resync.
 // The informers stop when ctx is done.
 //
 // Like kube-proxy, it does not watch the Services it never proxies, nor
@@ -44,13 +45,16 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 			return fmt.Errorf("set informer transform: %w", err)
 		}
 	}
-	if _, err := svc.AddEventHandler(handler(t.ServiceChanged)); err != nil {
+	svcReg, err := svc.AddEventHandler(handler(t.ServiceChanged))
+	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	if _, err := es.AddEventHandler(handler(t.SliceChanged)); err != nil {
+	esReg, err := es.AddEventHandler(handler(t.SliceChanged))
+	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
-	if _, err := nodes.AddEventHandler(handler(t.NodeChanged)); err != nil {
+	nodeReg, err := nodes.AddEventHandler(handler(t.NodeChanged))
+	if err != nil {
 		return fmt.Errorf("watch nodes: %w", err)
 	}
 	for _, f := range []informers.SharedInformerFactory{sf, ef, nf} {
@@ -62,6 +66,13 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 				return fmt.Errorf("informer cache for %v did not sync: %w", typ, ctx.Err())
 			}
 		}
+	}
+	// A synced cache is not a delivered one: the handlers receive the
+	// initial lists after the caches hold them. The resync must follow
+	// every initial object into t, or the first full sync would decide a
+	// Service without its EndpointSlices.
+	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, esReg.HasSynced, nodeReg.HasSynced) {
+		return fmt.Errorf("informer handlers did not receive the initial lists: %w", ctx.Err())
 	}
 	t.Resync()
 	return nil
