@@ -197,11 +197,16 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 			ds, warnings := state.DecideNode("a1", topology.DefaultOptions())
 			node, _ := state.Node("a1")
 			explained := topology.NewReport(node, ds)
-			if len(explained.Services) != len(st.Services) {
-				t.Fatalf("explain decides %d ports, the agent %d", len(explained.Services), len(st.Services))
+			// The test's own Services: the apiserver creates
+			// default/kubernetes on its own time, which the fresh list may
+			// hold and the agent not yet.
+			explainedOurs := slices.DeleteFunc(slices.Clone(explained.Services), func(p topology.PortReport) bool { return !ours(p) })
+			agentOurs := slices.DeleteFunc(slices.Clone(st.Services), func(p topology.PortReport) bool { return !ours(p) })
+			if len(explainedOurs) != len(agentOurs) {
+				t.Fatalf("explain decides %d ports of dual and v6only, the agent %d", len(explainedOurs), len(agentOurs))
 			}
-			for i, p := range explained.Services {
-				q := st.Services[i]
+			for i, p := range explainedOurs {
+				q := agentOurs[i]
 				if p.Service != q.Service || p.Family != q.Family || p.Mode != q.Mode || !slices.Equal(p.Backends, q.Backends) || !slices.Equal(p.Frontends, q.Frontends) {
 					t.Errorf("explain decides %+v, the agent %+v", p, q)
 				}
@@ -220,7 +225,7 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 			// the datapath serves IPv6.
 			for _, f := range explained.Frontends {
 				key, ok := ReportKey(f)
-				if !ok {
+				if !ok || want[f.Service] == nil {
 					continue
 				}
 				_, programmed := st.Datapath[key]
