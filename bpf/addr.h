@@ -39,6 +39,13 @@ static __always_inline int addr_eq(const union tlb_addr *a, const union tlb_addr
 	return a->v6[0] == b->v6[0] && a->v6[1] == b->v6[1] && a->v6[2] == b->v6[2] && a->v6[3] == b->v6[3];
 }
 
+/* addr_is_zero reports whether a is the unspecified address (::), which
+ * no packet is from and a helper answers when it found none. */
+static __always_inline int addr_is_zero(const union tlb_addr *a)
+{
+	return !(a->v6[0] | a->v6[1] | a->v6[2] | a->v6[3]);
+}
+
 /* addr_fold folds a into 32 bits for a hash's input. */
 static __always_inline __u32 addr_fold(const union tlb_addr *a)
 {

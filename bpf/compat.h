@@ -140,9 +140,11 @@ static __always_inline int compat_xdp_mtu_fits(struct xdp_md *ctx, __u32 ifindex
 }
 
 /* compat_skb_mtu_fits says whether skb (segment by segment for GSO), whose
- * IPv4 header is ip, may leave by ifindex. Without bpf_check_mtu: a GSO
- * skb fits, another fits the MTU the agent gave for ifindex, or, for an
- * interface it did not name, the FIB's check. */
+ * IPv4 header is ip (NULL for an IPv6 packet), may leave by ifindex.
+ * Without bpf_check_mtu: a GSO skb fits, another fits the MTU the agent
+ * gave for ifindex, or, for an interface it did not name, the FIB's check
+ * (IPv4 only: an IPv6 packet is let through, and one too big is lost at
+ * the device rather than answered with "packet too big"). */
 static __always_inline int compat_skb_mtu_fits(struct __sk_buff *skb, __u32 ifindex, const struct iphdr *ip)
 {
 	__u32 mtu_len = 0;
@@ -154,7 +156,7 @@ static __always_inline int compat_skb_mtu_fits(struct __sk_buff *skb, __u32 ifin
 		i = compat_iface(ifindex);
 		if (i >= 0)
 			return skb->len <= ETH_HLEN + cfg_src_mtu[i & (COMPAT_SRC_MAX - 1)];
-		return compat_fib_mtu_fits(skb, skb->ingress_ifindex, ip, 0);
+		return !ip || compat_fib_mtu_fits(skb, skb->ingress_ifindex, ip, 0);
 	}
 	return bpf_check_mtu(skb, ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 }

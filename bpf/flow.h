@@ -128,7 +128,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		rev->nat_addr = pkt->saddr;
 		rev->nat_port = pkt->sport;
 		rev_key.daddr = src;
-		if (snat_claim(flow_hash(pkt), &rev_key, rev, now))
+		if (snat_claim(PKT_IPV4, flow_hash(pkt), &rev_key, rev, now))
 			return -1;
 		fwd->nat_addr = src;
 		fwd->nat_port = rev_key.dport;

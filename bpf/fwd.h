@@ -28,7 +28,15 @@
  * the stack drops as a martian; they are dropped and counted instead.
  *
  * TTL: every path here replaces a forwarding hop of the node, so the TTL
- * is decremented exactly where the stack's ip_forward would have. */
+ * is decremented exactly where the stack's ip_forward would have.
+ *
+ * IPv6 takes the same paths on tc (fwd_resolve6, fwd_skb with PKT_IPV6),
+ * its hop limit where IPv4 has the TTL, and the stack answers "packet too
+ * big" and "time exceeded" for what falls back. Two differences: XDP
+ * never forwards IPv6 (xdp_lb passes it to tc_uplink, which balances
+ * it), and a NEIGH target of IPv6 keeps no next hop (fwd_target's is
+ * IPv4's 4 bytes): bpf_redirect_neigh then routes the packet's
+ * destination itself out of the interface. */
 #ifndef TOPOLB_FWD_H
 #define TOPOLB_FWD_H
 
@@ -39,15 +47,18 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "compat.h"
 #include "consts.h"
 #include "csum.h"
 #include "ipv4.h"
+#include "ipv6.h"
 #include "maps.h"
 #include "stats.h"
 #include "structs.h"
 
 #define AF_INET 2
+#define AF_INET6 10
 
 /* Not ours, or translated: hand the packet on. TC_ACT_UNSPEC is TCX_NEXT,
  * so tcx programs attached after this one (a CNI's, for example) still see
@@ -112,17 +123,48 @@ static __always_inline __u32 fwd_stat(__u8 kind)
 	}
 }
 
-/* fwd_resolve asks the FIB where packets from src to dst, arriving on iif,
- * go, and fills t: PEER for a pod interface (tlb_ifaces kind IFACE_POD),
- * XDP for an uplink whose next hop is in the neighbour table, NEIGH for
- * one whose next hop is not, STACK otherwise (no route, a local address,
- * forwarding disabled on iif, an interface topolb is not attached to).
- * no_stack (the forward direction of a source-NATed flow) turns STACK
- * into NEIGH whenever the FIB names an egress interface. want_src asks
- * the FIB for the route's preferred source address (BPF_FIB_LOOKUP_SRC,
- * Linux 6.7+). Returns that address, 0 when not asked for or there is
- * none. The lookup is an ingress lookup, as the stack's ip_forward does
- * it: policy routing by iif, and STACK where forwarding is off. */
+/* fwd_classify fills t from the FIB's answer rc to p: PEER for a pod
+ * interface (tlb_ifaces kind IFACE_POD), XDP for an uplink whose next hop
+ * is in the neighbour table, NEIGH for one whose next hop is not, STACK
+ * otherwise (no route, a local address, forwarding disabled on the
+ * ingress interface, an interface topolb is not attached to). no_stack
+ * (the forward direction of a source-NATed flow) turns STACK into NEIGH
+ * whenever the FIB names an egress interface. Either family. */
+static __always_inline void fwd_classify(long rc, const struct bpf_fib_lookup *p, int no_stack, struct fwd_target *t)
+{
+	__u32 ifindex = p->ifindex;
+	struct iface_value *ifc;
+
+	__builtin_memset(t, 0, sizeof(*t));
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return;
+	ifc = bpf_map_lookup_elem(&tlb_ifaces, &ifindex);
+	if (ifc && ifc->kind == IFACE_POD) {
+		t->kind = CT_REDIRECT_PEER;
+		t->ifindex = ifindex;
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			__builtin_memcpy(t->smac, p->smac, ETH_ALEN);
+			__builtin_memcpy(t->dmac, p->dmac, ETH_ALEN);
+		}
+	} else if (ifc && ifc->kind == IFACE_UPLINK && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		t->kind = CT_REDIRECT_XDP;
+		t->ifindex = ifindex;
+		__builtin_memcpy(t->smac, p->smac, ETH_ALEN);
+		__builtin_memcpy(t->dmac, p->dmac, ETH_ALEN);
+	} else if ((ifc && ifc->kind == IFACE_UPLINK) || no_stack) {
+		t->kind = CT_REDIRECT_NEIGH;
+		t->ifindex = ifindex;
+		if (p->family == AF_INET)
+			t->nexthop = p->ipv4_dst; /* the gateway, or dst itself on link */
+	}
+}
+
+/* fwd_resolve asks the FIB where IPv4 packets from src to dst, arriving
+ * on iif, go, and fills t (fwd_classify). want_src asks the FIB for the
+ * route's preferred source address (BPF_FIB_LOOKUP_SRC, Linux 6.7+).
+ * Returns that address, 0 when not asked for or there is none. The
+ * lookup is an ingress lookup, as the stack's ip_forward does it: policy
+ * routing by iif, and STACK where forwarding is off. */
 static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
 					  int want_src, int no_stack, struct fwd_target *t)
 {
@@ -138,32 +180,67 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 		.ipv4_src = src,
 		.ipv4_dst = dst,
 	};
-	struct iface_value *ifc;
 	long rc;
 
-	__builtin_memset(t, 0, sizeof(*t));
 	rc = bpf_fib_lookup(ctx, &p, sizeof(p), compat_fib_flags(want_src));
+	fwd_classify(rc, &p, no_stack, t);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
-	ifc = bpf_map_lookup_elem(&tlb_ifaces, &p.ifindex);
-	if (ifc && ifc->kind == IFACE_POD) {
-		t->kind = CT_REDIRECT_PEER;
-		t->ifindex = p.ifindex;
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			__builtin_memcpy(t->smac, p.smac, ETH_ALEN);
-			__builtin_memcpy(t->dmac, p.dmac, ETH_ALEN);
-		}
-	} else if (ifc && ifc->kind == IFACE_UPLINK && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		t->kind = CT_REDIRECT_XDP;
-		t->ifindex = p.ifindex;
-		__builtin_memcpy(t->smac, p.smac, ETH_ALEN);
-		__builtin_memcpy(t->dmac, p.dmac, ETH_ALEN);
-	} else if ((ifc && ifc->kind == IFACE_UPLINK) || no_stack) {
-		t->kind = CT_REDIRECT_NEIGH;
-		t->ifindex = p.ifindex;
-		t->nexthop = p.ipv4_dst; /* the gateway, or dst itself on link */
-	}
 	return want_src ? compat_fib_src(&p) : 0;
+}
+
+/* tlb_fib6_scratch holds the parameters of an IPv6 FIB lookup
+ * (fwd_resolve6), 64 bytes that tc_lb6's stack, filled by IPv6's
+ * addresses, does not have; the helper takes them from a map value as
+ * well. One slot per CPU, used within one lookup. Not shared and not
+ * pinned. Bytes, not the struct: bpf2go mirrors every map value in Go,
+ * and the struct's anonymous unions have no mirror. */
+struct fib_room {
+	__u8 room[sizeof(struct bpf_fib_lookup)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fib_room);
+} tlb_fib6_scratch SEC(".maps");
+
+/* fwd_resolve6 is fwd_resolve for IPv6 packets from src to dst. With
+ * src_out, it asks for the route's preferred source address and writes
+ * it there (:: when there is none: no route, no usable address, or a
+ * kernel without BPF_FIB_LOOKUP_SRC, whose fallback, the agent's list of
+ * interface addresses, holds IPv4's only). */
+static __always_inline void fwd_resolve6(void *ctx, __u32 iif, const union tlb_addr *src, const union tlb_addr *dst,
+					 __u8 proto, int no_stack, struct fwd_target *t, union tlb_addr *src_out)
+{
+	int want_src = src_out && !cfg_no_fib_src;
+	struct bpf_fib_lookup *p;
+	__u32 zero = 0;
+	long rc;
+
+	if (src_out)
+		__builtin_memset(src_out, 0, sizeof(*src_out));
+	/* Map values are 8-byte aligned: so is p. */
+	p = bpf_map_lookup_elem(&tlb_fib6_scratch, &zero);
+	if (!p) {
+		/* Cannot happen (one slot per CPU): the flow goes by the
+		 * stack. */
+		__builtin_memset(t, 0, sizeof(*t));
+		return;
+	}
+	__builtin_memset(p, 0, sizeof(*p));
+	p->family = AF_INET6;
+	p->l4_protocol = proto;
+	/* fwd_resolve's length that fits any MTU. */
+	p->tot_len = sizeof(struct ipv6hdr);
+	p->ifindex = iif;
+	__builtin_memcpy(p->ipv6_src, src, sizeof(p->ipv6_src));
+	__builtin_memcpy(p->ipv6_dst, dst, sizeof(p->ipv6_dst));
+	rc = bpf_fib_lookup(ctx, p, sizeof(*p), compat_fib_flags(want_src));
+	fwd_classify(rc, p, no_stack, t);
+	if (want_src && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH))
+		__builtin_memcpy(src_out, p->ipv6_src, sizeof(*src_out));
 }
 
 /* fwd_mark_stale makes the next packet of an entry resolve its target
@@ -206,6 +283,16 @@ static __always_inline void fwd_refresh(void *ctx, __u32 iif, __be32 src, __be32
 	if (t->kind != CT_REDIRECT_NEIGH || !ct)
 		return;
 	fwd_resolve(ctx, iif, src, dst, proto, 0, no_stack, t);
+	fwd_to_ct(ct, t);
+}
+
+/* fwd_refresh6 is fwd_refresh for an IPv6 packet. */
+static __always_inline void fwd_refresh6(void *ctx, __u32 iif, const union tlb_addr *src, const union tlb_addr *dst,
+					 __u8 proto, int no_stack, struct ct_value *ct, struct fwd_target *t)
+{
+	if (t->kind != CT_REDIRECT_NEIGH || !ct)
+		return;
+	fwd_resolve6(ctx, iif, src, dst, proto, no_stack, t, NULL);
 	fwd_to_ct(ct, t);
 }
 
@@ -300,32 +387,38 @@ static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *
 
 /* ---- tc (skbs) ---- */
 
-/* fwd_skb_prepare checks that the skb may leave by t (TTL, MTU of the
- * egress interface, segment by segment for GSO packets), decrements its
- * TTL and, when known, writes t's MACs. Returns 0 when it may, else 1 (the
- * caller falls back). Packet pointers are reloaded here: the rewrite
- * helpers invalidated the caller's. */
-static __always_inline int fwd_skb_prepare(struct __sk_buff *skb, const struct fwd_target *t,
+/* fwd_skb_prepare checks that the skb, of family fam (a constant), may
+ * leave by t (TTL or hop limit, MTU of the egress interface, segment by
+ * segment for GSO packets), decrements its TTL or hop limit and, when
+ * known, writes t's MACs. Returns 0 when it may, else 1 (the caller falls
+ * back). Packet pointers are reloaded here: the rewrite helpers
+ * invalidated the caller's. */
+static __always_inline int fwd_skb_prepare(int fam, struct __sk_buff *skb, const struct fwd_target *t,
 					   int no_stack, int *verdict)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
 
-	if ((void *)(ip + 1) > data_end) {
+	if (fam == PKT_IPV6 ? (void *)(ip6 + 1) > data_end : (void *)(ip + 1) > data_end) {
 		*verdict = TC_ACT_SHOT;
 		return 1;
 	}
-	if (ip_ttl_expires(ip)) {
+	if (fam == PKT_IPV6 ? ip6_hop_limit_expires(ip6) : ip_ttl_expires(ip)) {
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}
-	if (!compat_skb_mtu_fits(skb, t->ifindex, ip)) {
+	if (!compat_skb_mtu_fits(skb, t->ifindex, fam == PKT_IPV6 ? NULL : ip)) {
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}
-	ip_decrease_ttl(ip);
+	/* IPv6 has no header checksum to keep. */
+	if (fam == PKT_IPV6)
+		ip6->hop_limit--;
+	else
+		ip_decrease_ttl(ip);
 	if (t->kind != CT_REDIRECT_NEIGH && !mac_is_zero(t->dmac)) {
 		__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, t->smac, ETH_ALEN);
@@ -333,8 +426,9 @@ static __always_inline int fwd_skb_prepare(struct __sk_buff *skb, const struct f
 	return 0;
 }
 
-/* fwd_skb forwards a translated skb along t from tc ingress. */
-static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
+/* fwd_skb_fam forwards a translated skb of family fam (a constant) along
+ * t from tc ingress. */
+static __always_inline int fwd_skb_fam(int fam, struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
 {
 	int verdict;
 
@@ -345,7 +439,7 @@ static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_targe
 		}
 		return TC_PASS;
 	}
-	if (fwd_skb_prepare(skb, t, no_stack, &verdict))
+	if (fwd_skb_prepare(fam, skb, t, no_stack, &verdict))
 		return verdict;
 	switch (t->kind) {
 	case CT_REDIRECT_PEER:
@@ -353,15 +447,22 @@ static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_targe
 	case CT_REDIRECT_XDP:
 		return bpf_redirect(t->ifindex, 0);
 	default: {
-		/* The next hop as the FIB named it; without it the helper
-		 * would route the packet itself. */
+		/* The next hop as the FIB named it; without it (IPv6's, which
+		 * fwd_target does not keep) the helper routes the packet
+		 * itself. */
 		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = t->nexthop };
 
-		if (!t->nexthop)
+		if (fam == PKT_IPV6 || !t->nexthop)
 			return bpf_redirect_neigh(t->ifindex, NULL, 0, 0);
 		return bpf_redirect_neigh(t->ifindex, &nh, sizeof(nh), 0);
 	}
 	}
+}
+
+/* fwd_skb is fwd_skb_fam for IPv4. */
+static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
+{
+	return fwd_skb_fam(PKT_IPV4, skb, t, no_stack);
 }
 
 #endif

@@ -6,6 +6,8 @@
 
 #include <linux/types.h>
 
+#include "addr.h"
+#include "ipv6.h"
 #include "node.h"
 #include "packet.h"
 
@@ -38,6 +40,16 @@ static __always_inline __u32 flow_hash_of(__u32 src, __u32 dst, const struct pac
 static __always_inline __u32 flow_hash(const struct packet *pkt)
 {
 	return flow_hash_of(pkt->saddr, pkt->daddr, pkt);
+}
+
+/* flow_hash_fam is pkt's flow hash in its family fam (a constant; an
+ * IPv6 packet is a struct packet6): backend choice and the first SNAT
+ * port try of either family hash the same way. */
+static __always_inline __u32 flow_hash_fam(int fam, const struct packet *pkt)
+{
+	if (fam == PKT_IPV6)
+		return flow_hash_of(addr_fold(&packet6_of(pkt)->saddr), addr_fold(&packet6_of(pkt)->daddr), pkt);
+	return flow_hash(pkt);
 }
 
 #endif

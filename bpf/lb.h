@@ -71,14 +71,6 @@ static __always_inline int lb_src_take(int fam, const struct packet *pkt, __u64 
 	return ct_src_take(pkt->saddr, now);
 }
 
-/* lb_flow_hash is pkt's flow hash (hash.h). */
-static __always_inline __u32 lb_flow_hash(int fam, const struct packet *pkt)
-{
-	if (fam == PKT_IPV6)
-		return flow_hash_of(addr_fold(&packet6_of(pkt)->saddr), addr_fold(&packet6_of(pkt)->daddr), pkt);
-	return flow_hash(pkt);
-}
-
 /* lb_stack_reply translates back a reply that the node's own stack sends
  * (seen at a tcx egress): a host-network backend on this node answering a
  * flow that was translated to one of the node's addresses. No program saw
@@ -147,7 +139,7 @@ static __always_inline int lb_new_flow(int fam, void *ctx, __u32 iif, const stru
 		return LB_DROP;
 	}
 	client = fam == PKT_IPV6 ? packet6_of(pkt)->saddr : addr_from4(pkt->saddr);
-	if (choose_backend(&client, lb_flow_hash(fam, pkt), &key, &svc, now, &be)) {
+	if (choose_backend(&client, flow_hash_fam(fam, pkt), &key, &svc, now, &be)) {
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return LB_DROP;
 	}

@@ -129,11 +129,15 @@ struct {
 	__type(value, struct ct_src);
 } tlb_ct6_src SEC(".maps");
 
-/* tlb_ct_scratch's IPv6 twin: the two entries of an IPv6 flow. Not
- * shared and not pinned. */
+/* tlb_ct_scratch's IPv6 twin: the two entries of an IPv6 flow, and, when
+ * flow6_create builds them, their keys (80 bytes that tc_lb6's stack,
+ * with IPv6's addresses and a FIB lookup, does not have). Not shared and
+ * not pinned. */
 struct ct6_pair {
 	struct ct6_value a;
 	struct ct6_value b;
+	struct ct6_key a_key;
+	struct ct6_key b_key;
 };
 
 struct {

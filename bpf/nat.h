@@ -152,35 +152,42 @@ static __always_inline int snat_taken(struct ct_value *old, __u64 now)
 	return 0;
 }
 
-/* snat_claim inserts the reverse entry rev of a source-NATed flow into
- * tlb_ct_new under the first port of the flow's walk that no live entry
- * of either table holds (so a port in use by any flow with the same
- * backend and address is never taken; an expired holder is taken over),
- * sets key->dport to it and returns 0. Returns -1, counted, when
- * SNAT_RETRIES ports were taken, or when the map refused. */
-static __noinline __attribute__((unused)) int snat_claim(__u32 h, struct ct_key *key, const struct ct_value *rev, __u64 now)
+/* snat_claim_in (through snat_claim) inserts the reverse entry rev of a
+ * source-NATed flow of family fam (a constant: a struct ct6_key and
+ * ct6_value for IPv6) into its family's new-flow table under the first port of the
+ * flow's walk that no live entry of either of the family's tables holds
+ * (so a port in use by any flow with the same backend and address is
+ * never taken; an expired holder is taken over), sets the key's
+ * destination port to it and returns 0. Returns -1, counted, when
+ * SNAT_RETRIES ports were taken, or when the map refused. One allocator
+ * for both families: the walk, the range and the take-over are the same,
+ * only the tables differ (ct.h). */
+static __always_inline int snat_claim_in(int fam, __u32 h, void *key, const struct ct_value *rev, __u64 now)
 {
 	for (__u32 try = 0; try < SNAT_RETRIES; try++) {
 		struct ct_value *old;
 		long err;
 
-		key->dport = bpf_htons(snat_port(h, try));
-		old = bpf_map_lookup_elem(&tlb_conntrack, key);
+		if (fam == PKT_IPV6)
+			((struct ct6_key *)key)->dport = bpf_htons(snat_port(h, try));
+		else
+			((struct ct_key *)key)->dport = bpf_htons(snat_port(h, try));
+		old = bpf_map_lookup_elem(ct_table(fam, CT_F_ASSURED), key);
 		if (old) {
 			if (snat_taken(old, now))
 				continue;
-			bpf_map_delete_elem(&tlb_conntrack, key);
+			bpf_map_delete_elem(ct_table(fam, CT_F_ASSURED), key);
 		} else {
-			old = bpf_map_lookup_elem(&tlb_ct_new, key);
+			old = bpf_map_lookup_elem(ct_table(fam, 0), key);
 			if (old) {
 				if (snat_taken(old, now))
 					continue;
-				if (!bpf_map_update_elem(&tlb_ct_new, key, rev, BPF_EXIST))
+				if (!bpf_map_update_elem(ct_table(fam, 0), key, rev, BPF_EXIST))
 					return 0;
 				/* Evicted meanwhile: insert afresh. */
 			}
 		}
-		err = bpf_map_update_elem(&tlb_ct_new, key, rev, BPF_NOEXIST);
+		err = bpf_map_update_elem(ct_table(fam, 0), key, rev, BPF_NOEXIST);
 		if (!err)
 			return 0;
 		if (err != -ERR_EXIST) {
@@ -191,6 +198,19 @@ static __noinline __attribute__((unused)) int snat_claim(__u32 h, struct ct_key 
 	}
 	stat_inc(STAT_DROP_SNAT_EXHAUSTED);
 	return -1;
+}
+
+/* snat_claim is snat_claim_in for fam, a constant of each caller. The
+ * family is branched on once, outside the walk: each walk keeps only
+ * its own values across the helper calls, so the subprogram's frame stays
+ * what IPv4's alone needed (tc_lb6's stack and this frame add up to the
+ * 512-byte limit). */
+static __noinline __attribute__((unused)) int snat_claim(int fam, __u32 h, void *key, const struct ct_value *rev,
+							 __u64 now)
+{
+	if (fam == PKT_IPV6)
+		return snat_claim_in(PKT_IPV6, h, key, rev, now);
+	return snat_claim_in(PKT_IPV4, h, key, rev, now);
 }
 
 /* nat_rewrite_ip applies n's addresses to the IPv4 header ip, with the

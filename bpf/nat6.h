@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Address translation of IPv6 packets on tc: struct nat (nat.h) with the
+/* Address translation of IPv6 packets on tc (pod veths and uplinks): struct nat (nat.h) with the
  * 16-byte addresses, and its rewrite of an skb. IPv6 has no header
  * checksum; the L4 checksum covers a pseudo header with both addresses
  * (RFC 8200 8.1), so each rewritten address is one checksum difference
@@ -29,6 +29,18 @@ struct nat6 {
 static __always_inline struct nat6 *nat6_of(const struct nat *n)
 {
 	return (struct nat6 *)n;
+}
+
+/* nat6_new_src and nat6_new_dst are nat_new_src and nat_new_dst (nat.h)
+ * of an IPv6 packet. */
+static __always_inline const union tlb_addr *nat6_new_src(const struct packet *pkt, const struct nat *n)
+{
+	return n->flags & NAT_F_SRC ? &nat6_of(n)->saddr : &packet6_of(pkt)->saddr;
+}
+
+static __always_inline const union tlb_addr *nat6_new_dst(const struct packet *pkt, const struct nat *n)
+{
+	return n->flags & NAT_F_DST ? &nat6_of(n)->daddr : &packet6_of(pkt)->daddr;
 }
 
 /* nat6_skb_l4_csum updates the L4 checksum at csum_off for one address

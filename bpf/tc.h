@@ -91,13 +91,11 @@ static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet 
 }
 
 /* tc_balance6 is tc_balance for an IPv6 frame (skb->protocol): parse,
- * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h). Translated
- * packets go up the host stack, which routes them (flow6.h). A new flow
- * to an empty reject frontend is dropped and counted as having no
- * backend: IPv6 rejects (TCP reset, ICMPv6 port unreachable) are not
- * sent yet. Only an entry that translates IPv6 calls it (tc_lb.c); the
- * others pass IPv6 frames without a byte of IPv6 code (the uplink
- * programs are near the verifier's limit on 5.10). */
+ * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h) and forward
+ * (fwd.h), as IPv4 is. A new flow to an empty reject frontend is dropped
+ * and counted as having no backend: IPv6 rejects (TCP reset, ICMPv6 port
+ * unreachable) are not sent yet. Only the entries that translate IPv6
+ * call it, each from its own subprogram (tc_lb6). */
 static __always_inline int tc_balance6(struct __sk_buff *skb)
 {
 	struct packet6 pkt = {};
@@ -115,7 +113,9 @@ static __always_inline int tc_balance6(struct __sk_buff *skb)
 			stat_inc(STAT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		return TC_PASS;
+		fwd_refresh6(skb, skb->ingress_ifindex, nat6_new_src(&pkt.p, &nat.n), nat6_new_dst(&pkt.p, &nat.n),
+			     pkt.p.proto, nat.n.no_stack, nat.n.ct, &nat.n.fwd);
+		return fwd_skb_fam(PKT_IPV6, skb, &nat.n.fwd, nat.n.no_stack);
 	case LB_REJECT:
 		stat_inc(STAT_DROP_NO_BACKEND);
 		return TC_ACT_SHOT;
@@ -159,6 +159,26 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
 	default:
 		return TC_PASS;
 	}
+}
+
+/* Each family balances in its own subprogram: each needs most of the
+ * 512-byte stack, and a program's stack is that of its deepest call
+ * chain, so the two inlined into one frame would not fit. */
+static __attribute__((noinline, unused)) int tc_lb4(struct __sk_buff *skb)
+{
+	return tc_balance(skb);
+}
+
+static __attribute__((noinline, unused)) int tc_lb6(struct __sk_buff *skb)
+{
+	return tc_balance6(skb);
+}
+
+/* tc_is6 reports whether skb carries IPv6 (tc_lb6's), by the protocol
+ * the kernel read from the frame. */
+static __always_inline int tc_is6(const struct __sk_buff *skb)
+{
+	return skb->protocol == bpf_htons(ETH_P_IPV6);
 }
 
 #endif

@@ -24,23 +24,10 @@
 #define LB_SCOPE_DEFAULT SCOPE_INTERNAL
 #include "tc.h"
 
-/* Each family balances in its own subprogram: each needs most of the
- * 512-byte stack, and a program's stack is that of its deepest call
- * chain, so the two inlined into one frame would not fit. */
-static __attribute__((noinline)) int tc_lb4(struct __sk_buff *skb)
-{
-	return tc_balance(skb);
-}
-
-static __attribute__((noinline)) int tc_lb6(struct __sk_buff *skb)
-{
-	return tc_balance6(skb);
-}
-
 SEC("tcx/ingress")
 int tc_lb(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+	if (tc_is6(skb))
 		return tc_lb6(skb);
 	return tc_lb4(skb);
 }

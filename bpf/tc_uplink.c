@@ -10,13 +10,18 @@
  *     this program delivers the skb into the pod with bpf_redirect_peer or
  *     sends it out through the neighbour subsystem with
  *     bpf_redirect_neigh, skipping the host stack. Frames without
- *     topolb's metadata pass untouched.
+ *     topolb's metadata pass untouched. It balances IPv6 itself
+ *     (tc_lb6): xdp_lb passes IPv6 up untouched (xdp_lb.c says why).
  *   tc_uplink_lb, alone (path tc): balances frontends of scope external
  *     itself, where XDP's transmitted frames would be lost (a veth whose
  *     peer has no NAPI) or XDP has no native mode: the same core, maps
- *     and conntrack as xdp_lb, on skbs (tc.h, as tc_lb on pod veths). It
- *     also finishes XDP handovers, so the swap between the two paths
- *     loses no frame in flight. */
+ *     and conntrack as xdp_lb, on skbs (tc.h, as tc_lb on pod veths), for
+ *     both families. It also finishes XDP handovers, so the swap between
+ *     the two paths loses no frame in flight.
+ * IPv6 is balanced the same on both paths, by tc_lb6: frontends of scope
+ * external (NodePorts on the node's IPv6 addresses, load-balancer and
+ * external IPs), into a local pod or source-NATed to the node's IPv6
+ * address towards another node's backend, and the replies. */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -27,8 +32,10 @@
 
 /* uplink_handover forwards a frame that xdp_lb handed over with its target
  * in the metadata. Returns 1 with the verdict in *verdict for such a
- * frame, 0 for any other. */
-static __always_inline int uplink_handover(struct __sk_buff *skb, int *verdict)
+ * frame, 0 for any other. A subprogram of its own: its frame is not
+ * added to the balancing subprograms' (tc_lb4, tc_lb6), which need most
+ * of the 512-byte stack. */
+static __attribute__((noinline)) int uplink_handover(struct __sk_buff *skb, int *verdict)
 {
 	void *data = (void *)(long)skb->data;
 	struct fwd_meta *m = (void *)(long)skb->data_meta;
@@ -67,6 +74,8 @@ int tc_uplink(struct __sk_buff *skb)
 
 	if (uplink_handover(skb, &verdict))
 		return verdict;
+	if (tc_is6(skb))
+		return tc_lb6(skb);
 	return TC_PASS;
 }
 
@@ -77,7 +86,9 @@ int tc_uplink_lb(struct __sk_buff *skb)
 
 	if (uplink_handover(skb, &verdict))
 		return verdict;
-	return tc_balance(skb);
+	if (tc_is6(skb))
+		return tc_lb6(skb);
+	return tc_lb4(skb);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -61,6 +61,8 @@ func (c pktCase) runOn(t *testing.T, d *Datapath) {
 		prog = d.tcEgressProg
 	case hookUplinkTC:
 		prog = d.uplinkLBProg
+	case hookUplinkBesideXDP:
+		prog = d.uplinkProg
 	}
 	var (
 		ret       uint32

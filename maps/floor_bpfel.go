@@ -64,9 +64,11 @@ type floorCt6Key struct {
 }
 
 type floorCt6Pair struct {
-	_ structs.HostLayout
-	A floorCt6Value
-	B floorCt6Value
+	_     structs.HostLayout
+	A     floorCt6Value
+	B     floorCt6Value
+	A_key floorCt6Key
+	B_key floorCt6Key
 }
 
 type floorCt6Value struct {
@@ -117,6 +119,11 @@ type floorCtValue struct {
 	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
+}
+
+type floorFibRoom struct {
+	_    structs.HostLayout
+	Room [64]uint8
 }
 
 type floorFloorStep uint32
@@ -254,6 +261,7 @@ const (
 	floorMapTlbCtNew           = "tlb_ct_new"
 	floorMapTlbCtScratch       = "tlb_ct_scratch"
 	floorMapTlbCtSrc           = "tlb_ct_src"
+	floorMapTlbFib6Scratch     = "tlb_fib6_scratch"
 	floorMapTlbFrags           = "tlb_frags"
 	floorMapTlbIfaces          = "tlb_ifaces"
 	floorMapTlbMeta            = "tlb_meta"
@@ -348,6 +356,7 @@ type floorMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -414,6 +423,7 @@ type floorMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -441,6 +451,7 @@ func (m *floorMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFib6Scratch,
 		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,

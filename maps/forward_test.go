@@ -137,11 +137,16 @@ func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
 	return e
 }
 
-// neigh sets a permanent neighbour entry: ip is at mac on ifname.
+// neigh sets a permanent neighbour entry: ip (of either family) is at
+// mac on ifname.
 func (e *fwdEnv) neigh(t *testing.T, ifname, ip string, mac [6]byte) {
 	t.Helper()
+	family := netlink.FAMILY_V4
+	if netip.MustParseAddr(ip).Is6() {
+		family = netlink.FAMILY_V6
+	}
 	err := e.node.Netlink().NeighSet(&netlink.Neigh{
-		LinkIndex: e.idx[ifname], Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		LinkIndex: e.idx[ifname], Family: family, State: netlink.NUD_PERMANENT,
 		IP: net.ParseIP(ip), HardwareAddr: net.HardwareAddr(mac[:]),
 	})
 	if err != nil {

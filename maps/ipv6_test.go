@@ -104,7 +104,9 @@ var destOpts = v6Ext{v6DestOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0}}
 // counter: NDP, router advertisements, MLD (behind a hop-by-hop header),
 // echo, fragments, a chain of extension headers longer than the parser
 // walks. A SYN or a datagram to an IPv6 frontend passes the hooks that do
-// not translate IPv6 (XDP and tc on uplinks, tc egress); on pod veths
+// not translate it: XDP, which leaves IPv6 to tc_uplink, and tc egress;
+// tc on uplinks passes the datagram to the internal frontend (the SYN to
+// the external one is TestTCUplinkNorthSouth6's); on pod veths
 // (TestTCProgram's ipv6 rows) it is translated, also behind extension
 // headers the parser walks. An IPv6 packet never matches an IPv4
 // frontend, even to its IPv4-mapped address.
@@ -155,8 +157,11 @@ func TestIPv6PassesUntouched(t *testing.T) {
 	var rows []pktCase
 	for _, h := range []hook{hookTC, hookXDP, hookUplinkTC, hookTCEgress} {
 		set := untouched
-		if h != hookTC {
+		switch h {
+		case hookXDP, hookTCEgress:
 			set = append(set, toFrontend...)
+		case hookUplinkTC:
+			set = append(set, toFrontend[1])
 		}
 		for _, f := range set {
 			rows = append(rows, pktCase{name: string(h) + "/" + f.name, hook: h, in: f.in, want: pass})

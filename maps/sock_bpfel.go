@@ -64,9 +64,11 @@ type sockCt6Key struct {
 }
 
 type sockCt6Pair struct {
-	_ structs.HostLayout
-	A sockCt6Value
-	B sockCt6Value
+	_     structs.HostLayout
+	A     sockCt6Value
+	B     sockCt6Value
+	A_key sockCt6Key
+	B_key sockCt6Key
 }
 
 type sockCt6Value struct {
@@ -117,6 +119,11 @@ type sockCtValue struct {
 	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
+}
+
+type sockFibRoom struct {
+	_    structs.HostLayout
+	Room [64]uint8
 }
 
 type sockFragKey struct {
@@ -221,6 +228,7 @@ const (
 	sockMapTlbCtNew           = "tlb_ct_new"
 	sockMapTlbCtScratch       = "tlb_ct_scratch"
 	sockMapTlbCtSrc           = "tlb_ct_src"
+	sockMapTlbFib6Scratch     = "tlb_fib6_scratch"
 	sockMapTlbFrags           = "tlb_frags"
 	sockMapTlbIfaces          = "tlb_ifaces"
 	sockMapTlbMeta            = "tlb_meta"
@@ -322,6 +330,7 @@ type sockMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -385,6 +394,7 @@ type sockMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -409,6 +419,7 @@ func (m *sockMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFib6Scratch,
 		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,

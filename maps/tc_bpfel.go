@@ -79,9 +79,11 @@ type tcCt6Key struct {
 }
 
 type tcCt6Pair struct {
-	_ structs.HostLayout
-	A tcCt6Value
-	B tcCt6Value
+	_     structs.HostLayout
+	A     tcCt6Value
+	B     tcCt6Value
+	A_key tcCt6Key
+	B_key tcCt6Key
 }
 
 type tcCt6Value struct {
@@ -185,6 +187,11 @@ type tcCtValue struct {
 	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
+}
+
+type tcFibRoom struct {
+	_    structs.HostLayout
+	Room [64]uint8
 }
 
 type tcFragKey struct {
@@ -425,6 +432,7 @@ const (
 	tcMapTlbCtNew           = "tlb_ct_new"
 	tcMapTlbCtScratch       = "tlb_ct_scratch"
 	tcMapTlbCtSrc           = "tlb_ct_src"
+	tcMapTlbFib6Scratch     = "tlb_fib6_scratch"
 	tcMapTlbFrags           = "tlb_frags"
 	tcMapTlbIfaces          = "tlb_ifaces"
 	tcMapTlbMeta            = "tlb_meta"
@@ -515,6 +523,7 @@ type tcMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -579,6 +588,7 @@ type tcMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -605,6 +615,7 @@ func (m *tcMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFib6Scratch,
 		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,

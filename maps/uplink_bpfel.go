@@ -64,9 +64,11 @@ type uplinkCt6Key struct {
 }
 
 type uplinkCt6Pair struct {
-	_ structs.HostLayout
-	A uplinkCt6Value
-	B uplinkCt6Value
+	_     structs.HostLayout
+	A     uplinkCt6Value
+	B     uplinkCt6Value
+	A_key uplinkCt6Key
+	B_key uplinkCt6Key
 }
 
 type uplinkCt6Value struct {
@@ -117,6 +119,11 @@ type uplinkCtValue struct {
 	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
+}
+
+type uplinkFibRoom struct {
+	_    structs.HostLayout
+	Room [64]uint8
 }
 
 type uplinkFragKey struct {
@@ -232,6 +239,7 @@ const (
 	uplinkMapTlbCtNew           = "tlb_ct_new"
 	uplinkMapTlbCtScratch       = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc           = "tlb_ct_src"
+	uplinkMapTlbFib6Scratch     = "tlb_fib6_scratch"
 	uplinkMapTlbFrags           = "tlb_frags"
 	uplinkMapTlbIfaces          = "tlb_ifaces"
 	uplinkMapTlbMeta            = "tlb_meta"
@@ -322,6 +330,7 @@ type uplinkMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -386,6 +395,7 @@ type uplinkMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -412,6 +422,7 @@ func (m *uplinkMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFib6Scratch,
 		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,

@@ -64,9 +64,11 @@ type xdpCt6Key struct {
 }
 
 type xdpCt6Pair struct {
-	_ structs.HostLayout
-	A xdpCt6Value
-	B xdpCt6Value
+	_     structs.HostLayout
+	A     xdpCt6Value
+	B     xdpCt6Value
+	A_key xdpCt6Key
+	B_key xdpCt6Key
 }
 
 type xdpCt6Value struct {
@@ -117,6 +119,11 @@ type xdpCtValue struct {
 	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
+}
+
+type xdpFibRoom struct {
+	_    structs.HostLayout
+	Room [64]uint8
 }
 
 type xdpFragKey struct {
@@ -232,6 +239,7 @@ const (
 	xdpMapTlbCtNew           = "tlb_ct_new"
 	xdpMapTlbCtScratch       = "tlb_ct_scratch"
 	xdpMapTlbCtSrc           = "tlb_ct_src"
+	xdpMapTlbFib6Scratch     = "tlb_fib6_scratch"
 	xdpMapTlbFrags           = "tlb_frags"
 	xdpMapTlbIfaces          = "tlb_ifaces"
 	xdpMapTlbMeta            = "tlb_meta"
@@ -320,6 +328,7 @@ type xdpMapSpecs struct {
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
@@ -384,6 +393,7 @@ type xdpMaps struct {
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
+	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
@@ -410,6 +420,7 @@ func (m *xdpMaps) Close() error {
 		m.TlbCtNew,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
+		m.TlbFib6Scratch,
 		m.TlbFrags,
 		m.TlbIfaces,
 		m.TlbMeta,

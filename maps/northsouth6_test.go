@@ -1,0 +1,214 @@
+package maps
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// hookUplinkBesideXDP selects, in packet tables, tc_uplink: the tcx
+// ingress program beside xdp_lb on an uplink of the XDP path, which
+// balances the IPv6 that xdp_lb passes up.
+const hookUplinkBesideXDP hook = "uplink-beside-xdp"
+
+// The IPv6 half of the forwarding namespace (forward_test.go's picture),
+// added by addIPv6:
+//
+//	pod1 fd00:244:1::10 ── hp1 ┐                  ┌ up0 fd00:250::1/64 ─ node2 ::2 (fd00:244:2::/64), node3 ::3 (fd00:244:3::/64, no neighbour),
+//	pod2 fd00:244:1::11 ── hp2 ┘ node (forwarding) │                    router ::fe (2001:db8:113::/64)
+//	                                              └ up1 fd00:251::1/64 ─ node4 ::2 (2001:db8:18::/64)
+const (
+	node6       = "fd00:250::1"
+	pod16       = "fd00:244:1::10"
+	beNode26    = "fd00:244:2::10"
+	beNode36    = "fd00:244:3::10"
+	outside6    = "2001:db8:113::10"
+	outsideUp16 = "2001:db8:18::5"
+)
+
+// addIPv6 gives e's node the IPv6 addresses, routes and neighbours of the
+// picture above, with IPv6 forwarding on (the FIB answers "forwarding
+// disabled" without it, and the flow would go by the stack).
+func (e *fwdEnv) addIPv6(t *testing.T) {
+	t.Helper()
+	must(t, e.node.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	must(t, e.node.AddAddr("up0", node6+"/64"))
+	must(t, e.node.AddAddr("up1", "fd00:251::1/64"))
+	must(t, e.node.AddRouteDev(pod16+"/128", "hp1", ""))
+	must(t, e.node.AddRouteDev("fd00:244:1::11/128", "hp2", ""))
+	for _, r := range []struct{ dst, dev, gw string }{
+		{"fd00:244:2::/64", "up0", "fd00:250::2"},
+		{"fd00:244:3::/64", "up0", "fd00:250::3"},
+		{"2001:db8:113::/64", "up0", "fd00:250::fe"},
+		{"2001:db8:18::/64", "up1", "fd00:251::2"},
+	} {
+		must(t, e.node.AddRouteDev(r.dst, r.dev, r.gw))
+	}
+	e.neigh(t, "up0", "fd00:250::2", macNode2)
+	e.neigh(t, "up0", "fd00:250::fe", macRouter)
+	e.neigh(t, "up1", "fd00:251::2", macNode4)
+	e.neigh(t, "hp1", pod16, e.mac[pod1])
+}
+
+// ap6 joins an address of either family and a port.
+func ap6(addr string, port int) string {
+	return netip.AddrPortFrom(netip.MustParseAddr(addr), uint16(port)).String()
+}
+
+// ct6Key is the IPv6 conntrack key of a flow's direction from src to dst.
+func ct6Key(src, dst string, proto uint8) tcCt6Key {
+	s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
+	return tcCt6Key{Saddr: wireAddr(s.Addr()), Daddr: wireAddr(d.Addr()), Sport: be16(s.Port()), Dport: be16(d.Port()), Proto: proto}
+}
+
+// expect6 checks the IPv6 conntrack entry under key as expectEntry checks
+// an IPv4 one: x's fields with its addresses in the IPv6 value's.
+func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
+	return func(t *testing.T, d *Datapath) {
+		t.Helper()
+		// The shared part, built from x with its addresses left out
+		// (zero in an IPv6 entry's ct).
+		x4 := x
+		x4.addr = ap("0.0.0.0", int(netip.MustParseAddrPort(x.addr).Port()))
+		want := tcCt6Value{Addr: wireAddr(netip.MustParseAddrPort(x.addr).Addr())}
+		if x.nat != "" {
+			n := netip.MustParseAddrPort(x.nat)
+			x4.nat = ap("0.0.0.0", int(n.Port()))
+			want.NatAddr = wireAddr(n.Addr())
+		}
+		want.Ct = x4.value(t, d)
+		var got tcCt6Value
+		err := ebpf.ErrKeyNotExist
+		for _, m := range d.ct6Tables() {
+			if err = m.Lookup(&key, &got); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("IPv6 conntrack entry %s -> %s: %v", addrPortOf(key.Saddr, key.Sport), addrPortOf(key.Daddr, key.Dport), err)
+		}
+		if got.Ct.Expires == 0 {
+			t.Errorf("entry %s -> %s: no expiry", addrPortOf(key.Saddr, key.Sport), addrPortOf(key.Daddr, key.Dport))
+		}
+		got.Ct.Expires, got.Ct.Packets, got.Ct.Bytes = 0, 0, 0
+		if got != want {
+			t.Errorf("entry %s -> %s\n got %+v\nwant %+v", addrPortOf(key.Saddr, key.Sport), addrPortOf(key.Daddr, key.Dport), got, want)
+		}
+	}
+}
+
+// TestTCUplinkNorthSouth6 runs IPv6 north-south through the uplinks' tc
+// programs, in the forwarding namespace with its IPv6 half: a NodePort
+// with externalTrafficPolicy Local (DNAT into the pod, bpf_redirect_peer)
+// and its reply from the pod through tc_lb (out of the uplink with the
+// router's MAC); Cluster with a remote backend (DNAT and SNAT to the
+// node's IPv6 address with the IPv4 port allocator's port, out of the
+// uplink with the next hop's MACs), its reply and established packets,
+// UDP, a client behind the other uplink, an unknown next hop
+// (bpf_redirect_neigh), the hop limit expiring on a source-NATed packet
+// (dropped, not a martian); a load-balancer IP with IPv6 source ranges;
+// and the XDP path: xdp_lb passes IPv6 up untouched, tc_uplink balances
+// it as tc_uplink_lb does. Every output is checked byte for byte with its
+// checksums, every conntrack entry field by field.
+func TestTCUplinkNorthSouth6(t *testing.T) {
+	e := newFwdEnv(t, Options{UplinkPath: UplinkTC})
+	e.addIPv6(t)
+	d := e.d
+	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
+	feLocal := extFrontend(ap6(node6, 30080), TCP)
+	feRemote := extFrontend(ap6(node6, 30082), TCP)
+	feUDP := extFrontend(ap6(node6, 30053), UDP)
+	feNeigh := extFrontend(ap6(node6, 30083), TCP)
+	feLB := extFrontend(ap6("2001:db8:ff::10", 443), TCP)
+	mustSet(t, d, feLocal, local(ap6(pod16, 8080)))
+	mustSet(t, d, feRemote, be(ap6(beNode26, 8080)))
+	mustSet(t, d, feUDP, be(ap6(beNode26, 5353)))
+	mustSet(t, d, feNeigh, be(ap6(beNode36, 8080)))
+	mustSetService(t, d, feLB, Service{Backends: []Backend{local(ap6(pod16, 8443))},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}})
+
+	snatOf := func(client string, f Frontend, proto uint8) string {
+		return ap6(node6, int(snatPortOf(netip.MustParseAddrPort(client), f.Addr, proto, 0, DefaultSNATPorts)))
+	}
+	cLocal, cRemote, cUDP, cUp1 := ap6(outside6, 40000), ap6(outside6, 41000), ap6(outside6, 42000), ap6(outsideUp16, 44000)
+	snatRemote, snatUDP, snatUp1 := snatOf(cRemote, feRemote, protoTCP), snatOf(cUDP, feUDP, protoUDP), snatOf(cUp1, feRemote, protoTCP)
+	cNeigh := ap6(outside6, 45000)
+	snatNeigh := snatOf(cNeigh, feNeigh, protoTCP)
+
+	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
+	localReply := tcpFrame(ap6(pod16, 8080), cLocal, tcpSYN|tcpACK, "")
+	syn := tcpFrame(cRemote, feRemote.Addr.String(), tcpSYN, "")
+	reply := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpSYN|tcpACK, "")
+	ack := tcpFrame(cRemote, feRemote.Addr.String(), tcpACK, "GET / odd")
+	udpQ := udpFrame(cUDP, feUDP.Addr.String(), "query")
+	udpA := udpFrame(ap6(beNode26, 5353), snatUDP, "answer!")
+	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
+	neighSyn := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpSYN, "")
+	hopLimit1 := tcpFrame(ap6(outside6, 47000), feRemote.Addr.String(), tcpSYN, "")
+	hopLimit1.ttl = 1
+	lbSyn := tcpFrame(ap6(outside6, 48000), feLB.Addr.String(), tcpSYN, "")
+	lbDenied := tcpFrame(ap6("2001:db8:114::10", 48000), feLB.Addr.String(), tcpSYN, "")
+	xdpSyn := tcpFrame(ap6(outside6, 49000), feLocal.Addr.String(), tcpSYN, "")
+
+	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
+	intoPod1 := stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1}
+	rows := []pktCase{
+		{name: "nodeport_etp_local_syn_into_the_pod_redirect_peer", hook: hookUplinkTC, env: e, iif: "up0", in: localSyn,
+			out: ptr(localSyn.withAddrs("", ap6(pod16, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
+			fwd: feLocal, newFlow: true, stats: intoPod1,
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(pod16, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP)),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(ap6(pod16, 8080), cLocal, protoTCP)),
+			)},
+		{name: "etp_local_reply_from_the_pod_out_of_the_uplink", hook: hookTC, env: e, iif: "hp1", in: localReply,
+			out: ptr(localReply.withAddrs(feLocal.Addr.String(), cLocal).forwarded(upMAC0, macRouter)), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "cluster_remote_backend_snat", hook: hookUplinkTC, env: e, iif: "up0", in: syn,
+			out: ptr(syn.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
+			fwd: feRemote, newFlow: true, stats: newSNAT,
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP)),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatRemote, protoTCP)),
+			)},
+		{name: "cluster_remote_reply_back_to_the_client", hook: hookUplinkTC, env: e, iif: "up0", in: reply,
+			out: ptr(reply.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "cluster_remote_established_hit", hook: hookUplinkTC, env: e, iif: "up0", in: ack,
+			out: ptr(ack.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect, fwd: feRemote,
+			stats: stats{StatConntrackPromoted: 1}},
+		{name: "udp_snat", hook: hookUplinkTC, env: e, iif: "up0", in: udpQ,
+			out: ptr(udpQ.withAddrs(snatUDP, ap6(beNode26, 5353)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
+			fwd: feUDP, newFlow: true, stats: newSNAT},
+		{name: "udp_snat_reply", hook: hookUplinkTC, env: e, iif: "up0", in: udpA,
+			out: ptr(udpA.withAddrs(feUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "snat_to_another_uplink", hook: hookUplinkTC, env: e, iif: "up1", in: up1Syn,
+			out: ptr(up1Syn.withAddrs(snatUp1, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
+			fwd: feRemote, newFlow: true, stats: newSNAT,
+			after: entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cUp1, redirect: tcCtRedirectCT_REDIRECT_XDP,
+				ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatUp1, protoTCP))},
+		{name: "snat_next_hop_unknown_redirect_neigh", hook: hookUplinkTC, env: e, iif: "up0", in: neighSyn,
+			out: ptr(neighSyn.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(macA, macB)), ret: tcRedirect,
+			fwd: feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "snat_hop_limit_expiring_dropped_not_a_martian", hook: hookUplinkTC, env: e, iif: "up0", in: hopLimit1, ret: tcShot,
+			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1}},
+		{name: "lb_ip_from_a_source_range_into_the_pod", hook: hookUplinkTC, env: e, iif: "up0", in: lbSyn,
+			out: ptr(lbSyn.withAddrs("", ap6(pod16, 8443)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
+			fwd: feLB, newFlow: true, stats: intoPod1},
+		{name: "lb_ip_from_outside_its_source_ranges_dropped", hook: hookUplinkTC, env: e, iif: "up0", in: lbDenied, ret: tcShot,
+			stats: stats{StatDropSourceRange: 1}},
+		{name: "not_a_frontend_passes_untouched", hook: hookUplinkTC, env: e, iif: "up0",
+			in: tcpFrame(ap6(outside6, 48001), ap6(node6, 22), tcpSYN, "")},
+		{name: "xdp_passes_ipv6_up_untouched", hook: hookXDP, env: e, iif: "up0", in: xdpSyn, ret: xdpPass},
+		{name: "tc_beside_xdp_balances_it", hook: hookUplinkBesideXDP, env: e, iif: "up0", in: xdpSyn,
+			out: ptr(xdpSyn.withAddrs("", ap6(pod16, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
+			fwd: feLocal, newFlow: true, stats: intoPod1},
+	}
+	runTable(t, d, rows)
+}
