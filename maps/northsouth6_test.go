@@ -3,9 +3,12 @@ package maps
 import (
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/topolb/topolb/internal/nettest"
 )
 
 // hookUplinkBesideXDP selects, in packet tables, tc_uplink: the tcx
@@ -211,4 +214,106 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			fwd: feLocal, newFlow: true, stats: intoPod1},
 	}
 	runTable(t, d, rows)
+}
+
+// TestUplinkDeliversIPv6 sends real HTTP and UDP over IPv6 from outside
+// through a veth uplink, on each path: tc (its peer without NAPI, the
+// client's packets CHECKSUM_PARTIAL) and XDP (its peer with an XDP
+// program; xdp_lb passes IPv6 up to tc_uplink). To NodePorts on the
+// node's IPv6 address whose backend is on another node (on the wire:
+// source-NATed to the node's address, out of the uplink and back) and
+// whose backend is a pod of the node with externalTrafficPolicy Local
+// (into the pod, its replies out of the uplink). Every answer must come
+// from the backend the frontend names, by the frontend's address, with
+// no checksum error and no drop anywhere.
+func TestUplinkDeliversIPv6(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		path   UplinkPath
+		peer   uplinkPeer
+		txCsum bool
+	}{
+		{name: "tc_plain_peer_partial_checksums", path: UplinkTC, peer: peerPlain, txCsum: true},
+		{name: "xdp_peer_with_xdp", path: UplinkXDP, peer: peerXDP},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			requirePrivileges(t)
+			if err := nettest.RemoveStale(); err != nil {
+				t.Logf("removing stale namespaces: %v", err)
+			}
+			node, wire, p := nettest.NewNS(t, "up6-node"), nettest.NewNS(t, "up6-wire"), nettest.NewNS(t, "up6-pod")
+			must(t, node.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+			must(t, nettest.Veth(node, "up0", wire, "w0"))
+			must(t, node.AddAddr("up0", node6+"/64"))
+			must(t, wire.AddAddr("w0", "fd00:250::9/64"))
+			must(t, wire.AddAddr("w0", "fd00:250::2/64"))
+			pod(t, node, p, "hp", "fd00:244:1")
+			// Node-side senders compute checksums in software, so a
+			// receiver verifies what the datapath wrote.
+			must(t, node.SetOffload("up0", "tx", false))
+			must(t, node.SetOffload("hp", "tx", false))
+			must(t, wire.SetOffload("w0", "tx", c.txCsum))
+			must(t, wire.SetGRO("w0", false))
+			if c.peer == peerXDP {
+				xdpPassOn(t, wire, "w0")
+			}
+			wire.ServeHTTPName(t, "[fd00:250::2]:8080", "remote")
+			wire.ServeUDPName(t, "[fd00:250::2]:5353", "remote")
+			p.ServeHTTPName(t, "[::]:8080", "pod")
+			p.ServeUDPName(t, "[::]:5353", "pod")
+
+			d := newDatapath(t, Options{PinPath: filepath.Join(bpffs(t), "topolb"), NetNS: node.Path, UplinkPath: c.path})
+			must(t, d.AttachPod("hp"))
+			must(t, d.AttachUplink("up0"))
+			if st := uplinkPath(t, d); st.Path != string(c.path) {
+				t.Fatalf("up0's path %q, want %q", st.Path, c.path)
+			}
+			podAddr := "fd00:244:1::2"
+			for _, f := range []struct {
+				fe Frontend
+				b  Backend
+			}{
+				{extFrontend(ap6(node6, 30082), TCP), be("[fd00:250::2]:8080")},
+				{extFrontend(ap6(node6, 30053), UDP), be("[fd00:250::2]:5353")},
+				{extFrontend(ap6(node6, 30080), TCP), local(ap6(podAddr, 8080))},
+				{extFrontend(ap6(node6, 30054), UDP), local(ap6(podAddr, 5353))},
+			} {
+				mustSet(t, d, f.fe, f.b)
+			}
+
+			const n = 20
+			for _, q := range []struct {
+				frontend, want string
+				udp            bool
+			}{
+				{ap6(node6, 30082), "remote", false},
+				{ap6(node6, 30053), "remote", true},
+				{ap6(node6, 30080), "pod", false},
+				{ap6(node6, 30054), "pod", true},
+			} {
+				var got map[string]int
+				if q.udp {
+					got = udpQueries(t, wire, q.frontend, n)
+				} else {
+					got = httpGets(t, wire, "http://"+q.frontend+"/", n)
+				}
+				if got[q.want] != n {
+					t.Errorf("%s: answers %v, want %d from %s", q.frontend, got, n, q.want)
+				}
+			}
+			cnt, err := d.Counters()
+			must(t, err)
+			if cnt.Stats[StatSNATFlows] < 2*n {
+				t.Errorf("%d flows source-NATed, want at least %d", cnt.Stats[StatSNATFlows], 2*n)
+			}
+			if cnt.Drops != (Drops{}) {
+				t.Errorf("drops: %+v", cnt.Drops)
+			}
+			for name, ns := range map[string]*nettest.NS{"node": node, "wire": wire, "pod": p} {
+				if ce, err := ns.ChecksumErrors(); err != nil || ce != (nettest.ChecksumErrors{}) {
+					t.Errorf("%s: checksum errors %+v, %v", name, ce, err)
+				}
+			}
+		})
+	}
 }
