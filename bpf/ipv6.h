@@ -4,9 +4,8 @@
  * packet with its addresses (struct packet6). The L4 headers and the
  * family-neutral part of the parsed packet are packet.h's.
  *
- * Only hooks that translate IPv6 include this header (tc on pod veths:
- * tc_lb.c defines LB_IPV6); the others pass IPv6 frames untouched without
- * a byte of IPv6 code. */
+ * tc translates IPv6 on pod veths and uplinks (tc_lb6, tc.h); XDP
+ * passes IPv6 frames up untouched, to tc (xdp_lb.c). */
 #ifndef TOPOLB_IPV6_H
 #define TOPOLB_IPV6_H
 

@@ -11,7 +11,10 @@
  * tc_uplink (tc_uplink.c) for delivery into a local pod, or up the stack.
  * Frames from the wire carry full checksums, so the incremental update in
  * csum.h is correct here (it would not be for CHECKSUM_PARTIAL pod
- * traffic, which is why pods are served by tc). */
+ * traffic, which is why pods are served by tc). IPv6 passes up untouched
+ * (XDP_PASS, the parser takes IPv4 only): tc_uplink, on the same
+ * uplink's tc ingress, balances it (tc_uplink.c), which keeps xdp_lb
+ * within 5.10's verifier limit and its frame for IPv4. */
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
