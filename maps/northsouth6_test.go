@@ -119,7 +119,8 @@ func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
 // node's IPv6 address with the IPv4 port allocator's port, out of the
 // uplink with the next hop's MACs), its reply and established packets,
 // UDP, a client behind the other uplink, an unknown next hop
-// (bpf_redirect_neigh), the hop limit expiring on a source-NATed packet
+// (bpf_redirect_neigh) and the next packet once it is known (the MACs
+// written, the entry updated), the hop limit expiring on a source-NATed packet
 // (dropped, not a martian); a load-balancer IP with IPv6 source ranges;
 // and the XDP path: xdp_lb passes IPv6 up untouched, tc_uplink balances
 // it as tc_uplink_lb does. Every output is checked byte for byte with its
@@ -158,6 +159,7 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 	udpA := udpFrame(ap6(beNode26, 5353), snatUDP, "answer!")
 	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
 	neighSyn := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpSYN, "")
+	neighAck := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpACK, "again")
 	hopLimit1 := tcpFrame(ap6(outside6, 47000), feRemote.Addr.String(), tcpSYN, "")
 	hopLimit1.ttl = 1
 	lbSyn := tcpFrame(ap6(outside6, 48000), feLB.Addr.String(), tcpSYN, "")
@@ -208,6 +210,11 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 		{name: "snat_next_hop_unknown_redirect_neigh", hook: hookUplinkTC, env: e, iif: "up0", in: neighSyn,
 			out: ptr(neighSyn.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(macA, macB)), ret: tcRedirect,
 			fwd: feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "next_hop_learnt_later_used_by_the_next_packet", hook: hookUplinkTC, env: e, iif: "up0", in: neighAck,
+			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "fd00:250::3", macNode3) },
+			out:    ptr(neighAck.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(upMAC0, macNode3)), ret: tcRedirect, fwd: feNeigh,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode36, 8080), nat: snatNeigh, redirect: tcCtRedirectCT_REDIRECT_XDP,
+				ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
 		{name: "snat_hop_limit_expiring_dropped_not_a_martian", hook: hookUplinkTC, env: e, iif: "up0", in: hopLimit1, ret: tcShot,
 			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1}},
 		{name: "lb_ip_from_a_source_range_into_the_pod", hook: hookUplinkTC, env: e, iif: "up0", in: lbSyn,
