@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -687,92 +688,153 @@ func TestSNATHandoffBeyondMTU(t *testing.T) {
 	}
 }
 
-// TestTCForwarding runs tc's paths after translation: into a local pod
-// with bpf_redirect_peer (the pod's MAC written when the node knows it),
-// out of an uplink with the next hop's MACs (bpf_redirect) or through the
-// neighbour subsystem (bpf_redirect_neigh), replies of both (the remote
-// one through XDP and tc_uplink), an interface topolb does not own (the
-// stack), TTL and MTU fallbacks, and a refresh picking up a pod's new MAC.
+// fwdFamily are the addresses of TestTCForwarding's rows in one family,
+// each a host of forward_test.go's picture or its IPv6 half
+// (northsouth6_test.go).
+type fwdFamily struct {
+	name                               string
+	ipv6                               bool
+	podClient, pod1, pod2              string
+	beNode2, beNeigh, beOther, beNode4 string
+	vipLocal, vipRemote, vipNoMAC      string
+	vipNeigh, vipStack, vipUp1         string
+	ipHeader                           int // bytes of the IP header
+}
+
+var fwdFamilies = []fwdFamily{
+	{name: "ipv4", podClient: podClient, pod1: pod1, pod2: pod2,
+		beNode2: beNode2, beNeigh: beNode5, beOther: beOther, beNode4: beNode4,
+		vipLocal: "10.96.0.10:80", vipRemote: "10.96.0.11:80", vipNoMAC: "10.96.0.15:80",
+		vipNeigh: "10.96.0.12:80", vipStack: "10.96.0.13:80", vipUp1: "10.96.0.14:80", ipHeader: 20},
+	{name: "ipv6", ipv6: true, podClient: podClient6, pod1: pod16, pod2: "fd00:244:1::11",
+		beNode2: beNode26, beNeigh: beNode36, beOther: beOther6, beNode4: beNode46,
+		vipLocal: "[fd00:96::10]:80", vipRemote: "[fd00:96::11]:80", vipNoMAC: "[fd00:96::15]:80",
+		vipNeigh: "[fd00:96::12]:80", vipStack: "[fd00:96::13]:80", vipUp1: "[fd00:96::14]:80", ipHeader: 40},
+}
+
+// expectFlow checks x's entry under the key from src to dst of proto, in
+// the conntrack of their family.
+func (x entry) expectFlow(src, dst string, proto uint8) func(t *testing.T, d *Datapath) {
+	if netip.MustParseAddrPort(src).Addr().Is6() {
+		return x.expect6(ct6Key(src, dst, proto))
+	}
+	return x.expect(ctKey(src, dst, proto))
+}
+
+// TestTCForwarding runs tc's paths after translation, in each family:
+// into a local pod with bpf_redirect_peer (the pod's MAC written when the
+// node knows it), out of an uplink with the next hop's MACs
+// (bpf_redirect) or through the neighbour subsystem (bpf_redirect_neigh),
+// replies of both (the remote one through the uplink: IPv4's handed by
+// XDP to tc_uplink, IPv6's balanced by tc_uplink itself), an interface
+// topolb does not own (the stack), TTL (hop limit) and MTU fallbacks up
+// the stack, and, in IPv4, a refresh picking up a pod's new MAC.
 func TestTCForwarding(t *testing.T) {
-	e := newFwdEnv(t, Options{})
+	for _, f := range fwdFamilies {
+		t.Run(f.name, func(t *testing.T) {
+			e := newFwdEnv(t, Options{})
+			if f.ipv6 {
+				e.addIPv6(t)
+			}
+			runTable(t, e.d, tcForwardingRows(t, e, f))
+		})
+	}
+}
+
+// tcForwardingRows programs TestTCForwarding's frontends in f's family
+// and returns its rows.
+func tcForwardingRows(t *testing.T, e *fwdEnv, f fwdFamily) []pktCase {
 	d := e.d
-	vipLocal, vipRemote, vipNoMAC := fe("10.96.0.10:80", TCP), fe("10.96.0.11:80", TCP), fe("10.96.0.15:80", TCP)
-	vipNeigh, vipStack, vipUp1 := fe("10.96.0.12:80", TCP), fe("10.96.0.13:80", TCP), fe("10.96.0.14:80", TCP)
-	mustSet(t, d, vipLocal, local(ap(pod1, 8080)))
-	mustSet(t, d, vipRemote, be(ap(beNode2, 8080)))
-	mustSet(t, d, vipNoMAC, local(ap(pod2, 8080)))
-	mustSet(t, d, vipNeigh, be(ap(beNode5, 8080)))
-	mustSet(t, d, vipStack, be(ap(beOther, 8080)))
-	mustSet(t, d, vipUp1, be(ap(beNode4, 8080)))
+	vipLocal, vipRemote, vipNoMAC := fe(f.vipLocal, TCP), fe(f.vipRemote, TCP), fe(f.vipNoMAC, TCP)
+	vipNeigh, vipStack, vipUp1 := fe(f.vipNeigh, TCP), fe(f.vipStack, TCP), fe(f.vipUp1, TCP)
+	mustSet(t, d, vipLocal, local(ap6(f.pod1, 8080)))
+	mustSet(t, d, vipRemote, be(ap6(f.beNode2, 8080)))
+	mustSet(t, d, vipNoMAC, local(ap6(f.pod2, 8080)))
+	mustSet(t, d, vipNeigh, be(ap6(f.beNeigh, 8080)))
+	mustSet(t, d, vipStack, be(ap6(f.beOther, 8080)))
+	mustSet(t, d, vipUp1, be(ap6(f.beNode4, 8080)))
 	hc, hp1 := e.idx["hc"], e.idx["hp1"]
-	c1, c2 := ap(podClient, 40000), ap(podClient, 40001)
+	c1, c2 := ap6(f.podClient, 40000), ap6(f.podClient, 40001)
+	backend1 := ap6(f.pod1, 8080)
 
 	toLocal := tcpFrame(c1, vipLocal.Addr.String(), tcpSYN, "")
-	localReply := tcpFrame(ap(pod1, 8080), c1, tcpSYN|tcpACK, "")
+	localReply := tcpFrame(backend1, c1, tcpSYN|tcpACK, "")
 	localAck := tcpFrame(c1, vipLocal.Addr.String(), tcpACK, "GET / odd")
 	toRemote := tcpFrame(c2, vipRemote.Addr.String(), tcpSYN, "")
-	remoteReply := tcpFrame(ap(beNode2, 8080), c2, tcpSYN|tcpACK, "")
-	toNoMAC := tcpFrame(ap(podClient, 40002), vipNoMAC.Addr.String(), tcpSYN, "")
-	toNeigh := tcpFrame(ap(podClient, 40003), vipNeigh.Addr.String(), tcpSYN, "")
-	toStack := tcpFrame(ap(podClient, 40004), vipStack.Addr.String(), tcpSYN, "")
-	ttl := tcpFrame(ap(podClient, 40005), vipLocal.Addr.String(), tcpSYN, "")
+	remoteReply := tcpFrame(ap6(f.beNode2, 8080), c2, tcpSYN|tcpACK, "")
+	toNoMAC := tcpFrame(ap6(f.podClient, 40002), vipNoMAC.Addr.String(), tcpSYN, "")
+	toNeigh := tcpFrame(ap6(f.podClient, 40003), vipNeigh.Addr.String(), tcpSYN, "")
+	toStack := tcpFrame(ap6(f.podClient, 40004), vipStack.Addr.String(), tcpSYN, "")
+	ttl := tcpFrame(ap6(f.podClient, 40005), vipLocal.Addr.String(), tcpSYN, "")
 	ttl.ttl = 1
-	big := tcpFrame(ap(podClient, 40006), vipUp1.Addr.String(), tcpACK, string(bytes.Repeat([]byte("y"), 1450-40)))
-	flow1 := flowOf(c1, vipLocal.Addr.String(), ap(pod1, 8080), protoTCP)
+	// 1450 bytes at L3, beyond up1's MTU of 1400.
+	big := tcpFrame(ap6(f.podClient, 40006), vipUp1.Addr.String(), tcpACK, strings.Repeat("y", 1450-f.ipHeader-20))
 
+	// The remote backend's reply comes in by up0: XDP hands IPv4's over
+	// to tc_uplink, which delivers it; IPv6 passes XDP, and tc_uplink
+	// translates and delivers it.
+	replyRow := pktCase{name: "remote_reply_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: remoteReply,
+		out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "")), ret: xdpPass,
+		meta:  handoff(tcCtRedirectCT_REDIRECT_PEER, hc, e.mac[podClient], e.mac["hc"], 0),
+		stats: stats{StatReverseNAT: 1}}
+	if f.ipv6 {
+		replyRow = pktCase{name: "remote_reply_translated_by_tc_uplink_into_the_pod", hook: hookUplinkBesideXDP, env: e, iif: "up0", in: remoteReply,
+			out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
+			stats: stats{StatReverseNAT: 1}}
+	}
 	rows := []pktCase{
 		{name: "pod_to_local_backend_redirect_peer", hook: hookTC, env: e, iif: "hc", in: toLocal,
-			out: ptr(toLocal.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
+			out: ptr(toLocal.withAddrs("", backend1).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
 			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2},
 			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.fwd),
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
+					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: backend1}.expectFlow(c1, vipLocal.Addr.String(), protoTCP),
 				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080)}.expect(flow1.rev),
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: backend1}.expectFlow(backend1, c1, protoTCP),
 			)},
 		{name: "local_reply_into_the_client_pod", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(vipLocal.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
 			stats: stats{StatReverseNAT: 1}},
 		{name: "next_forward_packet_resolves_again_after_the_state_change", hook: hookTC, env: e, iif: "hc", in: localAck,
-			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
+			out: ptr(localAck.withAddrs("", backend1).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
 			stats: stats{StatConntrackPromoted: 1},
-			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.fwd)},
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
+				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expectFlow(c1, vipLocal.Addr.String(), protoTCP)},
 		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
-			out: ptr(toRemote.withAddrs("", ap(beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
+			out: ptr(toRemote.withAddrs("", ap6(f.beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
 			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
-		{name: "remote_reply_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: remoteReply,
-			out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "")), ret: xdpPass,
-			meta:  handoff(tcCtRedirectCT_REDIRECT_PEER, hc, e.mac[podClient], e.mac["hc"], 0),
-			stats: stats{StatReverseNAT: 1}},
+		replyRow,
 		{name: "pod_with_unknown_mac_redirect_peer_as_is", hook: hookTC, env: e, iif: "hc", in: toNoMAC,
-			out: ptr(toNoMAC.withAddrs("", ap(pod2, 8080)).forwarded(macA, macB)), ret: tcRedirect,
+			out: ptr(toNoMAC.withAddrs("", ap6(f.pod2, 8080)).forwarded(macA, macB)), ret: tcRedirect,
 			fwd: vipNoMAC, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2}},
 		{name: "next_hop_unknown_redirect_neigh", hook: hookTC, env: e, iif: "hc", in: toNeigh,
-			out: ptr(toNeigh.withAddrs("", ap(beNode5, 8080)).forwarded(macA, macB)), ret: tcRedirect,
+			out: ptr(toNeigh.withAddrs("", ap6(f.beNeigh, 8080)).forwarded(macA, macB)), ret: tcRedirect,
 			fwd: vipNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdNeigh: 1, StatFwdPeer: 1}},
 		{name: "interface_not_owned_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: toStack,
-			out: ptr(toStack.withAddrs("", ap(beOther, 8080))),
+			out: ptr(toStack.withAddrs("", ap6(f.beOther, 8080))),
 			fwd: vipStack, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdStack: 1, StatFwdPeer: 1}},
 		{name: "ttl_expiring_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: ttl,
-			out: ptr(ttl.withAddrs("", ap(pod1, 8080))),
+			out: ptr(ttl.withAddrs("", backend1)),
 			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2, StatFwdFallbackTTL: 1}},
 		{name: "beyond_the_egress_mtu_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: big,
-			out: ptr(big.withAddrs("", ap(beNode4, 8080))),
+			out: ptr(big.withAddrs("", ap6(f.beNode4, 8080))),
 			fwd: vipUp1, newFlow: true, stats: stats{StatConntrackCreated: 1, StatTCPMidflowMiss: 1, StatFwdL2: 1, StatFwdPeer: 1, StatFwdFallbackMTU: 1}},
-		{name: "refresh_picks_up_the_pods_new_mac", hook: hookTC, env: e, iif: "hc", in: localAck,
-			before: func(t *testing.T, d *Datapath) {
-				e.neigh(t, "hp1", pod1, macPod1b)
-				setExpires(flow1, TimeoutTCPEstablished-5*time.Second)(t, d)
-			},
-			out: ptr(localAck.withAddrs("", ap(pod1, 8080)).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.fwd),
-				// The reply's entry resolves again on its next packet.
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
-					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap(pod1, 8080), flags: assuredFlags}.expect(flow1.rev),
-			)},
 	}
-	runTable(t, d, rows)
+	if f.ipv6 {
+		return rows
+	}
+	flow1 := flowOf(c1, vipLocal.Addr.String(), backend1, protoTCP)
+	return append(rows, pktCase{name: "refresh_picks_up_the_pods_new_mac", hook: hookTC, env: e, iif: "hc", in: localAck,
+		before: func(t *testing.T, d *Datapath) {
+			e.neigh(t, "hp1", pod1, macPod1b)
+			setExpires(flow1, TimeoutTCPEstablished-5*time.Second)(t, d)
+		},
+		out: ptr(localAck.withAddrs("", backend1).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
+		after: both(
+			entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
+				ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.fwd),
+			// The reply's entry resolves again on its next packet.
+			entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
+				ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.rev),
+		)})
 }

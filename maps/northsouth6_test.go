@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -332,72 +331,4 @@ func TestUplinkDeliversIPv6(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestTCForwarding6 runs IPv6 from pods through tc_lb (tc_lb6) in the
-// forwarding namespace: forwarded without the host stack as IPv4 is
-// (TestTCForwarding), into a local pod with bpf_redirect_peer, out of an
-// uplink with the next hop's MACs, or through bpf_redirect_neigh where
-// the next hop is unknown; the remote backend's reply translated back by
-// the uplink's tc program into the client pod; and up the stack where the
-// kernel must answer or route: the hop limit expiring (time exceeded),
-// beyond the egress MTU (packet too big), an interface topolb does not
-// own.
-func TestTCForwarding6(t *testing.T) {
-	e := newFwdEnv(t, Options{})
-	e.addIPv6(t)
-	d := e.d
-	vipLocal, vipRemote, vipNeigh := fe("[fd00:96::10]:80", TCP), fe("[fd00:96::11]:80", TCP), fe("[fd00:96::12]:80", TCP)
-	vipStack, vipUp1 := fe("[fd00:96::13]:80", TCP), fe("[fd00:96::14]:80", TCP)
-	mustSet(t, d, vipLocal, local(ap6(pod16, 8080)))
-	mustSet(t, d, vipRemote, be(ap6(beNode26, 8080)))
-	mustSet(t, d, vipNeigh, be(ap6(beNode36, 8080)))
-	mustSet(t, d, vipStack, be(ap6(beOther6, 8080)))
-	mustSet(t, d, vipUp1, be(ap6(beNode46, 8080)))
-	hc, hp1 := e.idx["hc"], e.idx["hp1"]
-	c1, c2 := ap6(podClient6, 40000), ap6(podClient6, 40001)
-
-	toLocal := tcpFrame(c1, vipLocal.Addr.String(), tcpSYN, "")
-	localReply := tcpFrame(ap6(pod16, 8080), c1, tcpSYN|tcpACK, "")
-	toRemote := tcpFrame(c2, vipRemote.Addr.String(), tcpSYN, "")
-	remoteReply := tcpFrame(ap6(beNode26, 8080), c2, tcpSYN|tcpACK, "")
-	toNeigh := tcpFrame(ap6(podClient6, 40003), vipNeigh.Addr.String(), tcpSYN, "")
-	toStack := tcpFrame(ap6(podClient6, 40004), vipStack.Addr.String(), tcpSYN, "")
-	hop1 := tcpFrame(ap6(podClient6, 40005), vipLocal.Addr.String(), tcpSYN, "")
-	hop1.ttl = 1
-	big := tcpFrame(ap6(podClient6, 40006), vipUp1.Addr.String(), tcpACK, strings.Repeat("y", 1450-60))
-
-	rows := []pktCase{
-		{name: "pod_to_local_backend_redirect_peer", hook: hookTC, env: e, iif: "hc", in: toLocal,
-			out: ptr(toLocal.withAddrs("", ap6(pod16, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
-			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2},
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(pod16, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(c1, vipLocal.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(ap6(pod16, 8080), c1, protoTCP)),
-			)},
-		{name: "local_reply_into_the_client_pod", hook: hookTC, env: e, iif: "hp1", in: localReply,
-			out: ptr(localReply.withAddrs(vipLocal.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
-			out: ptr(toRemote.withAddrs("", ap6(beNode26, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
-			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
-		{name: "remote_reply_translated_on_the_uplink_into_the_pod", hook: hookUplinkBesideXDP, env: e, iif: "up0", in: remoteReply,
-			out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "next_hop_unknown_redirect_neigh", hook: hookTC, env: e, iif: "hc", in: toNeigh,
-			out: ptr(toNeigh.withAddrs("", ap6(beNode36, 8080)).forwarded(macA, macB)), ret: tcRedirect,
-			fwd: vipNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdNeigh: 1, StatFwdPeer: 1}},
-		{name: "interface_not_owned_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: toStack,
-			out: ptr(toStack.withAddrs("", ap6(beOther6, 8080))),
-			fwd: vipStack, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdStack: 1, StatFwdPeer: 1}},
-		{name: "hop_limit_expiring_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: hop1,
-			out: ptr(hop1.withAddrs("", ap6(pod16, 8080))),
-			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2, StatFwdFallbackTTL: 1}},
-		{name: "beyond_the_egress_mtu_goes_up_the_stack", hook: hookTC, env: e, iif: "hc", in: big,
-			out: ptr(big.withAddrs("", ap6(beNode46, 8080))),
-			fwd: vipUp1, newFlow: true, stats: stats{StatConntrackCreated: 1, StatTCPMidflowMiss: 1, StatFwdL2: 1, StatFwdPeer: 1, StatFwdFallbackMTU: 1}},
-	}
-	runTable(t, d, rows)
 }
