@@ -29,6 +29,14 @@
 #define IP6_NEXT_DEST_OPTS 60
 #define IP6_PROTO_ICMPV6 58
 
+/* ICMPv6 error types and codes (RFC 4443 3): every type below 128 is an
+ * error; informational messages (echo, NDP, router advertisements, MLD)
+ * are 128 and above. */
+#define ICMP6_DEST_UNREACH 1
+#define ICMP6_PACKET_TOO_BIG 2
+#define ICMP6_TIME_EXCEEDED 3
+#define ICMP6_PORT_UNREACH 4 /* a code of ICMP6_DEST_UNREACH */
+
 /* The extension headers walked before the L4 header: at most
  * IP6_MAX_EXT of them (hop-by-hop, destination options, routing,
  * destination options again is RFC 8200 4.1's longest sane chain), in at

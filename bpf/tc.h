@@ -55,8 +55,8 @@ static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *p
 	return TC_PASS;
 }
 
-/* tc_reject answers pkt, to an empty reject frontend, in place, and sends
- * the reply back where pkt came from.
+/* tc_reject answers pkt, of family fam (a constant), to an empty reject
+ * frontend, in place, and sends the reply back where pkt came from.
  *   From a pod (scope internal): straight into the pod
  *     (bpf_redirect_peer). Not out of the veth: the packet may be
  *     CHECKSUM_PARTIAL, and a device without checksum offload would then
@@ -68,19 +68,29 @@ static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *p
  *     CHECKSUM_PARTIAL; a veth uplink's are when a process on its peer's
  *     side sent them with offload on, and the reply is then trusted by
  *     the peer's stack, which is where such a sender is. */
-static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
+static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struct packet *pkt)
 {
-	struct reject_frame *f = reject_frame_get();
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *f;
 	int len;
 
-	if (!f)
-		return TC_ACT_SHOT;
-	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, f);
+	if (fam == PKT_IPV6) {
+		f = reject6_frame_get();
+		if (!f)
+			return TC_ACT_SHOT;
+		len = reject6_prepare(skb, data, data_end, pkt, f);
+	} else {
+		f = reject_frame_get();
+		if (!f)
+			return TC_ACT_SHOT;
+		len = reject_prepare(data, data_end, pkt, f);
+	}
 	if (len < 0)
 		return TC_ACT_SHOT;
-	len &= REJECT_LEN_MASK;
-	if (len > REJECT_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
-	    bpf_skb_store_bytes(skb, 0, (void *)f + REJECT_FRAME_OFF, len, 0)) {
+	len &= REJECT6_LEN_MASK;
+	if (len < ETH_HLEN || len > REJECT6_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
+	    bpf_skb_store_bytes(skb, 0, f + REJECT_FRAME_OFF, len, 0)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
@@ -93,9 +103,8 @@ static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet 
 /* tc_balance6 is tc_balance for an IPv6 frame (skb->protocol): parse,
  * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h). Translated
  * packets go up the host stack, which routes them (flow6.h). A new flow
- * to an empty reject frontend is dropped and counted as having no
- * backend: IPv6 rejects (TCP reset, ICMPv6 port unreachable) are not
- * sent yet. Only an entry that translates IPv6 calls it (tc_lb.c); the
+ * to an empty reject frontend is answered as in IPv4 (reject.h: a TCP
+ * reset, ICMPv6 port unreachable). Only an entry that translates IPv6 calls it (tc_lb.c); the
  * others pass IPv6 frames without a byte of IPv6 code (the uplink
  * programs are near the verifier's limit on 5.10). */
 static __always_inline int tc_balance6(struct __sk_buff *skb)
@@ -117,8 +126,7 @@ static __always_inline int tc_balance6(struct __sk_buff *skb)
 		}
 		return TC_PASS;
 	case LB_REJECT:
-		stat_inc(STAT_DROP_NO_BACKEND);
-		return TC_ACT_SHOT;
+		return tc_reject(PKT_IPV6, skb, &pkt.p);
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:
@@ -153,7 +161,7 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
 	case LB_ICMP:
 		return tc_icmp(skb, &pkt);
 	case LB_REJECT:
-		return tc_reject(skb, &pkt);
+		return tc_reject(PKT_IPV4, skb, &pkt);
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:

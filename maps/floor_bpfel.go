@@ -188,7 +188,7 @@ type floorRejectBudgetValue struct {
 
 type floorRejectRoom struct {
 	_    structs.HostLayout
-	Room [240]uint8
+	Room [3344]uint8
 }
 
 type floorSockRevnatKey struct {

@@ -409,8 +409,12 @@ func icmpErr(src, dst string, typ, code uint8, about frame, quoteLen int) frame 
 
 // verifyICMP checks the checksums of an ICMP message in a frame: the outer
 // IPv4 header's, the ICMP checksum over the whole message, and for an
-// error the quoted IPv4 header's. It knows nothing of the datapath.
+// error the quoted IPv4 header's; for an ICMPv6 message (verifyICMP6) its
+// checksum over the pseudo-header. It knows nothing of the datapath.
 func verifyICMP(b []byte) error {
+	if len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return verifyICMP6(b[14:])
+	}
 	if _, err := verifyChecksums(b); err != nil {
 		return err
 	}
@@ -432,6 +436,25 @@ func verifyICMP(b []byte) error {
 	}
 	if qihl := int(quote[0]&0xf) * 4; len(quote) < qihl || csum(0, quote[:qihl]) != 0 {
 		return errors.New("bad quoted IPv4 header checksum")
+	}
+	return nil
+}
+
+// verifyICMP6 checks the ICMPv6 message in the IPv6 packet ip (no
+// extension headers): its checksum over the pseudo-header (RFC 4443 2.3),
+// and for an error (a type below 128) that it quotes an IPv6 packet.
+func verifyICMP6(ip []byte) error {
+	payload := int(binary.BigEndian.Uint16(ip[4:]))
+	if ip[0]>>4 != 6 || 40+payload > len(ip) || ip[6] != v6ICMP || payload < 8 {
+		return errors.New("not an ICMPv6 message")
+	}
+	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	msg := ip[40 : 40+payload]
+	if s := csum(pseudoOf(src, dst, v6ICMP, len(msg)), msg); s != 0 {
+		return fmt.Errorf("bad ICMPv6 checksum (residue %#04x)", s)
+	}
+	if msg[0] < 128 && (len(msg) < 8+40 || msg[8]>>4 != 6) {
+		return errors.New("ICMPv6 error quoting no IPv6 header")
 	}
 	return nil
 }
