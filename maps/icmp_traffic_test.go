@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"syscall"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func udpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Durati
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
-	c, err := ns.DialContext(ctx, "udp4", target)
+	c, err := ns.DialContext(ctx, "udp"+family(netip.MustParseAddrPort(target)), target)
 	if err != nil {
 		if errors.Is(err, refusal) {
 			return time.Since(start), nil // refused at connect (socket hooks)
