@@ -46,12 +46,18 @@ static __always_inline int tc_tagged(const struct __sk_buff *skb)
 	return skb->vlan_present;
 }
 
-/* tc_icmp translates an ICMP error about a translated flow (icmp.h). ICMP
- * always passes: an error about a flow we do not know is not ours. */
-static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *pkt)
+/* tc_icmp translates an ICMP or ICMPv6 error (fam, a constant) about a
+ * translated flow (icmp.h). ICMP always passes: an error about a flow we
+ * do not know is not ours, nor are informational messages. */
+static __always_inline int tc_icmp(int fam, struct __sk_buff *skb, const struct packet *pkt)
 {
-	tc_pull(skb, ICMP_PARSE_LEN);
-	icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	if (fam == PKT_IPV6) {
+		tc_pull(skb, ICMP6_PARSE_LEN);
+		icmp6_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	} else {
+		tc_pull(skb, ICMP_PARSE_LEN);
+		icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	}
 	return TC_PASS;
 }
 
@@ -104,7 +110,8 @@ static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struc
  * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h). Translated
  * packets go up the host stack, which routes them (flow6.h). A new flow
  * to an empty reject frontend is answered as in IPv4 (reject.h: a TCP
- * reset, ICMPv6 port unreachable). Only an entry that translates IPv6 calls it (tc_lb.c); the
+ * reset, ICMPv6 port unreachable), and an ICMPv6 error about a
+ * translated flow is translated (icmp.h). Only an entry that translates IPv6 calls it (tc_lb.c); the
  * others pass IPv6 frames without a byte of IPv6 code (the uplink
  * programs are near the verifier's limit on 5.10). */
 static __always_inline int tc_balance6(struct __sk_buff *skb)
@@ -125,6 +132,8 @@ static __always_inline int tc_balance6(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 		}
 		return TC_PASS;
+	case LB_ICMP:
+		return tc_icmp(PKT_IPV6, skb, &pkt.p);
 	case LB_REJECT:
 		return tc_reject(PKT_IPV6, skb, &pkt.p);
 	case LB_DROP:
@@ -159,7 +168,7 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
 			    nat.no_stack, nat.ct, &nat.fwd);
 		return fwd_skb(skb, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
-		return tc_icmp(skb, &pkt);
+		return tc_icmp(PKT_IPV4, skb, &pkt);
 	case LB_REJECT:
 		return tc_reject(PKT_IPV4, skb, &pkt);
 	case LB_DROP:

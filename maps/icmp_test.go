@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Addresses of the ICMP tables besides the datapath tables' own: a router
@@ -29,6 +31,7 @@ func addrOf(ap string) string { return netip.MustParseAddrPort(ap).Addr().String
 // (flow_create, bpf/flow.h) creates for a flow client -> vip sent to backend
 // from nat, once established, as docs/datapath.md documents them: forward {backend,
 // CT_F_SNAT, nat}, reverse keyed backend -> nat {vip, CT_F_SNAT, client}.
+// IPv6 addresses go to the IPv6 tables, in ct6_value's addresses.
 func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testing.T, d *Datapath) {
 	return func(t *testing.T, d *Datapath) {
 		c, v, b, n := netip.MustParseAddrPort(client), netip.MustParseAddrPort(vip), netip.MustParseAddrPort(backend), netip.MustParseAddrPort(nat)
@@ -43,10 +46,24 @@ func plantSNATFlow(client, vip, backend, nat string, proto uint8) func(t *testin
 		// entry counts as a flow of its id (stale.go), and the planted
 		// flow is no programmed backend's.
 		const id = DefaultMaxBackends - 1
-		fwd := tcCtValue{Addr: be32(b.Addr()), Port: be16(b.Port()), Dir: uint8(tcCtDirCT_FORWARD), State: state,
-			Expires: expires, Flags: flags, NatAddr: be32(n.Addr()), NatPort: be16(n.Port()), BackendId: id}
-		rev := tcCtValue{Addr: be32(v.Addr()), Port: be16(v.Port()), Dir: uint8(tcCtDirCT_REVERSE), State: state,
-			Expires: expires, Flags: flags, NatAddr: be32(c.Addr()), NatPort: be16(c.Port()), BackendId: id}
+		fwd := tcCtValue{Port: be16(b.Port()), Dir: uint8(tcCtDirCT_FORWARD), State: state,
+			Expires: expires, Flags: flags, NatPort: be16(n.Port()), BackendId: id}
+		rev := tcCtValue{Port: be16(v.Port()), Dir: uint8(tcCtDirCT_REVERSE), State: state,
+			Expires: expires, Flags: flags, NatPort: be16(c.Port()), BackendId: id}
+		if c.Addr().Is6() {
+			key := func(s, d netip.AddrPort) tcCt6Key {
+				return tcCt6Key{Saddr: wireAddr(s.Addr()), Daddr: wireAddr(d.Addr()), Sport: be16(s.Port()), Dport: be16(d.Port()), Proto: proto}
+			}
+			for k, v := range map[tcCt6Key]tcCt6Value{
+				key(c, v): {Ct: fwd, Addr: wireAddr(b.Addr()), NatAddr: wireAddr(n.Addr())},
+				key(b, n): {Ct: rev, Addr: wireAddr(v.Addr()), NatAddr: wireAddr(c.Addr())},
+			} {
+				must(t, d.ct6.Update(&k, &v, ebpf.UpdateAny))
+			}
+			return
+		}
+		fwd.Addr, fwd.NatAddr = be32(b.Addr()), be32(n.Addr())
+		rev.Addr, rev.NatAddr = be32(v.Addr()), be32(c.Addr())
 		putCT(t, d, ctKey(client, vip, proto), fwd)
 		putCT(t, d, ctKey(backend, nat, proto), rev)
 	}

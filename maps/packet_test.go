@@ -131,12 +131,20 @@ func (f frame) bytes() []byte {
 		l4 = append(l4, f.payload...)
 	case protoICMP:
 		l4 = []byte{8, 0, 0, 0, 0, 1, 0, 1}
+		if f.is6() {
+			l4[0] = icmp6EchoRequest
+		}
 		if f.icmpError {
 			l4 = []byte{f.icmpType, f.icmpCode, 0, 0}
 			l4 = binary.BigEndian.AppendUint32(l4, f.icmpRest)
 		}
 		l4 = append(l4, f.payload...)
-		binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
+		if f.is6() {
+			// ICMPv6's checksum covers the pseudo-header (RFC 4443 2.3).
+			binary.BigEndian.PutUint16(l4[2:], csum(pseudoOf(f.src.Addr(), f.dst.Addr(), v6ICMP, len(l4)), l4))
+		} else {
+			binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
+		}
 	default:
 		l4 = append([]byte(nil), f.payload...)
 	}
@@ -165,7 +173,11 @@ func (f frame) bytes() []byte {
 	}
 
 	if f.is6() {
-		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), f.proto, len(l4))...), l4...)
+		next := f.proto
+		if next == protoICMP {
+			next = v6ICMP
+		}
+		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), next, len(l4))...), l4...)
 	}
 	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
 	ip := make([]byte, 20+len(f.ipOptions))
@@ -226,8 +238,8 @@ func fragmentsOf(f frame, size int) []frame {
 }
 
 // is6 reports whether f is an IPv6 packet: its addresses are IPv6 ones
-// (not IPv4-mapped). Only TCP and UDP without malformations are built so;
-// ipv6Frame builds the rest.
+// (not IPv4-mapped). Only TCP, UDP and ICMPv6 (proto protoICMP) without
+// malformations are built so; ipv6Frame builds the rest.
 func (f frame) is6() bool { return f.src.Addr().Is6() && !f.src.Addr().Is4In6() }
 
 // pseudoOf is the one's-complement sum of the pseudo-header of either
@@ -393,13 +405,13 @@ const (
 )
 
 // icmpErr is an ICMP error from src to dst quoting the first quoteLen
-// bytes of the IPv4 packet of about (0: its header and 8 bytes, as RFC 792
-// asks; -1: all of it).
+// bytes of the IP packet of about (0: its header and 8 bytes, as RFC 792
+// asks; -1: all of it); an ICMPv6 error when about is an IPv6 packet.
 func icmpErr(src, dst string, typ, code uint8, about frame, quoteLen int) frame {
 	ip := about.bytes()[14:]
 	switch {
 	case quoteLen == 0:
-		quoteLen = int(ip[0]&0xf)*4 + 8
+		quoteLen = l3HeaderLen(about.bytes()) + 8
 	case quoteLen < 0 || quoteLen > len(ip):
 		quoteLen = len(ip)
 	}
