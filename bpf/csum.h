@@ -20,15 +20,31 @@ static __always_inline __u16 csum_fold32(__u32 sum)
 	return (__u16)sum;
 }
 
-/* csum_replace4 returns check updated for a 32-bit field going from -> to. */
-static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+/* csum_add_diff4 adds to the unfolded sum the change of a 32-bit field
+ * going from -> to. */
+static __always_inline __u32 csum_add_diff4(__u32 sum, __u32 from, __u32 to)
 {
-	__u32 sum = (__u16)~check;
-
 	sum += (__u16)~(from & 0xffff);
 	sum += (__u16)~(from >> 16);
 	sum += to & 0xffff;
 	sum += to >> 16;
+	return sum;
+}
+
+/* csum_replace4 returns check updated for a 32-bit field going from -> to. */
+static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+{
+	return (__u16)~csum_fold32(csum_add_diff4((__u16)~check, from, to));
+}
+
+/* csum_replace16 returns check updated for a 16-byte field (an IPv6
+ * address, as four 32-bit words) going from -> to. */
+static __always_inline __u16 csum_replace16(__u16 check, const __u32 *from, const __u32 *to)
+{
+	__u32 sum = (__u16)~check;
+
+	for (int i = 0; i < 4; i++)
+		sum = csum_add_diff4(sum, from[i], to[i]);
 	return (__u16)~csum_fold32(sum);
 }
 

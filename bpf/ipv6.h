@@ -28,6 +28,14 @@
 #define IP6_NEXT_DEST_OPTS 60
 #define IP6_PROTO_ICMPV6 58
 
+/* ICMPv6 error types and codes (RFC 4443 3): every type below 128 is an
+ * error; informational messages (echo, NDP, router advertisements, MLD)
+ * are 128 and above. */
+#define ICMP6_DEST_UNREACH 1
+#define ICMP6_PACKET_TOO_BIG 2
+#define ICMP6_TIME_EXCEEDED 3
+#define ICMP6_PORT_UNREACH 4 /* a code of ICMP6_DEST_UNREACH */
+
 /* The extension headers walked before the L4 header: at most
  * IP6_MAX_EXT of them (hop-by-hop, destination options, routing,
  * destination options again is RFC 8200 4.1's longest sane chain), in at
@@ -76,19 +84,46 @@ static __always_inline __u32 ip6_ext_len(__u8 next, const __u8 *h)
 	}
 }
 
+/* ip6_walk walks the extension headers of an IPv6 packet from off, the
+ * offset of the first header after the fixed one, whose type is *next:
+ * at most IP6_MAX_EXT of them, ending by limit (the L4 header's furthest
+ * offset). Returns the offset of the header that ends the walk, its type
+ * in *next, or 0 when the chain is longer than the walk or leaves the
+ * frame. */
+static __always_inline __u32 ip6_walk(void *data, void *data_end, __u32 off, __u32 limit, __u8 *next)
+{
+	for (int i = 0; i < IP6_MAX_EXT; i++) {
+		const __u8 *h = data + off;
+		__u32 len;
+
+		if ((void *)(h + 2) > data_end)
+			return 0;
+		len = ip6_ext_len(*next, h);
+		if (!len)
+			break;
+		off += len;
+		if (off > limit)
+			return 0;
+		*next = h[0];
+	}
+	return off;
+}
+
 /* parse_ipv6 fills pkt from the IPv6 frame in [data, data_end) (the
  * caller checked the Ethernet header). frame_len is the full frame length
  * (which can exceed data_end - data for non-linear skbs). Returns
- * PARSE_OK for TCP and UDP with their headers complete, PARSE_SKIP for
- * everything else: ICMPv6 (NDP, router advertisements, MLD, echo and
- * errors), fragments (an IPv6 fragment passes untranslated, as an IPv4
- * fragment with no state does), other protocols, IPv4-mapped addresses, extension chains longer
+ * PARSE_OK for TCP and UDP with their headers complete, PARSE_ICMP for
+ * ICMPv6 (addresses and l4_off set, ports 0: icmp.h translates errors
+ * about our flows and passes the rest, NDP, router advertisements, MLD
+ * and echo, untouched), PARSE_SKIP for everything else: fragments (an
+ * IPv6 fragment passes untranslated, as an IPv4 fragment with no state
+ * does), other protocols, IPv4-mapped addresses, extension chains longer
  * than the walk, jumbograms, and what is malformed: the kernel takes
  * those, and drops what it must. */
 static __always_inline int parse_ipv6(void *data, void *data_end, __u32 frame_len, struct packet6 *pkt)
 {
 	struct ipv6hdr *ip = data + ETH_HLEN;
-	__u32 off = ETH_HLEN + IP6_HLEN, payload;
+	__u32 off, payload;
 	__u8 next;
 
 	if ((void *)(ip + 1) > data_end || ip->version != 6)
@@ -98,21 +133,10 @@ static __always_inline int parse_ipv6(void *data, void *data_end, __u32 frame_le
 	if (payload == 0 || IP6_HLEN + payload > frame_len - ETH_HLEN)
 		return PARSE_SKIP;
 	next = ip->nexthdr;
-	for (int i = 0; i < IP6_MAX_EXT; i++) {
-		const __u8 *h = data + off;
-		__u32 len;
-
-		if ((void *)(h + 2) > data_end)
-			return PARSE_SKIP;
-		len = ip6_ext_len(next, h);
-		if (!len)
-			break;
-		off += len;
-		if (off > ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN)
-			return PARSE_SKIP;
-		next = h[0];
-	}
-	if (next != IP_PROTO_TCP && next != IP_PROTO_UDP)
+	off = ip6_walk(data, data_end, ETH_HLEN + IP6_HLEN, ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN, &next);
+	if (!off)
+		return PARSE_SKIP;
+	if (next != IP_PROTO_TCP && next != IP_PROTO_UDP && next != IP6_PROTO_ICMPV6)
 		return PARSE_SKIP;
 	if (off - ETH_HLEN > IP6_HLEN + payload)
 		return PARSE_SKIP;
@@ -129,6 +153,11 @@ static __always_inline int parse_ipv6(void *data, void *data_end, __u32 frame_le
 	pkt->p.tcp_flags = 0;
 	pkt->p.l4_off = off;
 	pkt->p.l3_len = IP6_HLEN + payload;
+	if (next == IP6_PROTO_ICMPV6) {
+		pkt->p.sport = 0;
+		pkt->p.dport = 0;
+		return PARSE_ICMP;
+	}
 	if (parse_l4(data + (off & L4_OFF_MASK), data_end, IP6_HLEN + payload - (off - ETH_HLEN), &pkt->p) != PARSE_OK)
 		return PARSE_SKIP;
 	return PARSE_OK;

@@ -71,22 +71,36 @@ static __always_inline int lb_src_take(int fam, const struct packet *pkt, __u64 
 	return ct_src_take(pkt->saddr, now);
 }
 
-/* lb_stack_reply translates back a reply that the node's own stack sends
- * (seen at a tcx egress): a host-network backend on this node answering a
- * flow that was translated to one of the node's addresses. No program saw
- * such a reply arrive, so this is the only place it can be translated.
- * Returns LB_REWRITE with nat filled when pkt is such a reply of a live
- * flow, LB_PASS otherwise. */
-static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
+/* lb_ct_key fills pkt's conntrack key (its own direction's) of family
+ * fam (a constant) into key4 or key6, and returns the one it filled. */
+static __always_inline void *lb_ct_key(int fam, const struct packet *pkt, struct ct_key *key4, struct ct6_key *key6)
 {
-	struct ct_key key = {};
+	if (fam == PKT_IPV6) {
+		ct6_key_of(packet6_of(pkt), key6);
+		return key6;
+	}
+	ct_key_of(pkt, key4);
+	return key4;
+}
+
+/* lb_stack_reply translates back a reply of family fam (a constant; an
+ * IPv6 packet is a struct packet6, its nat a struct nat6) that the node's
+ * own stack sends (seen at a tcx egress): a host-network backend on this
+ * node answering a flow that was translated to one of the node's
+ * addresses. No program saw such a reply arrive, so this is the only
+ * place it can be translated. Returns LB_REWRITE with nat filled when pkt
+ * is such a reply of a live flow, LB_PASS otherwise. */
+static __always_inline int lb_stack_reply(int fam, const struct packet *pkt, struct nat *nat)
+{
+	struct ct_key key4 = {};
+	struct ct6_key key6 = {};
+	void *key = lb_ct_key(fam, pkt, &key4, &key6);
 	struct ct_value *ct;
 
-	ct_key_of(pkt, &key);
-	ct = ct_find(&key);
+	ct = ct_find_fam(fam, key);
 	if (!ct || ct->dir != CT_REVERSE)
 		return LB_PASS;
-	if (ct_reverse_hit(PKT_IPV4, pkt, &key, ct, nat) != LB_REWRITE)
+	if (ct_reverse_hit(fam, pkt, key, ct, nat) != LB_REWRITE)
 		return LB_PASS;
 	return LB_REWRITE;
 }
@@ -164,14 +178,10 @@ static __always_inline int lb_process(int fam, void *ctx, __u32 iif, const struc
 {
 	struct ct_key key4 = {};
 	struct ct6_key key6 = {};
-	void *key = fam == PKT_IPV6 ? (void *)&key6 : (void *)&key4;
+	void *key = lb_ct_key(fam, pkt, &key4, &key6);
 	struct ct_value *ct;
 	int ret;
 
-	if (fam == PKT_IPV6)
-		ct6_key_of(packet6_of(pkt), &key6);
-	else
-		ct_key_of(pkt, &key4);
 	ct = ct_find_fam(fam, key);
 	if (!ct)
 		return lb_new_flow(fam, ctx, iif, pkt, 0, nat);
@@ -205,14 +215,20 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 }
 
 /* lb6_classify is lb_classify for an IPv6 frame (ipv6.h): TCP and UDP go
- * to the core, everything else (ICMPv6, fragments, what the parser does
- * not take) passes untouched. pkt and nat are the family's. */
+ * to the core, ICMPv6 to icmp.h (LB_ICMP), everything else (fragments,
+ * what the parser does not take) passes untouched. pkt and nat are the
+ * family's. */
 static __always_inline int lb6_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
 					struct packet6 *pkt, struct nat6 *nat)
 {
-	if (parse_ipv6(data, data_end, frame_len, pkt) != PARSE_OK)
+	switch (parse_ipv6(data, data_end, frame_len, pkt)) {
+	case PARSE_OK:
+		return lb_process(PKT_IPV6, ctx, iif, &pkt->p, &nat->n);
+	case PARSE_ICMP:
+		return LB_ICMP;
+	default:
 		return LB_PASS;
-	return lb_process(PKT_IPV6, ctx, iif, &pkt->p, &nat->n);
+	}
 }
 
 #endif

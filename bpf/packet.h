@@ -30,7 +30,7 @@ enum parse_result {
 	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 fragments and extension chains (ipv6.h) */
 	PARSE_FRAGMENT = 2, /* a later IPv4 fragment (no L4 header) or an ICMP one: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
-	PARSE_ICMP = 4,     /* ICMP, unfragmented: addresses and l4_off set, ports 0 */
+	PARSE_ICMP = 4,     /* ICMP, unfragmented, or ICMPv6: addresses and l4_off set, ports 0 */
 };
 
 /* packet.family. IPv4 is 0, so a zeroed packet (every hook starts from

@@ -46,17 +46,23 @@ static __always_inline int tc_tagged(const struct __sk_buff *skb)
 	return skb->vlan_present;
 }
 
-/* tc_icmp translates an ICMP error about a translated flow (icmp.h). ICMP
- * always passes: an error about a flow we do not know is not ours. */
-static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *pkt)
+/* tc_icmp translates an ICMP or ICMPv6 error (fam, a constant) about a
+ * translated flow (icmp.h). ICMP always passes: an error about a flow we
+ * do not know is not ours, nor are informational messages. */
+static __always_inline int tc_icmp(int fam, struct __sk_buff *skb, const struct packet *pkt)
 {
-	tc_pull(skb, ICMP_PARSE_LEN);
-	icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	if (fam == PKT_IPV6) {
+		tc_pull(skb, ICMP6_PARSE_LEN);
+		icmp6_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	} else {
+		tc_pull(skb, ICMP_PARSE_LEN);
+		icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+	}
 	return TC_PASS;
 }
 
-/* tc_reject answers pkt, to an empty reject frontend, in place, and sends
- * the reply back where pkt came from.
+/* tc_reject answers pkt, of family fam (a constant), to an empty reject
+ * frontend, in place, and sends the reply back where pkt came from.
  *   From a pod (scope internal): straight into the pod
  *     (bpf_redirect_peer). Not out of the veth: the packet may be
  *     CHECKSUM_PARTIAL, and a device without checksum offload would then
@@ -68,19 +74,29 @@ static __always_inline int tc_icmp(struct __sk_buff *skb, const struct packet *p
  *     CHECKSUM_PARTIAL; a veth uplink's are when a process on its peer's
  *     side sent them with offload on, and the reply is then trusted by
  *     the peer's stack, which is where such a sender is. */
-static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet *pkt)
+static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struct packet *pkt)
 {
-	struct reject_frame *f = reject_frame_get();
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	void *f;
 	int len;
 
-	if (!f)
-		return TC_ACT_SHOT;
-	len = reject_prepare((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, f);
+	if (fam == PKT_IPV6) {
+		f = reject6_frame_get();
+		if (!f)
+			return TC_ACT_SHOT;
+		len = reject6_prepare(skb, data, data_end, pkt, f);
+	} else {
+		f = reject_frame_get();
+		if (!f)
+			return TC_ACT_SHOT;
+		len = reject_prepare(data, data_end, pkt, f);
+	}
 	if (len < 0)
 		return TC_ACT_SHOT;
-	len &= REJECT_LEN_MASK;
-	if (len > REJECT_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
-	    bpf_skb_store_bytes(skb, 0, (void *)f + REJECT_FRAME_OFF, len, 0)) {
+	len &= REJECT6_LEN_MASK;
+	if (len < ETH_HLEN || len > REJECT6_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
+	    bpf_skb_store_bytes(skb, 0, f + REJECT_FRAME_OFF, len, 0)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
@@ -92,10 +108,12 @@ static __always_inline int tc_reject(struct __sk_buff *skb, const struct packet 
 
 /* tc_balance6 is tc_balance for an IPv6 frame (skb->protocol): parse,
  * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h) and forward
- * (fwd.h), as IPv4 is. A new flow to an empty reject frontend is dropped
- * and counted as having no backend: IPv6 rejects (TCP reset, ICMPv6 port
- * unreachable) are not sent yet. Only the entries that translate IPv6
- * call it, each from its own subprogram (tc_lb6). */
+ * (fwd.h), as IPv4 is. A new flow to an empty reject frontend is answered
+ * as in IPv4 (reject.h: a TCP reset, ICMPv6 port unreachable), and an
+ * ICMPv6 error about a translated flow is translated (icmp.h). Only an
+ * entry that translates IPv6 calls it, each from its own subprogram
+ * (tc_lb6).
+ */
 static __always_inline int tc_balance6(struct __sk_buff *skb)
 {
 	struct packet6 pkt = {};
@@ -116,9 +134,10 @@ static __always_inline int tc_balance6(struct __sk_buff *skb)
 		fwd_refresh6(skb, skb->ingress_ifindex, nat6_new_src(&pkt.p, &nat.n), nat6_new_dst(&pkt.p, &nat.n),
 			     pkt.p.proto, nat.n.no_stack, nat.n.ct, &nat.n.fwd);
 		return fwd_skb_fam(PKT_IPV6, skb, &nat.n.fwd, nat.n.no_stack);
+	case LB_ICMP:
+		return tc_icmp(PKT_IPV6, skb, &pkt.p);
 	case LB_REJECT:
-		stat_inc(STAT_DROP_NO_BACKEND);
-		return TC_ACT_SHOT;
+		return tc_reject(PKT_IPV6, skb, &pkt.p);
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:
@@ -151,9 +170,9 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
 			    nat.no_stack, nat.ct, &nat.fwd);
 		return fwd_skb(skb, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
-		return tc_icmp(skb, &pkt);
+		return tc_icmp(PKT_IPV4, skb, &pkt);
 	case LB_REJECT:
-		return tc_reject(skb, &pkt);
+		return tc_reject(PKT_IPV4, skb, &pkt);
 	case LB_DROP:
 		return TC_ACT_SHOT;
 	default:

@@ -10,10 +10,11 @@
  *     kernel allows (fwd.h): into a local pod with bpf_redirect_peer, out
  *     of an uplink with bpf_redirect (cached MACs) or bpf_redirect_neigh.
  *   tc_lb_egress, egress (to the pod; also on uplinks): what the node's
- *     own stack sends: ICMP errors about a translated flow, for example
- *     "fragmentation needed" when it forwards a too-big packet that tc_lb
- *     translated, and replies of host-network backends on this node,
- *     translated back to the frontend.
+ *     own stack sends: ICMP and ICMPv6 errors about a translated flow,
+ *     for example "fragmentation needed" or "packet too big" when it
+ *     forwards a too-big packet that tc_lb translated, and replies of
+ *     host-network backends on this node, translated back to the
+ *     frontend.
  * Pods send CHECKSUM_PARTIAL packets, so L4 checksums are updated with the
  * skb csum helper, which knows the difference (nat.h). */
 
@@ -33,31 +34,29 @@ int tc_lb(struct __sk_buff *skb)
 }
 
 /* tc_lb_egress, on the tcx egress of pod veths and uplinks, sees what the
- * node's own stack sends there. Its ICMP errors about a translated flow
- * are translated (icmp.h). Replies of host-network backends on this node
- * (a pod's or an outside client's flow translated to one of the node's
- * own addresses) are translated back to the frontend: they leave the
- * node's sockets, so no ingress program sees them. Only packets the node
- * itself originates are looked up (ingress_ifindex 0): forwarded and
- * redirected packets were translated where they entered, and skip the
- * lookup. */
-SEC("tcx/egress")
-int tc_lb_egress(struct __sk_buff *skb)
+ * node's own stack sends there. Its ICMP and ICMPv6 errors about a
+ * translated flow are translated (icmp.h). Replies of host-network
+ * backends on this node (a pod's or an outside client's flow translated
+ * to one of the node's own addresses) are translated back to the
+ * frontend: they leave the node's sockets, so no ingress program sees
+ * them. Only packets the node itself originates are looked up
+ * (ingress_ifindex 0): forwarded and redirected packets were translated
+ * where they entered, and skip the lookup. Each family in its own
+ * subprogram, as tc_lb's. */
+static __attribute__((noinline)) int tc_egress4(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct nat nat = {};
 	void *data, *data_end;
 
-	if (tc_tagged(skb))
-		return TC_PASS;
 	tc_pull(skb, MAX_PARSE_LEN);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	switch (parse_packet(data, data_end, skb->len, &pkt)) {
 	case PARSE_ICMP:
-		return tc_icmp(skb, &pkt);
+		return tc_icmp(PKT_IPV4, skb, &pkt);
 	case PARSE_OK:
-		if (skb->ingress_ifindex != 0 || lb_stack_reply(&pkt, &nat) != LB_REWRITE)
+		if (skb->ingress_ifindex != 0 || lb_stack_reply(PKT_IPV4, &pkt, &nat) != LB_REWRITE)
 			return TC_PASS;
 		frag_remember(data, data_end, &pkt);
 		break;
@@ -75,6 +74,44 @@ int tc_lb_egress(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	return TC_PASS;
+}
+
+/* tc_egress6 is tc_egress4 for IPv6: IPv6 fragments pass untranslated
+ * (ipv6.h), and every other ICMPv6 message untouched. */
+static __attribute__((noinline)) int tc_egress6(struct __sk_buff *skb)
+{
+	struct packet6 pkt = {};
+	struct nat6 nat = {};
+	void *data, *data_end;
+
+	tc_pull(skb, MAX_PARSE6_LEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	switch (parse_ipv6(data, data_end, skb->len, &pkt)) {
+	case PARSE_ICMP:
+		return tc_icmp(PKT_IPV6, skb, &pkt.p);
+	case PARSE_OK:
+		if (skb->ingress_ifindex != 0 || lb_stack_reply(PKT_IPV6, &pkt.p, &nat.n) != LB_REWRITE)
+			return TC_PASS;
+		break;
+	default:
+		return TC_PASS;
+	}
+	if (nat6_rewrite_skb(skb, &pkt.p, &nat.n)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	return TC_PASS;
+}
+
+SEC("tcx/egress")
+int tc_lb_egress(struct __sk_buff *skb)
+{
+	if (tc_tagged(skb))
+		return TC_PASS;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc_egress6(skb);
+	return tc_egress4(skb);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -195,7 +195,7 @@ type floorRejectBudgetValue struct {
 
 type floorRejectRoom struct {
 	_    structs.HostLayout
-	Room [240]uint8
+	Room [3344]uint8
 }
 
 type floorSockRevnatKey struct {

@@ -131,12 +131,20 @@ func (f frame) bytes() []byte {
 		l4 = append(l4, f.payload...)
 	case protoICMP:
 		l4 = []byte{8, 0, 0, 0, 0, 1, 0, 1}
+		if f.is6() {
+			l4[0] = icmp6EchoRequest
+		}
 		if f.icmpError {
 			l4 = []byte{f.icmpType, f.icmpCode, 0, 0}
 			l4 = binary.BigEndian.AppendUint32(l4, f.icmpRest)
 		}
 		l4 = append(l4, f.payload...)
-		binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
+		if f.is6() {
+			// ICMPv6's checksum covers the pseudo-header (RFC 4443 2.3).
+			binary.BigEndian.PutUint16(l4[2:], csum(pseudoOf(f.src.Addr(), f.dst.Addr(), v6ICMP, len(l4)), l4))
+		} else {
+			binary.BigEndian.PutUint16(l4[2:], csum(0, l4))
+		}
 	default:
 		l4 = append([]byte(nil), f.payload...)
 	}
@@ -165,7 +173,11 @@ func (f frame) bytes() []byte {
 	}
 
 	if f.is6() {
-		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), f.proto, len(l4))...), l4...)
+		next := f.proto
+		if next == protoICMP {
+			next = v6ICMP
+		}
+		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), next, len(l4))...), l4...)
 	}
 	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
 	ip := make([]byte, 20+len(f.ipOptions))
@@ -226,8 +238,8 @@ func fragmentsOf(f frame, size int) []frame {
 }
 
 // is6 reports whether f is an IPv6 packet: its addresses are IPv6 ones
-// (not IPv4-mapped). Only TCP and UDP without malformations are built so;
-// ipv6Frame builds the rest.
+// (not IPv4-mapped). Only TCP, UDP and ICMPv6 (proto protoICMP) without
+// malformations are built so; ipv6Frame builds the rest.
 func (f frame) is6() bool { return f.src.Addr().Is6() && !f.src.Addr().Is4In6() }
 
 // pseudoOf is the one's-complement sum of the pseudo-header of either
@@ -393,13 +405,13 @@ const (
 )
 
 // icmpErr is an ICMP error from src to dst quoting the first quoteLen
-// bytes of the IPv4 packet of about (0: its header and 8 bytes, as RFC 792
-// asks; -1: all of it).
+// bytes of the IP packet of about (0: its header and 8 bytes, as RFC 792
+// asks; -1: all of it); an ICMPv6 error when about is an IPv6 packet.
 func icmpErr(src, dst string, typ, code uint8, about frame, quoteLen int) frame {
 	ip := about.bytes()[14:]
 	switch {
 	case quoteLen == 0:
-		quoteLen = int(ip[0]&0xf)*4 + 8
+		quoteLen = l3HeaderLen(about.bytes()) + 8
 	case quoteLen < 0 || quoteLen > len(ip):
 		quoteLen = len(ip)
 	}
@@ -409,8 +421,12 @@ func icmpErr(src, dst string, typ, code uint8, about frame, quoteLen int) frame 
 
 // verifyICMP checks the checksums of an ICMP message in a frame: the outer
 // IPv4 header's, the ICMP checksum over the whole message, and for an
-// error the quoted IPv4 header's. It knows nothing of the datapath.
+// error the quoted IPv4 header's; for an ICMPv6 message (verifyICMP6) its
+// checksum over the pseudo-header. It knows nothing of the datapath.
 func verifyICMP(b []byte) error {
+	if len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return verifyICMP6(b[14:])
+	}
 	if _, err := verifyChecksums(b); err != nil {
 		return err
 	}
@@ -432,6 +448,25 @@ func verifyICMP(b []byte) error {
 	}
 	if qihl := int(quote[0]&0xf) * 4; len(quote) < qihl || csum(0, quote[:qihl]) != 0 {
 		return errors.New("bad quoted IPv4 header checksum")
+	}
+	return nil
+}
+
+// verifyICMP6 checks the ICMPv6 message in the IPv6 packet ip (no
+// extension headers): its checksum over the pseudo-header (RFC 4443 2.3),
+// and for an error (a type below 128) that it quotes an IPv6 packet.
+func verifyICMP6(ip []byte) error {
+	payload := int(binary.BigEndian.Uint16(ip[4:]))
+	if ip[0]>>4 != 6 || 40+payload > len(ip) || ip[6] != v6ICMP || payload < 8 {
+		return errors.New("not an ICMPv6 message")
+	}
+	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	msg := ip[40 : 40+payload]
+	if s := csum(pseudoOf(src, dst, v6ICMP, len(msg)), msg); s != 0 {
+		return fmt.Errorf("bad ICMPv6 checksum (residue %#04x)", s)
+	}
+	if msg[0] < 128 && (len(msg) < 8+40 || msg[8]>>4 != 6) {
+		return errors.New("ICMPv6 error quoting no IPv6 header")
 	}
 	return nil
 }

@@ -23,7 +23,7 @@ func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Durati
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	start := time.Now()
-	c, err := ns.DialContext(ctx, "tcp4", target)
+	c, err := ns.DialContext(ctx, "tcp"+family(netip.MustParseAddrPort(target)), target)
 	took := time.Since(start)
 	if err == nil {
 		c.Close()
@@ -39,7 +39,7 @@ func tcpRefused(t *testing.T, ns *nettest.NS, target string, timeout time.Durati
 // returns the send's error.
 func udpSendRefused(t *testing.T, ns *nettest.NS, target string) error {
 	t.Helper()
-	c, err := ns.ListenPacket("udp4", "0.0.0.0:0")
+	c, err := ns.ListenPacket("udp"+family(netip.MustParseAddrPort(target)), ":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,11 +66,9 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 	tb := newTestbed(t)
 	d := hostDatapathOpts(t, Options{NetNS: tb.node1.Path, UplinkPath: path})
 	const (
-		vipTCP, vipUDP   = "10.96.0.30:80", "10.96.0.30:53"
-		dropTCP          = "10.96.0.31:80"
-		extTCP, extUDP   = "192.0.2.30:80", "192.0.2.30:53"
-		refusedWithin    = 100 * time.Millisecond
-		dropNoticedAfter = 300 * time.Millisecond
+		vipTCP, vipUDP = "10.96.0.30:80", "10.96.0.30:53"
+		dropTCP        = "10.96.0.31:80"
+		extTCP, extUDP = "192.0.2.30:80", "192.0.2.30:53"
 	)
 	for _, f := range []Frontend{fe(vipTCP, TCP), fe(vipUDP, UDP),
 		{Addr: netip.MustParseAddrPort(extTCP), Proto: TCP, Scope: ScopeExternal},
@@ -104,56 +102,103 @@ func testRejectRealTraffic(t *testing.T, path UplinkPath) {
 		{"outside_client", tb.node2, extTCP, extUDP, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			before, err := d.Counters()
-			must(t, err)
 			refusal := syscall.ECONNREFUSED
 			if c.hook {
 				refusal = sockRefusal(d, syscall.ECONNREFUSED)
 			}
-			took, err := tcpRefused(t, c.ns, c.tcp, 2*time.Second, refusal)
-			if err != nil {
-				t.Fatalf("TCP to %s: %v", c.tcp, err)
-			}
-			t.Logf("TCP refused after %s", took)
-			if took > refusedWithin {
-				t.Errorf("TCP refused after %s, want within %s", took, refusedWithin)
-			}
-			took, err = udpRefused(t, c.ns, c.udp, 2*time.Second, refusal)
-			if err != nil {
-				t.Fatalf("UDP to %s: %v", c.udp, err)
-			}
-			t.Logf("UDP refused after %s", took)
-			if took > refusedWithin {
-				t.Errorf("UDP refused after %s, want within %s", took, refusedWithin)
-			}
-			want := uint64(2)
-			if c.unconn {
-				if err := udpSendRefused(t, c.ns, c.udp); !errors.Is(err, refusal) {
-					t.Errorf("unconnected UDP send to %s: %v, want %v", c.udp, err, refusal)
-				}
-				want++
-			}
-			after, err := d.Counters()
-			must(t, err)
-			if n := after.Stats[StatReject] - before.Stats[StatReject]; n != want {
-				t.Errorf("StatReject grew by %d, want %d", n, want)
-			}
+			checkRefused(t, d, c.ns, c.tcp, c.udp, c.unconn, refusal)
 		})
 	}
 
-	t.Run("drop_frontend_keeps_dropping", func(t *testing.T) {
-		_, err := tcpRefused(t, tb.client, dropTCP, dropNoticedAfter, syscall.ECONNREFUSED)
-		if !errors.Is(err, context.DeadlineExceeded) {
-			var ne net.Error
-			if !errors.As(err, &ne) || !ne.Timeout() {
-				t.Errorf("TCP to an empty frontend without Reject: %v, want a timeout (dropped)", err)
-			}
-		}
-	})
+	t.Run("drop_frontend_keeps_dropping", func(t *testing.T) { checkDropped(t, tb.client, dropTCP) })
 
 	for name, ns := range tb.all() {
 		if ce, err := ns.ChecksumErrors(); err != nil || ce != (nettest.ChecksumErrors{}) {
 			t.Errorf("%s: checksum errors %+v, %v", name, ce, err)
+		}
+	}
+}
+
+// TestRejectRealTrafficIPv6 is TestRejectRealTraffic's pod and node
+// process in IPv6: a pod's connection to an empty IPv6 reject frontend is
+// refused within 100 ms by a reset from tc, its UDP by an ICMPv6 port
+// unreachable from tc, the node's processes by the socket hooks; a
+// frontend empty by policy keeps dropping.
+func TestRejectRealTrafficIPv6(t *testing.T) {
+	requirePrivileges(t)
+	tb := newTestbed(t)
+	tb.dualStack(t)
+	d := hostDatapathOpts(t, Options{NetNS: tb.node1.Path})
+	const (
+		vipTCP, vipUDP = "[fd00:96::30]:80", "[fd00:96::30]:53"
+		dropTCP        = "[fd00:96::31]:80"
+	)
+	mustSetService(t, d, fe(vipTCP, TCP), Service{Reject: true})
+	mustSetService(t, d, fe(vipUDP, UDP), Service{Reject: true})
+	mustSetService(t, d, fe(dropTCP, TCP), Service{})
+	must(t, d.AttachPod("hc"))
+
+	t.Run("pod", func(t *testing.T) { checkRefused(t, d, tb.client, vipTCP, vipUDP, false, syscall.ECONNREFUSED) })
+	t.Run("host_process", func(t *testing.T) {
+		checkRefused(t, d, tb.node1, vipTCP, vipUDP, true, sockRefusal(d, syscall.ECONNREFUSED))
+	})
+	t.Run("drop_frontend_keeps_dropping", func(t *testing.T) { checkDropped(t, tb.client, dropTCP) })
+	for name, ns := range tb.all() {
+		if ce, err := ns.ChecksumErrors(); err != nil || ce != (nettest.ChecksumErrors{}) {
+			t.Errorf("%s: checksum errors %+v, %v", name, ce, err)
+		}
+	}
+}
+
+// checkRefused checks that from ns a TCP connection to tcp and a UDP
+// datagram on a connected socket to udp (and, with unconn, one from an
+// unconnected socket) are refused with refusal within 100 ms, each
+// counted once as StatReject.
+func checkRefused(t *testing.T, d *Datapath, ns *nettest.NS, tcp, udp string, unconn bool, refusal syscall.Errno) {
+	t.Helper()
+	const refusedWithin = 100 * time.Millisecond
+	before, err := d.Counters()
+	must(t, err)
+	took, err := tcpRefused(t, ns, tcp, 2*time.Second, refusal)
+	if err != nil {
+		t.Fatalf("TCP to %s: %v", tcp, err)
+	}
+	t.Logf("TCP refused after %s", took)
+	if took > refusedWithin {
+		t.Errorf("TCP refused after %s, want within %s", took, refusedWithin)
+	}
+	took, err = udpRefused(t, ns, udp, 2*time.Second, refusal)
+	if err != nil {
+		t.Fatalf("UDP to %s: %v", udp, err)
+	}
+	t.Logf("UDP refused after %s", took)
+	if took > refusedWithin {
+		t.Errorf("UDP refused after %s, want within %s", took, refusedWithin)
+	}
+	want := uint64(2)
+	if unconn {
+		if err := udpSendRefused(t, ns, udp); !errors.Is(err, refusal) {
+			t.Errorf("unconnected UDP send to %s: %v, want %v", udp, err, refusal)
+		}
+		want++
+	}
+	after, err := d.Counters()
+	must(t, err)
+	if n := after.Stats[StatReject] - before.Stats[StatReject]; n != want {
+		t.Errorf("StatReject grew by %d, want %d", n, want)
+	}
+}
+
+// checkDropped checks that a TCP connection from ns to target, an empty
+// frontend without Reject, times out (dropped) rather than being refused.
+func checkDropped(t *testing.T, ns *nettest.NS, target string) {
+	t.Helper()
+	const dropNoticedAfter = 300 * time.Millisecond
+	_, err := tcpRefused(t, ns, target, dropNoticedAfter, syscall.ECONNREFUSED)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("TCP to an empty frontend without Reject: %v, want a timeout (dropped)", err)
 		}
 	}
 }

@@ -295,7 +295,7 @@ const (
 
 type tcRejectRoom struct {
 	_    structs.HostLayout
-	Room [240]uint8
+	Room [3344]uint8
 }
 
 type tcScope uint32

@@ -8,6 +8,28 @@ import (
 	"github.com/topolb/topolb/internal/nettest"
 )
 
+// dualStack adds IPv6 to the testbed, beside its IPv4 and mirroring it:
+//
+//	client(fd00:10:0::2) ── hc ┐                         ┌ hb3 ── b3(fd00:20:1::2)
+//	b1(fd00:10:1::2) ─── hb1 ──┤ node1 ── w1 ══ w2 ── node2
+//	b2(fd00:10:2::2) ─── hb2 ──┘   (fd00:9::1)  (fd00:9::2)
+//
+// Both nodes forward IPv6 and route the other's pod prefix.
+func (tb *testbed) dualStack(t *testing.T) {
+	t.Helper()
+	for _, n := range []*nettest.NS{tb.node1, tb.node2} {
+		must(t, n.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	}
+	podSubnet(t, tb.node1, tb.client, "hc", "fd00:10:0")
+	podSubnet(t, tb.node1, tb.b1, "hb1", "fd00:10:1")
+	podSubnet(t, tb.node1, tb.b2, "hb2", "fd00:10:2")
+	podSubnet(t, tb.node2, tb.b3, "hb3", "fd00:20:1")
+	must(t, tb.node1.AddAddr("w1", "fd00:9::1/64"))
+	must(t, tb.node2.AddAddr("w2", "fd00:9::2/64"))
+	must(t, tb.node1.AddRoute("fd00:20::/32", "fd00:9::2"))
+	must(t, tb.node2.AddRoute("fd00:10::/32", "fd00:9::1"))
+}
+
 // TestRealTrafficIPv6 runs HTTP and UDP over IPv6 from a pod to an IPv6
 // ClusterIP through the pod-veth hook: the client's packets are
 // translated to the backends on its veth (tc_lb), the backends' replies

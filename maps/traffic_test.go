@@ -48,11 +48,18 @@ func must(t *testing.T, err error) {
 // /64.
 func pod(t *testing.T, node, p *nettest.NS, host, subnet string) {
 	t.Helper()
+	must(t, nettest.Veth(node, host, p, "eth0"))
+	podSubnet(t, node, p, host, subnet)
+}
+
+// podSubnet gives the pod p, wired to node by pod, addresses of one more
+// subnet as pod does, and a default route of its family.
+func podSubnet(t *testing.T, node, p *nettest.NS, host, subnet string) {
+	t.Helper()
 	gw, podAddr, bits := subnet+".1", subnet+".2", "/24"
 	if strings.Contains(subnet, ":") {
 		gw, podAddr, bits = subnet+"::1", subnet+"::2", "/64"
 	}
-	must(t, nettest.Veth(node, host, p, "eth0"))
 	must(t, node.AddAddr(host, gw+bits))
 	must(t, p.AddAddr("eth0", podAddr+bits))
 	must(t, p.AddRoute("default", gw))

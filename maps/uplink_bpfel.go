@@ -174,7 +174,7 @@ type uplinkRejectBudgetValue struct {
 
 type uplinkRejectRoom struct {
 	_    structs.HostLayout
-	Room [240]uint8
+	Room [3344]uint8
 }
 
 type uplinkSockRevnatKey struct {

@@ -174,7 +174,7 @@ type xdpRejectBudgetValue struct {
 
 type xdpRejectRoom struct {
 	_    structs.HostLayout
-	Room [240]uint8
+	Room [3344]uint8
 }
 
 type xdpSockRevnatKey struct {
