@@ -159,13 +159,15 @@ func TestDualStack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(served, v1.IPv4Protocol) {
-				t.Fatalf("the datapath does not serve IPv4: programmed families %v", served)
+			if !served.Programs(v1.IPv4Protocol, topology.ScopeInternal) {
+				t.Fatalf("the datapath does not serve IPv4: programmed families %s", served)
 			}
-			for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+			for _, family := range topology.Families {
 				t.Run(string(family), func(t *testing.T) {
-					if !slices.Contains(served, family) {
-						t.Skipf("the datapath does not serve %s yet: it programs %v", family, served)
+					// Every case reaches frontends of scope internal:
+					// from pods and the node's own processes.
+					if !served.Programs(family, topology.ScopeInternal) {
+						t.Skipf("the datapath does not serve %s from inside the node yet: it programs %s", family, served)
 					}
 					for _, c := range dualStackCases {
 						t.Run(c.name, func(t *testing.T) { c.run(t, tb, family) })

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/topology"
 )
 
 // Landing is where one client's requests to one service port landed, next
@@ -140,6 +142,18 @@ func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o Meas
 	}
 	l, err := tb.MeasureNodePort(ctx, c, e.Via, e.Service, o)
 	return l, e.Via, err
+}
+
+// Scope returns the scope of the frontends an expectation's traffic
+// reaches: external for an outside client (through a node's uplink),
+// internal for a pod (the cluster IP, or a NodePort from inside the
+// node). The datapath serves each family per scope
+// (agent.ScopeFamilies).
+func (tb *Testbed) Scope(e Expectation) topology.Scope {
+	if tb.Pod(e.Client) == nil && tb.External(e.Client) != nil {
+		return topology.ScopeExternal
+	}
+	return topology.ScopeInternal
 }
 
 // withDefaults fills in MeasureOptions' defaults.
