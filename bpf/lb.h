@@ -79,6 +79,30 @@ static __always_inline __u32 lb_flow_hash(int fam, const struct packet *pkt)
 	return flow_hash(pkt);
 }
 
+/* lb_reply translates back pkt, of family fam (a constant; an IPv6 packet
+ * is a struct packet6, its nat a struct nat6), when it is a reply of a
+ * live flow, and does nothing else: for a hook that sees packets no other
+ * program translated and must not balance them (a tcx egress). Returns
+ * LB_REWRITE with nat filled for such a reply, LB_PASS otherwise. */
+static __always_inline int lb_reply(int fam, const struct packet *pkt, struct nat *nat)
+{
+	struct ct_key key4 = {};
+	struct ct6_key key6 = {};
+	void *key = fam == PKT_IPV6 ? (void *)&key6 : (void *)&key4;
+	struct ct_value *ct;
+
+	if (fam == PKT_IPV6)
+		ct6_key_of(packet6_of(pkt), &key6);
+	else
+		ct_key_of(pkt, &key4);
+	ct = ct_find_fam(fam, key);
+	if (!ct || ct->dir != CT_REVERSE)
+		return LB_PASS;
+	if (ct_reverse_hit(fam, pkt, key, ct, nat) != LB_REWRITE)
+		return LB_PASS;
+	return LB_REWRITE;
+}
+
 /* lb_stack_reply translates back a reply that the node's own stack sends
  * (seen at a tcx egress): a host-network backend on this node answering a
  * flow that was translated to one of the node's addresses. No program saw
@@ -87,16 +111,7 @@ static __always_inline __u32 lb_flow_hash(int fam, const struct packet *pkt)
  * flow, LB_PASS otherwise. */
 static __always_inline int lb_stack_reply(const struct packet *pkt, struct nat *nat)
 {
-	struct ct_key key = {};
-	struct ct_value *ct;
-
-	ct_key_of(pkt, &key);
-	ct = ct_find(&key);
-	if (!ct || ct->dir != CT_REVERSE)
-		return LB_PASS;
-	if (ct_reverse_hit(PKT_IPV4, pkt, &key, ct, nat) != LB_REWRITE)
-		return LB_PASS;
-	return LB_REWRITE;
+	return lb_reply(PKT_IPV4, pkt, nat);
 }
 
 /* lb_new_flow balances the first packet of a flow of family fam (a

@@ -45,17 +45,34 @@ int tc_lb(struct __sk_buff *skb)
 	return tc_lb4(skb);
 }
 
-/* tc_lb_egress, on the tcx egress of pod veths and uplinks, sees what the
- * node's own stack sends there. Its ICMP errors about a translated flow
- * are translated (icmp.h). Replies of host-network backends on this node
- * (a pod's or an outside client's flow translated to one of the node's
- * own addresses) are translated back to the frontend: they leave the
- * node's sockets, so no ingress program sees them. Only packets the node
- * itself originates are looked up (ingress_ifindex 0): forwarded and
- * redirected packets were translated where they entered, and skip the
- * lookup. */
-SEC("tcx/egress")
-int tc_lb_egress(struct __sk_buff *skb)
+/* tc_lb_egress6 is tc_lb_egress for an IPv6 frame: it translates back the
+ * replies the stack forwards (ingress_ifindex set), which are those of
+ * backends on other nodes to a pod's flow. They arrive on an uplink, and
+ * the uplinks' programs pass IPv6 untouched (the uplinks do not translate
+ * IPv6 yet: maps.UplinksServeIPv6), so this is where they meet the IPv6
+ * conntrack, on their way into the pod. Everything else passes. */
+static __attribute__((noinline)) int tc_lb_egress6(struct __sk_buff *skb)
+{
+	struct packet6 pkt = {};
+	struct nat6 nat = {};
+	void *data, *data_end;
+
+	if (skb->ingress_ifindex == 0 || tc_tagged(skb))
+		return TC_PASS;
+	tc_pull(skb, MAX_PARSE6_LEN);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (parse_ipv6(data, data_end, skb->len, &pkt) != PARSE_OK || lb_reply(PKT_IPV6, &pkt.p, &nat.n) != LB_REWRITE)
+		return TC_PASS;
+	if (nat6_rewrite_skb(skb, &pkt.p, &nat.n)) {
+		stat_inc(STAT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	return TC_PASS;
+}
+
+/* tc_lb_egress4 is tc_lb_egress for an IPv4 frame. */
+static __attribute__((noinline)) int tc_lb_egress4(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct nat nat = {};
@@ -88,6 +105,25 @@ int tc_lb_egress(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	return TC_PASS;
+}
+
+/* tc_lb_egress, on the tcx egress of pod veths and uplinks, sees what the
+ * node's own stack sends there. Its ICMP errors about a translated flow
+ * are translated (icmp.h). Replies of host-network backends on this node
+ * (a pod's or an outside client's flow translated to one of the node's
+ * own addresses) are translated back to the frontend: they leave the
+ * node's sockets, so no ingress program sees them. Only packets the node
+ * itself originates are looked up (ingress_ifindex 0): forwarded and
+ * redirected packets were translated where they entered, and skip the
+ * lookup (but IPv6 replies of backends on other nodes: tc_lb_egress6).
+ * Each family balances in its own subprogram, as tc_lb's: a program's
+ * stack is that of its deepest call chain. */
+SEC("tcx/egress")
+int tc_lb_egress(struct __sk_buff *skb)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc_lb_egress6(skb);
+	return tc_lb_egress4(skb);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";
