@@ -7,9 +7,11 @@
 // they landed, the source address each backend saw, and the mode
 // `explain` reports. Then it does the same on a dual-stack testbed
 // (tools/testbed/examples/dual-stack.yaml), where one Service's two IP
-// families decide different modes; a family the datapath does not serve
-// yet is explained and said to be skipped. It needs root and tears
-// everything down on exit and on Ctrl-C.
+// families decide different modes, from the client pod and from node-a1's
+// own processes, in both families; a family the datapath does not serve
+// yet in an expectation's scope (IPv6 from outside) is explained and said
+// to be skipped. It needs root and tears everything down on exit and on
+// Ctrl-C.
 //
 //	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300] [-v N]
 //
@@ -82,8 +84,10 @@ node's NodePort) or from a client outside the cluster (to a node's
 NodePort), then prints where they landed, the source address each backend
 saw, and the mode 'topolbctl explain' reports, and checks that they agree.
 Without --spec it then does the same on a dual-stack testbed, where one
-Service's IPv4 and IPv6 decide different modes; the traffic of a family
-the datapath does not serve yet is not sent, and it says so.
+Service's IPv4 and IPv6 decide different modes, sending both families from
+the client pod and from a node's own processes to the cluster IP; the
+traffic of a family the datapath does not serve yet where it goes (IPv6
+from outside) is not sent, and it says so.
 It needs root and tears everything down on exit and on Ctrl-C.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -353,8 +357,11 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 			return false, err
 		}
 		d := landings[0].Decision
-		if e.Via != "" {
+		switch {
+		case e.Via != "":
 			fmt.Fprintf(out, "      %s -> %s's NodePorts (%s)\n", e.Client, node, d.NodePort.Addr())
+		case tb.Pod(e.Client) == nil:
+			fmt.Fprintf(out, "      %s's own processes (host network) -> the cluster IP (%s)\n", e.Client, d.Frontend.Addr())
 		}
 		family := ""
 		if tb.Spec.DualStack {
@@ -393,10 +400,7 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 // family the datapath does not serve in its scope (served), and says
 // plainly that its traffic is not sent.
 func explainUnserved(out io.Writer, tb *testbed.Testbed, e testbed.Expectation, scope topology.Scope, served agent.ScopeFamilies) {
-	node := e.Via
-	if node == "" {
-		node = tb.Pod(e.Client).Node.Name
-	}
+	node := tb.HeldTo(e)
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, node)
 	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {

@@ -71,12 +71,9 @@ func checkScenarioDecisions(t *testing.T, spec *Spec, wantModes map[string]topol
 				t.Fatal("scenario has no expectation")
 			}
 			for _, e := range sc.Expect {
-				// The node that decides: the client pod's, or the one
-				// whose NodePort the client uses.
-				node, outside := e.Via, l.External(e.Client) != nil
-				if node == "" {
-					node = l.Pod(e.Client).Node.Name
-				}
+				// The node that decides: the client pod's (or node's),
+				// or the one whose NodePort the client uses.
+				node, outside := l.HeldTo(e), l.External(e.Client) != nil
 				ds, _ := l.Decide(back, node)
 				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 					d := FindDecisionOf(ds, e.Service, proto, e.Family)
@@ -160,6 +157,10 @@ services: [{name: s, clusterIP: 10.0.0.1, ports: [{port: 80}]}]`, "clusterIP"},
 		{"expectation on a missing service", `
 zones: [{name: a, nodes: [{name: n1, pods: [{name: c, role: client}]}]}]
 scenarios: [{name: x, services: [], expect: [{client: c, service: s, backends: []}]}]`, "not in the scenario"},
+		{"node client through another node's NodePorts", `
+zones: [{name: a, nodes: [{name: n1}, {name: n2}]}]
+services: [{name: s, ports: [{port: 80}]}]
+scenarios: [{name: x, services: [{name: s, ports: [{port: 80}]}], expect: [{client: n1, via: n2, service: s, backends: []}]}]`, "drop via"},
 		{"bad type", `
 zones: [{name: a, nodes: [{name: n1}]}]
 services: [{name: s, type: ExternalName, ports: [{port: 80}]}]`, "type"},
