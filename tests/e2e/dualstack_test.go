@@ -65,28 +65,10 @@ var dualStackCases = []dualStackCase{
 		checkLocalAndRemote(t, tb, "node-a1", "web", family)
 	}},
 	{"pod to its node's NodePort", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
-		landings, err := tb.MeasureNodePort(t.Context(), tb.Pod("client"), "node-a1", "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range landings {
-			if l.Decision.NodePort.Addr().Is4() != (family == v1.IPv4Protocol) {
-				t.Errorf("%s %s: measured NodePort %s", family, l.Decision.Protocol, l.Decision.NodePort)
-			}
-		}
-		checkLandings(t, landings, nil)
+		checkNodePortOf(t, tb, tb.Pod("client"), "node-a1", family)
 	}},
 	{"outside client to NodePort", topology.ScopeExternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
-		landings, err := tb.MeasureNodePort(t.Context(), tb.External("ext1"), "node-b1", "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range landings {
-			if l.Decision.NodePort.Addr().Is4() != (family == v1.IPv4Protocol) {
-				t.Errorf("%s %s: measured NodePort %s", family, l.Decision.Protocol, l.Decision.NodePort)
-			}
-		}
-		checkLandings(t, landings, nil)
+		checkNodePortOf(t, tb, tb.External("ext1"), "node-b1", family)
 	}},
 	{"host process to cluster IP and NodePort", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		hls, err := tb.MeasureHost(t.Context(), "node-a1", "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
@@ -233,6 +215,24 @@ func TestDualStack(t *testing.T) {
 			noChecksumErrors(t, tb)
 		})
 	}
+}
+
+// checkNodePortOf measures client through node's NodePorts of "web" in
+// family: each landing is at a NodePort of that family and exactly on
+// node's decision (the cluster set from a pod, the external set from
+// outside).
+func checkNodePortOf(t *testing.T, tb *testbed.Testbed, client testbed.Client, node string, family v1.IPFamily) {
+	t.Helper()
+	landings, err := tb.MeasureNodePort(t.Context(), client, node, "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range landings {
+		if l.Decision.NodePort.Addr().Is4() != (family == v1.IPv4Protocol) {
+			t.Errorf("%s %s: measured NodePort %s", family, l.Decision.Protocol, l.Decision.NodePort)
+		}
+	}
+	checkLandings(t, landings, nil)
 }
 
 // checkFamilyLandings checks landings measured from node in family: each
