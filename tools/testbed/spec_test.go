@@ -317,3 +317,31 @@ func roundTrip(t *testing.T, objs *kube.Objects) *kube.Objects {
 	}
 	return back
 }
+
+// TestExpectationHeldToAndScope: an expectation is held to its client
+// pod's node, the node whose processes are the client, or the node it goes
+// through, and reaches frontends of scope external only from outside.
+func TestExpectationHeldToAndScope(t *testing.T) {
+	spec, err := DemoSpec()
+	l := mustLayout(t, spec, err)
+	for _, tc := range []struct {
+		name  string
+		e     Expectation
+		node  string
+		scope topology.Scope
+	}{
+		{"pod to the cluster IP", Expectation{Client: "client"}, "node-a1", topology.ScopeInternal},
+		{"pod through a NodePort", Expectation{Client: "client", Via: "node-b1"}, "node-b1", topology.ScopeInternal},
+		{"node's processes to the cluster IP", Expectation{Client: "node-b2"}, "node-b2", topology.ScopeInternal},
+		{"outside client through a NodePort", Expectation{Client: "ext1", Via: "node-b1"}, "node-b1", topology.ScopeExternal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if node := l.HeldTo(tc.e); node != tc.node {
+				t.Errorf("held to %q, want %q", node, tc.node)
+			}
+			if scope := l.Scope(tc.e); scope != tc.scope {
+				t.Errorf("scope %s, want %s", scope, tc.scope)
+			}
+		})
+	}
+}
