@@ -39,11 +39,12 @@ type Datapath interface {
 	Uplinks() ([]maps.UplinkStatus, error)
 	// Kernel is what the datapath found the kernel offers at load.
 	Kernel() maps.KernelReport
-	// IPv6 reports whether the datapath serves IPv6 frontends and
-	// backends. The agent decides, explains, counts and health-checks
-	// both families regardless; it programs IPv6 frontends only when this
-	// is true (Programs).
-	IPv6() bool
+	// IPv6 reports whether the datapath serves IPv6 frontends (and their
+	// backends) in scope. The agent decides, explains, counts and
+	// health-checks both families regardless; it programs an IPv6
+	// frontend only when this is true for its scope (Programs). The agent
+	// reads it once, in New.
+	IPv6(scope maps.Scope) bool
 }
 
 // EventSink receives the decisions operators should hear about on the
@@ -115,10 +116,14 @@ type Agent struct {
 	// rejected remembers the warnings logged per service (and, under "",
 	// about this node), so each set is logged once.
 	rejected map[types.NamespacedName]string
-	// unprogrammed remembers, per service, the families it is decided in
-	// but not programmed (notProgrammed), so each set is logged once.
+	// unprogrammed remembers, per service, the families and scopes it has
+	// frontends in but not programmed (notProgrammed), so each set is
+	// logged once.
 	unprogrammed map[types.NamespacedName]string
-	synced       bool
+	// families are the families the agent programs per scope, from the
+	// datapath's IPv6 at New.
+	families ScopeFamilies
+	synced   bool
 	// totalWrites counts map writes since New.
 	totalWrites int
 }
@@ -130,8 +135,12 @@ func New(cfg Config, dp Datapath) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	families := ProgrammedFamilies(dp.IPv6)
+	if cfg.Metrics != nil {
+		cfg.Metrics.setFamilies(families)
+	}
 	return &Agent{
-		cfg: cfg, dp: dp, log: log, now: time.Now,
+		cfg: cfg, dp: dp, log: log, now: time.Now, families: families,
 		state:    topology.NewEmptyState(),
 		owner:    map[topology.Key]topology.Claim{},
 		owned:    map[types.NamespacedName]map[topology.Key]bool{},
@@ -403,10 +412,10 @@ func portKey(p topology.ServicePort) string {
 	return p.Name + "/" + string(p.Protocol) + "/" + string(p.Family)
 }
 
-// Programs reports whether the agent programs frontends of family into its
-// datapath (ProgrammedFamilies). A family it does not program is still
-// decided, explained, counted in metrics and health-checked;
-// DebugState.Families says which are programmed.
-func (a *Agent) Programs(family v1.IPFamily) bool {
-	return slices.Contains(ProgrammedFamilies(a.dp.IPv6()), family)
+// Programs reports whether the agent programs frontends of family in
+// scope into its datapath (ProgrammedFamilies). A frontend it does not
+// program is still decided, explained, counted in metrics and
+// health-checked; DebugState.Scopes says what is programmed.
+func (a *Agent) Programs(family v1.IPFamily, scope topology.Scope) bool {
+	return a.families.Programs(family, scope)
 }

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -116,10 +115,10 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 		},
 	}
 
-	for _, ipv6 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("datapath IPv6 %v", ipv6), func(t *testing.T) {
+	for _, tc := range ipv6Rows {
+		t.Run(tc.name, func(t *testing.T) {
 			dp := newFakeDP()
-			dp.ipv6 = ipv6
+			dp.ipv6 = tc.ipv6
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			a := New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Logger: log}, dp)
 			runCtx, cancel := context.WithCancel(ctx)
@@ -221,16 +220,16 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 				t.Errorf("v6only planned in %v, want IPv6 only", fams)
 			}
 
-			// Programmed: every IPv4 frontend, and the IPv6 ones only when
-			// the datapath serves IPv6.
+			// Programmed: every IPv4 frontend, and the IPv6 ones only in
+			// the scopes where the datapath serves IPv6.
 			for _, f := range explained.Frontends {
 				key, ok := ReportKey(f)
 				if !ok || want[f.Service] == nil {
 					continue
 				}
 				_, programmed := st.Datapath[key]
-				if wantProgrammed := f.Family == v1.IPv4Protocol || ipv6; programmed != wantProgrammed {
-					t.Errorf("%s (%s): programmed %v, want %v", key, f.Family, programmed, wantProgrammed)
+				if wantProgrammed := f.Family == v1.IPv4Protocol || tc.v6[f.Scope]; programmed != wantProgrammed {
+					t.Errorf("%s (%s %s): programmed %v, want %v", key, f.Family, f.Scope, programmed, wantProgrammed)
 				}
 			}
 		})

@@ -14,8 +14,9 @@ type fakeDP struct {
 	fes    map[dpmaps.Frontend]dpmaps.Service
 	fail   map[dpmaps.Frontend]error
 	writes int
-	// ipv6 is what IPv6 answers: whether the fake serves IPv6.
-	ipv6 bool
+	// ipv6 is what IPv6 answers per scope: whether the fake serves IPv6
+	// there (nil: nowhere).
+	ipv6 func(dpmaps.Scope) bool
 }
 
 func newFakeDP() *fakeDP {
@@ -66,7 +67,7 @@ func (f *fakeDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 // Kernel: the fake has no kernel to probe.
 func (f *fakeDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
 
-func (f *fakeDP) IPv6() bool { return f.ipv6 }
+func (f *fakeDP) IPv6(scope dpmaps.Scope) bool { return f.ipv6 != nil && f.ipv6(scope) }
 
 // Programmed renders the fake's contents as the kernel would hold them:
 // active backends with one slot each (or their weight), then draining ones.

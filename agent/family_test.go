@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -12,23 +14,46 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 
 	"github.com/topolb/topolb/kube"
+	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
 )
 
+// ipv6Rows are the datapath capabilities the dual-stack tests run with:
+// none, this build's (maps.ServesIPv6: IPv6 on pods and host processes,
+// and on the uplinks when maps.UplinksServeIPv6), and every scope. v6
+// says, per scope, whether IPv6 frontends are programmed there.
+var ipv6Rows = []struct {
+	name string
+	ipv6 func(dpmaps.Scope) bool
+	v6   map[topology.Scope]bool
+}{
+	{name: "datapath serves IPv4 only", ipv6: func(dpmaps.Scope) bool { return false }, v6: map[topology.Scope]bool{}},
+	{name: "this build's datapath", ipv6: dpmaps.ServesIPv6, v6: map[topology.Scope]bool{topology.ScopeInternal: true, topology.ScopeExternal: dpmaps.UplinksServeIPv6}},
+	{name: "datapath serves IPv6 in every scope", ipv6: func(dpmaps.Scope) bool { return true }, v6: map[topology.Scope]bool{topology.ScopeInternal: true, topology.ScopeExternal: true}},
+}
+
 // TestAgentDualStack: a dual-stack Service is decided, explained, counted
 // and health-checked in both families whatever the datapath serves; its
-// IPv6 frontends are programmed only when the datapath serves IPv6.
+// IPv6 frontends are programmed in the scopes where the datapath serves
+// IPv6 (its cluster IP and the NodePort from inside the node on pods and
+// host processes, the NodePort from outside on the uplinks), and the debug
+// state, /livez and topolb_programmed say so.
 func TestAgentDualStack(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ipv6 bool
-		// families are the families programmed.
-		families []v1.IPFamily
-	}{
-		{name: "datapath serves IPv4 only", ipv6: false, families: []v1.IPFamily{v1.IPv4Protocol}},
-		{name: "datapath serves both", ipv6: true, families: []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}},
-	} {
+	for _, tc := range ipv6Rows {
 		t.Run(tc.name, func(t *testing.T) {
+			// The families programmed per scope, and anywhere.
+			wantScopes := ScopeFamilies{}
+			var anywhere []v1.IPFamily
+			for _, family := range topology.Families {
+				for _, scope := range Scopes {
+					if family == v1.IPv4Protocol || tc.v6[scope] {
+						wantScopes[scope] = append(wantScopes[scope], family)
+						if !slices.Contains(anywhere, family) {
+							anywhere = append(anywhere, family)
+						}
+					}
+				}
+			}
 			ll := &loopbackListens{served: map[string]string{}}
 			hcs := &HealthChecks{Listen: ll.listen}
 			t.Cleanup(hcs.Close)
@@ -61,11 +86,14 @@ func TestAgentDualStack(t *testing.T) {
 				t.Fatalf("apply: %v", res.Errors)
 			}
 
-			// Programmed: exactly the frontends of the programmed families,
-			// as the report decides them.
+			// Programmed: exactly the frontends of the programmed families
+			// and scopes, as the report decides them.
 			st := a.State()
-			if !slices.Equal(st.Families, tc.families) {
-				t.Errorf("debug state families %v, want %v", st.Families, tc.families)
+			if !reflect.DeepEqual(st.FamiliesByScope, wantScopes) {
+				t.Errorf("debug state families by scope %v, want %v", st.FamiliesByScope, wantScopes)
+			}
+			if everywhere := wantScopes.Everywhere(); !slices.Equal(st.Families, everywhere) {
+				t.Errorf("debug state families %v, want %v (programmed in every scope)", st.Families, everywhere)
 			}
 			want := map[string]bool{}
 			decidedV6 := 0
@@ -73,7 +101,7 @@ func TestAgentDualStack(t *testing.T) {
 				if f.Family == v1.IPv6Protocol {
 					decidedV6++
 				}
-				if key, ok := ReportKey(f); ok && slices.Contains(tc.families, f.Family) {
+				if key, ok := ReportKey(f); ok && (f.Family == v1.IPv4Protocol || tc.v6[f.Scope]) {
 					want[key] = true
 				}
 			}
@@ -89,12 +117,35 @@ func TestAgentDualStack(t *testing.T) {
 			}
 			for key := range want {
 				if !got[key] {
-					t.Errorf("%s decided in a programmed family but not programmed", key)
+					t.Errorf("%s decided in a programmed family and scope but not programmed", key)
 				}
 			}
 			for key := range got {
 				if !want[key] {
-					t.Errorf("%s programmed but not decided in a programmed family", key)
+					t.Errorf("%s programmed but not decided in a programmed family and scope", key)
+				}
+			}
+			// By name: the IPv6 cluster IP and NodePort from inside the
+			// node, and the IPv6 NodePort from outside.
+			for key, scope := range map[string]topology.Scope{
+				"[fd00:10:96::1]:80/TCP":           topology.ScopeInternal,
+				"[fd00:250::2]:30080/TCP":          topology.ScopeInternal,
+				"[fd00:250::2]:30080/TCP/external": topology.ScopeExternal,
+				"10.250.0.2:30080/TCP/external":    "",
+			} {
+				if wantIt := scope == "" || tc.v6[scope]; got[key] != wantIt {
+					t.Errorf("%s programmed %v, want %v", key, got[key], wantIt)
+				}
+			}
+			for _, family := range topology.Families {
+				for _, scope := range Scopes {
+					wantV := 0.0
+					if wantScopes.Programs(family, scope) {
+						wantV = 1
+					}
+					if v := testutil.ToFloat64(m.Programmed.WithLabelValues(string(family), string(scope))); v != wantV {
+						t.Errorf("topolb_programmed{family=%s,scope=%s} = %v, want %v", family, scope, v, wantV)
+					}
 				}
 			}
 
@@ -139,7 +190,7 @@ func TestAgentDualStack(t *testing.T) {
 			}
 			slices.Sort(families)
 			var wantFamilies []string
-			for _, f := range tc.families {
+			for _, f := range anywhere {
 				wantFamilies = append(wantFamilies, string(f))
 			}
 			if !slices.Equal(families, wantFamilies) {
@@ -183,5 +234,55 @@ func TestAgentDualStack(t *testing.T) {
 				t.Errorf("topolb_service_ports{family=IPv6} = %v after the Service became IPv4-only, want 0", n)
 			}
 		})
+	}
+}
+
+// TestDebugStateProgrammedFamilies: readers of /debug/state get the
+// families programmed per scope from this agent, from an agent that
+// programmed per family only (families, in every scope) and from one
+// older than dual stack (nothing said: IPv4), and the JSON keeps the
+// older field with the families programmed in every scope.
+func TestDebugStateProgrammedFamilies(t *testing.T) {
+	v4, both := []v1.IPFamily{v1.IPv4Protocol}, []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+	for _, tc := range []struct {
+		name string
+		json string
+		want ScopeFamilies
+	}{
+		{"per scope", `{"families":["IPv4"],"familiesByScope":{"internal":["IPv4","IPv6"],"external":["IPv4"]}}`,
+			ScopeFamilies{topology.ScopeInternal: both, topology.ScopeExternal: v4}},
+		{"per family only", `{"families":["IPv4","IPv6"]}`, ScopeFamilies{topology.ScopeInternal: both, topology.ScopeExternal: both}},
+		{"older than dual stack", `{}`, ScopeFamilies{topology.ScopeInternal: v4, topology.ScopeExternal: v4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var st DebugState
+			if err := json.Unmarshal([]byte(tc.json), &st); err != nil {
+				t.Fatal(err)
+			}
+			if got := st.ProgrammedFamilies(); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("programmed families %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	dp := newFakeDP()
+	dp.ipv6 = dpmaps.ServesIPv6
+	out, err := json.Marshal(New(Config{NodeName: "a1"}, dp).State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields struct {
+		Families        []v1.IPFamily            `json:"families"`
+		FamiliesByScope map[string][]v1.IPFamily `json:"familiesByScope"`
+	}
+	if err := json.Unmarshal(out, &fields); err != nil {
+		t.Fatal(err)
+	}
+	wantExternal := v4
+	if dpmaps.UplinksServeIPv6 {
+		wantExternal = both
+	}
+	if !slices.Equal(fields.Families, wantExternal) || !slices.Equal(fields.FamiliesByScope["internal"], both) || !slices.Equal(fields.FamiliesByScope["external"], wantExternal) {
+		t.Errorf("families %v, by scope %v; want %v, internal %v and external %v", fields.Families, fields.FamiliesByScope, wantExternal, both, wantExternal)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/topolb/topolb/maps"
+	"github.com/topolb/topolb/topology"
 )
 
 // Metrics are the agent's Prometheus metrics.
@@ -32,6 +33,9 @@ type Metrics struct {
 	Rejected prometheus.Counter
 	// ProgramErrors counts failed service writes by reason.
 	ProgramErrors *prometheus.CounterVec
+	// Programmed is 1 for each IP family and scope the agent programs
+	// frontends in, 0 for one it decides but does not program.
+	Programmed *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -63,8 +67,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ProgramErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "topolb_program_errors_total", Help: "Services whose backends could not be written; their previous backends keep serving.",
 		}, []string{"reason"}),
+		Programmed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "topolb_programmed", Help: "1 for each IP family and frontend scope (internal: pods and host processes; external: uplinks) the agent programs into its datapath, 0 for one it decides but does not program.",
+		}, []string{"family", "scope"}),
 	}
-	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors)
+	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors, m.Programmed)
 	// Every reason from the start, 0 until it happens: rates and alerts
 	// see a series before the first error.
 	for _, r := range programErrorReasons {
@@ -80,6 +87,19 @@ const (
 )
 
 var programErrorReasons = []string{programErrorMapFull, programErrorOther}
+
+// setFamilies sets Programmed for every family and scope.
+func (m *Metrics) setFamilies(sf ScopeFamilies) {
+	for _, family := range topology.Families {
+		for _, scope := range Scopes {
+			v := 0.0
+			if sf.Programs(family, scope) {
+				v = 1
+			}
+			m.Programmed.WithLabelValues(string(family), string(scope)).Set(v)
+		}
+	}
+}
 
 // observeSync records one sync's duration, latency and writes.
 func (m *Metrics) observeSync(start, since time.Time, res SyncResult) {

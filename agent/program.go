@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"math"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -24,14 +27,76 @@ import (
 // coarser, see docs/datapath.md).
 const weightScale = 1_000_000
 
-// ProgrammedFamilies returns the IP families the agent programs into a
-// datapath that serves IPv6 (Datapath.IPv6) or not: IPv4 always, IPv6
-// when it does, in topology.Families' order.
-func ProgrammedFamilies(ipv6 bool) []v1.IPFamily {
-	if ipv6 {
-		return []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+// Scopes are the scopes a frontend is programmed in, in the order the
+// agent reports them.
+var Scopes = []topology.Scope{topology.ScopeInternal, topology.ScopeExternal}
+
+// ScopeFamilies are, per scope, the IP families the agent programs
+// frontends of that scope in, in topology.Families' order: IPv4 always,
+// IPv6 where the datapath serves it (Datapath.IPv6). A frontend of another
+// family or scope is decided, explained, counted and health-checked, but
+// not programmed. Its JSON is an object keyed by scope:
+// {"internal":["IPv4","IPv6"],"external":["IPv4"]}.
+type ScopeFamilies map[topology.Scope][]v1.IPFamily
+
+// ProgrammedFamilies returns the families the agent programs per scope
+// into a datapath that serves IPv6 in the scopes ipv6 says (the
+// datapath's IPv6 method).
+func ProgrammedFamilies(ipv6 func(maps.Scope) bool) ScopeFamilies {
+	out := make(ScopeFamilies, len(Scopes))
+	for _, scope := range Scopes {
+		families := []v1.IPFamily{v1.IPv4Protocol}
+		if ipv6(datapathScope(scope)) {
+			families = append(families, v1.IPv6Protocol)
+		}
+		out[scope] = families
 	}
-	return []v1.IPFamily{v1.IPv4Protocol}
+	return out
+}
+
+// Programs reports whether frontends of family in scope are programmed.
+func (sf ScopeFamilies) Programs(family v1.IPFamily, scope topology.Scope) bool {
+	return slices.Contains(sf[scope], family)
+}
+
+// Everywhere returns the families programmed in every scope, in
+// topology.Families' order: what DebugState.Families says, as an agent
+// that programmed per family only said it.
+func (sf ScopeFamilies) Everywhere() []v1.IPFamily { return sf.inScopes(len(Scopes)) }
+
+// Anywhere returns the families programmed in at least one scope, in
+// topology.Families' order.
+func (sf ScopeFamilies) Anywhere() []v1.IPFamily { return sf.inScopes(1) }
+
+// inScopes returns the families programmed in at least n scopes.
+func (sf ScopeFamilies) inScopes(n int) []v1.IPFamily {
+	var out []v1.IPFamily
+	for _, family := range topology.Families {
+		in := 0
+		for _, scope := range Scopes {
+			if sf.Programs(family, scope) {
+				in++
+			}
+		}
+		if in >= n {
+			out = append(out, family)
+		}
+	}
+	return out
+}
+
+// String renders the families per scope, "internal: IPv4 IPv6; external:
+// IPv4" (a scope without any: "-").
+func (sf ScopeFamilies) String() string {
+	parts := make([]string, 0, len(Scopes))
+	for _, scope := range Scopes {
+		names := make([]string, 0, len(sf[scope]))
+		for _, f := range sf[scope] {
+			names = append(names, string(f))
+		}
+		parts = append(parts, string(scope)+": "+cmp.Or(strings.Join(names, " "), "-"))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // DatapathFrontend returns the datapath's key for a frontend, and false
@@ -47,10 +112,16 @@ func DatapathFrontend(k topology.Key) (maps.Frontend, bool) {
 	default:
 		return maps.Frontend{}, false
 	}
-	if k.Scope == topology.ScopeExternal {
-		fe.Scope = maps.ScopeExternal
-	}
+	fe.Scope = datapathScope(k.Scope)
 	return fe, true
+}
+
+// datapathScope returns the datapath's scope for a decision's.
+func datapathScope(s topology.Scope) maps.Scope {
+	if s == topology.ScopeExternal {
+		return maps.ScopeExternal
+	}
+	return maps.ScopeInternal
 }
 
 // DatapathService returns what the datapath programs for f on node:

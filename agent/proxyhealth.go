@@ -26,8 +26,8 @@ type ProxyHealth struct {
 	// unknown, being deleted or tainted by the cluster autoscaler.
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
 	Healthy      bool  `json:"healthy"`
-	// Status is the health per IP family the agent programs
-	// (ProgrammedFamilies): IPv4, and IPv6 when the datapath serves
+	// Status is the health per IP family the agent programs in some scope
+	// (ScopeFamilies.Anywhere): IPv4, and IPv6 where the datapath serves
 	// it, as kube-proxy reports each of its proxiers. One sync loop serves
 	// both families, so both have its health.
 	Status map[v1.IPFamily]ProxierHealth `json:"status,omitempty"`
@@ -48,7 +48,7 @@ func (a *Agent) proxyHealth() ProxyHealth {
 		ph.LastUpdated = *h.LastSync
 	}
 	ph.Status = map[v1.IPFamily]ProxierHealth{}
-	for _, family := range ProgrammedFamilies(a.dp.IPv6()) {
+	for _, family := range a.families.Anywhere() {
 		ph.Status[family] = ProxierHealth{LastUpdated: ph.LastUpdated, Healthy: h.Healthy}
 	}
 	return ph

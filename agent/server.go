@@ -24,9 +24,14 @@ type DebugState struct {
 	// Synced is true once the first full sync has been written.
 	Synced bool `json:"synced"`
 	// Families are the IP families the agent programs into its datapath
-	// (ProgrammedFamilies); the Report decides every family, and
-	// its frontends of other families are decided but not programmed.
+	// in every scope (ScopeFamilies.Everywhere), as an agent that
+	// programmed per family only said; FamiliesByScope says more.
 	Families []v1.IPFamily `json:"families"`
+	// FamiliesByScope are the IP families the agent programs per scope
+	// (ProgrammedFamilies); the Report decides every family, and its
+	// frontends of other families or scopes are decided but not
+	// programmed. An agent that programmed per family only omits it.
+	FamiliesByScope ScopeFamilies `json:"familiesByScope,omitempty"`
 	// Programmed maps frontends, as "ip:port/PROTO" (internal scope) or
 	// "ip:port/PROTO/external", to the active backends the kernel maps
 	// hold for them, sorted. Nil when the maps could not be read.
@@ -49,13 +54,22 @@ type DebugState struct {
 }
 
 // ProgrammedFamilies returns the families the state says the agent
-// programs; an agent older than dual stack does not say, and programs
-// IPv4.
-func (st DebugState) ProgrammedFamilies() []v1.IPFamily {
-	if len(st.Families) == 0 {
-		return []v1.IPFamily{v1.IPv4Protocol}
+// programs per scope: FamiliesByScope; from an agent that programmed per
+// family only, its Families in every scope; from one older than dual
+// stack, which does not say, IPv4.
+func (st DebugState) ProgrammedFamilies() ScopeFamilies {
+	if st.FamiliesByScope != nil {
+		return st.FamiliesByScope
 	}
-	return st.Families
+	families := st.Families
+	if len(families) == 0 {
+		families = []v1.IPFamily{v1.IPv4Protocol}
+	}
+	out := make(ScopeFamilies, len(Scopes))
+	for _, scope := range Scopes {
+		out[scope] = families
+	}
+	return out
 }
 
 // ProgrammedFrontend is one frontend as the kernel maps hold it.
@@ -94,7 +108,7 @@ func (a *Agent) State() DebugState {
 // Synced.
 func (a *Agent) debugDecisions() DebugState {
 	ds, skipped, node, synced := a.decideAgain()
-	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced, Families: ProgrammedFamilies(a.dp.IPv6())}
+	st := DebugState{Report: topology.NewReportOptions(node, ds, a.cfg.Options), Synced: synced, Families: a.families.Everywhere(), FamiliesByScope: a.families}
 	st.Skipped = skipped
 	return st
 }
@@ -233,7 +247,7 @@ type reportWalker struct {
 // written and let go.
 func (a *Agent) writeDebug(w io.Writer) error {
 	ds, skipped, node, synced := a.decideAgain()
-	st := DebugState{Synced: synced, Families: ProgrammedFamilies(a.dp.IPv6())}
+	st := DebugState{Synced: synced, Families: a.families.Everywhere(), FamiliesByScope: a.families}
 	rw := reportWalker{node: node.Name, zone: node.Zone(), skipped: skipped, walk: func(service func(topology.PortReport), frontend func(topology.FrontendReport)) []string {
 		warnings := topology.WalkReport(node, ds, a.cfg.Options, service, frontend)
 		ds = nil
@@ -291,6 +305,10 @@ func writeDebugState(w io.Writer, rw reportWalker, st *DebugState, fill func(*De
 	j.value(st.Synced)
 	j.raw(`,"families":`)
 	j.value(st.Families)
+	if st.FamiliesByScope != nil {
+		j.raw(`,"familiesByScope":`)
+		j.value(st.FamiliesByScope)
+	}
 	if fill != nil {
 		fill(st)
 	}

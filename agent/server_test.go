@@ -36,7 +36,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 		{"full", full, func(b *bytes.Buffer) error { return a.writeDebug(b) }},
 		{"empty", empty.State(), func(b *bytes.Buffer) error { return empty.writeDebug(b) }},
 		{"datapath error", withError, func(b *bytes.Buffer) error {
-			st := DebugState{Synced: withError.Synced, Families: withError.Families}
+			st := DebugState{Synced: withError.Synced, Families: withError.Families, FamiliesByScope: withError.FamiliesByScope}
 			fill := func(d *DebugState) {
 				d.Programmed, d.Datapath, d.DatapathError = withError.Programmed, withError.Datapath, withError.DatapathError
 				d.Uplinks, d.Kernel = withError.Uplinks, withError.Kernel
@@ -44,7 +44,7 @@ func TestWriteDebugStateIsMarshal(t *testing.T) {
 			return writeDebugState(b, walkerOf(withError.Report), &st, fill)
 		}},
 		{"uplinks error", withUplinksError, func(b *bytes.Buffer) error {
-			st := DebugState{Synced: withUplinksError.Synced, Families: withUplinksError.Families}
+			st := DebugState{Synced: withUplinksError.Synced, Families: withUplinksError.Families, FamiliesByScope: withUplinksError.FamiliesByScope}
 			fill := func(d *DebugState) {
 				d.Programmed, d.Datapath, d.UplinksError = withUplinksError.Programmed, withUplinksError.Datapath, withUplinksError.UplinksError
 			}

@@ -35,7 +35,7 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	a.reportModes(nn, svc, plan.Ports)
 
 	claims := a.claims(plan.Claims)
-	a.notProgrammed(nn, plan)
+	a.notProgrammed(nn, plan.Claims)
 	a.unwait(nn)
 	desired := map[topology.Key]topology.Frontend{}
 	for _, c := range claims {
@@ -80,12 +80,12 @@ func (a *Agent) node() (topology.Node, []string) {
 }
 
 // claims returns the frontends of a service's plan the datapath can serve
-// (its protocol, and a family the agent programs), one per key: of two
+// (its protocol, and a family the agent programs in its scope), one per key: of two
 // ports of one Service claiming one frontend, the first by CompareClaims.
 func (a *Agent) claims(planned []topology.Frontend) []topology.Frontend {
 	byKey := map[topology.Key]topology.Frontend{}
 	for _, c := range planned {
-		if _, ok := DatapathFrontend(c.Key()); !ok || !a.Programs(c.Port.Family) {
+		if _, ok := DatapathFrontend(c.Key()); !ok || !a.Programs(c.Port.Family, c.Scope) {
 			continue
 		}
 		if prev, dup := byKey[c.Key()]; dup && topology.CompareClaims(prev.Claim(), c.Claim()) <= 0 {
@@ -101,20 +101,24 @@ func (a *Agent) claims(planned []topology.Frontend) []topology.Frontend {
 	return out
 }
 
-// notProgrammed logs, once per service and family set, the families a
-// service is decided in that the agent does not program (Programs): they
-// are explained and counted, but the datapath does not serve them.
-func (a *Agent) notProgrammed(nn types.NamespacedName, plan topology.ServicePlan) {
-	var skipped []v1.IPFamily
-	for _, family := range plan.Families() {
-		if !a.Programs(family) {
-			skipped = append(skipped, family)
+// notProgrammed logs, once per service and set, the families and scopes
+// a service has frontends in that the agent does not program (Programs):
+// they are explained and counted, but the datapath does not serve them.
+func (a *Agent) notProgrammed(nn types.NamespacedName, planned []topology.Frontend) {
+	var skipped []string
+	for _, c := range planned {
+		if _, ok := DatapathFrontend(c.Key()); !ok || a.Programs(c.Port.Family, c.Scope) {
+			continue
+		}
+		if s := string(c.Port.Family) + " " + string(c.Scope); !slices.Contains(skipped, s) {
+			skipped = append(skipped, s)
 		}
 	}
+	slices.Sort(skipped)
 	if !newSet(a.unprogrammed, nn, skipped) {
 		return
 	}
-	a.log.Info("service decided but not programmed in these families: the datapath does not serve them", "service", nn, "families", skipped)
+	a.log.Info("service decided but not programmed in these families and scopes: the datapath does not serve them", "service", nn, "families", skipped)
 }
 
 func compareKeys(x, y topology.Frontend) int {

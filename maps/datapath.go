@@ -542,12 +542,29 @@ func (d *Datapath) Unpin() error {
 // closed reports, with mu held, whether Close ran.
 func (d *Datapath) closed() bool { return d.tcColl == nil }
 
-// IPv6 reports whether the datapath serves IPv6 wherever it serves IPv4,
-// the condition for the agent to hand it IPv6 frontends and backends
-// (of every scope: the agent programs per family). The maps carry either
-// family, the socket hooks balance the node's own processes to IPv6
-// frontends, and tc on pod veths translates IPv6 with its own conntrack
-// tables (layout 6), which the sweep and stale marking cover; but the
-// uplinks (XDP and tc: NodePorts, load-balancer and external IPs) pass
-// IPv6 untouched (docs/datapath.md, "Addresses"), so it is false.
-func (d *Datapath) IPv6() bool { return false }
+// UplinksServeIPv6 says whether the uplinks (XDP and tc on them: NodePorts,
+// load-balancer and external IPs reached from outside, ScopeExternal)
+// translate IPv6. They do, by tc on both uplink paths (xdp_lb passes IPv6
+// up to tc_uplink; docs/datapath.md, "Addresses"), with IPv6 FIB
+// forwarding, source NAT and conntrack. Datapath.IPv6 and everything the
+// agent, topolbctl and the testbed say about programmed families follow
+// from it; a build whose uplinks cannot translate IPv6 sets it false and
+// the agent programs IPv6 frontends of scope internal only.
+const UplinksServeIPv6 = true
+
+// IPv6 reports whether the datapath serves IPv6 frontends and backends in
+// scope, the condition for the agent to hand it IPv6 frontends of that
+// scope (the agent programs per family and scope):
+//   - ScopeInternal: true. The maps carry either family, tc on pod veths
+//     translates IPv6 with its own conntrack tables (layout 6), which the
+//     sweep and stale marking cover, and the socket hooks (connect6,
+//     sendmsg6, recvmsg6, getpeername6) balance the node's own processes
+//     to IPv6 frontends;
+//   - ScopeExternal: UplinksServeIPv6.
+func (d *Datapath) IPv6(scope Scope) bool { return ServesIPv6(scope) }
+
+// ServesIPv6 is Datapath.IPv6 without a datapath: what this build's
+// datapath serves in scope, for callers that decide without loading one.
+func ServesIPv6(scope Scope) bool {
+	return scope == ScopeInternal || (scope == ScopeExternal && UplinksServeIPv6)
+}

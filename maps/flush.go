@@ -9,7 +9,7 @@ import (
 )
 
 // FlushFlows forgets every flow of the datapath pinned at pinPath: its
-// conntrack entries and its ClientIP affinities. Every flow is balanced
+// conntrack entries of both families and its ClientIP affinities. Every flow is balanced
 // afresh on its next packet, so an established connection whose backend is
 // no longer the one its hash picks is reset. It opens the pinned maps
 // directly and does not take the directory's lock: the agent that owns the
@@ -18,7 +18,7 @@ import (
 // operators who mean it. It returns the number of entries deleted.
 func FlushFlows(pinPath string) (int, error) {
 	total := 0
-	for _, name := range []string{tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbAffinity} {
+	for _, name := range []string{tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbAffinity} {
 		n, err := flushPinned(filepath.Join(pinPath, name))
 		total += n
 		if err != nil {

@@ -32,31 +32,46 @@ func (tb *testbed) dualStack(t *testing.T) {
 
 // TestRealTrafficIPv6 runs HTTP and UDP over IPv6 from a pod to an IPv6
 // ClusterIP through the pod-veth hook: the client's packets are
-// translated to the backends on its veth (tc_lb), the backends' replies
-// back to the frontend on theirs, and the node's stack routes both
-// (flow6.h). Every answer must come from the frontend's address, with no
-// checksum error anywhere.
+// translated to the backends on its veth (tc_lb), and the node's stack
+// routes them (flow6.h). The local backends' replies are translated back
+// to the frontend on their veths; those of the backend on another node,
+// which arrive on the uplink (whose programs pass IPv6 untouched), on the
+// client's veth as the stack forwards them into the pod (tc_lb_egress6).
+// Every answer must come from the frontend's address, with no checksum
+// error anywhere.
 func TestRealTrafficIPv6(t *testing.T) {
 	requirePrivileges(t)
 	if err := nettest.RemoveStale(); err != nil {
 		t.Logf("removing stale namespaces: %v", err)
 	}
-	node, client := nettest.NewNS(t, "node6"), nettest.NewNS(t, "client6")
-	b1, b2 := nettest.NewNS(t, "b16"), nettest.NewNS(t, "b26")
-	must(t, node.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	node, node2, client := nettest.NewNS(t, "node6"), nettest.NewNS(t, "node26"), nettest.NewNS(t, "client6")
+	b1, b2, b3 := nettest.NewNS(t, "b16"), nettest.NewNS(t, "b26"), nettest.NewNS(t, "b36")
+	for _, n := range []*nettest.NS{node, node2} {
+		must(t, n.Sysctl("net.ipv6.conf.all.forwarding", "1"))
+	}
 	pod(t, node, client, "hc", "fd00:10:0")
 	pod(t, node, b1, "hb1", "fd00:10:1")
 	pod(t, node, b2, "hb2", "fd00:10:2")
+	pod(t, node2, b3, "hb3", "fd00:20:1")
+	must(t, nettest.Veth(node, "w1", node2, "w2"))
+	must(t, node.AddAddr("w1", "fd00:9::1/64"))
+	must(t, node2.AddAddr("w2", "fd00:9::2/64"))
+	must(t, node.AddRoute("fd00:20::/32", "fd00:9::2"))
+	must(t, node2.AddRoute("fd00:10::/32", "fd00:9::1"))
 	// Node-side senders compute checksums in software, so a receiver
 	// verifies what the datapath wrote (pods keep CHECKSUM_PARTIAL).
-	for _, ifname := range []string{"hc", "hb1", "hb2"} {
-		must(t, node.SetOffload(ifname, "tx", false))
+	for _, x := range []struct {
+		ns     *nettest.NS
+		ifname string
+	}{{node, "hc"}, {node, "hb1"}, {node, "hb2"}, {node, "w1"}, {node2, "w2"}, {node2, "hb3"}} {
+		must(t, x.ns.SetOffload(x.ifname, "tx", false))
 	}
 	d := newDatapath(t, Options{PinPath: filepath.Join(bpffs(t), "topolb"), NetNS: node.Path})
 	for _, ifname := range []string{"hc", "hb1", "hb2"} {
 		must(t, d.AttachPod(ifname))
 	}
-	for name, ns := range map[string]*nettest.NS{"b1": b1, "b2": b2} {
+	must(t, d.AttachUplink("w1"))
+	for name, ns := range map[string]*nettest.NS{"b1": b1, "b2": b2, "b3": b3} {
 		ns.ServeHTTPName(t, "[::]:8080", name)
 		ns.ServeUDPName(t, "[::]:5353", name)
 	}
@@ -65,6 +80,7 @@ func TestRealTrafficIPv6(t *testing.T) {
 		return []Backend{
 			{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:10:1::2"), port), NodeLocal: true},
 			{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:10:2::2"), port), NodeLocal: true},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("fd00:20:1::2"), port)},
 		}
 	}
 	mustSet(t, d, fe(vipHTTP, TCP), backends(8080)...)
@@ -74,12 +90,12 @@ func TestRealTrafficIPv6(t *testing.T) {
 	httpGot := httpGets(t, client, "http://"+vipHTTP+"/", n)
 	udpGot := udpQueries(t, client, vipDNS, n)
 	t.Logf("HTTP answers per backend: %v; UDP: %v", httpGot, udpGot)
-	for _, name := range []string{"b1", "b2"} {
+	for _, name := range []string{"b1", "b2", "b3"} {
 		if httpGot[name] == 0 || udpGot[name] == 0 {
 			t.Errorf("backend %s never answered (HTTP %v, UDP %v)", name, httpGot, udpGot)
 		}
 	}
-	for name, ns := range map[string]*nettest.NS{"node": node, "client": client, "b1": b1, "b2": b2} {
+	for name, ns := range map[string]*nettest.NS{"node": node, "node2": node2, "client": client, "b1": b1, "b2": b2, "b3": b3} {
 		ce, err := ns.ChecksumErrors()
 		if err != nil {
 			t.Fatal(err)

@@ -63,8 +63,9 @@ func (s Scope) String() string {
 }
 
 // Frontend is a service address as clients use it: address:port/proto,
-// in one scope. Only IPv4 is supported. The zero Scope (internal) is the
-// frontend pods and host processes see.
+// in one scope, of either family (Datapath.IPv6 says in which scopes IPv6
+// is served). The zero Scope (internal) is the frontend pods and host
+// processes see.
 type Frontend struct {
 	Addr  netip.AddrPort
 	Proto Protocol

@@ -7,9 +7,11 @@
 // they landed, the source address each backend saw, and the mode
 // `explain` reports. Then it does the same on a dual-stack testbed
 // (tools/testbed/examples/dual-stack.yaml), where one Service's two IP
-// families decide different modes; a family the datapath does not serve
-// yet is explained and said to be skipped. It needs root and tears
-// everything down on exit and on Ctrl-C.
+// families decide different modes, from the client pod and from node-a1's
+// own processes, in both families; a family the datapath does not serve
+// yet in an expectation's scope (IPv6 from outside) is explained and said
+// to be skipped. It needs root and tears everything down on exit and on
+// Ctrl-C.
 //
 //	topolb-demo [--agent-binary bin/topolb-agent] [--datapath agent|direct] [--requests 300] [-v N]
 //
@@ -38,9 +40,11 @@ import (
 	"github.com/spf13/cobra"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/internal/logging"
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 type config struct {
@@ -80,8 +84,10 @@ node's NodePort) or from a client outside the cluster (to a node's
 NodePort), then prints where they landed, the source address each backend
 saw, and the mode 'topolbctl explain' reports, and checks that they agree.
 Without --spec it then does the same on a dual-stack testbed, where one
-Service's IPv4 and IPv6 decide different modes; the traffic of a family
-the datapath does not serve yet is not sent, and it says so.
+Service's IPv4 and IPv6 decide different modes, sending both families from
+the client pod and from a node's own processes to the cluster IP; the
+traffic of a family the datapath does not serve yet where it goes (IPv6
+from outside) is not sent, and it says so.
 It needs root and tears everything down on exit and on Ctrl-C.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -175,7 +181,7 @@ func runSpec(ctx context.Context, out io.Writer, c config, spec *testbed.Spec, l
 		return 0, err
 	}
 	if spec.DualStack {
-		fmt.Fprintf(out, "the datapath serves %v (what the %s says it programs)\n", served, c.datapath)
+		fmt.Fprintf(out, "the datapath serves %s (what the %s says it programs; internal: pods and the node's processes, external: from outside through the uplinks)\n", served, c.datapath)
 	}
 	failed, err = runScenarios(ctx, out, tb, c, spec, served)
 	if err != nil {
@@ -235,7 +241,7 @@ func startDatapath(ctx context.Context, out io.Writer, tb *testbed.Testbed, c co
 
 // runScenarios runs spec's scenarios in order and returns how many did not
 // land where explain said; an error stops the run.
-func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, spec *testbed.Spec, served []v1.IPFamily) (int, error) {
+func runScenarios(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, spec *testbed.Spec, served agent.ScopeFamilies) (int, error) {
 	failed := 0
 	for i, sc := range spec.Scenarios {
 		ok, err := runScenario(ctx, out, tb, c, i+1, len(spec.Scenarios), sc.Name, served)
@@ -307,7 +313,7 @@ func fileExists(p string) bool {
 // runScenario applies one scenario, waits for the agents to agree with
 // explain, sends the requests of every expectation and prints the tables.
 // It reports whether every landing matched both explain and the spec.
-func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string, served []v1.IPFamily) (bool, error) {
+func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c config, i, n int, name string, served agent.ScopeFamilies) (bool, error) {
 	var wait func() error
 	if c.datapath == "agent" {
 		wait = func() error { return tb.WaitAgents(ctx, 15*time.Second) }
@@ -341,17 +347,21 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 	}
 	ok := drained
 	for _, e := range sc.Expect {
-		if e.Family != "" && !slices.Contains(served, e.Family) {
-			explainUnserved(out, tb, e, served)
+		scope := tb.Scope(e)
+		if e.Family != "" && !served.Programs(e.Family, scope) {
+			explainUnserved(out, tb, e, scope, served)
 			continue
 		}
-		landings, node, err := tb.MeasureExpectation(ctx, e, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second, Families: served})
+		landings, node, err := tb.MeasureExpectation(ctx, e, testbed.MeasureOptions{Requests: c.requests, Parallel: 100, Timeout: time.Second, Families: served[scope]})
 		if err != nil {
 			return false, err
 		}
 		d := landings[0].Decision
-		if e.Via != "" {
+		switch {
+		case e.Via != "":
 			fmt.Fprintf(out, "      %s -> %s's NodePorts (%s)\n", e.Client, node, d.NodePort.Addr())
+		case tb.Pod(e.Client) == nil:
+			fmt.Fprintf(out, "      %s's own processes (host network) -> the cluster IP (%s)\n", e.Client, d.Frontend.Addr())
 		}
 		family := ""
 		if tb.Spec.DualStack {
@@ -387,13 +397,10 @@ func runScenario(ctx context.Context, out io.Writer, tb *testbed.Testbed, c conf
 }
 
 // explainUnserved prints what explain decides for an expectation in a
-// family the datapath does not serve (served), and says plainly that its
-// traffic is not sent.
-func explainUnserved(out io.Writer, tb *testbed.Testbed, e testbed.Expectation, served []v1.IPFamily) {
-	node := e.Via
-	if node == "" {
-		node = tb.Pod(e.Client).Node.Name
-	}
+// family the datapath does not serve in its scope (served), and says
+// plainly that its traffic is not sent.
+func explainUnserved(out io.Writer, tb *testbed.Testbed, e testbed.Expectation, scope topology.Scope, served agent.ScopeFamilies) {
+	node := tb.HeldTo(e)
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, node)
 	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
@@ -403,7 +410,7 @@ func explainUnserved(out io.Writer, tb *testbed.Testbed, e testbed.Expectation, 
 		}
 		fmt.Fprintf(out, "      explain --node %s --service %s, family %s: policy %s, mode %s, %s permits %v\n      reason: %s\n", node, d.Service, e.Family, d.Policy, d.Mode, proto, d.Backends, d.Reason)
 	}
-	fmt.Fprintf(out, "      – %s traffic not sent: this datapath does not serve %s yet (it programs %v)\n\n", e.Family, e.Family, served)
+	fmt.Fprintf(out, "      – %s traffic not sent: this datapath does not serve %s in scope %s yet (it programs %s)\n\n", e.Family, e.Family, scope, served)
 }
 
 // sources says, per backend, which source address it saw: the client's

@@ -53,7 +53,7 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 	if st.DatapathError != "" {
 		return fmt.Errorf("the agent could not read its maps: %s", st.DatapathError)
 	}
-	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v; families programmed: %s)\n", st.Synced, familyList(st.ProgrammedFamilies()))
+	fmt.Fprintf(w, "\nprogrammed maps, read back from the kernel (first sync written: %v; families programmed: %s)\n", st.Synced, st.ProgrammedFamilies())
 	decided := decidedFrontends(st.Report)
 	keys := make([]string, 0, len(st.Datapath)+len(decided))
 	for f := range st.Datapath {
@@ -73,8 +73,8 @@ func explainAgent(cmd *cobra.Command, addr, service, output string) error {
 		}
 		var marks []string
 		switch {
-		case !isProgrammed && len(st.Families) > 0 && !slices.Contains(st.Families, want.Family):
-			marks = append(marks, fmt.Sprintf("(decided, not programmed: the agent's datapath does not serve %s)", want.Family))
+		case !isProgrammed && !st.ProgrammedFamilies().Programs(want.Family, want.Scope):
+			marks = append(marks, fmt.Sprintf("(decided, not programmed: the agent's datapath does not serve %s in scope %s)", want.Family, want.Scope))
 		case !isProgrammed:
 			marks = append(marks, "MISSING: decided but not in the maps")
 		case !isDecided:

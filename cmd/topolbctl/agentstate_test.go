@@ -33,8 +33,8 @@ func (m memDP) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 // Kernel: the in-memory datapath has no kernel to probe.
 func (m memDP) Kernel() dpmaps.KernelReport { return dpmaps.KernelReport{} }
 
-// IPv6: the in-memory datapath answers as maps.Datapath does today.
-func (m memDP) IPv6() bool { return false }
+// IPv6: the in-memory datapath answers as maps.Datapath does.
+func (m memDP) IPv6(scope dpmaps.Scope) bool { return dpmaps.ServesIPv6(scope) }
 
 // Programmed hands the services back as the kernel would hold them.
 func (m memDP) Programmed() (map[dpmaps.Frontend]dpmaps.ProgrammedService, error) {
@@ -229,8 +229,10 @@ func TestExplainAgentSourceRanges(t *testing.T) {
 }
 
 // TestExplainAgentDualStack: `explain --agent` shows a dual-stack Service
-// in both families, and marks the IPv6 frontends the agent decided but does
-// not program (its datapath serves IPv4 only) as such, not as missing.
+// in both families and the families programmed per scope, and marks the
+// IPv6 frontends the agent decided but does not program (its datapath
+// serves IPv6 on pods and host processes only, while
+// maps.UplinksServeIPv6 is false) as such, not as missing.
 func TestExplainAgentDualStack(t *testing.T) {
 	url := serveAgent(t, "testdata/dual-stack.yaml", memDP{})
 	var stdout, stderr bytes.Buffer
@@ -238,13 +240,22 @@ func TestExplainAgentDualStack(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{
+	wants := []string{
 		"default/web  http/TCP  IPv4",
 		"default/web  http/TCP  IPv6",
-		"families programmed: IPv4)",
 		"10.96.0.10:80/TCP -> [10.244.1.5:8080]\n",
-		"[fd00:10:96::10]:80/TCP -> []   (decided, not programmed: the agent's datapath does not serve IPv6)",
-	} {
+		"[fd00:10:96::10]:80/TCP -> [[fd00:244:1::5]:8080]\n",
+		"[fd00:250::2]:30080/TCP -> [[fd00:244:1::5]:8080]\n",
+		"10.250.0.2:30080/TCP/external -> [10.244.1.5:8080]\n",
+	}
+	if dpmaps.UplinksServeIPv6 {
+		wants = append(wants, "families programmed: internal: IPv4 IPv6; external: IPv4 IPv6)",
+			"[fd00:250::2]:30080/TCP/external -> [[fd00:244:1::5]:8080]\n")
+	} else {
+		wants = append(wants, "families programmed: internal: IPv4 IPv6; external: IPv4)",
+			"[fd00:250::2]:30080/TCP/external -> []   (decided, not programmed: the agent's datapath does not serve IPv6 in scope external)")
+	}
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -6,6 +6,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/tools/testbed"
 	"github.com/topolb/topolb/topology"
 )
@@ -21,15 +22,15 @@ func dualStackSpec(t testing.TB) *testbed.Spec {
 	return spec
 }
 
-// dualStackServices: "web" is dual stack (IPv4 primary) with zone hints,
-// so node-a1's client and processes reach a local and a remote backend in
-// either family; "six" is IPv6 only; "empty" is dual stack without any
-// endpoint, refused in both families.
+// dualStackServices: "web" is a dual-stack NodePort Service (IPv4
+// primary) with zone hints, so node-a1's client and processes reach a
+// local and a remote backend in either family; "six" is IPv6 only;
+// "empty" is dual stack without any endpoint, refused in both families.
 func dualStackServices() []testbed.ServiceSpec {
 	both := []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
 	ports := []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	return []testbed.ServiceSpec{
-		{Name: "web", IPFamilies: both, Hints: testbed.HintsZone, Ports: ports,
+		{Name: "web", IPFamilies: both, Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: ports,
 			Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}},
 		{Name: "six", IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, Ports: ports,
 			Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-b1"}}},
@@ -38,14 +39,17 @@ func dualStackServices() []testbed.ServiceSpec {
 }
 
 // dualStackCase is one traffic check, run once per IP family the
-// datapath serves.
+// datapath serves in the scope of the frontends it reaches.
 type dualStackCase struct {
 	name string
-	run  func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily)
+	// scope is where the traffic reaches its frontends from: internal
+	// (pods and the node's processes) or external (an uplink).
+	scope topology.Scope
+	run   func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily)
 }
 
 var dualStackCases = []dualStackCase{
-	{"pod to cluster IP", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	{"pod to cluster IP", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		landings, err := tb.Measure(t.Context(), tb.Pod("client"), "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
 		if err != nil {
 			t.Fatal(err)
@@ -53,18 +57,39 @@ var dualStackCases = []dualStackCase{
 		checkFamilyLandings(t, tb, "node-a1", family, landings)
 		checkLocalAndRemote(t, tb, "node-a1", "web", family)
 	}},
-	{"host process to cluster IP", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	{"pod to its node's NodePort", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+		checkNodePortOf(t, tb, tb.Pod("client"), "node-a1", family)
+	}},
+	{"outside client to NodePort", topology.ScopeExternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+		checkNodePortOf(t, tb, tb.External("ext1"), "node-b1", family)
+	}},
+	{"host process to cluster IP and NodePort", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		hls, err := tb.MeasureHost(t.Context(), "node-a1", "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var landings []testbed.Landing
+		kinds := map[string]bool{}
 		for _, hl := range hls {
-			landings = append(landings, hl.Landing)
+			kinds[hl.Target.Kind] = true
+			if hl.Target.Kind == "ClusterIP" {
+				landings = append(landings, hl.Landing)
+			}
+		}
+		if !kinds["ClusterIP"] || !kinds["NodePort"] {
+			t.Errorf("measured %v from the host, want the cluster IP and the NodePort", kinds)
 		}
 		checkFamilyLandings(t, tb, "node-a1", family, landings)
+		// The NodePort from inside the node takes the cluster set.
+		var nodePorts []testbed.Landing
+		for _, hl := range hls {
+			if hl.Target.Kind == "NodePort" {
+				nodePorts = append(nodePorts, hl.Landing)
+			}
+		}
+		checkLandings(t, nodePorts, nil)
 	}},
-	{"IPv6-only Service", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	{"IPv6-only Service", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		landings, err := tb.Measure(t.Context(), tb.Pod("client"), "six", testbed.MeasureOptions{Requests: 60, Families: []v1.IPFamily{family}})
 		if family == v1.IPv4Protocol {
 			// No IPv4 decision at all: Measure finds no port to measure.
@@ -85,7 +110,7 @@ var dualStackCases = []dualStackCase{
 			checkFamilyLandings(t, tb, "node-b1", family, []testbed.Landing{hl.Landing})
 		}
 	}},
-	{"drain", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	{"drain", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		// A stream on web-a1 keeps it after web-a1 turns terminating, as
 		// in a rollout; new flows avoid it. The Services are restored
 		// after (while the test's context lives).
@@ -122,27 +147,30 @@ var dualStackCases = []dualStackCase{
 		}
 		checkFamilyLandings(t, tb, "node-a1", family, landings)
 	}},
-	{"rejects", func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
-		for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-			d := decisionOnOf(t, tb, "node-a1", "empty", proto, family)
-			for _, client := range []testbed.Client{tb.Pod("client"), tb.Host("node-a1")} {
-				checkRefused(t, client, proto, d.Frontend)
-			}
+	{"rejects", topology.ScopeInternal, func(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+		for _, client := range []testbed.Client{tb.Pod("client"), tb.Host("node-a1")} {
+			t.Run(client.ClientName(), func(t *testing.T) {
+				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+					checkRefused(t, client, proto, decisionOnOf(t, tb, "node-a1", "empty", proto, family).Frontend)
+				}
+			})
 		}
 	}},
 }
 
 // TestDualStack reaches Services in each IP family, with no kube-proxy
 // anywhere: a dual-stack Service from a pod and from a process of the
-// node itself (a local and a remote backend, landing exactly on the
-// decision, which every agent's explain reports for that family), an
-// IPv6-only Service (absent in IPv4), a drain (a stream keeps its backend
-// after the backend turns terminating, new flows avoid it), and a
-// dual-stack Service without endpoints refused in both. A family the datapath does not serve yet, as
-// the agents (or the in-process datapath) say themselves, skips with that
-// reason; IPv4 always runs. With agents it also runs against a real
-// kube-apiserver with both service ranges, which takes the dual-stack and
-// IPv6-only Services.
+// node itself at its cluster IP and the node's NodePort (a local and a
+// remote backend, landing exactly on the decision, which every agent's
+// explain reports for that family), from outside at another node's
+// NodePort, an IPv6-only Service (absent in IPv4), a drain (a stream
+// keeps its backend after the backend turns terminating, new flows avoid
+// it), and a dual-stack Service without endpoints refused in both. A
+// family the datapath does not serve yet in a case's scope, as the agents
+// (or the in-process datapath) say themselves, skips with that reason
+// (IPv6 from outside while maps.UplinksServeIPv6 is false); IPv4 always
+// runs. With agents it also runs against a real kube-apiserver with both
+// service ranges, which takes the dual-stack and IPv6-only Services.
 func TestDualStack(t *testing.T) {
 	requireRoot(t)
 	for _, dp := range append(datapaths, withAgentsAndDualStackAPIServer) {
@@ -159,22 +187,42 @@ func TestDualStack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Contains(served, v1.IPv4Protocol) {
-				t.Fatalf("the datapath does not serve IPv4: programmed families %v", served)
+			if !served.Programs(v1.IPv4Protocol, topology.ScopeInternal) {
+				t.Fatalf("the datapath does not serve IPv4: programmed families %s", served)
 			}
-			for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+			for _, family := range topology.Families {
 				t.Run(string(family), func(t *testing.T) {
-					if !slices.Contains(served, family) {
-						t.Skipf("the datapath does not serve %s yet: it programs %v", family, served)
-					}
 					for _, c := range dualStackCases {
-						t.Run(c.name, func(t *testing.T) { c.run(t, tb, family) })
+						t.Run(c.name, func(t *testing.T) {
+							if !served.Programs(family, c.scope) {
+								t.Skipf("the datapath does not serve %s in scope %s yet (maps.UplinksServeIPv6 is %v): it programs %s", family, c.scope, dpmaps.UplinksServeIPv6, served)
+							}
+							c.run(t, tb, family)
+						})
 					}
 				})
 			}
 			noChecksumErrors(t, tb)
 		})
 	}
+}
+
+// checkNodePortOf measures client through node's NodePorts of "web" in
+// family: each landing is at a NodePort of that family and exactly on
+// node's decision (the cluster set from a pod, the external set from
+// outside).
+func checkNodePortOf(t *testing.T, tb *testbed.Testbed, client testbed.Client, node string, family v1.IPFamily) {
+	t.Helper()
+	landings, err := tb.MeasureNodePort(t.Context(), client, node, "web", testbed.MeasureOptions{Requests: 120, Families: []v1.IPFamily{family}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range landings {
+		if l.Decision.NodePort.Addr().Is4() != (family == v1.IPv4Protocol) {
+			t.Errorf("%s %s: measured NodePort %s", family, l.Decision.Protocol, l.Decision.NodePort)
+		}
+	}
+	checkLandings(t, landings, nil)
 }
 
 // checkFamilyLandings checks landings measured from node in family: each

@@ -15,6 +15,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	topolbagent "github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
 	"github.com/topolb/topolb/topology"
@@ -146,7 +147,8 @@ func TestKubeProxyAgrees(t *testing.T) {
 // service ranges, every Service of hintServices dual stack, kube-proxy in
 // nftables mode (which runs a proxier per family) and topolb agree with
 // DecideNode family by family, reading kube-proxy's ip and ip6 tables. A
-// family topolb does not program yet (as its agents report) is compared
+// family and scope topolb does not program yet (as its agents report:
+// IPv6 from outside while maps.UplinksServeIPv6 is false) is compared
 // between kube-proxy and DecideNode only, and said so.
 func TestKubeProxyAgreesDualStack(t *testing.T) {
 	requireRoot(t)
@@ -221,9 +223,9 @@ func startKubeProxies(t *testing.T, tb *testbed.Testbed, ctx context.Context, bi
 // compareOnNodes compares, on every node, kube-proxy's frontends of family
 // (for a packet from the node's client pod, and from outsideSource or
 // outsideSource6) with topolb's and with DecideNode's, and fails the test
-// for every difference (compareKubeProxy). Where the agent does not
-// program family (its /debug/state families), topolb's side is left out
-// and said so. It returns the frontends compared and those it should
+// for every difference (compareKubeProxy). In a scope where the agent
+// does not program family (its /debug/state familiesByScope), topolb's
+// side is left out and said so. It returns the frontends compared and those it should
 // have compared.
 func compareOnNodes(t *testing.T, tb *testbed.Testbed, proxies []*testbed.KubeProxy, family v1.IPFamily) (compared, wantCompared int) {
 	t.Helper()
@@ -244,16 +246,23 @@ func compareOnNodes(t *testing.T, tb *testbed.Testbed, proxies []*testbed.KubePr
 		if err != nil {
 			t.Fatal(err)
 		}
-		var topolb map[string][]string
-		if slices.Contains(st.ProgrammedFamilies(), family) {
-			topolb = map[string][]string{}
-			for k, v := range st.Programmed {
-				if strings.HasPrefix(k, "[") == (family == v1.IPv6Protocol) {
-					topolb[k] = v
-				}
+		// topolb's side: its frontends of family in the scopes it
+		// programs family in (its /debug/state familiesByScope).
+		programmed := st.ProgrammedFamilies()
+		var scopes []topology.Scope
+		for _, scope := range topolbagent.Scopes {
+			if programmed.Programs(family, scope) {
+				scopes = append(scopes, scope)
 			}
-		} else if i == 0 {
-			t.Logf("topolb does not program %s yet (the agents program %v): kube-proxy's %s frontends are compared with DecideNode only", family, st.ProgrammedFamilies(), family)
+		}
+		topolb := map[string][]string{}
+		for k, v := range st.Programmed {
+			if strings.HasPrefix(k, "[") == (family == v1.IPv6Protocol) {
+				topolb[k] = v
+			}
+		}
+		if len(scopes) < len(topolbagent.Scopes) && i == 0 {
+			t.Logf("topolb does not program %s in every scope yet (the agents program %s): kube-proxy's %s frontends of the other scopes are compared with DecideNode only", family, programmed, family)
 		}
 		// kube-proxy may still be writing a later sync: poll briefly
 		// before calling a difference a difference.
@@ -269,7 +278,7 @@ func compareOnNodes(t *testing.T, tb *testbed.Testbed, proxies []*testbed.KubePr
 			if err != nil {
 				t.Fatal(err)
 			}
-			diffs, nodeCompared = compareKubeProxy(ds, in, out, topolb)
+			diffs, nodeCompared = compareKubeProxy(ds, in, out, topolb, scopes)
 			if len(diffs) == 0 || time.Now().After(deadline) {
 				break
 			}
@@ -301,7 +310,8 @@ func frontendsToCompare(ds []testbed.Decision) int {
 // them (by testbed.FrontendKey, for a packet from the node's client pod:
 // inside; and from a client outside the cluster: outside) and as topolb's
 // maps hold them (agent.DebugState.Programmed: "/external" for the
-// external scope; nil leaves topolb out) with the node's decisions, and returns every difference
+// external scope; compared in scopes only, the scopes topolb programs the
+// family in) with the node's decisions, and returns every difference
 // and the number of frontends compared. Traffic from inside uses the
 // internal set at the cluster IP and the cluster set at external
 // frontends; traffic from outside the externalTrafficPolicy set. Frontends
@@ -309,13 +319,13 @@ func frontendsToCompare(ds []testbed.Decision) int {
 // are left out on both sides. Cluster IPs from outside are not compared:
 // kube-proxy translates traffic routed to a cluster IP from anywhere,
 // topolb only from the node's pods and processes (README, How it differs).
-func compareKubeProxy(ds []testbed.Decision, inside, outside, topolb map[string][]string) (diffs []string, compared int) {
+func compareKubeProxy(ds []testbed.Decision, inside, outside, topolb map[string][]string, scopes []topology.Scope) (diffs []string, compared int) {
 	seenInside, seenOutside, seenTopolb := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	check := func(d testbed.Decision, kpKey string, kp map[string][]string, topKey string, want []string) {
+	check := func(d testbed.Decision, kpKey string, kp map[string][]string, topKey string, scope topology.Scope, want []string) {
 		compared++
 		kpSet, kpOK := kp[kpKey]
 		topSet, topOK := topolb[topKey]
-		if topolb == nil {
+		if !slices.Contains(scopes, scope) {
 			topSet, topOK = want, true
 		}
 		switch {
@@ -339,11 +349,11 @@ func compareKubeProxy(ds []testbed.Decision, inside, outside, topolb map[string]
 		if d.Policy != topology.PolicyHints {
 			continue
 		}
-		check(d, fe, inside, fe, d.Addrs)
+		check(d, fe, inside, fe, topology.ScopeInternal, d.Addrs)
 		for _, ext := range d.External {
 			key := testbed.FrontendKey(ext, string(d.Protocol))
-			check(d, key, inside, key, d.ClusterAddrs)
-			check(d, key, outside, key+"/external", d.ExternalAddrs)
+			check(d, key, inside, key, topology.ScopeInternal, d.ClusterAddrs)
+			check(d, key, outside, key+"/external", topology.ScopeExternal, d.ExternalAddrs)
 		}
 	}
 	for _, side := range []struct {

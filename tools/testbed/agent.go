@@ -440,16 +440,16 @@ func (tb *Testbed) WaitAgents(ctx context.Context, timeout time.Duration) error 
 }
 
 // ProgrammedFamilies returns the IP families every node's datapath
-// programs, as it says itself: each agent's /debug/state families
-// (AgentState.ProgrammedFamilies), or what the in-process datapath
-// serves (maps.Datapath.IPv6, as the agent reads it). A family missing on
-// one node is left out. Without agents or the in-process datapath there
-// is none.
-func (tb *Testbed) ProgrammedFamilies(ctx context.Context) ([]v1.IPFamily, error) {
+// programs per scope, as it says itself: each agent's /debug/state
+// (AgentState.ProgrammedFamilies), or what the in-process datapath serves
+// (maps.Datapath.IPv6, as the agent reads it). A family missing in a
+// scope on one node is left out of that scope. Without agents or the
+// in-process datapath there is none.
+func (tb *Testbed) ProgrammedFamilies(ctx context.Context) (agent.ScopeFamilies, error) {
 	tb.mu.Lock()
 	agents, direct := slices.Clone(tb.agents), tb.direct
 	tb.mu.Unlock()
-	var each [][]v1.IPFamily
+	var each []agent.ScopeFamilies
 	for _, a := range agents {
 		st, err := a.State(ctx)
 		if err != nil {
@@ -459,16 +459,18 @@ func (tb *Testbed) ProgrammedFamilies(ctx context.Context) ([]v1.IPFamily, error
 	}
 	if direct != nil {
 		for _, dp := range direct.nodes {
-			each = append(each, agent.ProgrammedFamilies(dp.IPv6()))
+			each = append(each, agent.ProgrammedFamilies(dp.IPv6))
 		}
 	}
 	if len(each) == 0 {
 		return nil, nil
 	}
-	var out []v1.IPFamily
-	for _, f := range each[0] {
-		if !slices.ContainsFunc(each[1:], func(fs []v1.IPFamily) bool { return !slices.Contains(fs, f) }) {
-			out = append(out, f)
+	out := agent.ScopeFamilies{}
+	for scope, families := range each[0] {
+		for _, f := range families {
+			if !slices.ContainsFunc(each[1:], func(sf agent.ScopeFamilies) bool { return !sf.Programs(f, scope) }) {
+				out[scope] = append(out[scope], f)
+			}
 		}
 	}
 	return out, nil

@@ -3,9 +3,6 @@ package testbed
 import (
 	"errors"
 	"fmt"
-	"slices"
-
-	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/kube"
@@ -100,7 +97,7 @@ func (d *Direct) Program(objs *kube.Objects) error {
 	var errs []error
 	for _, n := range d.tb.Nodes {
 		dp := d.nodes[n.Name]
-		want := desiredFrontends(state, n.Name, topology.DefaultOptions(), agent.ProgrammedFamilies(dp.IPv6()))
+		want := desiredFrontends(state, n.Name, topology.DefaultOptions(), agent.ProgrammedFamilies(dp.IPv6))
 		for fe, svc := range want {
 			if _, err := dp.SetService(fe, svc); err != nil {
 				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
@@ -118,14 +115,15 @@ func (d *Direct) Program(objs *kube.Objects) error {
 }
 
 // desiredFrontends is what the agent on node would program for state in
-// families (the agent's DebugState.Families), through the same functions.
-func desiredFrontends(state *topology.State, node string, opts topology.Options, families []v1.IPFamily) map[maps.Frontend]maps.Service {
+// the families it programs per scope (the agent's DebugState.ProgrammedFamilies),
+// through the same functions.
+func desiredFrontends(state *topology.State, node string, opts topology.Options, families agent.ScopeFamilies) map[maps.Frontend]maps.Service {
 	ds, _ := state.DecideNode(node, opts)
 	n, _ := state.Node(node)
 	fes, _ := topology.NodeFrontends(n, ds, opts)
 	want := map[maps.Frontend]maps.Service{}
 	for _, f := range fes {
-		if fe, ok := agent.DatapathFrontend(f.Key()); ok && slices.Contains(families, f.Port.Family) {
+		if fe, ok := agent.DatapathFrontend(f.Key()); ok && families.Programs(f.Port.Family, f.Scope) {
 			want[fe] = agent.DatapathService(f, n)
 		}
 	}

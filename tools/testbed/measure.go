@@ -10,6 +10,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/topology"
 )
 
 // Landing is where one client's requests to one service port landed, next
@@ -114,21 +116,33 @@ func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, ser
 }
 
 // MeasureExpectation measures an expectation of a spec's scenario: the
-// client pod through the cluster IP (Measure), or a client (pod or
-// outside) through the NodePorts of the node it names (MeasureNodePort),
-// in the expectation's family when it names one (else in o.Families). It
-// returns the landings and the node whose decision they are held to.
+// client pod, or the named node's own processes (MeasureHost), through
+// the cluster IP (Measure), or a client (pod or outside) through the
+// NodePorts of the node it names (MeasureNodePort), in the expectation's
+// family when it names one (else in o.Families). It returns the landings
+// and the node whose decision they are held to (HeldTo).
 func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o MeasureOptions) ([]Landing, string, error) {
 	if e.Family != "" {
 		o.Families = []v1.IPFamily{e.Family}
 	}
+	node := tb.HeldTo(e)
 	p := tb.Pod(e.Client)
 	if e.Via == "" {
-		if p == nil {
-			return nil, "", fmt.Errorf("expectation: %q is not a client pod", e.Client)
+		switch {
+		case p != nil:
+			l, err := tb.Measure(ctx, p, e.Service, o)
+			return l, node, err
+		case tb.Host(e.Client) != nil:
+			hls, err := tb.MeasureHost(ctx, e.Client, e.Service, o)
+			var out []Landing
+			for _, hl := range hls {
+				if hl.Target.Kind == "ClusterIP" {
+					out = append(out, hl.Landing)
+				}
+			}
+			return out, node, err
 		}
-		l, err := tb.Measure(ctx, p, e.Service, o)
-		return l, p.Node.Name, err
+		return nil, "", fmt.Errorf("expectation: %q is not a client pod or a node", e.Client)
 	}
 	var c Client = p
 	if p == nil {
@@ -139,7 +153,34 @@ func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o Meas
 		c = ext
 	}
 	l, err := tb.MeasureNodePort(ctx, c, e.Via, e.Service, o)
-	return l, e.Via, err
+	return l, node, err
+}
+
+// HeldTo returns the node whose decision an expectation's landings are
+// held to: the node it goes through (Via), else the client pod's node,
+// else the client node itself ("" for none of them).
+func (l *Layout) HeldTo(e Expectation) string {
+	switch {
+	case e.Via != "":
+		return e.Via
+	case l.Pod(e.Client) != nil:
+		return l.Pod(e.Client).Node.Name
+	case l.Node(e.Client) != nil:
+		return e.Client
+	}
+	return ""
+}
+
+// Scope returns the scope of the frontends an expectation's traffic
+// reaches: external for an outside client (through a node's uplink),
+// internal for a pod or a node's processes (the cluster IP, or a NodePort
+// from inside the node). The datapath serves each family per scope
+// (agent.ScopeFamilies).
+func (l *Layout) Scope(e Expectation) topology.Scope {
+	if l.Pod(e.Client) == nil && l.External(e.Client) != nil {
+		return topology.ScopeExternal
+	}
+	return topology.ScopeInternal
 }
 
 // withDefaults fills in MeasureOptions' defaults.

@@ -306,7 +306,9 @@ type DrainSpec struct {
 // every port of a Service. An empty Backends list means the traffic is
 // dropped.
 type Expectation struct {
-	// Client is a client pod, or (with Via) an outside client.
+	// Client is a client pod, a node (its own processes, on the host
+	// network, through the cluster IP: Testbed.MeasureHost), or (with
+	// Via) an outside client.
 	Client string `json:"client"`
 	// Via, when set, names the node whose NodePorts the client uses
 	// (Testbed.MeasureNodePort): an outside client lands on that node's
@@ -868,6 +870,12 @@ func (s *Spec) checkClient(e Expectation, pods map[string]Role, nodes map[string
 	if role, ok := pods[e.Client]; ok {
 		if role != RoleClient {
 			return fmt.Errorf("pod %s is not a client", e.Client)
+		}
+		return nil
+	}
+	if nodes[e.Client] {
+		if e.Via != "" {
+			return fmt.Errorf("node %s: its processes reach the cluster IP, not another node's NodePorts: drop via", e.Client)
 		}
 		return nil
 	}

@@ -71,12 +71,9 @@ func checkScenarioDecisions(t *testing.T, spec *Spec, wantModes map[string]topol
 				t.Fatal("scenario has no expectation")
 			}
 			for _, e := range sc.Expect {
-				// The node that decides: the client pod's, or the one
-				// whose NodePort the client uses.
-				node, outside := e.Via, l.External(e.Client) != nil
-				if node == "" {
-					node = l.Pod(e.Client).Node.Name
-				}
+				// The node that decides: the client pod's (or node's),
+				// or the one whose NodePort the client uses.
+				node, outside := l.HeldTo(e), l.External(e.Client) != nil
 				ds, _ := l.Decide(back, node)
 				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 					d := FindDecisionOf(ds, e.Service, proto, e.Family)
@@ -160,6 +157,10 @@ services: [{name: s, clusterIP: 10.0.0.1, ports: [{port: 80}]}]`, "clusterIP"},
 		{"expectation on a missing service", `
 zones: [{name: a, nodes: [{name: n1, pods: [{name: c, role: client}]}]}]
 scenarios: [{name: x, services: [], expect: [{client: c, service: s, backends: []}]}]`, "not in the scenario"},
+		{"node client through another node's NodePorts", `
+zones: [{name: a, nodes: [{name: n1}, {name: n2}]}]
+services: [{name: s, ports: [{port: 80}]}]
+scenarios: [{name: x, services: [{name: s, ports: [{port: 80}]}], expect: [{client: n1, via: n2, service: s, backends: []}]}]`, "drop via"},
 		{"bad type", `
 zones: [{name: a, nodes: [{name: n1}]}]
 services: [{name: s, type: ExternalName, ports: [{port: 80}]}]`, "type"},
@@ -315,4 +316,32 @@ func roundTrip(t *testing.T, objs *kube.Objects) *kube.Objects {
 		t.Fatalf("decode manifest: %v %v", err, warnings)
 	}
 	return back
+}
+
+// TestExpectationHeldToAndScope: an expectation is held to its client
+// pod's node, the node whose processes are the client, or the node it goes
+// through, and reaches frontends of scope external only from outside.
+func TestExpectationHeldToAndScope(t *testing.T) {
+	spec, err := DemoSpec()
+	l := mustLayout(t, spec, err)
+	for _, tc := range []struct {
+		name  string
+		e     Expectation
+		node  string
+		scope topology.Scope
+	}{
+		{"pod to the cluster IP", Expectation{Client: "client"}, "node-a1", topology.ScopeInternal},
+		{"pod through a NodePort", Expectation{Client: "client", Via: "node-b1"}, "node-b1", topology.ScopeInternal},
+		{"node's processes to the cluster IP", Expectation{Client: "node-b2"}, "node-b2", topology.ScopeInternal},
+		{"outside client through a NodePort", Expectation{Client: "ext1", Via: "node-b1"}, "node-b1", topology.ScopeExternal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if node := l.HeldTo(tc.e); node != tc.node {
+				t.Errorf("held to %q, want %q", node, tc.node)
+			}
+			if scope := l.Scope(tc.e); scope != tc.scope {
+				t.Errorf("scope %s, want %s", scope, tc.scope)
+			}
+		})
+	}
 }
