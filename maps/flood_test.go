@@ -147,27 +147,63 @@ func TestConntrackPromoteFull(t *testing.T) {
 	runTable(t, d, rows)
 }
 
-// TestConntrackSourceLimit spends one source's budget of new flows:
-// its next new flow is dropped, another source's is not, and a flow of
-// the first source that gets established gives its share back.
+// TestConntrackSourceLimit spends one source's budget of new flows: its
+// next new flow is dropped, a source whose budget is another cell's is
+// not, sources whose hashes meet the first's share its cell's budget
+// (so all sources together never start more than the cells' budgets
+// allow: each is in one cell), and a flow of the first source that gets
+// established gives its share back. In each family tc translates: an
+// IPv6 source on a pod veth is its full address, so its /64 neighbour in
+// another cell has its own budget.
 func TestConntrackSourceLimit(t *testing.T) {
-	// One flow a second, bursts of one: the second SYN within the
-	// second is over the budget.
-	d := newDatapath(t, Options{NewFlowsPerSource: 1})
-	f := fe(vipTCP, TCP)
-	mustSet(t, d, f, be(beTCP))
-	synA, synB := tcpFrame("10.0.0.5:1000", vipTCP, tcpSYN, ""), tcpFrame("10.0.0.5:1001", vipTCP, tcpSYN, "")
-	other := tcpFrame("10.0.0.6:1000", vipTCP, tcpSYN, "")
-	synAckA, ackA := tcpFrame(beTCP, "10.0.0.5:1000", tcpSYN|tcpACK, ""), tcpFrame("10.0.0.5:1000", vipTCP, tcpACK, "")
-	runTable(t, d, []pktCase{
-		{name: "first_flow_of_a_source", hook: hookTC, in: synA, out: ptr(synA.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-		{name: "second_flow_over_its_budget", hook: hookTC, in: synB, want: drop, stats: stats{StatDropSourceLimit: 1}},
-		{name: "another_source_is_not_limited", hook: hookTC, in: other, out: ptr(other.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-		{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
-		{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", beTCP)), fwd: f,
-			stats: stats{StatConntrackPromoted: 1}},
-		{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-	})
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			// One flow a second, bursts of one: the second SYN within
+			// the second is over the budget.
+			d := newDatapath(t, Options{NewFlowsPerSource: 1})
+			a := fam.addrs
+			f := fe(a.vipTCP, TCP)
+			mustSet(t, d, f, be(a.beTCP))
+			clientAP := netip.MustParseAddrPort(a.client)
+			cell := srcCell(d, clientAP.Addr(), uint8(tcScopeSCOPE_INTERNAL))
+			at := func(addr netip.Addr, port uint16) string { return netip.AddrPortFrom(addr, port).String() }
+			other := sourceNear(t, d, clientAP.Addr(), func(c uint32) bool { return c != cell })
+			sharer1 := sourceNear(t, d, clientAP.Addr().Next(), func(c uint32) bool { return c == cell })
+			sharer2 := sourceNear(t, d, sharer1.Next(), func(c uint32) bool { return c == cell })
+			synA, synB := tcpFrame(at(clientAP.Addr(), 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(clientAP.Addr(), 1001), a.vipTCP, tcpSYN, "")
+			otherSyn := tcpFrame(at(other, 1000), a.vipTCP, tcpSYN, "")
+			shareSyn1, shareSyn2 := tcpFrame(at(sharer1, 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(sharer2, 1000), a.vipTCP, tcpSYN, "")
+			synAckA := tcpFrame(a.beTCP, at(clientAP.Addr(), 1000), tcpSYN|tcpACK, "")
+			ackA := tcpFrame(at(clientAP.Addr(), 1000), a.vipTCP, tcpACK, "")
+			t.Logf("source %s in cell %d, shared with %s and %s; %s in another", clientAP.Addr(), cell, sharer1, sharer2, other)
+			runTable(t, d, []pktCase{
+				{name: "first_flow_of_a_source", hook: hookTC, in: synA, out: ptr(synA.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+				{name: "second_flow_over_its_budget", hook: hookTC, in: synB, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "a_source_of_another_cell_is_not_limited", hook: hookTC, in: otherSyn, out: ptr(otherSyn.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+				{name: "a_source_sharing_the_cell_shares_its_budget", hook: hookTC, in: shareSyn1, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "every_source_sharing_the_cell_does", hook: hookTC, in: shareSyn2, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(a.vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+				{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", a.beTCP)), fwd: f,
+					stats: stats{StatConntrackPromoted: 1}},
+				{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+			})
+		})
+	}
+}
+
+// sourceNear is the first address from start on (counting up) whose
+// budget cell on a pod veth satisfies want.
+func sourceNear(t *testing.T, d *Datapath, start netip.Addr, want func(cell uint32) bool) netip.Addr {
+	t.Helper()
+	a := start
+	for range 1 << 24 {
+		if want(srcCell(d, a, uint8(tcScopeSCOPE_INTERNAL))) {
+			return a
+		}
+		a = a.Next()
+	}
+	t.Fatalf("no address from %s on in 2^24 with the cell wanted", start)
+	return netip.Addr{}
 }
 
 // TestSNATPortReclaim gives SNAT one port: a flow holds it only while it
