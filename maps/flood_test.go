@@ -343,3 +343,57 @@ func TestConntrackReplyKeyReused(t *testing.T) {
 		{name: "reply_shows_f2", hook: hookTC, in: a, out: ptr(a.withAddrs("10.96.0.11:53", "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
 	})
 }
+
+// TestConntrackFloodFromOneCell floods SYNs from many sources whose
+// hashes meet in one budget cell (spoofed sources that an attacker cannot
+// aim at a cell without the load's seed; the test finds them with the Go
+// mirror): together they start no more flows than that one cell's budget
+// allows, a source of another cell still starts its flow, and the
+// unreplied flow a bystander had before the flood is still there.
+func TestConntrackFloodFromOneCell(t *testing.T) {
+	const burst, sources, synsEach = 4, 32, 8
+	d := newDatapath(t, Options{NewFlowsPerSource: burst})
+	f := fe(vipTCP, TCP)
+	mustSet(t, d, f, be(beTCP))
+	bystander := netip.MustParseAddrPort("192.0.2.10:30000")
+	if ret, _ := run(t, d.tcProg, tcpFrame(bystander.String(), vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Fatalf("bystander's SYN: verdict %d", ret)
+	}
+	cell := srcCell(d, netip.MustParseAddr("10.0.0.5"), uint8(tcScopeSCOPE_INTERNAL))
+	inCell := func(c uint32) bool { return c == cell }
+	flood := []netip.Addr{sourceNear(t, d, netip.MustParseAddr("10.0.0.5"), inCell)}
+	for len(flood) < sources {
+		flood = append(flood, sourceNear(t, d, flood[len(flood)-1].Next(), inCell))
+	}
+	before, err := d.Counters()
+	must(t, err)
+	start := time.Now()
+	for i, src := range flood {
+		for j := range synsEach {
+			syn := tcpFrame(netip.AddrPortFrom(src, uint16(1024+i*synsEach+j)).String(), vipTCP, tcpSYN, "")
+			if ret, _ := run(t, d.tcProg, syn.bytes()); ret != tcOK && ret != tcShot {
+				t.Fatalf("flood SYN from %s: verdict %d", src, ret)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	after, err := d.Counters()
+	must(t, err)
+	created := after.Stats[StatConntrackCreated] - before.Stats[StatConntrackCreated]
+	limited := after.Stats[StatDropSourceLimit] - before.Stats[StatDropSourceLimit]
+	// The cell refills burst cells a second while the flood runs.
+	allowed := uint64(burst) + uint64(elapsed.Seconds()*burst) + 1
+	t.Logf("%d SYNs from %d sources of cell %d in %v: %d flows created, %d dropped (allowed %d)",
+		sources*synsEach, sources, cell, elapsed, created, limited, allowed)
+	if created+limited != sources*synsEach {
+		t.Fatalf("created %d + dropped %d, want the flood's %d SYNs", created, limited, sources*synsEach)
+	}
+	if created == 0 || created > allowed {
+		t.Errorf("the flood created %d flows; one cell's budget is %d (%d with the refill over %v)", created, burst, allowed, elapsed)
+	}
+	other := sourceNear(t, d, netip.MustParseAddr("10.0.0.6"), func(c uint32) bool { return c != cell })
+	if ret, _ := run(t, d.tcProg, tcpFrame(netip.AddrPortFrom(other, 1000).String(), vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Errorf("a source of another cell after the flood: verdict %d, want its flow", ret)
+	}
+	expectTable(flowOf(bystander.String(), vipTCP, beTCP, protoTCP), false)(t, d)
+}
