@@ -17,6 +17,7 @@
 #include "ct.h"
 #include "fwd.h"
 #include "gcra.h"
+#include "hash.h"
 #include "maps.h"
 #include "nat.h"
 #include "node.h"
@@ -236,29 +237,38 @@ static __always_inline __be32 ct_client(const struct packet *pkt, const struct c
 	return ct->flags & CT_F_SNAT ? ct->nat_addr : pkt->daddr;
 }
 
-/* ct_src_take_in takes one new flow from the budget of src, a key of
- * table (tlb_ct_src, tlb_ct6_src). Returns
- * 0 when it is spent. A source not in the table (new, or forgotten by the
- * LRU) starts with a full budget. */
-static __always_inline int ct_src_take_in(void *table, const void *src, __u64 now)
+/* ct_src_budget is the budget cell of src, a source of family fam (an
+ * IPv4 address, or a union tlb_addr: the IPv6 address, which
+ * ct6_src_key narrows to its budget prefix), in tlb_ct_src or
+ * tlb_ct6_src; NULL cannot happen (the mask keeps the cell in range). */
+static __always_inline struct ct_src *ct_src_budget(int fam, const void *src)
 {
-	struct ct_src *b, fresh = {};
+	union tlb_addr k;
+	__u32 cell;
+
+	if (fam == PKT_IPV6) {
+		k = ct6_src_key(src);
+		cell = jhash_3words(jhash_3words(k.v6[0], k.v6[1], k.v6[2], cfg_ct_src_seed), k.v6[3], 0,
+				    cfg_ct_src_seed) & (CT_SRC_CELLS - 1);
+		return bpf_map_lookup_elem(&tlb_ct6_src, &cell);
+	}
+	cell = jhash_3words(*(const __be32 *)src, 0, 0, cfg_ct_src_seed) & (CT_SRC_CELLS - 1);
+	return bpf_map_lookup_elem(&tlb_ct_src, &cell);
+}
+
+/* ct_src_take takes one new flow from the budget of src, a source of
+ * family fam (ct_src_budget). Returns 0 when it is spent. A cell never
+ * taken from (or not for a burst's time) holds a full budget. */
+static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
+{
+	struct ct_src *b;
 
 	if (!cfg_ct_src_interval)
 		return 1;
-	b = bpf_map_lookup_elem(table, src);
-	if (b)
-		return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
-	gcra_take(&fresh.tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
-	/* Losing the record only refills the budget. */
-	bpf_map_update_elem(table, src, &fresh, BPF_NOEXIST);
-	return 1;
-}
-
-/* ct_src_take is ct_src_take_in for an IPv4 source (tlb_ct_src). */
-static __always_inline int ct_src_take(__be32 src, __u64 now)
-{
-	return ct_src_take_in(&tlb_ct_src, &src, now);
+	b = ct_src_budget(fam, src);
+	if (!b)
+		return 1;
+	return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 }
 
 /* ct_src_give gives the client of the flow pkt matched as ct back the
@@ -266,18 +276,16 @@ static __always_inline int ct_src_take(__be32 src, __u64 now)
  * never runs out. */
 static __always_inline void ct_src_give(int fam, const struct packet *pkt, const struct ct_value *ct)
 {
-	union tlb_addr src6;
-	__be32 src;
 	struct ct_src *b;
+	__be32 src;
 
 	if (!cfg_ct_src_interval)
 		return;
 	if (fam == PKT_IPV6) {
-		src6 = ct6_src_key(ct6_client(pkt, ct));
-		b = bpf_map_lookup_elem(&tlb_ct6_src, &src6);
+		b = ct_src_budget(fam, ct6_client(pkt, ct));
 	} else {
 		src = ct_client(pkt, ct);
-		b = bpf_map_lookup_elem(&tlb_ct_src, &src);
+		b = ct_src_budget(fam, &src);
 	}
 	if (b)
 		gcra_give(&b->tat, cfg_ct_src_interval);

@@ -20,7 +20,7 @@
 #include "packet.h"
 #include "structs.h"
 
-/* The per-source budget (tlb_ct6_src) of an IPv6 source is its /64 on a
+/* The per-source budget (a cell of tlb_ct6_src) of an IPv6 source is its /64 on a
  * hook that balances what arrives from outside (scope external): whoever
  * sends from one address holds the whole /64 around it (RFC 7421: SLAAC
  * and temporary addresses pick the interface identifier), so a budget
@@ -92,7 +92,7 @@ static __always_inline const union tlb_addr *ct6_client(const struct packet *pkt
 	return ct->flags & CT_F_SNAT ? &ct6_of(ct)->nat_addr : &packet6_of(pkt)->daddr;
 }
 
-/* ct6_src_key is src's key in tlb_ct6_src: its /64 on a hook of scope
+/* ct6_src_key is what of src picks its cell of tlb_ct6_src: its /64 on a hook of scope
  * external, the address elsewhere (CT6_SRC_PREFIX_WORDS_EXTERNAL says
  * why). */
 static __always_inline union tlb_addr ct6_src_key(const union tlb_addr *src)

@@ -36,7 +36,7 @@ enum map_size {
 	DEFAULT_MAX_FRONTENDS = 100000,
 	DEFAULT_MAX_BACKENDS = 1000000,
 	DEFAULT_MAX_CONNTRACK = 262144, /* tlb_conntrack, established flows (2 entries each) */
-	DEFAULT_MAX_CT_SRC = 65536,     /* tlb_ct_src, sources with a new-flow budget */
+	CT_SRC_CELLS = 65536,           /* tlb_ct_src, tlb_ct6_src: budgets of new flows, fixed (a power of two: ct_src_budget masks) */
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
 	DEFAULT_MAX_SRC_RANGES = 65536,
@@ -189,8 +189,8 @@ enum ct_flag {
 			   * (maps/stale.go): the next packet re-balances the flow (STAT_CT_STALE_BACKEND) */
 };
 
-/* Per-source budget of new flows (tlb_ct_src, a generic cell rate
- * algorithm): a source may start cfg_ct_src_rate flows a second that are
+/* Per-source budget of new flows (tlb_ct_src's cells, a generic cell
+ * rate algorithm): a source may start cfg_ct_src_rate flows a second that are
  * not established yet, in bursts of as many; each flow that gets
  * promoted (a TCP client answered the reply, a UDP flow got one) gives
  * its share back, so

@@ -13,6 +13,8 @@
  * the real path's own helpers (lb.h, tc.h, fwd.h), so the benchmark's
  * step rows show where the gap between a program and its floor goes:
  *   tc_floor, xdp_floor: the established packet (ct_forward_hit);
+ *   tc_floor6: tc_floor for IPv6 (floor_flows6: ct6_key, ct6_value; the
+ *     rewrite of nat6.h), without steps;
  *   tc_floor_new: the first packet of a flow (lb_new_flow, flow_create),
  *     whose steps replay flow_create's parts in its order; it passes
  *     what it does not balance, and drops what the real path drops.
@@ -67,6 +69,15 @@ struct {
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 } floor_flows SEC(".maps");
+
+/* floor_flows6: the IPv6 flow table (tlb_ct6's key and value). Sized by
+ * the benchmark as conntrack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_CONNTRACK);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_value);
+} floor_flows6 SEC(".maps");
 
 /* floor_lookup parses the frame and fills n from its flow's entry, as the
  * hit path's nat_forward or nat_reverse, with the steps cfg_floor_steps
@@ -133,6 +144,32 @@ int tc_floor(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+/* tc_floor6 is the floor of tc's IPv6 hit path (tc_balance6): parse,
+ * one lookup, the rewrite. */
+SEC("tcx/ingress")
+int tc_floor6(struct __sk_buff *skb)
+{
+	struct packet6 pkt = {};
+	struct ct6_key key = {};
+	struct ct6_value *v;
+	struct nat6 n = {};
+
+	if (parse_ipv6((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) != PARSE_OK)
+		return FLOOR_MISS_TC;
+	ct6_key_of(&pkt, &key);
+	v = bpf_map_lookup_elem(&floor_flows6, &key);
+	if (!v)
+		return FLOOR_MISS_TC;
+	if (v->ct.dir == CT_FORWARD)
+		nat_forward(&n.n, &v->ct);
+	else
+		nat_reverse(&n.n, &v->ct);
+	nat6_addrs(&n.n, &v->ct);
+	if (nat6_rewrite_skb(skb, &pkt.p, &n.n))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
 SEC("xdp")
 int xdp_floor(struct xdp_md *ctx)
 {
@@ -187,7 +224,7 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	if (!lb_frame_creates_state(skb, pkt) || !src_range_allows(&svc, pkt->saddr) || svc.count == 0)
 		return TC_ACT_SHOT;
 	now = compat_now();
-	if (floor_has(FLOOR_NEW_SRC) && !ct_src_take(pkt->saddr, now))
+	if (floor_has(FLOOR_NEW_SRC) && !ct_src_take(PKT_IPV4, &pkt->saddr, now))
 		return TC_ACT_SHOT;
 	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(&client, flow_hash(pkt), &skey, &svc, now, &be))
 		return TC_ACT_SHOT;

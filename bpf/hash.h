@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The flow hash that picks a backend's slot (backend.h) and a source NAT
- * port's first try (nat.h's snat_claim is handed it). */
+ * port's first try (nat.h's snat_claim is handed it), and the jhash under
+ * it, which also picks a source's budget cell (conntrack.h). */
 #ifndef TOPOLB_HASH_H
 #define TOPOLB_HASH_H
 

@@ -62,13 +62,9 @@
  * (conntrack.h, conntrack6.h). Returns 0 when it is spent. */
 static __always_inline int lb_src_take(int fam, const struct packet *pkt, __u64 now)
 {
-	union tlb_addr k6;
-
-	if (fam == PKT_IPV6) {
-		k6 = ct6_src_key(&packet6_of(pkt)->saddr);
-		return ct_src_take_in(&tlb_ct6_src, &k6, now);
-	}
-	return ct_src_take(pkt->saddr, now);
+	if (fam == PKT_IPV6)
+		return ct_src_take(fam, &packet6_of(pkt)->saddr, now);
+	return ct_src_take(fam, &pkt->saddr, now);
 }
 
 /* lb_ct_key fills pkt's conntrack key (its own direction's) of family

@@ -76,13 +76,23 @@ struct {
 	__type(value, struct ct_value);
 } tlb_ct_new SEC(".maps");
 
-/* tlb_ct_src: per-source budget of new flows (enum ct_src_limit), read
- * only by new flows and promotions. LRU: a forgotten source starts with
- * a full budget. */
+/* tlb_ct_src: the per-source budgets of new flows (enum ct_src_limit),
+ * read only by new flows and promotions: CT_SRC_CELLS cells of a generic
+ * cell rate algorithm, a source's cell picked by a keyed hash of it
+ * (ct_src_budget). A fixed array: taking from a budget inserts nothing
+ * (an LRU insert for every new source before layout 7, a third of a new
+ * flow's cost in a flood of new sources) and no flood of sources evicts
+ * anything. Two sources whose hashes meet share one budget, so all
+ * sources together never start more than CT_SRC_CELLS budgets' worth.
+ * Shared by the CPUs, not per-CPU: a source's budget is the configured
+ * one whichever queue its flows arrive on (per-CPU cells would give it
+ * one per CPU), and a promotion seen on another CPU than the new flow
+ * (the reply on another queue or hook) gives back to the cell it took
+ * from. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, DEFAULT_MAX_CT_SRC);
-	__type(key, __be32);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_SRC_CELLS);
+	__type(key, __u32);
 	__type(value, struct ct_src);
 } tlb_ct_src SEC(".maps");
 
@@ -120,12 +130,12 @@ struct {
 	__type(value, struct ct6_value);
 } tlb_ct6_new SEC(".maps");
 
-/* tlb_ct6_src: tlb_ct_src's IPv6 twin, keyed by the source's budget
- * prefix (conntrack6.h, ct6_src_key says which). */
+/* tlb_ct6_src: tlb_ct_src's IPv6 twin, its cells picked by the hash of
+ * the source's budget prefix (conntrack6.h, ct6_src_key says which). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, DEFAULT_MAX_CT_SRC);
-	__type(key, union tlb_addr);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_SRC_CELLS);
+	__type(key, __u32);
 	__type(value, struct ct_src);
 } tlb_ct6_src SEC(".maps");
 

@@ -24,5 +24,10 @@ volatile const __u32 cfg_hash_seed = 0x746c6221;
  * up to burst. Interval 0: no limit. */
 volatile const __u64 cfg_ct_src_interval = NSEC_PER_SEC / CT_SRC_RATE_DEFAULT;
 volatile const __u32 cfg_ct_src_burst = CT_SRC_RATE_DEFAULT;
+/* cfg_ct_src_seed keys the hash that picks a source's budget cell
+ * (ct_src_budget): drawn at random by the agent for each load, the same
+ * for every program of that load, so which sources share a cell cannot
+ * be aimed at from outside. */
+volatile const __u32 cfg_ct_src_seed = 0;
 
 #endif

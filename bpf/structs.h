@@ -151,7 +151,7 @@ struct ct6_value {
 	union tlb_addr nat_addr; /* as ct_value.nat_addr; with CT_F_SNAT */
 };
 
-/* tlb_ct_src value: a source's new-flow budget (enum ct_src_limit). The
+/* tlb_ct_src value: a cell's new-flow budget (enum ct_src_limit). The
  * theoretical arrival time of the generic cell rate algorithm: a new flow
  * is allowed while tat is at most a burst ahead of now. 8 bytes. */
 struct ct_src {

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	baselineProgTcBaseline  = "tc_baseline"
+	baselineProgTcBaseline6 = "tc_baseline6"
 	baselineProgXdpBaseline = "xdp_baseline"
 )
 
@@ -63,6 +64,7 @@ type baselineSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type baselineProgramSpecs struct {
 	TcBaseline  *ebpf.ProgramSpec `ebpf:"tc_baseline"`
+	TcBaseline6 *ebpf.ProgramSpec `ebpf:"tc_baseline6"`
 	XdpBaseline *ebpf.ProgramSpec `ebpf:"xdp_baseline"`
 }
 
@@ -115,12 +117,14 @@ type baselineVariables struct {
 // It can be passed to loadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type baselinePrograms struct {
 	TcBaseline  *ebpf.Program `ebpf:"tc_baseline"`
+	TcBaseline6 *ebpf.Program `ebpf:"tc_baseline6"`
 	XdpBaseline *ebpf.Program `ebpf:"xdp_baseline"`
 }
 
 func (p *baselinePrograms) Close() error {
 	return _BaselineClose(
 		p.TcBaseline,
+		p.TcBaseline6,
 		p.XdpBaseline,
 	)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/netip"
@@ -40,7 +41,13 @@ var (
 const (
 	goalFloorRatio = 1.25 // *_hit rows: ns_per_pkt / floor_ns
 	goalGrowth     = 0.10 // keys=cold floor ratio growth from the smallest to the largest size
+	// goalIPv6 (issue 19): an IPv6 row's ns per packet over its IPv4
+	// twin's (ipv6Twins), measured in the same run.
+	goalIPv6 = 1.15
 )
+
+// ipv6Twins are the IPv6 rows and the IPv4 row each is compared with.
+var ipv6Twins = [][2]string{{"tc6_hit", "tc_hit"}, {"tc6_new_flow", "tc_new_flow"}}
 
 // benchRow is one measured case at one size.
 type benchRow struct {
@@ -80,7 +87,7 @@ func BenchmarkDatapath(b *testing.B) {
 		steps []stepRow
 	)
 	for _, n := range sizes {
-		r, s := benchSize(b, n, base.TcBaseline, base.XdpBaseline)
+		r, s := benchSize(b, n, base.TcBaseline, base.XdpBaseline, base.TcBaseline6)
 		rows, steps = append(rows, r...), append(steps, s...)
 	}
 	verdicts := append(benchVerdicts(rows), stepVerdicts(steps)...)
@@ -102,6 +109,10 @@ type benchFrames struct {
 }
 
 func (f *benchFrames) mk(src, dst netip.AddrPort) []byte {
+	if src.Addr().Is6() {
+		// The IPv4 template's shape, in IPv6.
+		return tcpFrame(src.String(), dst.String(), tcpACK, "0123456789").bytes()
+	}
 	out := slices.Clone(f.tmpl)
 	s, t := src.Addr().As4(), dst.Addr().As4()
 	copy(out[26:30], s[:])
@@ -118,6 +129,11 @@ func (f *benchFrames) client() netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(f.rng.IntN(256)), byte(f.rng.IntN(256))}), uint16(1024+f.rng.IntN(60000)))
 }
 
+// client6 is client in IPv6: a random address of fd00::/112.
+func (f *benchFrames) client6() netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 14: byte(f.rng.IntN(256)), 15: byte(f.rng.IntN(256))}), uint16(1024+f.rng.IntN(60000)))
+}
+
 // fixChecksums recomputes the IPv4 and TCP checksums of a frame built by
 // tcpFrame after its addresses were patched.
 func fixChecksums(b []byte) {
@@ -130,22 +146,29 @@ func fixChecksums(b []byte) {
 	binary.BigEndian.PutUint16(l4[16:], csum(pseudo([4]byte(ip[12:16]), [4]byte(ip[16:20]), protoTCP, len(l4)), l4))
 }
 
-// destination returns where a rewritten frame goes.
+// destination returns where a rewritten frame (of either family, no IPv4
+// options or IPv6 extension headers) goes.
 func destination(b []byte) netip.AddrPort {
+	if binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[38:54])), binary.BigEndian.Uint16(b[56:]))
+	}
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[30:34])), binary.BigEndian.Uint16(b[36:]))
 }
 
 func source(b []byte) netip.AddrPort {
+	if binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[22:38])), binary.BigEndian.Uint16(b[54:]))
+	}
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[26:30])), binary.BigEndian.Uint16(b[34:]))
 }
 
-func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) ([]benchRow, []stepRow) {
+func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Program) ([]benchRow, []stepRow) {
 	// Each service has two backends. The tc rows run with the services as
 	// internal frontends; for the xdp_hit rows they are replaced by
 	// external frontends on other addresses, so each hook's rows see n
 	// frontends and 2n backend ids, as main's benchmark did.
 	d := newDatapath(b, Options{
-		MaxFrontends: uint32(services + 2),
+		MaxFrontends: uint32(services + 3),
 		MaxBackends:  uint32(4*services + 4),
 		// Holds the 2·benchFlows entries of one phase's cold rows
 		// (tc flows, then XDP flows) without evicting; main measured with
@@ -193,7 +216,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) ([]ben
 	hotClient := netip.MustParseAddrPort("10.0.0.1:1000")
 
 	fl := loadFloorPrograms(b, d)
-	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor}
+	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor, tcBase6: fl.TcFloor6}
 	var (
 		sp    stepPrograms
 		steps []stepRow
@@ -291,39 +314,82 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) ([]ben
 		hitSteps("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
 	})
 
-	// After the tc hit rows, so its evictions cannot turn their hits into
-	// misses: every run of new_flow is a 5-tuple never seen before.
-	newFlows := make([][]byte, runs)
-	for i := range newFlows {
-		newFlows[i] = f.mk(f.client(), vips[f.rng.IntN(services)])
+	// newFlowFrames are runs frames of flows from random clients to
+	// random frontends of vips, each a 5-tuple never seen before.
+	newFlowFrames := func(client func() netip.AddrPort, vips []netip.AddrPort) [][]byte {
+		frames := make([][]byte, runs)
+		for i := range frames {
+			frames[i] = f.mk(client(), vips[f.rng.IntN(services)])
+		}
+		return frames
 	}
-	row("tc_new_flow", "cold", d.tcProg, tcBase, newFlows, 1)
+	// After the tc hit rows, so its evictions cannot turn their hits into
+	// misses.
+	row("tc_new_flow", "cold", d.tcProg, tcBase, newFlowFrames(f.client, vips), 1)
 	if sp != nil && slices.Contains(strings.Split(*benchKeys, ","), "cold") {
 		steps = append(steps, newFlowStepRows(b, services, tcBase, d.tcProg, sp, f, vips)...)
 	}
 
-	clearConntrack(b, d)
-	for i := range vips {
-		if _, err := d.DeleteFrontend(Frontend{Addr: vips[i], Proto: TCP}); err != nil {
-			b.Fatal(err)
+	// swap empties conntrack and replaces every frontend from(i) with
+	// to(i), of backends(i): the next phase's services.
+	swap := func(from, to func(i int) Frontend, backends func(i int) []Backend) {
+		clearConntrack(b, d)
+		for i := range services {
+			if _, err := d.DeleteFrontend(from(i)); err != nil {
+				b.Fatal(err)
+			}
+			mustSet(b, d, to(i), backends(i)...)
 		}
-		mustSet(b, d, Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal}, localBackends(i)...)
 	}
-	xdpHits := make([][]byte, flows)
-	for i := range xdpHits {
-		xdpHits[i] = f.mk(f.client(), extVIPs[f.rng.IntN(services)])
-		establish(d.xdpProg, xdpPass, xdpHits[i])
+	// establishAll establishes flows flows from random clients to random
+	// frontends of vips through prog and returns their frames.
+	establishAll := func(prog *ebpf.Program, ok uint32, client func() netip.AddrPort, vips []netip.AddrPort) [][]byte {
+		frames := make([][]byte, flows)
+		for i := range frames {
+			frames[i] = f.mk(client(), vips[f.rng.IntN(services)])
+			establish(prog, ok, frames[i])
+		}
+		return frames
 	}
-	hotXDP := f.mk(hotClient, hotExt)
-	establish(d.xdpProg, xdpPass, hotXDP)
-	fillFloor(b, d, fl.FloorFlows)
-	allHits(func() {
-		row("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{hotXDP}, *benchHotRep)
-		row("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
-		hitSteps("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{hotXDP}, *benchHotRep)
-		hitSteps("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
-	})
+	internal := func(i int) Frontend { return Frontend{Addr: vips[i], Proto: TCP} }
+	external := func(i int) Frontend { return Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal} }
+	swap(internal, external, localBackends)
+	// hitRows establishes the hot flow, fills the floor's table (fill)
+	// and measures the rows name (and, with withSteps, their step
+	// chains) of prog's hits, hot and over cold.
+	hitRows := func(name string, prog *ebpf.Program, ok uint32, base *ebpf.Program, hot []byte, cold [][]byte, fill func(), withSteps bool) {
+		establish(prog, ok, hot)
+		fill()
+		allHits(func() {
+			row(name, "hot", prog, base, [][]byte{hot}, *benchHotRep)
+			row(name, "cold", prog, base, cold, 1)
+			if withSteps {
+				hitSteps(name, "hot", prog, base, [][]byte{hot}, *benchHotRep)
+				hitSteps(name, "cold", prog, base, cold, 1)
+			}
+		})
+	}
+	xdpHits := establishAll(d.xdpProg, xdpPass, f.client, extVIPs)
+	hitRows("xdp_hit", d.xdpProg, xdpPass, xdpBase, f.mk(hotClient, hotExt), xdpHits, func() { fillFloor(b, d, fl.FloorFlows) }, true)
 
+	// IPv6 on tc (issue 19: the hook that translates IPv6), in a cleared
+	// table, the services replaced by as many IPv6 frontends with two
+	// backends each: the tc rows again, each beside its IPv4 twin
+	// (ipv6Twins).
+	vips6 := make([]netip.AddrPort, services)
+	for i := range vips6 {
+		vips6[i] = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x96, 14: byte(i >> 8), 15: byte(i)}), vips[i].Port())
+	}
+	swap(external, func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP} }, func(i int) []Backend {
+		return []Backend{be(fmt.Sprintf("[fd01::%x:%x]:8080", i>>16, i&0xffff)), be(fmt.Sprintf("[fd01::%x:%x]:8081", i>>16, i&0xffff))}
+	})
+	hotFE6, hotClient6 := netip.MustParseAddrPort("[fd95::1]:80"), netip.MustParseAddrPort("[fd00::1]:1000")
+	mustSet(b, d, Frontend{Addr: hotFE6, Proto: TCP}, Backend{Addr: hotFE6})
+	// No step chain: floor.c's steps are IPv4's.
+	hits6 := establishAll(d.tcProg, tcOK, f.client6, vips6)
+	hitRows("tc6_hit", d.tcProg, tcOK, tcBase6, f.mk(hotClient6, hotFE6), hits6, func() { fillFloor6(b, d, fl.FloorFlows6) }, false)
+	row("tc6_new_flow", "cold", d.tcProg, tcBase6, newFlowFrames(f.client6, vips6), 1)
+	clearConntrack(b, d)
 	return rows, steps
 }
 
@@ -332,16 +398,18 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase *ebpf.Program) ([]ben
 // from both, would otherwise evict the next phase's flows (the floor would
 // time misses).
 func clearConntrack(b *testing.B, d *Datapath) {
-	deleteAll(b, d.conntrack)
-	deleteAll(b, d.ctNew)
+	deleteAll[tcCtKey, tcCtValue](b, d.conntrack)
+	deleteAll[tcCtKey, tcCtValue](b, d.ctNew)
+	deleteAll[tcCt6Key, tcCt6Value](b, d.ct6)
+	deleteAll[tcCt6Key, tcCt6Value](b, d.ct6New)
 }
 
-// deleteAll deletes every entry of a conntrack-shaped table.
-func deleteAll(b *testing.B, m *ebpf.Map) {
+// deleteAll deletes every entry of a table of keys K and values V.
+func deleteAll[K, V any](b *testing.B, m *ebpf.Map) {
 	var (
-		keys []tcCtKey
-		k    tcCtKey
-		v    tcCtValue
+		keys []K
+		k    K
+		v    V
 	)
 	it := m.Iterate()
 	for it.Next(&k, &v) {
@@ -374,7 +442,8 @@ func loadFloorVariant(b *testing.B, d *Datapath, mask floorFloorStep, flows *ebp
 	}
 	sizeMaps(spec, d.opts)
 	spec.Maps[floorMapFloorFlows].MaxEntries = d.opts.MaxConntrack
-	if err := configure(spec, d.opts, d.compat); err != nil {
+	spec.Maps[floorMapFloorFlows6].MaxEntries = d.opts.MaxConntrack
+	if err := configure(spec, d.opts, d.compat, d.ctSrcSeed); err != nil {
 		b.Fatal(err)
 	}
 	if err := spec.Variables[floorVarCfgFloorSteps].Set(mask); err != nil {
@@ -395,13 +464,24 @@ func loadFloorVariant(b *testing.B, d *Datapath, mask floorFloorStep, flows *ebp
 // fillFloor makes the floor's flow table hold what conntrack holds: the
 // same keys, as many, with their values.
 func fillFloor(b *testing.B, d *Datapath, table *ebpf.Map) {
-	deleteAll(b, table)
+	fillFrom[tcCtKey, tcCtValue](b, table, d.conntrack, d.ctNew)
+}
+
+// fillFloor6 is fillFloor for IPv6: the floor's IPv6 table from tlb_ct6
+// and tlb_ct6_new.
+func fillFloor6(b *testing.B, d *Datapath, table *ebpf.Map) {
+	fillFrom[tcCt6Key, tcCt6Value](b, table, d.ct6, d.ct6New)
+}
+
+// fillFrom makes table hold what the tables from hold.
+func fillFrom[K, V any](b *testing.B, table *ebpf.Map, from ...*ebpf.Map) {
+	deleteAll[K, V](b, table)
 	var (
-		k tcCtKey
-		v tcCtValue
+		k K
+		v V
 	)
 	n := 0
-	for _, ct := range []*ebpf.Map{d.conntrack, d.ctNew} {
+	for _, ct := range from {
 		it := ct.Iterate()
 		for it.Next(&k, &v) {
 			if err := table.Put(&k, &v); err != nil {
@@ -481,7 +561,7 @@ func benchVerdicts(rows []benchRow) []string {
 		return "NOT MET"
 	}
 	var out []string
-	for _, name := range []string{"tc_hit", "xdp_hit"} {
+	for _, name := range []string{"tc_hit", "xdp_hit", "tc6_hit"} {
 		for _, keys := range []string{"hot", "cold"} {
 			rs := by[key{name, keys}]
 			if len(rs) == 0 {
@@ -505,6 +585,20 @@ func benchVerdicts(rows []benchRow) []string {
 		growth := hi.floorRatio/lo.floorRatio - 1
 		out = append(out, fmt.Sprintf("case=%s goal=cold_growth<=%.0f%% services=%d..%d floor_ratio_growth=%+.0f%% ns_growth=%+.0f%% %s",
 			name, 100*goalGrowth, minN, maxN, 100*growth, 100*(hi.ns/lo.ns-1), met(growth <= goalGrowth)))
+	}
+	for _, twin := range ipv6Twins {
+		for _, keys := range []string{"hot", "cold"} {
+			rs := by[key{twin[0], keys}]
+			for _, n := range slices.Sorted(maps.Keys(rs)) {
+				r6 := rs[n]
+				r4, ok := by[key{twin[1], keys}][n]
+				if !ok {
+					continue
+				}
+				out = append(out, fmt.Sprintf("case=%s keys=%s services=%d goal=ns<=%.2fx_%s ns=%.0f ipv4_ns=%.0f ns_ratio=%.2f %s",
+					twin[0], keys, n, goalIPv6, twin[1], r6.ns, r4.ns, r6.ns/r4.ns, met(r6.ns <= goalIPv6*r4.ns)))
+			}
+		}
 	}
 	return out
 }

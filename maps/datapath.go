@@ -1,6 +1,8 @@
 package maps
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,6 +86,10 @@ type Datapath struct {
 	// one), ctSrc the per-source budgets of new flows, frags the ports of
 	// fragmented datagrams' first fragments (bpf/frag.h).
 	ctNew, ctSrc, frags *ebpf.Map
+	// ctSrcSeed keys the hash that picks a source's budget cell
+	// (cfg_ct_src_seed), drawn for each Load and given to every object
+	// it loads.
+	ctSrcSeed uint32
 	// ct6 and ct6New are the IPv6 conntrack tables, conntrack's and
 	// ctNew's twins (keys tcCt6Key, values tcCt6Value): counted, swept
 	// (expiry only) and marked stale as the IPv4 ones.
@@ -175,6 +181,11 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
 	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}, ifindexOf: map[string]int{}}
+	var seed [4]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return nil, fmt.Errorf("seed of the source budgets' hash: %w", err)
+	}
+	d.ctSrcSeed = binary.LittleEndian.Uint32(seed[:])
 	if d.lock, err = lockDir(opts.PinPath); err != nil {
 		return nil, err
 	}
@@ -287,7 +298,7 @@ func lockDir(dir string) (*os.File, error) {
 // created for it instead of the pinned ones of those names.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) (err error) {
 	sizeMaps(tcSpec, d.opts)
-	if err := configure(tcSpec, d.opts, d.compat); err != nil {
+	if err := configure(tcSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
 		return err
 	}
 	for _, name := range sharedMaps {
@@ -308,7 +319,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 		return err
 	}
 	sizeMaps(xdpSpec, d.opts)
-	if err := configure(xdpSpec, d.opts, d.compat); err != nil {
+	if err := configure(xdpSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
 		return err
 	}
 	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -320,7 +331,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 		return err
 	}
 	sizeMaps(uplinkSpec, d.opts)
-	if err := configure(uplinkSpec, d.opts, d.compat); err != nil {
+	if err := configure(uplinkSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
 		return err
 	}
 	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -347,16 +358,16 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 }
 
 // configure sets the load-time constants of an object that has them: the
-// SNAT port range, the per-source budget of new flows, and the fallbacks
-// for what the kernel lacks (bpf/compat.h).
-func configure(spec *ebpf.CollectionSpec, opts Options, c compat) error {
+// SNAT port range, the per-source budget of new flows and the seed of its
+// cells' hash, and the fallbacks for what the kernel lacks (bpf/compat.h).
+func configure(spec *ebpf.CollectionSpec, opts Options, c compat, srcSeed uint32) error {
 	interval, burst := uint64(0), uint32(0)
 	if opts.NewFlowsPerSource != NoSourceLimit {
 		interval, burst = uint64(time.Second)/uint64(opts.NewFlowsPerSource), opts.NewFlowsPerSource
 	}
 	vars := map[string]any{
 		xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max,
-		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst,
+		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst, tcVarCfgCtSrcSeed: srcSeed,
 	}
 	maps.Copy(vars, c.knobs)
 	if !c.cmpXchg {

@@ -147,27 +147,63 @@ func TestConntrackPromoteFull(t *testing.T) {
 	runTable(t, d, rows)
 }
 
-// TestConntrackSourceLimit spends one source's budget of new flows:
-// its next new flow is dropped, another source's is not, and a flow of
-// the first source that gets established gives its share back.
+// TestConntrackSourceLimit spends one source's budget of new flows: its
+// next new flow is dropped, a source whose budget is another cell's is
+// not, sources whose hashes meet the first's share its cell's budget
+// (so all sources together never start more than the cells' budgets
+// allow: each is in one cell), and a flow of the first source that gets
+// established gives its share back. In each family tc translates: an
+// IPv6 source on a pod veth is its full address, so its /64 neighbour in
+// another cell has its own budget.
 func TestConntrackSourceLimit(t *testing.T) {
-	// One flow a second, bursts of one: the second SYN within the
-	// second is over the budget.
-	d := newDatapath(t, Options{NewFlowsPerSource: 1})
-	f := fe(vipTCP, TCP)
-	mustSet(t, d, f, be(beTCP))
-	synA, synB := tcpFrame("10.0.0.5:1000", vipTCP, tcpSYN, ""), tcpFrame("10.0.0.5:1001", vipTCP, tcpSYN, "")
-	other := tcpFrame("10.0.0.6:1000", vipTCP, tcpSYN, "")
-	synAckA, ackA := tcpFrame(beTCP, "10.0.0.5:1000", tcpSYN|tcpACK, ""), tcpFrame("10.0.0.5:1000", vipTCP, tcpACK, "")
-	runTable(t, d, []pktCase{
-		{name: "first_flow_of_a_source", hook: hookTC, in: synA, out: ptr(synA.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-		{name: "second_flow_over_its_budget", hook: hookTC, in: synB, want: drop, stats: stats{StatDropSourceLimit: 1}},
-		{name: "another_source_is_not_limited", hook: hookTC, in: other, out: ptr(other.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-		{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
-		{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", beTCP)), fwd: f,
-			stats: stats{StatConntrackPromoted: 1}},
-		{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
-	})
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			// One flow a second, bursts of one: the second SYN within
+			// the second is over the budget.
+			d := newDatapath(t, Options{NewFlowsPerSource: 1})
+			a := fam.addrs
+			f := fe(a.vipTCP, TCP)
+			mustSet(t, d, f, be(a.beTCP))
+			clientAP := netip.MustParseAddrPort(a.client)
+			cell := srcCell(d, clientAP.Addr(), uint8(tcScopeSCOPE_INTERNAL))
+			at := func(addr netip.Addr, port uint16) string { return netip.AddrPortFrom(addr, port).String() }
+			other := sourceNear(t, d, clientAP.Addr(), func(c uint32) bool { return c != cell })
+			sharer1 := sourceNear(t, d, clientAP.Addr().Next(), func(c uint32) bool { return c == cell })
+			sharer2 := sourceNear(t, d, sharer1.Next(), func(c uint32) bool { return c == cell })
+			synA, synB := tcpFrame(at(clientAP.Addr(), 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(clientAP.Addr(), 1001), a.vipTCP, tcpSYN, "")
+			otherSyn := tcpFrame(at(other, 1000), a.vipTCP, tcpSYN, "")
+			shareSyn1, shareSyn2 := tcpFrame(at(sharer1, 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(sharer2, 1000), a.vipTCP, tcpSYN, "")
+			synAckA := tcpFrame(a.beTCP, at(clientAP.Addr(), 1000), tcpSYN|tcpACK, "")
+			ackA := tcpFrame(at(clientAP.Addr(), 1000), a.vipTCP, tcpACK, "")
+			t.Logf("source %s in cell %d, shared with %s and %s; %s in another", clientAP.Addr(), cell, sharer1, sharer2, other)
+			runTable(t, d, []pktCase{
+				{name: "first_flow_of_a_source", hook: hookTC, in: synA, out: ptr(synA.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+				{name: "second_flow_over_its_budget", hook: hookTC, in: synB, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "a_source_of_another_cell_is_not_limited", hook: hookTC, in: otherSyn, out: ptr(otherSyn.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+				{name: "a_source_sharing_the_cell_shares_its_budget", hook: hookTC, in: shareSyn1, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "every_source_sharing_the_cell_does", hook: hookTC, in: shareSyn2, want: drop, stats: stats{StatDropSourceLimit: 1}},
+				{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(a.vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+				{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", a.beTCP)), fwd: f,
+					stats: stats{StatConntrackPromoted: 1}},
+				{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+			})
+		})
+	}
+}
+
+// sourceNear is the first address from start on (counting up) whose
+// budget cell on a pod veth satisfies want.
+func sourceNear(t *testing.T, d *Datapath, start netip.Addr, want func(cell uint32) bool) netip.Addr {
+	t.Helper()
+	a := start
+	for range 1 << 24 {
+		if want(srcCell(d, a, uint8(tcScopeSCOPE_INTERNAL))) {
+			return a
+		}
+		a = a.Next()
+	}
+	t.Fatalf("no address from %s on in 2^24 with the cell wanted", start)
+	return netip.Addr{}
 }
 
 // TestSNATPortReclaim gives SNAT one port: a flow holds it only while it
@@ -306,4 +342,58 @@ func TestConntrackReplyKeyReused(t *testing.T) {
 			stats: newFlowStats(stats{StatConntrackReplaced: 1})},
 		{name: "reply_shows_f2", hook: hookTC, in: a, out: ptr(a.withAddrs("10.96.0.11:53", "")), stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
 	})
+}
+
+// TestConntrackFloodFromOneCell floods SYNs from many sources whose
+// hashes meet in one budget cell (spoofed sources that an attacker cannot
+// aim at a cell without the load's seed; the test finds them with the Go
+// mirror): together they start no more flows than that one cell's budget
+// allows, a source of another cell still starts its flow, and the
+// unreplied flow a bystander had before the flood is still there.
+func TestConntrackFloodFromOneCell(t *testing.T) {
+	const burst, sources, synsEach = 4, 32, 8
+	d := newDatapath(t, Options{NewFlowsPerSource: burst})
+	f := fe(vipTCP, TCP)
+	mustSet(t, d, f, be(beTCP))
+	bystander := netip.MustParseAddrPort("192.0.2.10:30000")
+	if ret, _ := run(t, d.tcProg, tcpFrame(bystander.String(), vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Fatalf("bystander's SYN: verdict %d", ret)
+	}
+	cell := srcCell(d, netip.MustParseAddr("10.0.0.5"), uint8(tcScopeSCOPE_INTERNAL))
+	inCell := func(c uint32) bool { return c == cell }
+	flood := []netip.Addr{sourceNear(t, d, netip.MustParseAddr("10.0.0.5"), inCell)}
+	for len(flood) < sources {
+		flood = append(flood, sourceNear(t, d, flood[len(flood)-1].Next(), inCell))
+	}
+	before, err := d.Counters()
+	must(t, err)
+	start := time.Now()
+	for i, src := range flood {
+		for j := range synsEach {
+			syn := tcpFrame(netip.AddrPortFrom(src, uint16(1024+i*synsEach+j)).String(), vipTCP, tcpSYN, "")
+			if ret, _ := run(t, d.tcProg, syn.bytes()); ret != tcOK && ret != tcShot {
+				t.Fatalf("flood SYN from %s: verdict %d", src, ret)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	after, err := d.Counters()
+	must(t, err)
+	created := after.Stats[StatConntrackCreated] - before.Stats[StatConntrackCreated]
+	limited := after.Stats[StatDropSourceLimit] - before.Stats[StatDropSourceLimit]
+	// The cell refills burst cells a second while the flood runs.
+	allowed := uint64(burst) + uint64(elapsed.Seconds()*burst) + 1
+	t.Logf("%d SYNs from %d sources of cell %d in %v: %d flows created, %d dropped (allowed %d)",
+		sources*synsEach, sources, cell, elapsed, created, limited, allowed)
+	if created+limited != sources*synsEach {
+		t.Fatalf("created %d + dropped %d, want the flood's %d SYNs", created, limited, sources*synsEach)
+	}
+	if created == 0 || created > allowed {
+		t.Errorf("the flood created %d flows; one cell's budget is %d (%d with the refill over %v)", created, burst, allowed, elapsed)
+	}
+	other := sourceNear(t, d, netip.MustParseAddr("10.0.0.6"), func(c uint32) bool { return c != cell })
+	if ret, _ := run(t, d.tcProg, tcpFrame(netip.AddrPortFrom(other, 1000).String(), vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Errorf("a source of another cell after the flood: verdict %d, want its flow", ret)
+	}
+	expectTable(flowOf(bystander.String(), vipTCP, beTCP, protoTCP), false)(t, d)
 }

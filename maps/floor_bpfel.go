@@ -15,8 +15,11 @@ import (
 
 type floorAffinityKey struct {
 	_      structs.HostLayout
-	Client floorTlbAddr
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type floorAffinityValue struct {
@@ -44,8 +47,11 @@ type floorBackendStats struct {
 }
 
 type floorBackendValue struct {
-	_     structs.HostLayout
-	Addr  floorTlbAddr
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -55,8 +61,14 @@ type floorBackendValue struct {
 
 type floorCt6Key struct {
 	_     structs.HostLayout
-	Saddr floorTlbAddr
-	Daddr floorTlbAddr
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -72,10 +84,16 @@ type floorCt6Pair struct {
 }
 
 type floorCt6Value struct {
-	_       structs.HostLayout
-	Ct      floorCtValue
-	Addr    floorTlbAddr
-	NatAddr floorTlbAddr
+	_    structs.HostLayout
+	Ct   floorCtValue
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	NatAddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type floorCtKey struct {
@@ -181,7 +199,10 @@ type floorMeta struct {
 type floorRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  floorTlbAddr
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -201,14 +222,20 @@ type floorRejectRoom struct {
 type floorSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   floorTlbAddr
-	Port   uint16
-	Pad    [3]uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type floorSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr floorTlbAddr
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -217,12 +244,18 @@ type floorSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      floorTlbAddr
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type floorSvcKey struct {
-	_     structs.HostLayout
-	Vip   floorTlbAddr
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -239,16 +272,12 @@ type floorSvcValue struct {
 	Pad             uint16
 }
 
-type floorTlbAddr struct {
-	_     structs.HostLayout
-	Bytes [16]uint8
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	floorMapFloorFlows         = "floor_flows"
+	floorMapFloorFlows6        = "floor_flows6"
 	floorMapRejectBudget       = "reject_budget"
 	floorMapTlbAffinity        = "tlb_affinity"
 	floorMapTlbBackendStats    = "tlb_backend_stats"
@@ -273,10 +302,12 @@ const (
 	floorMapTlbSrcRanges       = "tlb_src_ranges"
 	floorMapTlbStats           = "tlb_stats"
 	floorProgTcFloor           = "tc_floor"
+	floorProgTcFloor6          = "tc_floor6"
 	floorProgTcFloorNew        = "tc_floor_new"
 	floorProgXdpFloor          = "xdp_floor"
 	floorVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	floorVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	floorVarCfgCtSrcSeed       = "cfg_ct_src_seed"
 	floorVarCfgFloorSteps      = "cfg_floor_steps"
 	floorVarCfgHashSeed        = "cfg_hash_seed"
 	floorVarCfgNoCheckMtu      = "cfg_no_check_mtu"
@@ -335,6 +366,7 @@ type floorSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorProgramSpecs struct {
 	TcFloor    *ebpf.ProgramSpec `ebpf:"tc_floor"`
+	TcFloor6   *ebpf.ProgramSpec `ebpf:"tc_floor6"`
 	TcFloorNew *ebpf.ProgramSpec `ebpf:"tc_floor_new"`
 	XdpFloor   *ebpf.ProgramSpec `ebpf:"xdp_floor"`
 }
@@ -344,6 +376,7 @@ type floorProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type floorMapSpecs struct {
 	FloorFlows       *ebpf.MapSpec `ebpf:"floor_flows"`
+	FloorFlows6      *ebpf.MapSpec `ebpf:"floor_flows6"`
 	RejectBudget     *ebpf.MapSpec `ebpf:"reject_budget"`
 	TlbAffinity      *ebpf.MapSpec `ebpf:"tlb_affinity"`
 	TlbBackendStats  *ebpf.MapSpec `ebpf:"tlb_backend_stats"`
@@ -375,6 +408,7 @@ type floorMapSpecs struct {
 type floorVariableSpecs struct {
 	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.VariableSpec `ebpf:"cfg_ct_src_seed"`
 	CfgFloorSteps      *ebpf.VariableSpec `ebpf:"cfg_floor_steps"`
 	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
@@ -411,6 +445,7 @@ func (o *floorObjects) Close() error {
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorMaps struct {
 	FloorFlows       *ebpf.Map `ebpf:"floor_flows"`
+	FloorFlows6      *ebpf.Map `ebpf:"floor_flows6"`
 	RejectBudget     *ebpf.Map `ebpf:"reject_budget"`
 	TlbAffinity      *ebpf.Map `ebpf:"tlb_affinity"`
 	TlbBackendStats  *ebpf.Map `ebpf:"tlb_backend_stats"`
@@ -439,6 +474,7 @@ type floorMaps struct {
 func (m *floorMaps) Close() error {
 	return _FloorClose(
 		m.FloorFlows,
+		m.FloorFlows6,
 		m.RejectBudget,
 		m.TlbAffinity,
 		m.TlbBackendStats,
@@ -471,6 +507,7 @@ func (m *floorMaps) Close() error {
 type floorVariables struct {
 	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.Variable `ebpf:"cfg_ct_src_seed"`
 	CfgFloorSteps      *ebpf.Variable `ebpf:"cfg_floor_steps"`
 	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
@@ -491,6 +528,7 @@ type floorVariables struct {
 // It can be passed to loadFloorObjects or ebpf.CollectionSpec.LoadAndAssign.
 type floorPrograms struct {
 	TcFloor    *ebpf.Program `ebpf:"tc_floor"`
+	TcFloor6   *ebpf.Program `ebpf:"tc_floor6"`
 	TcFloorNew *ebpf.Program `ebpf:"tc_floor_new"`
 	XdpFloor   *ebpf.Program `ebpf:"xdp_floor"`
 }
@@ -498,6 +536,7 @@ type floorPrograms struct {
 func (p *floorPrograms) Close() error {
 	return _FloorClose(
 		p.TcFloor,
+		p.TcFloor6,
 		p.TcFloorNew,
 		p.XdpFloor,
 	)

@@ -144,9 +144,11 @@ func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
 		return x
 	}
 	swap := func(p uint16) uint32 { return uint32(bits.ReverseBytes16(p)) }
-	a, b := le(src.Addr()), le(dst.Addr())
-	c := (swap(src.Port())<<16 | swap(dst.Port())) ^ uint32(proto)
-	seed := uint32(hashSeed)
+	return jhash3(le(src.Addr()), le(dst.Addr()), (swap(src.Port())<<16|swap(dst.Port()))^uint32(proto), hashSeed)
+}
+
+// jhash3 is an independent Go copy of jhash_3words (bpf/hash.h).
+func jhash3(a, b, c, seed uint32) uint32 {
 	init := uint32(0xdeadbeef) + 3<<2 + seed
 	a, b, c = a+init, b+init, c+init
 	c ^= b
@@ -164,6 +166,27 @@ func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {
 	c ^= b
 	c -= bits.RotateLeft32(b, 24)
 	return c
+}
+
+// srcCell is an independent Go copy of ct_src_budget's cell (bpf/
+// conntrack.h) of src on a hook of scope: an IPv4 address hashed alone,
+// an IPv6 one as ct6_src_key narrows it (its /64 on scope external).
+func srcCell(d *Datapath, src netip.Addr, scope uint8) uint32 {
+	const mask = uint32(tcMapSizeCT_SRC_CELLS) - 1
+	seed := d.ctSrcSeed
+	if src.Is4() {
+		b := src.As4()
+		return jhash3(binary.LittleEndian.Uint32(b[:]), 0, 0, seed) & mask
+	}
+	b := src.As16()
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	if scope == uint8(tcScopeSCOPE_EXTERNAL) {
+		w[2], w[3] = 0, 0
+	}
+	return jhash3(jhash3(w[0], w[1], w[2], seed), w[3], 0, seed) & mask
 }
 
 // sockRefusal is the errno a socket hook of d refuses a call with where it

@@ -19,11 +19,11 @@ import (
 	"github.com/topolb/topolb/internal/nettest"
 )
 
-// TestMigrationFollowsLayout keeps layout5.go the previous layout: a
+// TestMigrationFollowsLayout keeps layout6.go the previous layout: a
 // layout bump must freeze the one it leaves there.
 func TestMigrationFollowsLayout(t *testing.T) {
 	if layoutVersion != migrateFrom+1 {
-		t.Fatalf("layoutVersion %d: freeze layout %d in layout5.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
+		t.Fatalf("layoutVersion %d: freeze layout %d in layout6.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
 	}
 }
 
@@ -71,16 +71,29 @@ func readUpgradeState(t *testing.T, dir string) upgradeState {
 }
 
 // downgrade turns the maps pinned in dir into what an agent of the
-// previous layout pinned: the maps this layout added unpinned (prevMaps;
-// no map of that layout changed shape), tlb_meta stamped with its version
-// and fingerprint. For building the test's input only.
+// previous layout pinned: the maps this layout added unpinned, the ones it
+// reshaped (prevMaps) pinned as the previous layout made them (its type,
+// key and value, one entry each), tlb_meta stamped with its version and
+// fingerprint. For building the test's input only.
 func downgrade(t *testing.T, dir string) {
 	t.Helper()
 	for _, lm := range prevMaps {
-		if !lm.added {
-			t.Fatalf("%s changed shape: downgrade must convert it back", lm.name)
+		path := filepath.Join(dir, lm.name)
+		if lm.added {
+			must(t, os.Remove(path))
+			continue
 		}
-		must(t, os.Remove(filepath.Join(dir, lm.name)))
+		cur, err := ebpf.LoadPinnedMap(path, nil)
+		must(t, err)
+		size := cur.MaxEntries()
+		must(t, cur.Close())
+		must(t, os.Remove(path))
+		old, err := ebpf.NewMap(&ebpf.MapSpec{Type: lm.typ, KeySize: uint32(binary.Size(lm.key)),
+			ValueSize: uint32(binary.Size(lm.value)), MaxEntries: size})
+		must(t, err)
+		defer old.Close()
+		must(t, old.Update(make([]byte, old.KeySize()), make([]byte, old.ValueSize()), ebpf.UpdateAny))
+		must(t, old.Pin(path))
 	}
 	meta, err := ebpf.LoadPinnedMap(filepath.Join(dir, tcMapTlbMeta), nil)
 	must(t, err)
@@ -202,9 +215,15 @@ func TestUpgradeFromPreviousLayout(t *testing.T) {
 		}
 	}
 	for _, lm := range prevMaps {
-		if _, err := os.Stat(filepath.Join(dir, lm.name)); err != nil {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, lm.name), nil)
+		if err != nil {
 			t.Errorf("%s of layout %d not pinned: %v", lm.name, layoutVersion, err)
+			continue
 		}
+		if want := d2.tcColl.Maps[lm.name].Type(); m.Type() != want {
+			t.Errorf("%s pinned as a %s after the upgrade, want layout %d's %s", lm.name, m.Type(), layoutVersion, want)
+		}
+		m.Close()
 	}
 	// The flow's next packet goes to its backend, the draining one.
 	ack := tcpFrame(client, web.Addr.String(), tcpACK, "x")

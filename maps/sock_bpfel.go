@@ -15,8 +15,11 @@ import (
 
 type sockAffinityKey struct {
 	_      structs.HostLayout
-	Client sockTlbAddr
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type sockAffinityValue struct {
@@ -44,8 +47,11 @@ type sockBackendStats struct {
 }
 
 type sockBackendValue struct {
-	_     structs.HostLayout
-	Addr  sockTlbAddr
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -55,8 +61,14 @@ type sockBackendValue struct {
 
 type sockCt6Key struct {
 	_     structs.HostLayout
-	Saddr sockTlbAddr
-	Daddr sockTlbAddr
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -72,10 +84,16 @@ type sockCt6Pair struct {
 }
 
 type sockCt6Value struct {
-	_       structs.HostLayout
-	Ct      sockCtValue
-	Addr    sockTlbAddr
-	NatAddr sockTlbAddr
+	_    structs.HostLayout
+	Ct   sockCtValue
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	NatAddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type sockCtKey struct {
@@ -160,7 +178,10 @@ type sockMeta struct {
 type sockRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  sockTlbAddr
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -170,14 +191,20 @@ type sockRegistryValue struct {
 type sockSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   sockTlbAddr
-	Port   uint16
-	Pad    [3]uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type sockSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr sockTlbAddr
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -186,12 +213,18 @@ type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      sockTlbAddr
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type sockSvcKey struct {
-	_     structs.HostLayout
-	Vip   sockTlbAddr
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -206,11 +239,6 @@ type sockSvcValue struct {
 	Buffer          uint8
 	Flags           uint8
 	Pad             uint16
-}
-
-type sockTlbAddr struct {
-	_     structs.HostLayout
-	Bytes [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -248,6 +276,7 @@ const (
 	sockProgSockSendmsg6      = "sock_sendmsg6"
 	sockVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	sockVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	sockVarCfgCtSrcSeed       = "cfg_ct_src_seed"
 	sockVarCfgHashSeed        = "cfg_hash_seed"
 	sockVarCfgNetnsCookie     = "cfg_netns_cookie"
 	sockVarCfgNoCheckMtu      = "cfg_no_check_mtu"
@@ -348,6 +377,7 @@ type sockMapSpecs struct {
 type sockVariableSpecs struct {
 	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.VariableSpec `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNetnsCookie     *ebpf.VariableSpec `ebpf:"cfg_netns_cookie"`
 	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
@@ -438,6 +468,7 @@ func (m *sockMaps) Close() error {
 type sockVariables struct {
 	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.Variable `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNetnsCookie     *ebpf.Variable `ebpf:"cfg_netns_cookie"`
 	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`

@@ -255,7 +255,7 @@ const (
 	tcMapSizeDEFAULT_MAX_FRONTENDS  tcMapSize = 100000
 	tcMapSizeDEFAULT_MAX_BACKENDS   tcMapSize = 1000000
 	tcMapSizeDEFAULT_MAX_CONNTRACK  tcMapSize = 262144
-	tcMapSizeDEFAULT_MAX_CT_SRC     tcMapSize = 65536
+	tcMapSizeCT_SRC_CELLS           tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_AFFINITY   tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_IFACES     tcMapSize = 4096
 	tcMapSizeDEFAULT_MAX_SRC_RANGES tcMapSize = 65536
@@ -447,6 +447,7 @@ const (
 	tcProgTcLbEgress        = "tc_lb_egress"
 	tcVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	tcVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	tcVarCfgCtSrcSeed       = "cfg_ct_src_seed"
 	tcVarCfgHashSeed        = "cfg_hash_seed"
 	tcVarCfgNoCheckMtu      = "cfg_no_check_mtu"
 	tcVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
@@ -542,6 +543,7 @@ type tcMapSpecs struct {
 type tcVariableSpecs struct {
 	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.VariableSpec `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
@@ -635,6 +637,7 @@ func (m *tcMaps) Close() error {
 type tcVariables struct {
 	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.Variable `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`

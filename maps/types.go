@@ -277,8 +277,10 @@ type Options struct {
 	// Default DefaultMaxConntrackNew(MaxConntrack).
 	MaxConntrackNew uint32
 	// NewFlowsPerSource is how many flows a second, in bursts of as many,
-	// one source address may start that are not established yet; each
-	// flow that gets established gives its share back. Over it new flows
+	// one source address may start that are not established yet (the
+	// budgets are cells picked by a keyed hash of the source, 65,536 per
+	// family: sources that meet in a cell share its budget); each flow
+	// that gets established gives its share back. Over it new flows
 	// are dropped (StatDropSourceLimit). Default
 	// DefaultNewFlowsPerSource; NoSourceLimit disables the limit.
 	NewFlowsPerSource uint32

@@ -15,8 +15,11 @@ import (
 
 type uplinkAffinityKey struct {
 	_      structs.HostLayout
-	Client uplinkTlbAddr
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type uplinkAffinityValue struct {
@@ -44,8 +47,11 @@ type uplinkBackendStats struct {
 }
 
 type uplinkBackendValue struct {
-	_     structs.HostLayout
-	Addr  uplinkTlbAddr
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -55,8 +61,14 @@ type uplinkBackendValue struct {
 
 type uplinkCt6Key struct {
 	_     structs.HostLayout
-	Saddr uplinkTlbAddr
-	Daddr uplinkTlbAddr
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -72,10 +84,16 @@ type uplinkCt6Pair struct {
 }
 
 type uplinkCt6Value struct {
-	_       structs.HostLayout
-	Ct      uplinkCtValue
-	Addr    uplinkTlbAddr
-	NatAddr uplinkTlbAddr
+	_    structs.HostLayout
+	Ct   uplinkCtValue
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	NatAddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type uplinkCtKey struct {
@@ -160,7 +178,10 @@ type uplinkMeta struct {
 type uplinkRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  uplinkTlbAddr
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -180,14 +201,20 @@ type uplinkRejectRoom struct {
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   uplinkTlbAddr
-	Port   uint16
-	Pad    [3]uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type uplinkSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr uplinkTlbAddr
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -196,12 +223,18 @@ type uplinkSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      uplinkTlbAddr
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type uplinkSvcKey struct {
-	_     structs.HostLayout
-	Vip   uplinkTlbAddr
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -216,11 +249,6 @@ type uplinkSvcValue struct {
 	Buffer          uint8
 	Flags           uint8
 	Pad             uint16
-}
-
-type uplinkTlbAddr struct {
-	_     structs.HostLayout
-	Bytes [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -254,6 +282,7 @@ const (
 	uplinkProgTcUplinkLb        = "tc_uplink_lb"
 	uplinkVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	uplinkVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	uplinkVarCfgCtSrcSeed       = "cfg_ct_src_seed"
 	uplinkVarCfgHashSeed        = "cfg_hash_seed"
 	uplinkVarCfgNoCheckMtu      = "cfg_no_check_mtu"
 	uplinkVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
@@ -349,6 +378,7 @@ type uplinkMapSpecs struct {
 type uplinkVariableSpecs struct {
 	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.VariableSpec `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
@@ -442,6 +472,7 @@ func (m *uplinkMaps) Close() error {
 type uplinkVariables struct {
 	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.Variable `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`

@@ -15,8 +15,11 @@ import (
 
 type xdpAffinityKey struct {
 	_      structs.HostLayout
-	Client xdpTlbAddr
-	SvcId  uint32
+	Client struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	SvcId uint32
 }
 
 type xdpAffinityValue struct {
@@ -44,8 +47,11 @@ type xdpBackendStats struct {
 }
 
 type xdpBackendValue struct {
-	_     structs.HostLayout
-	Addr  xdpTlbAddr
+	_    structs.HostLayout
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -55,8 +61,14 @@ type xdpBackendValue struct {
 
 type xdpCt6Key struct {
 	_     structs.HostLayout
-	Saddr xdpTlbAddr
-	Daddr xdpTlbAddr
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -72,10 +84,16 @@ type xdpCt6Pair struct {
 }
 
 type xdpCt6Value struct {
-	_       structs.HostLayout
-	Ct      xdpCtValue
-	Addr    xdpTlbAddr
-	NatAddr xdpTlbAddr
+	_    structs.HostLayout
+	Ct   xdpCtValue
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	NatAddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type xdpCtKey struct {
@@ -160,7 +178,10 @@ type xdpMeta struct {
 type xdpRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  xdpTlbAddr
+	Addr  struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -180,14 +201,20 @@ type xdpRejectRoom struct {
 type xdpSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   xdpTlbAddr
-	Port   uint16
-	Pad    [3]uint16
+	Addr   struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Port uint16
+	Pad  [3]uint16
 }
 
 type xdpSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr xdpTlbAddr
+	Addr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port uint16
 	Pad  uint16
 }
@@ -196,12 +223,18 @@ type xdpSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      xdpTlbAddr
+	Addr      struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 }
 
 type xdpSvcKey struct {
-	_     structs.HostLayout
-	Vip   xdpTlbAddr
+	_   structs.HostLayout
+	Vip struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -216,11 +249,6 @@ type xdpSvcValue struct {
 	Buffer          uint8
 	Flags           uint8
 	Pad             uint16
-}
-
-type xdpTlbAddr struct {
-	_     structs.HostLayout
-	Bytes [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -253,6 +281,7 @@ const (
 	xdpProgXdpLb             = "xdp_lb"
 	xdpVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	xdpVarCfgCtSrcInterval   = "cfg_ct_src_interval"
+	xdpVarCfgCtSrcSeed       = "cfg_ct_src_seed"
 	xdpVarCfgHashSeed        = "cfg_hash_seed"
 	xdpVarCfgNoCheckMtu      = "cfg_no_check_mtu"
 	xdpVarCfgNoCoarseClock   = "cfg_no_coarse_clock"
@@ -347,6 +376,7 @@ type xdpMapSpecs struct {
 type xdpVariableSpecs struct {
 	CfgCtSrcBurst      *ebpf.VariableSpec `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.VariableSpec `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.VariableSpec `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.VariableSpec `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.VariableSpec `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.VariableSpec `ebpf:"cfg_no_coarse_clock"`
@@ -440,6 +470,7 @@ func (m *xdpMaps) Close() error {
 type xdpVariables struct {
 	CfgCtSrcBurst      *ebpf.Variable `ebpf:"cfg_ct_src_burst"`
 	CfgCtSrcInterval   *ebpf.Variable `ebpf:"cfg_ct_src_interval"`
+	CfgCtSrcSeed       *ebpf.Variable `ebpf:"cfg_ct_src_seed"`
 	CfgHashSeed        *ebpf.Variable `ebpf:"cfg_hash_seed"`
 	CfgNoCheckMtu      *ebpf.Variable `ebpf:"cfg_no_check_mtu"`
 	CfgNoCoarseClock   *ebpf.Variable `ebpf:"cfg_no_coarse_clock"`

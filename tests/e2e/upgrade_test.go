@@ -16,9 +16,9 @@ import (
 	"github.com/topolb/topolb/tools/testbed"
 )
 
-// previousLayoutCommit is the last commit of map layout 5, whose agent an
-// agent of this tree upgrades from (maps/layout5.go).
-const previousLayoutCommit = "0b96faf"
+// previousLayoutCommit is the last commit of map layout 6, whose agent an
+// agent of this tree upgrades from (maps/layout6.go).
+const previousLayoutCommit = "1a4cb88"
 
 // buildPreviousAgent builds cmd/topolb-agent of previousLayoutCommit into
 // the test's temporary directory, from `git archive` (the repository is
