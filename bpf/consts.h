@@ -89,7 +89,7 @@ enum stat_reason {
 	STAT_REJECT = 14,           /* new flows refused on a reject frontend: a reset or port unreachable sent, or the socket call failed */
 	STAT_CT_SWEPT = 15,         /* conntrack entries the agent's sweeps deleted (written by user space) */
 	STAT_REJECT_LIMITED = 16,   /* rejects over the rate limit (enum reject_limit): dropped instead */
-	STAT_ICMP_XLATE = 17,       /* ICMP errors about a translated flow, translated back */
+	STAT_ICMP_XLATE = 17,       /* ICMP and ICMPv6 errors about a translated flow, translated back */
 	STAT_SOCK_XLATE = 18,       /* host-process connects and sends translated to a backend (socket hooks) */
 	STAT_SOCK_REVNAT = 19,      /* host-process peer addresses shown as the frontend (recvmsg, getpeername) */
 	/* Forwarding (bpf/fwd.h). The path of each direction of a flow is

@@ -48,6 +48,8 @@
  * first 8 (RFC 8200 4.3, 4.4, 4.6). */
 #define IP6_EXT_UNIT 8
 #define IP6_HLEN 40
+/* Every IPv6 link carries packets of this size (RFC 8200 5). */
+#define IP6_MIN_MTU 1280
 _Static_assert(sizeof(struct ipv6hdr) == IP6_HLEN, "the fixed IPv6 header is 40 bytes");
 _Static_assert(ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN <= L4_OFF_MASK, "L4_OFF_MASK must cover every IPv6 L4 offset");
 

@@ -23,7 +23,7 @@
  * XDP_TX). Socket hooks refuse with ECONNREFUSED instead (sock_lb.c).
  * The families are twins over shared helpers: the Ethernet header, the
  * reset's segment, the pseudo-header's sum and the rate limit are
- * shared; each family fills its own IP header and quote (reject_*4 and
+ * shared; each family fills its own IP header and quote (reject_* and
  * reject6_*). Only tc hooks answer IPv6 (ipv6.h), so the IPv6 quote is
  * read with bpf_skb_load_bytes: it may reach past the linear area.
  *
@@ -60,8 +60,7 @@ struct reject_frame {
 };
 
 /* An ICMPv6 error quotes as much of the invoking packet as fits in the
- * minimum IPv6 MTU (RFC 4443 2.4 (c), RFC 8200 5). */
-#define IP6_MIN_MTU 1280
+ * minimum IPv6 MTU (RFC 4443 2.4 (c)). */
 #define REJECT6_QUOTE_MAX (IP6_MIN_MTU - IP6_HLEN - ICMP_HLEN)
 
 struct reject6_frame {
