@@ -335,7 +335,9 @@ func TestVerifierEveryConfig(t *testing.T) {
 				}
 				coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})
 				if err != nil {
-					t.Errorf("%s: %v", name, err)
+					// %+v: the verifier's whole log, whose last lines
+					// say why it refused the program.
+					t.Errorf("%s: %+v", name, err)
 					continue
 				}
 				for pname, p := range coll.Programs {
