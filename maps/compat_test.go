@@ -335,9 +335,14 @@ func TestVerifierEveryConfig(t *testing.T) {
 				}
 				coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})
 				if err != nil {
-					// %+v: the verifier's whole log, whose last lines
-					// say why it refused the program.
-					t.Errorf("%s: %+v", name, err)
+					// The verifier's whole log: its last lines say why it
+					// refused the program.
+					var ve *ebpf.VerifierError
+					if errors.As(err, &ve) {
+						t.Errorf("%s: %v\n%+v", name, err, ve)
+					} else {
+						t.Errorf("%s: %v", name, err)
+					}
 					continue
 				}
 				for pname, p := range coll.Programs {
