@@ -351,7 +351,15 @@ static __always_inline int reject6_udp(struct __sk_buff *skb, void *data, void *
 	__u32 icmp_len, sum;
 
 	quote_len &= REJECT6_LEN_MASK;
-	if (quote_len < IP6_HLEN + ICMP_QUOTED_L4 || quote_len > sizeof(f->quote))
+	if (quote_len > sizeof(f->quote))
+		return -1;
+	/* Two separate tests of the register bpf_skb_load_bytes takes: clang
+	 * would fold them into one range test of a copy (quote_len - min),
+	 * and 5.10's verifier then sees a length that may be 0, which its
+	 * size argument refuses ("R3 min value is outside of the allowed
+	 * memory range"). */
+	asm volatile("" : "+r"(quote_len));
+	if (quote_len < IP6_HLEN + ICMP_QUOTED_L4)
 		return -1;
 	icmp_len = sizeof(f->icmp) + quote_len;
 	if (reject6_headers(data, data_end, f, IP6_PROTO_ICMPV6, icmp_len) ||
