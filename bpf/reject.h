@@ -348,22 +348,22 @@ static __always_inline int reject6_udp(struct __sk_buff *skb, void *data, void *
 				       const struct packet *pkt, struct reject6_frame *f)
 {
 	__u32 quote_len = pkt->l3_len < REJECT6_QUOTE_MAX ? pkt->l3_len : REJECT6_QUOTE_MAX;
-	__u32 icmp_len, sum;
+	__u32 icmp_len, sum, rest;
 
 	quote_len &= REJECT6_LEN_MASK;
-	if (quote_len > sizeof(f->quote))
-		return -1;
-	/* Two separate tests of the register bpf_skb_load_bytes takes: clang
-	 * would fold them into one range test of a copy (quote_len - min),
-	 * and 5.10's verifier then sees a length that may be 0, which its
-	 * size argument refuses ("R3 min value is outside of the allowed
-	 * memory range"). */
-	asm volatile("" : "+r"(quote_len));
-	if (quote_len < IP6_HLEN + ICMP_QUOTED_L4)
+	if (quote_len < IP6_HLEN + ICMP_QUOTED_L4 || quote_len > sizeof(f->quote))
 		return -1;
 	icmp_len = sizeof(f->icmp) + quote_len;
+	/* The length bpf_skb_load_bytes takes is the minimum plus the rest,
+	 * masked, computed from an opaque copy: clang spills quote_len
+	 * before its lower bound is tested, and 5.10's verifier does not
+	 * carry that test to the spilled copy, so it would see a length
+	 * that may be 0, which the helper's size argument refuses ("R3 min
+	 * value is outside of the allowed memory range"). */
+	rest = quote_len - (IP6_HLEN + ICMP_QUOTED_L4);
+	asm volatile("" : "+r"(rest));
 	if (reject6_headers(data, data_end, f, IP6_PROTO_ICMPV6, icmp_len) ||
-	    bpf_skb_load_bytes(skb, ETH_HLEN, f->quote, quote_len))
+	    bpf_skb_load_bytes(skb, ETH_HLEN, f->quote, IP6_HLEN + ICMP_QUOTED_L4 + (rest & REJECT6_LEN_MASK)))
 		return -1;
 	/* csum_buf sums whole words: the bytes after an odd quote count as
 	 * zero padding (the buffer is reused). */
