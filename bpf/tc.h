@@ -80,6 +80,7 @@ static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struc
 	void *data_end = (void *)(long)skb->data_end;
 	void *f;
 	int len;
+	__u32 rest;
 
 	if (fam == PKT_IPV6) {
 		f = reject6_frame_get();
@@ -92,11 +93,17 @@ static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struc
 			return TC_ACT_SHOT;
 		len = reject_prepare(data, data_end, pkt, f);
 	}
-	if (len < 0)
+	if (len < ETH_HLEN || len > REJECT6_MAX_LEN)
 		return TC_ACT_SHOT;
-	len &= REJECT6_LEN_MASK;
-	if (len < ETH_HLEN || len > REJECT6_MAX_LEN || bpf_skb_change_tail(skb, len, 0) ||
-	    bpf_skb_store_bytes(skb, 0, f + REJECT_FRAME_OFF, len, 0)) {
+	/* The length is handed to bpf_skb_store_bytes as the Ethernet header
+	 * plus a masked, opaque rest: clang may spill len before its lower
+	 * bound is tested, and 5.10's verifier does not carry the test to
+	 * the spilled copy, so it would see a length that may be 0 (as in
+	 * reject6_udp). */
+	rest = len - ETH_HLEN;
+	asm volatile("" : "+r"(rest));
+	len = ETH_HLEN + (rest & REJECT6_LEN_MASK);
+	if (bpf_skb_change_tail(skb, len, 0) || bpf_skb_store_bytes(skb, 0, f + REJECT_FRAME_OFF, len, 0)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
