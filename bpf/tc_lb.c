@@ -109,7 +109,7 @@ int tc_lb_egress(struct __sk_buff *skb)
 {
 	if (tc_tagged(skb))
 		return TC_PASS;
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+	if (tc_is6(skb))
 		return tc_egress6(skb);
 	return tc_egress4(skb);
 }

@@ -32,11 +32,10 @@ func (tb *testbed) dualStack(t *testing.T) {
 
 // TestRealTrafficIPv6 runs HTTP and UDP over IPv6 from a pod to an IPv6
 // ClusterIP through the pod-veth hook: the client's packets are
-// translated to the backends on its veth (tc_lb), and the node's stack
-// routes them (flow6.h). The local backends' replies are translated back
-// to the frontend on their veths; those of the backend on another node,
-// which arrive on the uplink (whose programs pass IPv6 untouched), on the
-// client's veth as the stack forwards them into the pod (tc_lb_egress6).
+// translated to the backends on its veth (tc_lb) and forwarded (fwd.h).
+// The local backends' replies are translated back to the frontend on
+// their veths; those of the backend on another node on the uplink they
+// arrive on (tc_uplink, tc_lb6).
 // Every answer must come from the frontend's address, with no checksum
 // error anywhere.
 func TestRealTrafficIPv6(t *testing.T) {
