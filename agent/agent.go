@@ -415,7 +415,7 @@ func portKey(p topology.ServicePort) string {
 // Programs reports whether the agent programs frontends of family in
 // scope into its datapath (ProgrammedFamilies). A frontend it does not
 // program is still decided, explained, counted in metrics and
-// health-checked; DebugState.Scopes says what is programmed.
+// health-checked; DebugState.FamiliesByScope says what is programmed.
 func (a *Agent) Programs(family v1.IPFamily, scope topology.Scope) bool {
 	return a.families.Programs(family, scope)
 }
