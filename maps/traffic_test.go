@@ -168,7 +168,9 @@ func httpGets(t *testing.T, from *nettest.NS, url string, n int) map[string]int 
 }
 
 // udpQueries sends n datagrams, each from a new socket (a new flow), and
-// checks every answer comes from the service address.
+// checks every answer comes from the service address. The sockets stay
+// open until it returns, so the kernel gives each its own port and the n
+// flows are n, not fewer when a closed socket's port comes up again.
 func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]int {
 	t.Helper()
 	to := net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vip))
@@ -183,6 +185,7 @@ func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]in
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer c.Close()
 		var name string
 		for attempt := 0; attempt < 3 && name == ""; attempt++ {
 			if _, err := c.WriteTo([]byte(fmt.Sprintf("query %d", i)), to); err != nil {
@@ -198,7 +201,6 @@ func udpQueries(t *testing.T, from *nettest.NS, vip string, n int) map[string]in
 			}
 			name = string(buf[:n])
 		}
-		c.Close()
 		if name == "" {
 			t.Fatalf("query %d: no answer", i)
 		}
