@@ -35,18 +35,22 @@ volatile const __u8 cfg_no_xdp_store_bytes = 0;
 volatile const __u8 cfg_no_set_retval = 0;
 /* cfg_no_fib_src: no BPF_FIB_LOOKUP_SRC (Linux < 6.7, unless backported):
  * the source address of a source-NATed flow is the egress interface's
- * entry of cfg_src_ifindex/cfg_src_addr. */
+ * entry of cfg_src_ifindex and cfg_src_addr (IPv4) or cfg_src_addr6
+ * (IPv6). */
 volatile const __u8 cfg_no_fib_src = 0;
 
 /* COMPAT_SRC_MAX is how many interfaces cfg_src_* name; the agent fills
  * them in order (maps/compat.go, compatSrcMax: change both together). */
 #define COMPAT_SRC_MAX 8
-/* The node's interfaces with an IPv4 address when the agent loaded the
- * programs, by ifindex (host byte order, 0 ends the list), each one's
- * primary address (network byte order) and MTU. Read only with
- * cfg_no_fib_src (addresses) or cfg_no_check_mtu (MTUs). */
+/* The node's interfaces with a global address of either family when the
+ * agent loaded the programs, by ifindex (host byte order, 0 ends the
+ * list), each one's source addresses (network byte order; 0, or ::,
+ * where it has none of that family: maps/compat.go, sourceAddrs, says
+ * which address of several) and MTU. Read only with cfg_no_fib_src
+ * (addresses) or cfg_no_check_mtu (MTUs). */
 volatile const __u32 cfg_src_ifindex[COMPAT_SRC_MAX] = {};
 volatile const __be32 cfg_src_addr[COMPAT_SRC_MAX] = {};
+volatile const __be32 cfg_src_addr6[COMPAT_SRC_MAX][4] = {};
 volatile const __u32 cfg_src_mtu[COMPAT_SRC_MAX] = {};
 
 /* compat_iface returns ifindex's slot in cfg_src_*, or -1. A global
@@ -95,6 +99,28 @@ static __always_inline __be32 compat_fib_src(const struct bpf_fib_lookup *p)
 		return p->ipv4_src;
 	i = compat_iface(p->ifindex);
 	return i < 0 ? 0 : cfg_src_addr[i & (COMPAT_SRC_MAX - 1)];
+}
+
+/* compat_fib_src6 is compat_fib_src for an IPv6 lookup p: it writes the
+ * source address to out, :: when there is none. */
+static __always_inline void compat_fib_src6(const struct bpf_fib_lookup *p, __be32 out[4])
+{
+	int i;
+
+	if (!cfg_no_fib_src) {
+		__builtin_memcpy(out, p->ipv6_src, sizeof(p->ipv6_src));
+		return;
+	}
+	i = compat_iface(p->ifindex);
+	if (i < 0) {
+		__builtin_memset(out, 0, sizeof(p->ipv6_src));
+		return;
+	}
+	i &= COMPAT_SRC_MAX - 1;
+	out[0] = cfg_src_addr6[i][0];
+	out[1] = cfg_src_addr6[i][1];
+	out[2] = cfg_src_addr6[i][2];
+	out[3] = cfg_src_addr6[i][3];
 }
 
 /* compat_fib_mtu_fits asks the FIB whether the IPv4 packet ip, arriving on

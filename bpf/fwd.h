@@ -208,13 +208,13 @@ struct {
 
 /* fwd_resolve6 is fwd_resolve for IPv6 packets from src to dst. With
  * src_out, it asks for the route's preferred source address and writes
- * it there (:: when there is none: no route, no usable address, or a
- * kernel without BPF_FIB_LOOKUP_SRC, whose fallback, the agent's list of
- * interface addresses, holds IPv4's only). */
+ * it there (compat_fib_src6: the FIB's answer, or on a kernel without
+ * BPF_FIB_LOOKUP_SRC the egress interface's address the agent gave; ::
+ * when there is none: no route, no usable address). */
 static __always_inline void fwd_resolve6(void *ctx, __u32 iif, const union tlb_addr *src, const union tlb_addr *dst,
 					 __u8 proto, int no_stack, struct fwd_target *t, union tlb_addr *src_out)
 {
-	int want_src = src_out && !cfg_no_fib_src;
+	int want_src = src_out != NULL;
 	struct bpf_fib_lookup *p;
 	__u32 zero = 0;
 	long rc;
@@ -240,7 +240,7 @@ static __always_inline void fwd_resolve6(void *ctx, __u32 iif, const union tlb_a
 	rc = bpf_fib_lookup(ctx, p, sizeof(*p), compat_fib_flags(want_src));
 	fwd_classify(rc, p, no_stack, t);
 	if (want_src && (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH))
-		__builtin_memcpy(src_out, p->ipv6_src, sizeof(*src_out));
+		compat_fib_src6(p, src_out->v6);
 }
 
 /* fwd_mark_stale makes the next packet of an entry resolve its target

@@ -68,7 +68,7 @@ var compatFeatures = []struct {
 const compatSrcMax = 8
 
 // fibLookupSrcWithout is what the datapath does without BPF_FIB_LOOKUP_SRC.
-var fibLookupSrcWithout = fmt.Sprintf("the source address of a flow source-NATed to a backend on another node is the primary IPv4 address the egress interface had when the agent loaded the programs (of the first %d interfaces with one; a change needs an agent restart); none there, and for every IPv6 flow: the flow is dropped (drop_snat_no_route)", compatSrcMax)
+var fibLookupSrcWithout = fmt.Sprintf("the source address of a flow source-NATed to a backend on another node is the egress interface's address of the flow's family as the agent read it when it loaded the programs (IPv4: its primary address; IPv6: the one the kernel prefers towards a global destination; of the first %d interfaces with a global address; a change needs an agent restart); none there: the flow is dropped (drop_snat_no_route)", compatSrcMax)
 
 // The fallbacks of the features the agent itself uses.
 const (
@@ -149,12 +149,20 @@ func newCompat(r KernelReport, srcs []ifaceAddr) compat {
 	c.knobs[tcVarCfgNoFibSrc] = flag(!r.has(featureFIBLookupSrc))
 	var idx, mtu [compatSrcMax]uint32
 	var addr [compatSrcMax][4]byte
+	var addr6 [compatSrcMax][16]byte
 	for i, s := range srcs {
 		if i == compatSrcMax {
 			break
 		}
-		idx[i], addr[i], mtu[i] = s.ifindex, s.addr.As4(), s.mtu
+		idx[i], mtu[i] = s.ifindex, s.mtu
+		if s.addr.IsValid() {
+			addr[i] = s.addr.As4()
+		}
+		if s.addr6.IsValid() {
+			addr6[i] = s.addr6.As16()
+		}
 	}
+	c.knobs[tcVarCfgSrcAddr6] = addr6
 	c.knobs[tcVarCfgSrcIfindex], c.knobs[tcVarCfgSrcAddr], c.knobs[tcVarCfgSrcMtu] = idx, addr, mtu
 	return c
 }
@@ -168,40 +176,116 @@ func (c compat) now() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-// ifaceAddr is an interface's primary IPv4 address and its MTU.
+// ifaceAddr is an interface's source addresses (sourceAddrs) and its
+// MTU.
 type ifaceAddr struct {
 	ifindex uint32
-	addr    netip.Addr
-	mtu     uint32
+	// addr is its IPv4 source address, addr6 its IPv6 one; the zero Addr
+	// where it has none of the family.
+	addr, addr6 netip.Addr
+	mtu         uint32
 }
 
-// sourceAddrs lists the primary (first, not secondary) IPv4 address of
-// scope global of each interface of the calling thread's network
-// namespace that has one, by ifindex, with the interface's MTU: the
-// source addresses of flows source-NATed out of each without
-// BPF_FIB_LOOKUP_SRC, and the MTUs without bpf_check_mtu.
-func sourceAddrs() ([]ifaceAddr, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return nil, fmt.Errorf("list IPv4 addresses: %w", err)
+// String is how the agent's log shows it.
+func (a ifaceAddr) String() string {
+	show := func(ip netip.Addr) string {
+		if !ip.IsValid() {
+			return "none"
+		}
+		return ip.String()
 	}
-	var out []ifaceAddr
+	return fmt.Sprintf("%d: %s %s mtu %d", a.ifindex, show(a.addr), show(a.addr6), a.mtu)
+}
+
+// sourceAddrs lists the interfaces of the calling thread's network
+// namespace that have a global address of either family, by ifindex, with
+// their source addresses and MTU: the source addresses of flows
+// source-NATed out of each without BPF_FIB_LOOKUP_SRC, and the MTUs
+// without bpf_check_mtu. An interface's addresses are:
+//   - IPv4: its primary (first, not secondary) address of scope global;
+//   - IPv6: the address the kernel would choose as the source towards a
+//     global destination (RFC 6724 as Linux applies it), of those the
+//     dump lists: of scope global (not link-local, not loopback), not
+//     tentative (duplicate address detection still running, unless
+//     optimistic) and not failed; of these, one that is preferred (not
+//     deprecated, not optimistic) before one that is not, one outside
+//     fc00::/7 (the label of a global destination in the default policy
+//     table) before a unique local one, a public one before a temporary
+//     one (privacy extensions: the kernel's default with use_tempaddr
+//     below 2); ties go to the first in the dump, the kernel's own order
+//     (newest first), as they do in the kernel. What depends on the
+//     destination (a matching label, the longest matching prefix) is not
+//     known here.
+func sourceAddrs() ([]ifaceAddr, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	byIndex := map[int]*ifaceAddr{}
+	rank6 := map[int]int{}
 	for _, a := range addrs {
-		if a.Scope != unix.RT_SCOPE_UNIVERSE || a.Flags&unix.IFA_F_SECONDARY != 0 || a.IP.To4() == nil {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.Scope != unix.RT_SCOPE_UNIVERSE {
 			continue
 		}
-		ip, _ := netip.AddrFromSlice(a.IP.To4())
-		if slices.ContainsFunc(out, func(s ifaceAddr) bool { return s.ifindex == uint32(a.LinkIndex) }) {
+		ip = ip.Unmap()
+		rank := 0
+		if ip.Is4() {
+			if a.Flags&unix.IFA_F_SECONDARY != 0 {
+				continue
+			}
+		} else if rank = sourceRank6(ip, a.Flags); rank < 0 {
 			continue
 		}
-		link, err := netlink.LinkByIndex(a.LinkIndex)
-		if err != nil {
-			return nil, fmt.Errorf("read interface %d: %w", a.LinkIndex, err)
+		s := byIndex[a.LinkIndex]
+		if s == nil {
+			link, err := netlink.LinkByIndex(a.LinkIndex)
+			if err != nil {
+				return nil, fmt.Errorf("read interface %d: %w", a.LinkIndex, err)
+			}
+			s = &ifaceAddr{ifindex: uint32(a.LinkIndex), mtu: uint32(link.Attrs().MTU)}
+			byIndex[a.LinkIndex] = s
 		}
-		out = append(out, ifaceAddr{uint32(a.LinkIndex), ip, uint32(link.Attrs().MTU)})
+		switch {
+		case ip.Is4():
+			if !s.addr.IsValid() {
+				s.addr = ip
+			}
+		case !s.addr6.IsValid() || rank < rank6[a.LinkIndex]:
+			s.addr6, rank6[a.LinkIndex] = ip, rank
+		}
+	}
+	out := make([]ifaceAddr, 0, len(byIndex))
+	for _, s := range byIndex {
+		out = append(out, *s)
 	}
 	slices.SortFunc(out, func(a, b ifaceAddr) int { return int(a.ifindex) - int(b.ifindex) })
 	return out, nil
+}
+
+// ula is fc00::/7, unique local addresses (RFC 4193).
+var ula = netip.MustParsePrefix("fc00::/7")
+
+// sourceRank6 ranks a global IPv6 address with flags (IFA_F_*) as a
+// source towards a global destination (sourceAddrs): lower is
+// preferred, -1 is never chosen.
+func sourceRank6(ip netip.Addr, flags int) int {
+	switch {
+	case flags&unix.IFA_F_DADFAILED != 0,
+		flags&unix.IFA_F_TENTATIVE != 0 && flags&unix.IFA_F_OPTIMISTIC == 0:
+		return -1
+	}
+	rank := 0
+	if flags&(unix.IFA_F_DEPRECATED|unix.IFA_F_OPTIMISTIC) != 0 {
+		rank += 4
+	}
+	if ula.Contains(ip) {
+		rank += 2
+	}
+	if flags&unix.IFA_F_TEMPORARY != 0 {
+		rank++
+	}
+	return rank
 }
 
 // errnoENOTSUPP is the kernel's internal ENOTSUPP (include/linux/errno.h),

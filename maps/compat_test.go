@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,7 +18,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/internal/nettest"
 )
 
 // forceFallbacksEnv, when set, makes newDatapath force the fallbacks of
@@ -154,11 +158,12 @@ func TestFallbackClock(t *testing.T) {
 // forced, by what they cover: the clock (conntrack and fragment expiry),
 // MTU checks by FIB lookup (forwarding), XDP replies written byte by byte
 // (rejects), socket hooks refusing with EPERM (real rejects), source NAT
-// addresses from the agent (XDP north-south), and the read-check-delete
-// sweep.
+// addresses from the agent (north-south: XDP's IPv4, tc's IPv6 in tables
+// and with real traffic), and the read-check-delete sweep.
 var fallbackTests = []string{
 	"TestConntrackLifecycle", "TestFragmentTimeout",
 	"TestXDPNorthSouth", "TestTCForwarding", "TestSNATHandoffBeyondMTU",
+	"TestTCUplinkNorthSouth6", "TestUplinkDeliversIPv6",
 	"TestRejects", "TestRejectRealTraffic",
 	"TestSweepConntrack", "TestSweepDeletesOrphans", "TestSweepTakesStaleFlowsWhole",
 }
@@ -319,7 +324,8 @@ func TestVerifierEveryConfig(t *testing.T) {
 	}
 	full := make([]ifaceAddr, compatSrcMax)
 	for i := range full {
-		full[i] = ifaceAddr{ifindex: uint32(i + 1), addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), mtu: 1500}
+		full[i] = ifaceAddr{ifindex: uint32(i + 1), addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}),
+			addr6: netip.AddrFrom16([16]byte{0: 0xfd, 15: byte(i + 1)}), mtu: 1500}
 	}
 	objects := map[string]func() (*ebpf.CollectionSpec, error){"tc": loadTc, "xdp": loadXdp, "uplink": loadUplink}
 	for rname, r := range reports {
@@ -350,6 +356,116 @@ func TestVerifierEveryConfig(t *testing.T) {
 				}
 				coll.Close()
 			}
+		}
+	}
+}
+
+// TestSourceAddrs: the interfaces' source addresses for the fallback of
+// BPF_FIB_LOOKUP_SRC, read by netlink in a namespace of the test's own.
+// a0 has a link-local address, two global ones, and, added after them
+// (so listed before them: the kernel lists an interface's newest address
+// first), a unique local one, a deprecated one and a tentative one, and
+// two IPv4 addresses (the second secondary). Its IPv6 source is one of the
+// two global addresses, the one the kernel itself chooses towards a global
+// destination through a0; its IPv4 source is the primary. a1 has an IPv6
+// address only, lo none that is global: a1 is listed with no IPv4 source,
+// lo not at all.
+func TestSourceAddrs(t *testing.T) {
+	requirePrivileges(t)
+	ns, peer := nettest.NewNS(t, "srcaddr"), nettest.NewNS(t, "srcaddr-peer")
+	must(t, nettest.Veth(ns, "a0", peer, "p0"))
+	must(t, nettest.Veth(ns, "a1", peer, "p1"))
+	must(t, ns.SetMTU("a1", 1400))
+	// Duplicate address detection holds a new address tentative for
+	// dad_transmits seconds (retrans_time 1 s).
+	must(t, ns.Sysctl("net.ipv6.conf.a0.dad_transmits", "100"))
+	nl := ns.Netlink()
+	a0, err := nl.LinkByName("a0")
+	must(t, err)
+	a1, err := nl.LinkByName("a1")
+	must(t, err)
+	add := func(link netlink.Link, prefix string, flags, preferred int) {
+		t.Helper()
+		a, err := netlink.ParseAddr(prefix)
+		must(t, err)
+		a.Flags = flags
+		if preferred >= 0 {
+			a.PreferedLft, a.ValidLft = preferred, 3600
+		}
+		if err := nl.AddrAdd(link, a); err != nil {
+			t.Fatalf("add %s to %s: %v", prefix, link.Attrs().Name, err)
+		}
+	}
+	add(a0, "fe80::5/64", unix.IFA_F_NODAD, -1)
+	add(a0, "2001:db8:1::5/64", unix.IFA_F_NODAD, -1)
+	add(a0, "2001:db8:1::6/64", unix.IFA_F_NODAD, -1)
+	add(a0, "fd00:1::5/64", unix.IFA_F_NODAD, -1)
+	add(a0, "2001:db8:1::7/64", unix.IFA_F_NODAD, 0) // preferred lifetime 0: deprecated
+	add(a0, "2001:db8:1::8/64", 0, -1)               // tentative for 100 s
+	add(a0, "192.0.2.5/24", 0, -1)
+	add(a0, "192.0.2.6/24", 0, -1) // secondary
+	add(a1, "2001:db8:9::1/64", unix.IFA_F_NODAD, -1)
+
+	// The test's premises, as the kernel reports them.
+	flags := map[string]int{}
+	list, err := nl.AddrList(a0, netlink.FAMILY_V6)
+	must(t, err)
+	for _, a := range list {
+		flags[a.IP.String()] = a.Flags
+	}
+	for ip, want := range map[string]int{"2001:db8:1::7": unix.IFA_F_DEPRECATED, "2001:db8:1::8": unix.IFA_F_TENTATIVE} {
+		if flags[ip]&want == 0 {
+			t.Fatalf("%s has flags %#x, want %#x among them", ip, flags[ip], want)
+		}
+	}
+	must(t, ns.AddRouteDev("2001:db8:ff::/64", "a0", ""))
+	routes, err := nl.RouteGet(net.ParseIP("2001:db8:ff::1"))
+	must(t, err)
+	if len(routes) != 1 {
+		t.Fatalf("route to 2001:db8:ff::1: %v", routes)
+	}
+	kernels, ok := netip.AddrFromSlice(routes[0].Src)
+	if !ok || (kernels.String() != "2001:db8:1::5" && kernels.String() != "2001:db8:1::6") {
+		t.Fatalf("the kernel's source towards 2001:db8:ff::1 is %v, want one of the two global addresses", routes[0].Src)
+	}
+
+	var got []ifaceAddr
+	must(t, ns.Do(func() error {
+		got, err = sourceAddrs()
+		return err
+	}))
+	want := []ifaceAddr{
+		{ifindex: uint32(a0.Attrs().Index), addr: netip.MustParseAddr("192.0.2.5"), addr6: kernels, mtu: 1500},
+		{ifindex: uint32(a1.Attrs().Index), addr6: netip.MustParseAddr("2001:db8:9::1"), mtu: 1400},
+	}
+	slices.SortFunc(want, func(a, b ifaceAddr) int { return int(a.ifindex) - int(b.ifindex) })
+	if !slices.Equal(got, want) {
+		t.Errorf("source addresses %v, want %v", got, want)
+	}
+}
+
+// TestSourceRank6 ranks IPv6 sources as sourceAddrs does, by the flags
+// and ranges netlink cannot all give a test (an optimistic address needs
+// optimistic_dad, a temporary one router advertisements).
+func TestSourceRank6(t *testing.T) {
+	global, ulaAddr := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("fd00::1")
+	for _, c := range []struct {
+		name  string
+		ip    netip.Addr
+		flags int
+		want  int
+	}{
+		{"global", global, unix.IFA_F_PERMANENT, 0},
+		{"temporary", global, unix.IFA_F_TEMPORARY, 1},
+		{"unique_local", ulaAddr, 0, 2},
+		{"deprecated", global, unix.IFA_F_DEPRECATED, 4},
+		{"optimistic", global, unix.IFA_F_TENTATIVE | unix.IFA_F_OPTIMISTIC, 4},
+		{"deprecated_temporary_unique_local", ulaAddr, unix.IFA_F_DEPRECATED | unix.IFA_F_TEMPORARY, 7},
+		{"tentative", global, unix.IFA_F_TENTATIVE, -1},
+		{"dad_failed", global, unix.IFA_F_DADFAILED | unix.IFA_F_TENTATIVE, -1},
+	} {
+		if got := sourceRank6(c.ip, c.flags); got != c.want {
+			t.Errorf("%s: rank %d, want %d", c.name, got, c.want)
 		}
 	}
 }

@@ -319,6 +319,7 @@ const (
 	floorVarCfgSnatPortMax     = "cfg_snat_port_max"
 	floorVarCfgSnatPortMin     = "cfg_snat_port_min"
 	floorVarCfgSrcAddr         = "cfg_src_addr"
+	floorVarCfgSrcAddr6        = "cfg_src_addr6"
 	floorVarCfgSrcIfindex      = "cfg_src_ifindex"
 	floorVarCfgSrcMtu          = "cfg_src_mtu"
 )
@@ -420,6 +421,7 @@ type floorVariableSpecs struct {
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
@@ -519,6 +521,7 @@ type floorVariables struct {
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }

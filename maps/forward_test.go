@@ -75,7 +75,15 @@ type fwdEnv struct {
 	mac  map[string][6]byte
 }
 
-func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
+// newFwdEnv builds the forwarding namespace of the picture above, IPv4
+// only, and loads and attaches a datapath in it.
+func newFwdEnv(t *testing.T, opts Options) *fwdEnv { return newFwdEnvFamilies(t, opts, false) }
+
+// newFwdEnvFamilies is newFwdEnv with, when ipv6 is set, the IPv6 half
+// (addIPv6) configured before the datapath loads: the agent reads the
+// interfaces' addresses at load (sourceAddrs, for the fallback of
+// BPF_FIB_LOOKUP_SRC).
+func newFwdEnvFamilies(t *testing.T, opts Options, ipv6 bool) *fwdEnv {
 	t.Helper()
 	requirePrivileges(t)
 	requireTestRunContexts(t)
@@ -125,6 +133,9 @@ func newFwdEnv(t *testing.T, opts Options) *fwdEnv {
 	e.neigh(t, "up1", "10.251.0.2", macNode4)
 	e.neigh(t, "hp1", pod1, e.mac[pod1])
 	e.neigh(t, "hc", podClient, e.mac[podClient])
+	if ipv6 {
+		e.addIPv6(t)
+	}
 
 	opts.PinPath = filepath.Join(bpffs(t), "topolb")
 	opts.NetNS = node.Path
@@ -732,10 +743,7 @@ func (x entry) expectFlow(src, dst string, proto uint8) func(t *testing.T, d *Da
 func TestTCForwarding(t *testing.T) {
 	for _, f := range fwdFamilies {
 		t.Run(f.name, func(t *testing.T) {
-			e := newFwdEnv(t, Options{})
-			if f.ipv6 {
-				e.addIPv6(t)
-			}
+			e := newFwdEnvFamilies(t, Options{}, f.ipv6)
 			runTable(t, e.d, tcForwardingRows(t, e, f))
 		})
 	}

@@ -125,8 +125,7 @@ func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
 // it as tc_uplink_lb does. Every output is checked byte for byte with its
 // checksums, every conntrack entry field by field.
 func TestTCUplinkNorthSouth6(t *testing.T) {
-	e := newFwdEnv(t, Options{UplinkPath: UplinkTC})
-	e.addIPv6(t)
+	e := newFwdEnvFamilies(t, Options{UplinkPath: UplinkTC}, true)
 	d := e.d
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
 	feLocal := extFrontend(ap6(node6, 30080), TCP)

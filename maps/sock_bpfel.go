@@ -288,6 +288,7 @@ const (
 	sockVarCfgSnatPortMax     = "cfg_snat_port_max"
 	sockVarCfgSnatPortMin     = "cfg_snat_port_min"
 	sockVarCfgSrcAddr         = "cfg_src_addr"
+	sockVarCfgSrcAddr6        = "cfg_src_addr6"
 	sockVarCfgSrcIfindex      = "cfg_src_ifindex"
 	sockVarCfgSrcMtu          = "cfg_src_mtu"
 )
@@ -389,6 +390,7 @@ type sockVariableSpecs struct {
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
@@ -480,6 +482,7 @@ type sockVariables struct {
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }

@@ -458,6 +458,7 @@ const (
 	tcVarCfgSnatPortMax     = "cfg_snat_port_max"
 	tcVarCfgSnatPortMin     = "cfg_snat_port_min"
 	tcVarCfgSrcAddr         = "cfg_src_addr"
+	tcVarCfgSrcAddr6        = "cfg_src_addr6"
 	tcVarCfgSrcIfindex      = "cfg_src_ifindex"
 	tcVarCfgSrcMtu          = "cfg_src_mtu"
 )
@@ -554,6 +555,7 @@ type tcVariableSpecs struct {
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
@@ -648,6 +650,7 @@ type tcVariables struct {
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }

@@ -293,6 +293,7 @@ const (
 	uplinkVarCfgSnatPortMax     = "cfg_snat_port_max"
 	uplinkVarCfgSnatPortMin     = "cfg_snat_port_min"
 	uplinkVarCfgSrcAddr         = "cfg_src_addr"
+	uplinkVarCfgSrcAddr6        = "cfg_src_addr6"
 	uplinkVarCfgSrcIfindex      = "cfg_src_ifindex"
 	uplinkVarCfgSrcMtu          = "cfg_src_mtu"
 )
@@ -389,6 +390,7 @@ type uplinkVariableSpecs struct {
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
@@ -483,6 +485,7 @@ type uplinkVariables struct {
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }

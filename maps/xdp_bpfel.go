@@ -292,6 +292,7 @@ const (
 	xdpVarCfgSnatPortMax     = "cfg_snat_port_max"
 	xdpVarCfgSnatPortMin     = "cfg_snat_port_min"
 	xdpVarCfgSrcAddr         = "cfg_src_addr"
+	xdpVarCfgSrcAddr6        = "cfg_src_addr6"
 	xdpVarCfgSrcIfindex      = "cfg_src_ifindex"
 	xdpVarCfgSrcMtu          = "cfg_src_mtu"
 )
@@ -387,6 +388,7 @@ type xdpVariableSpecs struct {
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.VariableSpec `ebpf:"cfg_src_mtu"`
 }
@@ -481,6 +483,7 @@ type xdpVariables struct {
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
+	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
 	CfgSrcMtu          *ebpf.Variable `ebpf:"cfg_src_mtu"`
 }
