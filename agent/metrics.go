@@ -201,8 +201,8 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		ctCreated:        d("topolb_conntrack_flows_created_total", "Flows the datapath created (two entries each), since its maps were created."),
 		ctExpired:        d("topolb_conntrack_expired_total", "Conntrack entries deleted by sweeps after they expired, since the maps were created."),
 		ctEvicted:        d("topolb_conntrack_evicted_total", "Conntrack entries the LRU of the unreplied table evicted to make room (derived at each sweep); established flows are never evicted."),
-		ctTable:          d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).", "table"),
-		ctTableCap:       d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).", "table"),
+		ctTable:          d("topolb_conntrack_table_entries", "Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU), IPv4's, and established_ipv6 and unreplied_ipv6, IPv6's.", "table"),
+		ctTableCap:       d("topolb_conntrack_table_capacity", "Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied, each family's alike).", "table"),
 		snatPorts:        d("topolb_snat_ports_in_use", "SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).", "backend"),
 		snatPortsCap:     d("topolb_snat_ports_capacity", "Size of the SNAT port range (--snat-ports): the ports each backend address:port can be given."),
 		nodeInfo:         d("topolb_node_info", "This agent's node and its zone (topology.kubernetes.io/zone, empty before the Node is seen); always 1. Join on instance to label per-node metrics with the node's zone.", "node", "zone"),
@@ -312,10 +312,18 @@ func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, 
 		counter(c.ctCreated, float64(st.Sweep.Created))
 		counter(c.ctExpired, float64(st.Sweep.Swept))
 		counter(c.ctEvicted, float64(st.Sweep.Evicted))
-		gauge(c.ctTable, float64(st.Sweep.Established), "established")
-		gauge(c.ctTable, float64(st.Sweep.Unreplied), "unreplied")
-		gauge(c.ctTableCap, float64(st.Sweep.EstablishedCap), "established")
-		gauge(c.ctTableCap, float64(st.Sweep.UnrepliedCap), "unreplied")
+		for _, tb := range []struct {
+			name       string
+			live, size int
+		}{
+			{"established", st.Sweep.Established, st.Sweep.EstablishedCap},
+			{"unreplied", st.Sweep.Unreplied, st.Sweep.UnrepliedCap},
+			{"established_ipv6", st.Sweep.Established6, st.Sweep.EstablishedCap},
+			{"unreplied_ipv6", st.Sweep.Unreplied6, st.Sweep.UnrepliedCap},
+		} {
+			gauge(c.ctTable, float64(tb.live), tb.name)
+			gauge(c.ctTableCap, float64(tb.size), tb.name)
+		}
 		for be, n := range st.Sweep.SNATPorts {
 			if n > 0 {
 				gauge(c.snatPorts, float64(n), be.String())

@@ -186,28 +186,34 @@ func (emptyReader) Usage() dpmaps.Usage                     { return dpmaps.Usag
 func (emptyReader) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 func (emptyReader) Kernel() dpmaps.KernelReport             { return dpmaps.KernelReport{} }
 
-// TestUpkeepExportsConntrackTables: what a sweep found of the two
-// conntrack tables and the SNAT ports is exported at the next scrape.
+// TestUpkeepExportsConntrackTables: what a sweep found of the conntrack
+// tables of both families and the SNAT ports is exported at the next
+// scrape.
 func TestUpkeepExportsConntrackTables(t *testing.T) {
 	be := netip.MustParseAddrPort("10.244.2.10:8080")
 	f := &fakeUpkeep{sweep: dpmaps.SweepStats{
-		Established: 30, Unreplied: 700, EstablishedCap: 4096, UnrepliedCap: 1024,
-		SNATPorts: map[netip.AddrPort]int{be: 12, netip.MustParseAddrPort("10.244.3.10:8080"): 0},
+		Established: 30, Unreplied: 700, Established6: 5, Unreplied6: 9, EstablishedCap: 4096, UnrepliedCap: 1024,
+		SNATPorts: map[netip.AddrPort]int{be: 12, netip.MustParseAddrPort("10.244.3.10:8080"): 0, netip.MustParseAddrPort("[fd00:244:2::10]:8080"): 3},
 	}}
 	a := runUpkeep(t, f, 10*time.Millisecond, time.Hour)
 	waitUntil(t, "a sweep", func() bool { return a.UpkeepStatus().Swept })
 	want := `
-# HELP topolb_conntrack_table_capacity Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied).
+# HELP topolb_conntrack_table_capacity Size of each conntrack table (--max-conntrack, --max-conntrack-unreplied, each family's alike).
 # TYPE topolb_conntrack_table_capacity gauge
 topolb_conntrack_table_capacity{table="established"} 4096
+topolb_conntrack_table_capacity{table="established_ipv6"} 4096
 topolb_conntrack_table_capacity{table="unreplied"} 1024
-# HELP topolb_conntrack_table_entries Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU).
+topolb_conntrack_table_capacity{table="unreplied_ipv6"} 1024
+# HELP topolb_conntrack_table_entries Live entries at the last sweep of each conntrack table: established (assured flows, never evicted) and unreplied (flows not established yet and closing ones, LRU), IPv4's, and established_ipv6 and unreplied_ipv6, IPv6's.
 # TYPE topolb_conntrack_table_entries gauge
 topolb_conntrack_table_entries{table="established"} 30
+topolb_conntrack_table_entries{table="established_ipv6"} 5
 topolb_conntrack_table_entries{table="unreplied"} 700
+topolb_conntrack_table_entries{table="unreplied_ipv6"} 9
 # HELP topolb_snat_ports_in_use SNAT ports held by live flows at the last sweep, by backend (each backend address:port has the whole --snat-ports range).
 # TYPE topolb_snat_ports_in_use gauge
 topolb_snat_ports_in_use{backend="10.244.2.10:8080"} 12
+topolb_snat_ports_in_use{backend="[fd00:244:2::10]:8080"} 3
 `
 	err := testutil.CollectAndCompare(NewDatapathCollector(emptyReader{}, a), strings.NewReader(want),
 		"topolb_conntrack_table_entries", "topolb_conntrack_table_capacity", "topolb_snat_ports_in_use")

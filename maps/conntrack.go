@@ -26,9 +26,10 @@ func (k ConntrackKind) String() string {
 	return k.Proto.String() + "_" + k.State
 }
 
-// conntrackKind classifies an entry.
-func conntrackKind(key tcCtKey, v tcCtValue) ConntrackKind {
-	k := ConntrackKind{Proto: Protocol(key.Proto)}
+// conntrackKind classifies an entry of protocol proto (its key's) by its
+// family-neutral part v.
+func conntrackKind(proto uint8, v tcCtValue) ConntrackKind {
+	k := ConntrackKind{Proto: Protocol(proto)}
 	switch tcCtState(v.State) {
 	case tcCtStateCT_TCP_SYN_SENT:
 		k.State = "syn_sent"
@@ -46,19 +47,23 @@ func conntrackKind(key tcCtKey, v tcCtValue) ConntrackKind {
 // SweepStats is what one SweepConntrack saw and did.
 type SweepStats struct {
 	// Live counts the entries left unexpired, by kind (both directions of
-	// a flow count, one entry each), over both tables.
+	// a flow count, one entry each), over all tables of both families.
 	Live map[ConntrackKind]int
-	// Established and Unreplied are the live entries of the established
-	// table (assured flows, never evicted) and of the unreplied one
-	// (flows not established yet and closing ones, LRU).
-	Established, Unreplied int
+	// Established and Unreplied are the live entries of IPv4's
+	// established table (assured flows, never evicted) and of its
+	// unreplied one (flows not established yet and closing ones, LRU);
+	// Established6 and Unreplied6 those of IPv6's tables.
+	Established, Unreplied, Established6, Unreplied6 int
 	// EstablishedCap and UnrepliedCap are the tables' sizes
-	// (Options.MaxConntrack, Options.MaxConntrackNew).
+	// (Options.MaxConntrack, Options.MaxConntrackNew), each family's
+	// tables alike.
 	EstablishedCap, UnrepliedCap int
 	// SNATPorts counts the SNAT ports in use by backend: live reply
-	// entries of source-translated flows, keyed by backend address.
+	// entries of source-translated flows of both families, keyed by
+	// backend address.
 	SNATPorts map[netip.AddrPort]int
-	// Expired is the number of expired entries this sweep deleted.
+	// Expired is the number of expired entries this sweep deleted (of
+	// both families, as are Outdated and Orphans).
 	Expired int
 	// Outdated is the number of flows this sweep marked stale because
 	// their backend id was released after they were created (the change
@@ -152,9 +157,40 @@ func (d *Datapath) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
 // values tcCt6Value).
 func (d *Datapath) ct6Tables() ctTables { return ctTables{d.ct6, d.ct6New} }
 
-// lookup reads k's entry from the first table that holds it.
-func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
-	var v tcCtValue
+// ctFamily is what the sweep needs to know of one address family's
+// conntrack entries, keys K and values V (tcCtKey and tcCtValue, or
+// IPv6's tcCt6Key and tcCt6Value): one code path sweeps both.
+type ctFamily[K comparable, V any] struct {
+	// ct is an entry's family-neutral part (ct6_value embeds ct_value).
+	ct func(V) tcCtValue
+	// peerKey is the key of the other direction's entry (ctPeerKey,
+	// ct6PeerKey).
+	peerKey func(K, V) K
+	// proto is a key's protocol, src its source (for a reply entry, the
+	// backend).
+	proto func(K) uint8
+	src   func(K) netip.AddrPort
+}
+
+// ct4Entries and ct6Entries are the two families' ctFamily.
+var (
+	ct4Entries = ctFamily[tcCtKey, tcCtValue]{
+		ct:      func(v tcCtValue) tcCtValue { return v },
+		peerKey: ctPeerKey,
+		proto:   func(k tcCtKey) uint8 { return k.Proto },
+		src:     func(k tcCtKey) netip.AddrPort { return addrPortFromWire(k.Saddr, k.Sport) },
+	}
+	ct6Entries = ctFamily[tcCt6Key, tcCt6Value]{
+		ct:      func(v tcCt6Value) tcCtValue { return v.Ct },
+		peerKey: ct6PeerKey,
+		proto:   func(k tcCt6Key) uint8 { return k.Proto },
+		src:     func(k tcCt6Key) netip.AddrPort { return addrPortOf(k.Saddr, k.Sport) },
+	}
+)
+
+// lookup reads k's entry from the first of ts that holds it.
+func (f ctFamily[K, V]) lookup(ts ctTables, k K) (V, error) {
+	var v V
 	for _, m := range ts {
 		err := m.Lookup(&k, &v)
 		if !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -162,6 +198,12 @@ func (ts ctTables) lookup(k tcCtKey) (tcCtValue, error) {
 		}
 	}
 	return v, ebpf.ErrKeyNotExist
+}
+
+// snatReply says whether v is the reply entry of a source-translated
+// flow: it holds a SNAT port, by its key's source (the backend).
+func snatReply(v tcCtValue) bool {
+	return tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0
 }
 
 // SweepConntrack deletes expired conntrack entries (each direction is
@@ -222,88 +264,19 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	if err != nil {
 		return st, err
 	}
-	expired6, err := d.sweepExpired6(ctx, tables6, now)
-	st.Expired += expired6
-	if err != nil {
-		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired)))
+	live4, kept4, err := sweepFamily(ctx, d, ct4Entries, tables, now, &st)
+	st.Established, st.Unreplied = live4[0], live4[1]
+	if err == nil {
+		var live6 [2]int
+		var kept6 int
+		live6, kept6, err = sweepFamily(ctx, d, ct6Entries, tables6, now, &st)
+		st.Established6, st.Unreplied6 = live6[0], live6[1]
+		kept4 += kept6
 	}
-	var scans [2]ctScan
-	for i, m := range tables {
-		// Only the unreplied table's entries are kept for the orphan
-		// check: its size bounds the sweep's memory.
-		if scans[i], err = scanConntrack(ctx, m, now, &st, m == tables[1]); err != nil {
-			return st, err
-		}
-	}
-	st.Established, st.Unreplied = scans[0].live, scans[1].live
-	kept := scans[0].live + scans[1].live
-	for i, m := range tables {
-		// A stale flow (its backend released) expired by its forward
-		// entry alone: its reply entry, still live, goes with it, or it
-		// would stay in the established table, which no orphan check
-		// reads, until its own expiry.
-		peers := make(map[tcCtKey]tcCtValue)
-		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, scans[i].expired, func(k tcCtKey, v tcCtValue) bool {
-			if now <= v.Expires || peerLive4(m, k, v, now) {
-				return false
-			}
-			d.addSwept(v) // its counts, for Counters (stale.go)
-			if v.Flags&uint8(tcCtFlagCT_F_STALE) != 0 {
-				peers[ctPeerKey(k, v)] = v
-			}
-			return true
-		})
-		st.Expired += len(deleted)
-		kept += len(scans[i].expired) - len(deleted)
-		if err == nil && len(peers) > 0 {
-			var gone []tcCtKey
-			gone, err = deleteCandidates(ctx, d.compat.lookupAndDelete, m, slices.Collect(maps.Keys(peers)), func(k tcCtKey, v tcCtValue) bool {
-				fwd := peers[k]
-				if tcCtDir(v.Dir) != tcCtDirCT_REVERSE || v.BackendId != fwd.BackendId || v.BackendGen != fwd.BackendGen || now > v.Expires {
-					return false
-				}
-				unlive(&st, i, k, v)
-				return true
-			})
-			st.Expired += len(gone)
-			kept -= len(gone)
-		}
-		if err != nil {
-			return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
-		}
-	}
-	// Orphans: a live entry of the unreplied table whose peer is in
-	// neither table. Only that table loses entries one at a time (LRU
-	// evictions); the established one loses flows whole (an entry is
-	// swept only once its peer expired too, and a closing flow moves out
-	// whole). A peer
-	// missing from the unreplied table's scan is looked up in both
-	// tables before the delete: the flow may be mid-promotion.
-	orphaned := func(k tcCtKey, v tcCtValue) bool {
-		_, err := tables.lookup(ctPeerKey(k, v))
-		if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return false
-		}
-		d.addSwept(v)
-		return true
-	}
-	var candidates []tcCtKey
-	kinds := make(map[tcCtKey]tcCtValue)
-	for _, e := range scans[1].entries {
-		if !scans[1].has(ctPeerKey(e.k, e.v)) {
-			candidates = append(candidates, e.k)
-			kinds[e.k] = e.v
-		}
-	}
-	orphans, err := deleteCandidates(ctx, d.compat.lookupAndDelete, tables[1], candidates, orphaned)
-	st.Orphans = len(orphans)
-	for _, k := range orphans {
-		unlive(&st, 1, k, kinds[k])
-	}
-	kept -= st.Orphans
 	if err != nil {
 		return st, errors.Join(err, addStat(stats, StatConntrackSwept, uint64(st.Expired+st.Orphans)))
 	}
+	kept := kept4
 	if n := st.Expired + st.Orphans; n > 0 {
 		if err := addStat(stats, StatConntrackSwept, uint64(n)); err != nil {
 			return st, err
@@ -322,6 +295,97 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	}
 	st.Duration = time.Since(start)
 	return st, nil
+}
+
+// sweepFamily sweeps one family's tables ts (the established one first)
+// for SweepConntrack, counting into st what it saw and deleted. It
+// returns the live entries left in each table and the entries kept
+// (live, and expired ones kept for their live peer or revived).
+func sweepFamily[K comparable, V any](ctx context.Context, d *Datapath, f ctFamily[K, V], ts ctTables, now uint64, st *SweepStats) (live [2]int, kept int, err error) {
+	var scans [2]ctScan[K, V]
+	for i, m := range ts {
+		// Only the unreplied table's entries are kept for the orphan
+		// check: its size bounds the sweep's memory.
+		if scans[i], err = scanConntrack(ctx, f, m, now, st, i == 1); err != nil {
+			return live, kept, err
+		}
+	}
+	live = [2]int{scans[0].live, scans[1].live}
+	kept = scans[0].live + scans[1].live
+	// unlive takes a live entry the sweep deleted from table i out of
+	// the counts.
+	unlive := func(i int, k K, v tcCtValue) {
+		st.Live[conntrackKind(f.proto(k), v)]--
+		if snatReply(v) {
+			st.SNATPorts[f.src(k)]--
+		}
+		live[i]--
+		kept--
+	}
+	for i, m := range ts {
+		// A stale flow (its backend released) expired by its forward
+		// entry alone: its reply entry, still live, goes with it, or it
+		// would stay in the established table, which no orphan check
+		// reads, until its own expiry.
+		peers := make(map[K]tcCtValue)
+		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, scans[i].expired, func(k K, v V) bool {
+			c := f.ct(v)
+			if now <= c.Expires || f.peerLive(m, k, v, now) {
+				return false
+			}
+			d.addSwept(c) // its counts, for Counters (stale.go)
+			if c.Flags&uint8(tcCtFlagCT_F_STALE) != 0 {
+				peers[f.peerKey(k, v)] = c
+			}
+			return true
+		})
+		st.Expired += len(deleted)
+		kept += len(scans[i].expired) - len(deleted)
+		if err == nil && len(peers) > 0 {
+			var gone []K
+			gone, err = deleteCandidates(ctx, d.compat.lookupAndDelete, m, slices.Collect(maps.Keys(peers)), func(k K, v V) bool {
+				fwd, c := peers[k], f.ct(v)
+				if tcCtDir(c.Dir) != tcCtDirCT_REVERSE || c.BackendId != fwd.BackendId || c.BackendGen != fwd.BackendGen || now > c.Expires {
+					return false
+				}
+				unlive(i, k, c)
+				return true
+			})
+			st.Expired += len(gone)
+		}
+		if err != nil {
+			return live, kept, err
+		}
+	}
+	// Orphans: a live entry of the unreplied table whose peer is in
+	// neither table. Only that table loses entries one at a time (LRU
+	// evictions); the established one loses flows whole (an entry is
+	// swept only once its peer expired too, and a closing flow moves out
+	// whole). A peer
+	// missing from the unreplied table's scan is looked up in both
+	// tables before the delete: the flow may be mid-promotion.
+	orphaned := func(k K, v V) bool {
+		_, err := f.lookup(ts, f.peerKey(k, v))
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false
+		}
+		d.addSwept(f.ct(v))
+		return true
+	}
+	var candidates []K
+	kinds := make(map[K]tcCtValue)
+	for _, e := range scans[1].entries {
+		if !scans[1].has(f.peerKey(e.k, e.v)) {
+			candidates = append(candidates, e.k)
+			kinds[e.k] = f.ct(e.v)
+		}
+	}
+	orphans, err := deleteCandidates(ctx, d.compat.lookupAndDelete, ts[1], candidates, orphaned)
+	st.Orphans += len(orphans)
+	for _, k := range orphans {
+		unlive(1, k, kinds[k])
+	}
+	return live, kept, err
 }
 
 // peerLive reports whether the other direction of the flow whose entry v
@@ -347,130 +411,79 @@ func peerLive(v tcCtValue, now uint64, lookupPeer func(*tcCtValue) error) bool {
 		p.Flags&uint8(tcCtFlagCT_F_STALE) == 0 && now <= p.Expires
 }
 
-// peerLive4 is peerLive for the IPv4 entry v stored under k in m.
-func peerLive4(m *ebpf.Map, k tcCtKey, v tcCtValue, now uint64) bool {
-	return peerLive(v, now, func(p *tcCtValue) error {
-		pk := ctPeerKey(k, v)
-		return m.Lookup(&pk, p)
-	})
-}
-
-// peerLive6 is peerLive for the IPv6 entry v stored under k in m.
-func peerLive6(m *ebpf.Map, k tcCt6Key, v tcCt6Value, now uint64) bool {
-	return peerLive(v.Ct, now, func(p *tcCtValue) error {
-		var pv tcCt6Value
-		pk := ct6PeerKey(k, v)
-		err := m.Lookup(&pk, &pv)
-		*p = pv.Ct
-		return err
-	})
-}
-
-// sweepExpired6 deletes the expired entries of the IPv6 conntrack tables
-// ts (as SweepConntrack the IPv4 ones', with the same atomic take) and
-// returns how many it deleted, keeping an expired entry whose peer is
-// live (peerLive). Only expiry: no orphan check and no SNAT
-// ports (IPv6 flows are never source-translated yet), and the live
-// entries are not counted into SweepStats, which describes IPv4's tables.
-func (d *Datapath) sweepExpired6(ctx context.Context, ts ctTables, now uint64) (int, error) {
-	n := 0
-	for _, m := range ts {
-		var expired []tcCt6Key
-		if err := walkTable(m, func(k tcCt6Key, v tcCt6Value) error {
-			if now > v.Ct.Expires {
-				expired = append(expired, k)
-			}
-			return nil
-		}); err != nil {
-			return n, err
+// peerLive is peerLive for the entry v stored under k in m.
+func (f ctFamily[K, V]) peerLive(m *ebpf.Map, k K, v V, now uint64) bool {
+	return peerLive(f.ct(v), now, func(p *tcCtValue) error {
+		var pv V
+		pk := f.peerKey(k, v)
+		if err := m.Lookup(&pk, &pv); err != nil {
+			return err
 		}
-		deleted, err := deleteCandidates(ctx, d.compat.lookupAndDelete, m, expired, func(k tcCt6Key, v tcCt6Value) bool {
-			if now <= v.Ct.Expires || peerLive6(m, k, v, now) {
-				return false
-			}
-			d.addSwept(v.Ct) // its counts, for Counters (stale.go)
-			return true
-		})
-		n += len(deleted)
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
-// unlive takes a live entry that the sweep deleted, from table i (0 the
-// established one, 1 the unreplied), out of st's counts.
-func unlive(st *SweepStats, i int, k tcCtKey, v tcCtValue) {
-	st.Live[conntrackKind(k, v)]--
-	if tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
-		st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]--
-	}
-	if i == 0 {
-		st.Established--
-	} else {
-		st.Unreplied--
-	}
+		*p = f.ct(pv)
+		return nil
+	})
 }
 
 // ctEntry is one conntrack entry as a scan read it.
-type ctEntry struct {
-	k tcCtKey
-	v tcCtValue
+type ctEntry[K, V any] struct {
+	k K
+	v V
 }
 
 // ctScan is what scanConntrack read from one table.
-type ctScan struct {
+type ctScan[K comparable, V any] struct {
 	// expired are the keys of expired entries, live the number of live
 	// ones. With keep, entries are the live entries and keys every key.
-	expired []tcCtKey
-	entries []ctEntry
-	keys    map[tcCtKey]struct{}
+	expired []K
+	entries []ctEntry[K, V]
+	keys    map[K]struct{}
 	live    int
 }
 
-func (s ctScan) has(k tcCtKey) bool {
+func (s ctScan[K, V]) has(k K) bool {
 	_, ok := s.keys[k]
 	return ok
 }
 
-// scanConntrack reads every entry of one table: expired ones are
-// returned as such, live ones counted by kind into st.Live and, for reply
-// entries of source-translated flows, by backend into st.SNATPorts; with
-// keep, the live entries and all keys are returned too.
-func scanConntrack(ctx context.Context, ct *ebpf.Map, now uint64, st *SweepStats, keep bool) (ctScan, error) {
-	keys := make([]tcCtKey, sweepBatch)
-	vals := make([]tcCtValue, sweepBatch)
-	scan := ctScan{keys: make(map[tcCtKey]struct{})}
+// scanConntrack reads every entry of one table of family f: expired
+// ones are returned as such, live ones counted by kind into st.Live and,
+// for reply entries of source-translated flows, by backend into
+// st.SNATPorts; with keep, the live entries and all keys are returned
+// too.
+func scanConntrack[K comparable, V any](ctx context.Context, f ctFamily[K, V], ct *ebpf.Map, now uint64, st *SweepStats, keep bool) (ctScan[K, V], error) {
+	keys := make([]K, sweepBatch)
+	vals := make([]V, sweepBatch)
+	scan := ctScan[K, V]{keys: make(map[K]struct{})}
 	var cursor ebpf.MapBatchCursor
 	for {
 		if err := ctx.Err(); err != nil {
-			return ctScan{}, err
+			return ctScan[K, V]{}, err
 		}
 		n, err := ct.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
 			k, v := keys[i], vals[i]
+			c := f.ct(v)
 			if keep {
 				scan.keys[k] = struct{}{}
 			}
-			if now > v.Expires {
+			if now > c.Expires {
 				scan.expired = append(scan.expired, k)
 				continue
 			}
 			if keep {
-				scan.entries = append(scan.entries, ctEntry{k, v})
+				scan.entries = append(scan.entries, ctEntry[K, V]{k, v})
 			}
-			st.Live[conntrackKind(k, v)]++
+			st.Live[conntrackKind(f.proto(k), c)]++
 			scan.live++
-			if tcCtDir(v.Dir) == tcCtDirCT_REVERSE && v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0 {
-				st.SNATPorts[addrPortFromWire(k.Saddr, k.Sport)]++
+			if snatReply(c) {
+				st.SNATPorts[f.src(k)]++
 			}
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return scan, nil
 		}
 		if err != nil {
-			return ctScan{}, fmt.Errorf("read conntrack: %w", err)
+			return ctScan[K, V]{}, fmt.Errorf("read conntrack: %w", err)
 		}
 	}
 }

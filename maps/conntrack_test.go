@@ -37,7 +37,7 @@ func ctKey(src, dst string, proto uint8) tcCtKey {
 // readCT reads k's entry from whichever conntrack table holds it.
 func readCT(t *testing.T, d *Datapath, k tcCtKey) tcCtValue {
 	t.Helper()
-	v, err := d.ctTables().lookup(k)
+	v, err := ct4Entries.lookup(d.ctTables(), k)
 	if err != nil {
 		t.Fatalf("conntrack entry %s -> %s: %v", addrPortFromWire(k.Saddr, k.Sport), addrPortFromWire(k.Daddr, k.Dport), err)
 	}
@@ -541,7 +541,7 @@ func TestSweepConntrack(t *testing.T) {
 	if st.Expired != 4 || st.Swept != 4 || st.Created != 6 || st.Replaced != 0 || st.Evicted != 0 {
 		t.Errorf("expired %d, swept %d, created %d, replaced %d, evicted %d; want 4, 4, 6, 0, 0", st.Expired, st.Swept, st.Created, st.Replaced, st.Evicted)
 	}
-	if _, err := d.ctTables().lookup(ctKey("10.0.9.1:1000", vipTCP, protoTCP)); !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if _, err := ct4Entries.lookup(d.ctTables(), ctKey("10.0.9.1:1000", vipTCP, protoTCP)); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Errorf("expired entry still there: %v", err)
 	}
 	if readCT(t, d, ctKey("10.0.9.2:1000", vipTCP, protoTCP)).Expires == 0 {

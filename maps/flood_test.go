@@ -247,38 +247,89 @@ func TestSNATPortReclaim(t *testing.T) {
 	})
 }
 
-// TestSweepDeletesOrphans plants a flow whose reply entry is gone (as an
-// LRU eviction leaves it) and a source-translated flow: the sweep deletes
-// the orphan, keeps the whole flow, and counts the SNAT port by backend.
+// TestSweepDeletesOrphans plants, in each family, a flow whose reply
+// entry is gone (as an LRU eviction leaves it) and a source-translated
+// flow: the sweep deletes the orphan, keeps the whole flow, counts the
+// SNAT port by backend and each table's live entries in the family's
+// counts.
 func TestSweepDeletesOrphans(t *testing.T) {
-	d := setupTable(t)
-	whole := flowOf("10.0.9.1:1000", vipTCP, beTCP, protoTCP)
-	half := flowOf("10.0.9.2:1000", vipTCP, beTCP, protoTCP)
-	for _, c := range []string{"10.0.9.1:1000", "10.0.9.2:1000"} {
-		if ret, _ := run(t, d.tcProg, tcpFrame(c, vipTCP, tcpSYN, "").bytes()); ret != tcOK {
-			t.Fatalf("SYN from %s: verdict %d", c, ret)
-		}
-	}
-	must(t, d.ctNew.Delete(&half.rev))
-	plantSNATFlow("192.0.2.1:5000", "10.250.0.1:30080", "10.244.2.10:8080", "10.250.0.1:61000", protoTCP)(t, d)
+	for _, c := range []struct {
+		name                                      string
+		a                                         tcAddrs
+		snatClient, snatVIP, snatBackend, snatNAT string
+	}{
+		{"ipv4", tcFamilies[0].addrs, "192.0.2.1:5000", "10.250.0.1:30080", "10.244.2.10:8080", "10.250.0.1:61000"},
+		{"ipv6", tcFamilies[1].addrs, "[2001:db8:113::1]:5000", "[fd00:250::1]:30080", "[fd00:244:2::10]:8080", "[fd00:250::1]:61000"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := setupTableFor(t, c.a)
+			ip := netip.MustParseAddrPort(c.a.client).Addr()
+			src := func(i int) string { return netip.AddrPortFrom(ip, uint16(1000+i)).String() }
+			for i := range 2 {
+				if ret, _ := run(t, d.tcProg, tcpFrame(src(i), c.a.vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+					t.Fatalf("SYN from %s: verdict %d", src(i), ret)
+				}
+			}
+			// The second flow's reply entry, evicted.
+			must(t, ctEdit(d, c.a.beTCP, src(1), protoTCP, func(m *ebpf.Map, k any) error { return m.Delete(k) }))
+			plantSNATFlow(c.snatClient, c.snatVIP, c.snatBackend, c.snatNAT, protoTCP)(t, d)
 
-	st, err := d.SweepConntrack(t.Context())
-	must(t, err)
-	t.Logf("%+v", st)
-	if st.Orphans != 1 {
-		t.Errorf("orphans deleted = %d, want 1", st.Orphans)
+			st, err := d.SweepConntrack(t.Context())
+			must(t, err)
+			t.Logf("%+v", st)
+			if st.Orphans != 1 {
+				t.Errorf("orphans deleted = %d, want 1", st.Orphans)
+			}
+			if err := ctEdit(d, src(1), c.a.vipTCP, protoTCP, nil); !errors.Is(err, ebpf.ErrKeyNotExist) {
+				t.Errorf("the orphaned forward entry is still there: %v", err)
+			}
+			for _, k := range [][2]string{{src(0), c.a.vipTCP}, {c.a.beTCP, src(0)}} {
+				if err := ctEdit(d, k[0], k[1], protoTCP, nil); err != nil {
+					t.Errorf("entry %s -> %s of the whole flow: %v", k[0], k[1], err)
+				}
+			}
+			if got := st.SNATPorts[netip.MustParseAddrPort(c.snatBackend)]; got != 1 || len(st.SNATPorts) != 1 {
+				t.Errorf("SNAT ports in use = %v, want 1 for %s", st.SNATPorts, c.snatBackend)
+			}
+			want := [4]int{2, 2, 0, 0} // established and unreplied: IPv4's, IPv6's
+			if ip.Is6() {
+				want = [4]int{0, 0, 2, 2}
+			}
+			if got := [4]int{st.Established, st.Unreplied, st.Established6, st.Unreplied6}; got != want {
+				t.Errorf("live entries (established, unreplied; IPv4's, IPv6's) %v, want %v", got, want)
+			}
+			if want := map[ConntrackKind]int{{TCP, "established"}: 2, {TCP, "syn_sent"}: 2}; fmt.Sprint(st.Live) != fmt.Sprint(want) {
+				t.Errorf("live = %v, want %v", st.Live, want)
+			}
+		})
 	}
-	if _, err := d.ctTables().lookup(half.fwd); !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Errorf("the orphaned forward entry is still there: %v", err)
+}
+
+// ctEdit calls f, when not nil, with the table of either family
+// (IPv4's or IPv6's, as src's address is) that holds the entry from src
+// to dst, and a pointer to its key; it returns f's error, or the lookup's
+// (ebpf.ErrKeyNotExist when no table holds it).
+func ctEdit(d *Datapath, src, dst string, proto uint8, f func(m *ebpf.Map, key any) error) error {
+	var key, val any
+	ts := d.ctTables()
+	if netip.MustParseAddrPort(src).Addr().Is4() {
+		k := ctKey(src, dst, proto)
+		key, val = &k, new(tcCtValue)
+	} else {
+		k := ct6Key(src, dst, proto)
+		key, val, ts = &k, new(tcCt6Value), d.ct6Tables()
 	}
-	readCT(t, d, whole.fwd)
-	readCT(t, d, whole.rev)
-	if got := st.SNATPorts[netip.MustParseAddrPort("10.244.2.10:8080")]; got != 1 || len(st.SNATPorts) != 1 {
-		t.Errorf("SNAT ports in use = %v, want 1 for 10.244.2.10:8080", st.SNATPorts)
+	for _, m := range ts {
+		err := m.Lookup(key, val)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil || f == nil {
+			return err
+		}
+		return f(m, key)
 	}
-	if st.Established != 2 || st.Unreplied != 2 {
-		t.Errorf("established %d, unreplied %d entries; want 2, 2", st.Established, st.Unreplied)
-	}
+	return ebpf.ErrKeyNotExist
 }
 
 // TestConntrackOrphanForward evicts a flow's reply entry, as the LRU of

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 )
@@ -178,8 +179,9 @@ func TestIPv6PassesUntouched(t *testing.T) {
 }
 
 // TestSweepConntrackIPv6 checks that a sweep deletes the expired entries
-// of the IPv6 conntrack tables, leaves the live ones, and keeps the
-// deleted flows' counts in their frontend's.
+// of the IPv6 conntrack tables, leaves the live ones and counts them as
+// IPv4's (by kind and table, none evicted), and keeps the deleted flows'
+// counts in their frontend's.
 func TestSweepConntrackIPv6(t *testing.T) {
 	a := tcFamilies[1].addrs
 	d := setupTableFor(t, a)
@@ -209,8 +211,11 @@ func TestSweepConntrackIPv6(t *testing.T) {
 	}
 	st, err := d.SweepConntrack(t.Context())
 	must(t, err)
-	if st.Expired != 2 {
-		t.Errorf("sweep expired %d entries, want 2", st.Expired)
+	if st.Expired != 2 || st.Created != 2 || st.Evicted != 0 {
+		t.Errorf("sweep expired %d entries, of %d flows created, %d evicted; want 2, 2, 0", st.Expired, st.Created, st.Evicted)
+	}
+	if want := map[ConntrackKind]int{{UDP, ""}: 2}; fmt.Sprint(st.Live) != fmt.Sprint(want) || st.Unreplied6 != 2 || st.Established6 != 0 {
+		t.Errorf("live %v, %d unreplied and %d established IPv6 entries; want %v, 2, 0", st.Live, st.Unreplied6, st.Established6, want)
 	}
 	left := map[uint8]int{}
 	for _, m := range d.ct6Tables() {
