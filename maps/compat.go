@@ -36,7 +36,7 @@ var newHelpers = map[asm.BuiltinFunc]newHelper{
 	asm.FnKtimeGetCoarseNs: {"5.11", tcVarCfgNoCoarseClock,
 		"the datapath's clock is CLOCK_MONOTONIC (bpf_ktime_get_ns), and the agent's expiry math reads the same"},
 	asm.FnCheckMtu: {"5.12", tcVarCfgNoCheckMtu,
-		fmt.Sprintf("a forwarded packet is checked against the MTU its egress interface had when the agent loaded the programs (of the first %d interfaces with an IPv4 address), else by a FIB lookup per packet (XDP: the route's MTU; tc: the egress device's, once the next hop's neighbour entry exists; an IPv6 packet is let through); a GSO packet's segments are not checked", compatSrcMax)},
+		fmt.Sprintf("a forwarded packet is checked against the MTU its egress interface had when the agent loaded the programs (of the first %d interfaces with a global address), else by a FIB lookup per packet (XDP: the route's MTU; tc: the egress device's, once the next hop's neighbour entry exists; an IPv6 packet is let through); a GSO packet's segments are not checked", compatSrcMax)},
 	asm.FnXdpStoreBytes: {"5.18", tcVarCfgNoXdpStoreBytes,
 		"XDP writes its reject replies into the frame byte by byte"},
 	asm.FnSetRetval: {"5.18", tcVarCfgNoSetRetval,
