@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // The tests here check issue 9's promise: a control-plane change (a pod
@@ -143,16 +144,28 @@ func allEndpoints(t *testing.T, spec *testbed.Spec) testbed.ServiceSpec {
 // the pod's server would) and is removed. Long-lived TCP connections and
 // connected UDP flows, and a steady stream of new flows, run throughout.
 // Not one request may fail, no long-lived flow may move or break while its
-// backend serves, and no new flow may reach a terminating backend.
+// backend serves, and no new flow may reach a terminating backend. The
+// Service is dual stack and the rollout runs once per IP family, from the
+// same start, on one testbed.
 func TestRollingUpdateKeepsConnections(t *testing.T) {
 	requireRoot(t)
-	spec := demoSpec(t)
+	spec := dualStackSpec(t)
 	tb := newTestbed(t, spec)
 	withAgents.start(t, tb)
-	svc := allEndpoints(t, spec) // web-a1 a2 b1 b2 c1 c2; web-a3 is the spare
+	start := allEndpoints(t, spec) // web-a1 a2 b1 b2 c1 c2; web-a3 is the spare
+	start.IPFamilies = bothFamilies
+	inEachFamily(t, tb, topology.ScopeInternal, func(t *testing.T, family v1.IPFamily) {
+		rollOut(t, tb, start, family)
+	})
+	noChecksumErrors(t, tb)
+}
+
+// rollOut is TestRollingUpdateKeepsConnections's rollout of svc's
+// backends, with its flows in family.
+func rollOut(t *testing.T, tb *testbed.Testbed, svc testbed.ServiceSpec, family v1.IPFamily) {
 	apply(t, tb, []testbed.ServiceSpec{svc})
 	client := tb.Pod("client")
-	target := targets(t, tb, client)
+	target := targetsOf(t, tb, client, family)
 	flows := openFlows(t, client, target, 18)
 	if got := backendsOf(flows); len(got) < 4 {
 		t.Fatalf("long-lived flows on %v only: too few backends to test", got)
@@ -198,7 +211,6 @@ func TestRollingUpdateKeepsConnections(t *testing.T) {
 		t.Errorf("no long-lived flow was on a terminating backend: the test checks nothing")
 	}
 	t.Logf("%d long-lived flows kept their terminating backend; %d new flows, none failed", terminatingKept, n)
-	noChecksumErrors(t, tb)
 }
 
 // TestPolicyFlipsKeepConnections: when a hint change or a zone threshold
