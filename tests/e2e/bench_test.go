@@ -204,6 +204,11 @@ func selectedMetrics() ([]string, error) {
 //
 //	BENCH e2e impl=<...> services=<n> metric=<...> value=<mean> ci95=<±> ratio_vs_nftables=<mean> ratio_ci95=<±> verdict=<met|not met|n/a>
 //
+// and, per implementation that measured both floods, the mean of the
+// per-round ratios of its IPv6 rate to its IPv4 one:
+//
+//	BENCH e2e impl=<...> services=<n> ratio=pps_ipv6/pps value=<mean> ci95=<±>
+//
 // and a GOAL line per goal. A goal is met only when the whole confidence
 // interval of its ratio is on the right side. Run it with `make
 // bench-e2e`.
