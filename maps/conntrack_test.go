@@ -460,42 +460,116 @@ func establishTCP(t *testing.T, d *Datapath, src, vip, backend string) {
 	}
 }
 
-// TestSweepKeepsAFlowWithALiveHalf checks the sweep deletes an expired
-// entry of an assured flow only once its other direction expired too:
-// each direction refreshes its own entry (ct_refreshes_alone), and a
-// one-way stream keeps its silent half.
+// TestSweepKeepsAFlowWithALiveHalf checks, in each family tc translates,
+// the sweep deletes an expired entry of an assured flow only once its
+// other direction expired too: each direction refreshes its own entry
+// (ct_refreshes_alone), and a one-way stream keeps its silent half.
 func TestSweepKeepsAFlowWithALiveHalf(t *testing.T) {
-	d := newDatapath(t, Options{})
-	f := fe(vipTCP, TCP)
-	a := be("10.1.0.1:8080")
-	mustSet(t, d, f, a)
-	src := "10.0.0.5:20001"
-	establishTCP(t, d, src, vipTCP, a.Addr.String())
-	flow := flowOf(src, vipTCP, a.Addr.String(), protoTCP)
-	expectTable(flow, true)(t, d)
-	for _, silent := range []tcCtKey{flow.rev, flow.fwd} {
-		live := flow.fwd
-		if silent == flow.fwd {
-			live = flow.rev
-		}
-		setEntryExpires(silent, -time.Second)(t, d)
-		setEntryExpires(live, time.Hour)(t, d)
-		st, err := d.SweepConntrack(t.Context())
-		if err != nil {
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			a := fam.addrs
+			d := newDatapath(t, Options{})
+			mustSet(t, d, fe(a.vipTCP, TCP), be(a.beTCP))
+			establishTCP(t, d, a.client, a.vipTCP, a.beTCP)
+			ts := d.ctTablesOf(netip.MustParseAddrPort(a.client).Addr())
+			dirName := map[tcCtDir]string{tcCtDirCT_FORWARD: "forward", tcCtDirCT_REVERSE: "reverse"}
+			expectBothAssured := func(when string) {
+				t.Helper()
+				got := map[tcCtDir]int{}
+				editEntries(t, ts, func(table int, v *tcCtValue) bool {
+					if table != 0 || v.Flags&uint8(tcCtFlagCT_F_ASSURED) == 0 {
+						t.Errorf("%s: %s entry in table %d with flags %#x, want assured in the established table", when, dirName[tcCtDir(v.Dir)], table, v.Flags)
+					}
+					got[tcCtDir(v.Dir)]++
+					return false
+				})
+				if got[tcCtDirCT_FORWARD] != 1 || got[tcCtDirCT_REVERSE] != 1 || len(got) != 2 {
+					t.Fatalf("%s: entries by direction %v, want one forward and one reverse", when, got)
+				}
+			}
+			expectBothAssured("established")
+			// expireDir plants expiry now+offset in dir's entry, or in
+			// both entries when dir is 0.
+			expireDir := func(dir tcCtDir, offset time.Duration) {
+				at := uint64(int64(nowNS(t)) + int64(offset))
+				editEntries(t, ts, func(_ int, v *tcCtValue) bool {
+					if dir != 0 && tcCtDir(v.Dir) != dir {
+						return false
+					}
+					v.Expires = at
+					return true
+				})
+			}
+			for _, silent := range []tcCtDir{tcCtDirCT_REVERSE, tcCtDirCT_FORWARD} {
+				live := tcCtDirCT_FORWARD
+				if silent == tcCtDirCT_FORWARD {
+					live = tcCtDirCT_REVERSE
+				}
+				expireDir(silent, -time.Second)
+				expireDir(live, time.Hour)
+				st, err := d.SweepConntrack(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Expired != 0 {
+					t.Fatalf("sweep deleted %d entries of a flow whose %s half is live", st.Expired, dirName[live])
+				}
+				expectBothAssured(dirName[silent] + " half silent")
+			}
+			expireDir(0, -time.Second)
+			st, err := d.SweepConntrack(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := 0
+			editEntries(t, ts, func(int, *tcCtValue) bool { left++; return false })
+			if st.Expired != 2 || left != 0 {
+				t.Errorf("sweep of a flow expired both ways: expired %d, %d entries left; want 2 and 0", st.Expired, left)
+			}
+		})
+	}
+}
+
+// ctTablesOf returns the conntrack tables of addr's family.
+func (d *Datapath) ctTablesOf(addr netip.Addr) ctFamilyTables {
+	if addr.Is4() {
+		return ctFamilyTables{tables: d.ctTables()}
+	}
+	return ctFamilyTables{tables: d.ct6Tables(), is6: true}
+}
+
+// ctFamilyTables are one family's conntrack tables, whose keys and values
+// are tcCtKey and tcCtValue (IPv4) or tcCt6Key and tcCt6Value (IPv6).
+type ctFamilyTables struct {
+	tables ctTables
+	is6    bool
+}
+
+// editEntries calls edit with the family-neutral part of every entry of
+// ts and the table it is in (0 the established one, 1 the unreplied), and
+// writes back each entry edit reports it changed.
+func editEntries(t *testing.T, ts ctFamilyTables, edit func(table int, v *tcCtValue) bool) {
+	t.Helper()
+	if ts.is6 {
+		editEntriesOf[tcCt6Key](t, ts.tables, func(v *tcCt6Value) *tcCtValue { return &v.Ct }, edit)
+		return
+	}
+	editEntriesOf[tcCtKey](t, ts.tables, func(v *tcCtValue) *tcCtValue { return v }, edit)
+}
+
+// editEntriesOf is editEntries for tables whose entries have keys K and
+// values V, whose family-neutral part ct returns.
+func editEntriesOf[K, V any](t *testing.T, ts ctTables, ct func(*V) *tcCtValue, edit func(table int, v *tcCtValue) bool) {
+	t.Helper()
+	for i, m := range ts {
+		if err := walkTable(m, func(k K, v V) error {
+			if !edit(i, ct(&v)) {
+				return nil
+			}
+			return m.Update(&k, &v, ebpf.UpdateExist)
+		}); err != nil {
 			t.Fatal(err)
 		}
-		if st.Expired != 0 {
-			t.Fatalf("sweep deleted %d entries of a flow whose other half is live", st.Expired)
-		}
-		expectTable(flow, true)(t, d)
-	}
-	setExpires(flow, -time.Second)(t, d)
-	st, err := d.SweepConntrack(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Expired != 2 || st.Established != 0 {
-		t.Errorf("sweep of a flow expired both ways: expired %d, established left %d; want 2 and 0", st.Expired, st.Established)
 	}
 }
 

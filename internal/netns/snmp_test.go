@@ -45,6 +45,29 @@ func TestParseSNMP(t *testing.T) {
 	}
 }
 
+func TestParseSNMP6(t *testing.T) {
+	s, err := ParseSNMP6(strings.NewReader("Ip6InReceives                   \t12\nUdp6NoPorts \t7\nUdp6InCsumErrors\t0\nUdpLite6NoPorts 1\n\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		proto, field string
+		want         uint64
+	}{{"Ip6", "InReceives", 12}, {"Udp6", "NoPorts", 7}, {"Udp6", "InCsumErrors", 0}, {"UdpLite6", "NoPorts", 1}} {
+		if v, err := s.Counter(c.proto, c.field); err != nil || v != c.want {
+			t.Errorf("Counter(%s, %s) = %d, %v; want %d", c.proto, c.field, v, err, c.want)
+		}
+	}
+	if v, err := s.Counter("Udp", "NoPorts"); err == nil {
+		t.Errorf("IPv4's Udp NoPorts read from snmp6: %d", v)
+	}
+	for _, bad := range []string{"Udp6NoPorts x\n", "Udp6NoPorts 1 2\n", "NoPorts 1\n", "Udp6 1\n", "6NoPorts 1\n"} {
+		if s, err := ParseSNMP6(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseSNMP6(%q) = %v, want an error", bad, s)
+		}
+	}
+}
+
 func TestGrowth(t *testing.T) {
 	if g, err := Growth(5, 12); err != nil || g != 7 {
 		t.Errorf("Growth(5, 12) = %d, %v", g, err)

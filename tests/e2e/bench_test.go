@@ -55,13 +55,15 @@ const (
 //     updates; one per implementation, so no implementation's update is
 //     another's.
 //   - sink: UDP to port 9 of web-b1 (node-b1), where nothing listens: the
-//     pod-to-remote flood; the backend counts arrivals as Udp NoPorts.
+//     pod-to-remote flood; the backend counts arrivals as Udp NoPorts (Udp6
+//     NoPorts). Dual stack: the same flood in IPv6 to its IPv6 cluster IP.
 //   - ns: NodePort UDP 30909 to web-b1's port 9 (the outside flood, through
 //     node-a1's NodePort to a backend on another node), and NodePort UDP
 //     30953 to the echo port, to see whether NodePorts are balanced.
 var (
 	fastVIP    = netip.MustParseAddrPort("10.96.0.40:80")
 	sinkVIP    = netip.MustParseAddrPort("10.96.0.30:9")
+	sinkVIP6   = netip.MustParseAddrPort("[fd00:10:96::1e]:9")
 	flipVIPs   = map[string]netip.AddrPort{implTopolb: netip.MustParseAddrPort("10.96.0.21:80"), implNFT: netip.MustParseAddrPort("10.96.0.22:80"), implIPT: netip.MustParseAddrPort("10.96.0.23:80")}
 	nsSinkPort = uint16(30909)
 	nsEchoPort = uint16(30953)
@@ -70,12 +72,13 @@ var (
 // nginxPort is where the fast backends' nginx listens.
 const nginxPort = 8088
 
-// benchSpec is the demo testbed with an outside client whose traffic
-// enters at node-a1, the client's node.
+// benchSpec is the demo testbed, dual stack (for pps_ipv6), with an
+// outside client whose traffic enters at node-a1, the client's node.
 func benchSpec(b testing.TB) *testbed.Spec {
 	b.Helper()
 	spec := demoSpec(b)
 	spec.Outside.IngressNode = "node-a1"
+	spec.DualStack = true
 	return spec
 }
 
@@ -85,7 +88,7 @@ func benchServices(web testbed.ServiceSpec, flipTo map[string]string) []testbed.
 		web,
 		{Name: "fast", ClusterIP: fastVIP.Addr().String(), Hints: testbed.HintsZone, Endpoints: zoneHinted,
 			Ports: []testbed.PortSpec{{Name: "http", Port: int32(fastVIP.Port()), TargetPort: nginxPort}}},
-		{Name: "sink", ClusterIP: sinkVIP.Addr().String(), Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}},
+		{Name: "sink", ClusterIP: sinkVIP.Addr().String(), ClusterIPv6: sinkVIP6.Addr().String(), IPFamilies: bothFamilies, Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}},
 			Ports: []testbed.PortSpec{{Name: "sink", Protocol: v1.ProtocolUDP, Port: 9, TargetPort: 9}}},
 		{Name: "ns", ClusterIP: "10.96.0.31", Type: v1.ServiceTypeNodePort, Endpoints: []testbed.EndpointSpec{{Pod: "web-b1"}},
 			Ports: []testbed.PortSpec{
@@ -109,7 +112,7 @@ func flipService(impl, to string) testbed.ServiceSpec {
 }
 
 // Metrics, in the order they are printed.
-var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "pps", "ns_pps",
+var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req", "pps", "pps_ipv6", "ns_pps",
 	"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt",
 	"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt", "update_ms"}
 
@@ -152,7 +155,7 @@ func selectedMetrics() ([]string, error) {
 
 // BenchmarkE2E compares topolb with kube-proxy in nftables and iptables
 // mode at 10, 1,000 and 10,000 Services, all watching one real
-// kube-apiserver. Each implementation runs alone on the client's node of
+// kube-apiserver with both service ranges. Each implementation runs alone on the client's node of
 // its own testbed; the three testbeds are up at once, and the
 // implementations not being measured are paused (SIGSTOP), so rounds are
 // interleaved (round r measures every implementation once, in an order
@@ -167,6 +170,9 @@ func selectedMetrics() ([]string, error) {
 //   - pps: 200,000 UDP datagrams from the client pod to a Service whose
 //     backend is on another node, injected with live-frame XDP test runs
 //     (testbed.Pod.FloodUDP), at least 90% of which must arrive;
+//   - pps_ipv6: the same in IPv6, to the Service's IPv6 cluster IP (the
+//     testbed and the apiserver are dual stack; kube-proxy runs a proxier
+//     per family);
 //   - ns_pps: the same from the outside client, through the router, to
 //     node-a1's NodePort of a Service whose backend is on another node
 //     (the whole north-south path); skipped, with the reason printed, for
@@ -198,6 +204,11 @@ func selectedMetrics() ([]string, error) {
 //
 //	BENCH e2e impl=<...> services=<n> metric=<...> value=<mean> ci95=<±> ratio_vs_nftables=<mean> ratio_ci95=<±> verdict=<met|not met|n/a>
 //
+// and, per implementation that measured both floods, the mean of the
+// per-round ratios of its IPv6 rate to its IPv4 one:
+//
+//	BENCH e2e impl=<...> services=<n> ratio=pps_ipv6/pps value=<mean> ci95=<±>
+//
 // and a GOAL line per goal. A goal is met only when the whole confidence
 // interval of its ratio is on the right side. Run it with `make
 // bench-e2e`.
@@ -226,7 +237,7 @@ func BenchmarkE2E(b *testing.B) {
 			b.Fatalf("-bench-e2e-impls: unknown implementation %q", impl)
 		}
 	}
-	cluster := kubetest.Start(b)
+	cluster := kubetest.Start(b, kubetest.WithDualStackServices())
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.QPS, cfg.Burst = 2000, 4000
 	client, err := kubernetes.NewForConfig(cfg)
@@ -518,6 +529,7 @@ func (bed *benchBed) round(ctx context.Context, b *testing.B, services int, metr
 		flood  func() (testbed.FloodResult, error)
 	}{
 		{"pps", func() (testbed.FloodResult, error) { return client.FloodUDP(sinkVIP, frames) }},
+		{"pps_ipv6", func() (testbed.FloodResult, error) { return client.FloodUDP(sinkVIP6, frames) }},
 		{"ns_pps", func() (testbed.FloodResult, error) { return ext.FloodUDP(nodePort, frames) }},
 	} {
 		if !measure(f.metric) {

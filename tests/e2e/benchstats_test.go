@@ -187,10 +187,26 @@ func printResults(rs []result) {
 			fmt.Printf("BENCH e2e impl=%s services=%d metric=%s value=%s ci95=%s ratio_vs_nftables=%s ratio_ci95=%s verdict=%s\n",
 				res.impl, res.services, metric, num(mean), num(ci), num(ratio), num(rci), verdictFor(rs, res, metric))
 		}
+		if r := familyRatio(res); r != nil {
+			ratio, rci, _ := meanCI(r)
+			fmt.Printf("BENCH e2e impl=%s services=%d ratio=pps_ipv6/pps value=%s ci95=%s\n", res.impl, res.services, num(ratio), num(rci))
+		}
 		for metric, why := range res.skipped {
 			fmt.Printf("  (%s %s not measured: %s)\n", res.impl, metric, why)
 		}
 	}
+}
+
+// familyRatio returns res's IPv6 flood rate over its IPv4 one, round by
+// round (the two floods run back to back in each round), or nil when
+// either was not measured.
+func familyRatio(res *result) sample {
+	v6, ok6 := res.samples["pps_ipv6"]
+	v4, ok4 := res.samples["pps"]
+	if !ok6 || !ok4 {
+		return nil
+	}
+	return ratios(v6, v4)
 }
 
 // printGoals prints one GOAL line per goal: the ratio topolb reached, its
@@ -243,6 +259,12 @@ func TestBenchStatistics(t *testing.T) {
 	rs := []result{
 		{impl: implTopolb, services: 10000, samples: map[string]sample{"pps": {4, 4.2, 4.1}, "update_ms": {1, 1, 1}}},
 		{impl: implNFT, services: 10000, samples: map[string]sample{"pps": {1, 1, 1}, "update_ms": {5, 5, 5}}},
+	}
+	if r := familyRatio(&result{samples: map[string]sample{"pps": {2, 4}, "pps_ipv6": {1, 3}}}); len(r) != 2 || r[0] != 0.5 || r[1] != 0.75 {
+		t.Errorf("familyRatio = %v, want [0.5 0.75]", r)
+	}
+	if r := familyRatio(&rs[0]); r != nil {
+		t.Errorf("familyRatio without pps_ipv6 = %v, want nil", r)
 	}
 	for _, c := range []struct {
 		impl, metric, want string

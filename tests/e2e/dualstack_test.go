@@ -27,14 +27,13 @@ func dualStackSpec(t testing.TB) *testbed.Spec {
 // local and a remote backend in either family; "six" is IPv6 only;
 // "empty" is dual stack without any endpoint, refused in both families.
 func dualStackServices() []testbed.ServiceSpec {
-	both := []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
 	ports := []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	return []testbed.ServiceSpec{
-		{Name: "web", IPFamilies: both, Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: ports,
+		{Name: "web", IPFamilies: bothFamilies, Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: ports,
 			Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}},
 		{Name: "six", IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, Ports: ports,
 			Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-b1"}}},
-		{Name: "empty", IPFamilies: both, Ports: ports},
+		{Name: "empty", IPFamilies: bothFamilies, Ports: ports},
 	}
 }
 
@@ -183,13 +182,7 @@ func TestDualStack(t *testing.T) {
 			if err := tb.CheckNoKubeProxy(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			served, err := tb.ProgrammedFamilies(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !served.Programs(v1.IPv4Protocol, topology.ScopeInternal) {
-				t.Fatalf("the datapath does not serve IPv4: programmed families %s", served)
-			}
+			served := programmedFamilies(t, tb)
 			for _, family := range topology.Families {
 				t.Run(string(family), func(t *testing.T) {
 					for _, c := range dualStackCases {

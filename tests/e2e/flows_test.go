@@ -57,15 +57,15 @@ func openFlows(t *testing.T, client *testbed.Pod, target map[v1.Protocol]netip.A
 // targets returns the frontends of the web Service's ports.
 func targets(t *testing.T, tb *testbed.Testbed, client *testbed.Pod) map[v1.Protocol]netip.AddrPort {
 	t.Helper()
-	objs, _ := tb.Current()
-	ds, _ := tb.Decide(objs, client.Node.Name)
+	return targetsOf(t, tb, client, "")
+}
+
+// targetsOf is targets in family ("": the Service's first).
+func targetsOf(t *testing.T, tb *testbed.Testbed, client *testbed.Pod, family v1.IPFamily) map[v1.Protocol]netip.AddrPort {
+	t.Helper()
 	out := map[v1.Protocol]netip.AddrPort{}
 	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-		d := testbed.FindDecision(ds, "web", proto)
-		if d == nil {
-			t.Fatalf("no %s port on web", proto)
-		}
-		out[proto] = d.Frontend
+		out[proto] = decisionOnOf(t, tb, client.Node.Name, "web", proto, family).Frontend
 	}
 	return out
 }

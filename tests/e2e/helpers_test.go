@@ -6,8 +6,12 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
+	topolbagent "github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // datapath is who programs the nodes in a test: topolb-agent on every node,
@@ -190,4 +194,38 @@ func agentsCtx(t *testing.T) (context.Context, context.CancelFunc) {
 		t.Fatal(err)
 	}
 	return context.WithTimeout(t.Context(), limit+time.Minute)
+}
+
+// bothFamilies are a dual-stack Service's ipFamilies, IPv4 primary.
+var bothFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+
+// programmedFamilies returns the IP families tb's datapath programs per
+// scope, as it says itself (Testbed.ProgrammedFamilies), and fails the
+// test unless it serves IPv4 to pods, as it always must.
+func programmedFamilies(t *testing.T, tb *testbed.Testbed) topolbagent.ScopeFamilies {
+	t.Helper()
+	served, err := tb.ProgrammedFamilies(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !served.Programs(v1.IPv4Protocol, topology.ScopeInternal) {
+		t.Fatalf("the datapath does not serve IPv4: programmed families %s", served)
+	}
+	return served
+}
+
+// inEachFamily runs check in a subtest per IP family (topology.Families)
+// on a dual-stack testbed, skipping with the reason a family tb's
+// datapath does not serve in scope, as it says itself; IPv4 always runs.
+func inEachFamily(t *testing.T, tb *testbed.Testbed, scope topology.Scope, check func(t *testing.T, family v1.IPFamily)) {
+	t.Helper()
+	served := programmedFamilies(t, tb)
+	for _, family := range topology.Families {
+		t.Run(string(family), func(t *testing.T) {
+			if !served.Programs(family, scope) {
+				t.Skipf("the datapath does not serve %s in scope %s yet: it programs %s", family, scope, served)
+			}
+			check(t, family)
+		})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // The tests here check issue 9's promise: a control-plane change (a pod
@@ -143,16 +144,28 @@ func allEndpoints(t *testing.T, spec *testbed.Spec) testbed.ServiceSpec {
 // the pod's server would) and is removed. Long-lived TCP connections and
 // connected UDP flows, and a steady stream of new flows, run throughout.
 // Not one request may fail, no long-lived flow may move or break while its
-// backend serves, and no new flow may reach a terminating backend.
+// backend serves, and no new flow may reach a terminating backend. The
+// Service is dual stack and the rollout runs once per IP family, from the
+// same start, on one testbed.
 func TestRollingUpdateKeepsConnections(t *testing.T) {
 	requireRoot(t)
-	spec := demoSpec(t)
+	spec := dualStackSpec(t)
 	tb := newTestbed(t, spec)
 	withAgents.start(t, tb)
-	svc := allEndpoints(t, spec) // web-a1 a2 b1 b2 c1 c2; web-a3 is the spare
+	start := allEndpoints(t, spec) // web-a1 a2 b1 b2 c1 c2; web-a3 is the spare
+	start.IPFamilies = bothFamilies
+	inEachFamily(t, tb, topology.ScopeInternal, func(t *testing.T, family v1.IPFamily) {
+		rollOut(t, tb, start, family)
+	})
+	noChecksumErrors(t, tb)
+}
+
+// rollOut is TestRollingUpdateKeepsConnections's rollout of svc's
+// backends, with its flows in family.
+func rollOut(t *testing.T, tb *testbed.Testbed, svc testbed.ServiceSpec, family v1.IPFamily) {
 	apply(t, tb, []testbed.ServiceSpec{svc})
 	client := tb.Pod("client")
-	target := targets(t, tb, client)
+	target := targetsOf(t, tb, client, family)
 	flows := openFlows(t, client, target, 18)
 	if got := backendsOf(flows); len(got) < 4 {
 		t.Fatalf("long-lived flows on %v only: too few backends to test", got)
@@ -198,16 +211,18 @@ func TestRollingUpdateKeepsConnections(t *testing.T) {
 		t.Errorf("no long-lived flow was on a terminating backend: the test checks nothing")
 	}
 	t.Logf("%d long-lived flows kept their terminating backend; %d new flows, none failed", terminatingKept, n)
-	noChecksumErrors(t, tb)
 }
 
 // TestPolicyFlipsKeepConnections: when a hint change or a zone threshold
 // being met takes backends out of the client node's set, flows already on
-// them keep them (they drain); new flows move within a second.
+// them keep them (they drain); new flows move within a second. The
+// Service is dual stack and each flip runs once per IP family, from the
+// same start, on one testbed.
 func TestPolicyFlipsKeepConnections(t *testing.T) {
 	requireRoot(t)
-	spec := demoSpec(t)
+	spec := dualStackSpec(t)
 	base := service(t, spec, "zone-hints", "web")
+	base.IPFamilies = bothFamilies
 	hintsOff := base
 	hintsOff.Hints = testbed.HintsNone
 	threshold := hintsOff
@@ -225,87 +240,93 @@ func TestPolicyFlipsKeepConnections(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tb := newTestbed(t, spec)
 			withAgents.start(t, tb)
-			apply(t, tb, []testbed.ServiceSpec{tc.from})
-			client := tb.Pod("client")
-			target := targets(t, tb, client)
-			flows := openFlows(t, client, target, 18)
-			var outside []string
-			for _, b := range backendsOf(flows) {
-				if tb.Pod(b).Zone() != "zone-a" {
-					outside = append(outside, b)
+			inEachFamily(t, tb, topology.ScopeInternal, func(t *testing.T, family v1.IPFamily) {
+				apply(t, tb, []testbed.ServiceSpec{tc.from})
+				client := tb.Pod("client")
+				target := targetsOf(t, tb, client, family)
+				flows := openFlows(t, client, target, 18)
+				var outside []string
+				for _, b := range backendsOf(flows) {
+					if tb.Pod(b).Zone() != "zone-a" {
+						outside = append(outside, b)
+					}
 				}
-			}
-			if len(outside) == 0 {
-				t.Fatalf("no long-lived flow outside zone-a: the flip retires nothing under them")
-			}
-			stop := background(t, client, target)
-			time.Sleep(500 * time.Millisecond)
-			apply(t, tb, []testbed.ServiceSpec{tc.to})
-			at := time.Now()
-			time.Sleep(newFlowGrace + 500*time.Millisecond)
-			askAll(t, tc.name, flows)
-			var retired []retirement
-			for _, b := range []string{"web-b1", "web-b2", "web-c1", "web-c2"} {
-				retired = append(retired, retirement{backend: b, at: at})
-			}
-			checkNewFlows(t, stop(), retired)
-			t.Logf("flows on %v kept their backends through the flip", outside)
+				if len(outside) == 0 {
+					t.Fatalf("no long-lived flow outside zone-a: the flip retires nothing under them")
+				}
+				stop := background(t, client, target)
+				time.Sleep(500 * time.Millisecond)
+				apply(t, tb, []testbed.ServiceSpec{tc.to})
+				at := time.Now()
+				time.Sleep(newFlowGrace + 500*time.Millisecond)
+				askAll(t, tc.name, flows)
+				var retired []retirement
+				for _, b := range []string{"web-b1", "web-b2", "web-c1", "web-c2"} {
+					retired = append(retired, retirement{backend: b, at: at})
+				}
+				checkNewFlows(t, stop(), retired)
+				t.Logf("flows on %v kept their backends through the flip", outside)
+			})
 		})
 	}
 }
 
 // TestSessionAffinity: with ClientIP affinity every new flow of the client
 // goes to one backend; after the timeout a new choice is allowed; and the
-// affinity never sends a new flow to a backend that left the set.
+// affinity never sends a new flow to a backend that left the set. The
+// Service is dual stack; each IP family has its own affinity (the
+// client's address differs), checked in turn.
 func TestSessionAffinity(t *testing.T) {
 	requireRoot(t)
-	spec := demoSpec(t)
+	spec := dualStackSpec(t)
 	tb := newTestbed(t, spec)
 	withAgents.start(t, tb)
 	const timeout = 2 // seconds, the API's minimum is 1
 	svc := allEndpoints(t, spec)
+	svc.IPFamilies = bothFamilies
 	svc.SessionAffinity = "ClientIP"
 	svc.SessionAffinityTimeout = timeout
 	apply(t, tb, []testbed.ServiceSpec{svc})
 	client := tb.Pod("client")
-	target := targets(t, tb, client)
-
-	for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-		t.Run(string(proto), func(t *testing.T) {
-			if err := tb.ForgetFlows(); err != nil {
-				t.Fatal(err)
-			}
-			used := map[string]bool{}
-			affine := landOnOne(t, client, proto, target[proto], 100, used)
-
-			// After the timeout, new choices: over several timeouts the
-			// client must reach more than one backend (6 backends: all
-			// on one by chance is 1 in 7,776 for 6 rounds).
-			seen := []string{affine}
-			for range 6 {
-				time.Sleep((timeout + 1) * time.Second)
-				b := landOnOne(t, client, proto, target[proto], 3, used)
-				if !slices.Contains(seen, b) {
-					seen = append(seen, b)
+	inEachFamily(t, tb, topology.ScopeInternal, func(t *testing.T, family v1.IPFamily) {
+		target := targetsOf(t, tb, client, family)
+		for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+			t.Run(string(proto), func(t *testing.T) {
+				if err := tb.ForgetFlows(); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if len(seen) < 2 {
-				t.Errorf("after %d timeouts every new choice was %v", 6, seen)
-			}
+				used := map[string]bool{}
+				affine := landOnOne(t, client, proto, target[proto], 100, used)
 
-			// The affine backend turns terminating: new flows leave it at
-			// once (within the agent's sync) and stick to a new one.
-			affine = landOnOne(t, client, proto, target[proto], 3, used)
-			drained := svc
-			drained.Endpoints = slices.Clone(svc.Endpoints)
-			drained.Endpoints[slices.IndexFunc(drained.Endpoints, func(e testbed.EndpointSpec) bool { return e.Pod == affine })].Condition = testbed.Terminating
-			apply(t, tb, []testbed.ServiceSpec{drained})
-			if b := landOnOne(t, client, proto, target[proto], 20, used); b == affine {
-				t.Errorf("affinity sent new flows to %s, which is terminating", affine)
-			}
-			apply(t, tb, []testbed.ServiceSpec{svc})
-		})
-	}
+				// After the timeout, new choices: over several timeouts the
+				// client must reach more than one backend (6 backends: all
+				// on one by chance is 1 in 7,776 for 6 rounds).
+				seen := []string{affine}
+				for range 6 {
+					time.Sleep((timeout + 1) * time.Second)
+					b := landOnOne(t, client, proto, target[proto], 3, used)
+					if !slices.Contains(seen, b) {
+						seen = append(seen, b)
+					}
+				}
+				if len(seen) < 2 {
+					t.Errorf("after %d timeouts every new choice was %v", 6, seen)
+				}
+
+				// The affine backend turns terminating: new flows leave it at
+				// once (within the agent's sync) and stick to a new one.
+				affine = landOnOne(t, client, proto, target[proto], 3, used)
+				drained := svc
+				drained.Endpoints = slices.Clone(svc.Endpoints)
+				drained.Endpoints[slices.IndexFunc(drained.Endpoints, func(e testbed.EndpointSpec) bool { return e.Pod == affine })].Condition = testbed.Terminating
+				apply(t, tb, []testbed.ServiceSpec{drained})
+				if b := landOnOne(t, client, proto, target[proto], 20, used); b == affine {
+					t.Errorf("affinity sent new flows to %s, which is terminating", affine)
+				}
+				apply(t, tb, []testbed.ServiceSpec{svc})
+			})
+		}
+	})
 }
 
 // landOnOne makes n new flows (one request each) and requires them all to

@@ -193,6 +193,20 @@ func TestDualStackWiring(t *testing.T) {
 		})
 	}
 
+	// The live-frame floods in IPv6, pod to remote pod and outside client
+	// to node: counted by the receiver's Udp6NoPorts (nothing listens on
+	// port 9), checksums valid.
+	floodArrives(t, b2.NS, 5000, func(n int) (FloodResult, error) {
+		return c.FloodUDP(netip.AddrPortFrom(b2.Addr6, 9), n)
+	})
+	n2 := tb.Node("n2")
+	floodArrives(t, n2.NS, 5000, func(n int) (FloodResult, error) {
+		return tb.External("ext1").FloodUDP(netip.AddrPortFrom(n2.WireAddr6.Addr(), 9), n)
+	})
+	if errs, err := tb.ChecksumErrors(); err != nil || len(errs) > 0 {
+		t.Errorf("checksum errors %v, %v", errs, err)
+	}
+
 	// An outside client reaches a node's IPv6 address.
 	reachNode(t, tb.External("ext1"), tb.Node("n2"), v1.IPv6Protocol)
 

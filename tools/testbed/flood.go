@@ -54,13 +54,14 @@ type FloodResult struct {
 }
 
 // CountArrivals runs flood and sets the result's Arrived to how much the
-// sink namespace's Udp NoPorts counter grew: the flood's target must lead
-// to a port nothing listens on in sink. Frames still in flight when the
+// sink namespace's UDP NoPorts counters of both families grew (Udp
+// NoPorts and Udp6NoPorts): the flood's target must lead to a port
+// nothing listens on in sink. Frames still in flight when the
 // flood returns are waited for (settle). A failed read, or a counter that
 // went down, is an error: a check built on it must never see a made-up
 // count.
 func CountArrivals(sink *NS, flood func() (FloodResult, error)) (FloodResult, error) {
-	before, after, res, err := arrivals(sink.UDPNoPorts, flood)
+	before, after, res, err := arrivals(sink.UDPNoPortsOfBoth, flood)
 	if err != nil {
 		return res, fmt.Errorf("count arrivals in %s: %w", sink.Name, err)
 	}
@@ -117,11 +118,12 @@ const floodSourcePort = 40000
 // forwarding onto the wire), all inside the one system call. No pktgen
 // module is needed. The frames carry valid checksums. Whether they arrived
 // is up to the caller to check (CountArrivals: the receiving pod's UDP
-// NoPorts counter when nothing listens on the target port).
+// NoPorts counter when nothing listens on the target port). The datagram
+// is of target's family, from p's address of that family.
 func (p *Pod) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 	host := iface{p.Node.NS, p.HostVeth}
 	return floodUDP(injection{at: host, action: xdpPass, src: iface{p.NS, PodIfName}, dst: host},
-		netip.AddrPortFrom(p.Addr, floodSourcePort), target, count)
+		netip.AddrPortFrom(p.AddrOf(familyOf(target.Addr())), floodSourcePort), target, count)
 }
 
 // XDP actions of the flood's program.
@@ -149,8 +151,12 @@ type injection struct {
 	src, dst iface
 }
 
-// floodUDP injects count datagrams from from to target at in.
+// floodUDP injects count datagrams from from to target at in, both of
+// one family.
 func floodUDP(in injection, from, target netip.AddrPort, count int) (FloodResult, error) {
+	if !from.Addr().IsValid() || from.Addr().Is4() != target.Addr().Is4() {
+		return FloodResult{}, fmt.Errorf("flood %s -> %s: want a source of the target's family", from, target)
+	}
 	srcMAC, err := in.src.ns.HardwareAddr(in.src.name)
 	if err != nil {
 		return FloodResult{}, err
@@ -306,33 +312,49 @@ func rewriteProgram(frame []byte, action int32) (*ebpf.Program, *ebpf.Map, error
 	return prog, runs, nil
 }
 
-// udpFrame builds Ethernet + IPv4 + UDP with valid checksums.
+// udpFrame builds Ethernet + IPv4 or IPv6 (from's family, to's too) +
+// UDP with valid checksums.
 func udpFrame(src, dst net.HardwareAddr, from, to netip.AddrPort, payload []byte) []byte {
-	f := make([]byte, 14+20+8+len(payload))
+	ipLen, etherType := 20, uint16(0x0800)
+	if from.Addr().Is6() {
+		ipLen, etherType = 40, 0x86dd
+	}
+	udpLen := 8 + len(payload)
+	f := make([]byte, 14+ipLen+udpLen)
 	copy(f[0:6], dst)
 	copy(f[6:12], src)
-	binary.BigEndian.PutUint16(f[12:14], 0x0800)
-	ip := f[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:4], uint16(20+8+len(payload)))
-	binary.BigEndian.PutUint16(ip[6:8], 0x4000) // DF
-	ip[8] = 64
-	ip[9] = unix.IPPROTO_UDP
-	s, d := from.Addr().As4(), to.Addr().As4()
-	copy(ip[12:16], s[:])
-	copy(ip[16:20], d[:])
-	binary.BigEndian.PutUint16(ip[10:12], checksum(ip, 0))
-	udp := f[34:]
+	binary.BigEndian.PutUint16(f[12:14], etherType)
+	ip := f[14 : 14+ipLen]
+	s, d := from.Addr().AsSlice(), to.Addr().AsSlice()
+	if ipLen == 20 {
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:4], uint16(20+udpLen))
+		binary.BigEndian.PutUint16(ip[6:8], 0x4000) // DF
+		ip[8] = 64
+		ip[9] = unix.IPPROTO_UDP
+		copy(ip[12:16], s)
+		copy(ip[16:20], d)
+		binary.BigEndian.PutUint16(ip[10:12], checksum(ip, 0))
+	} else {
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:6], uint16(udpLen))
+		ip[6] = unix.IPPROTO_UDP
+		ip[7] = 64 // hop limit
+		copy(ip[8:24], s)
+		copy(ip[24:40], d)
+	}
+	udp := f[14+ipLen:]
 	binary.BigEndian.PutUint16(udp[0:2], from.Port())
 	binary.BigEndian.PutUint16(udp[2:4], to.Port())
-	binary.BigEndian.PutUint16(udp[4:6], uint16(8+len(payload)))
+	binary.BigEndian.PutUint16(udp[4:6], uint16(udpLen))
 	copy(udp[8:], payload)
-	// Pseudo-header: addresses, protocol, UDP length.
+	// Pseudo-header: addresses, protocol, UDP length (RFC 768, RFC 8200
+	// 8.1: the same sum over 16-byte addresses).
 	var pseudo uint32
-	for i := 0; i < 4; i += 2 {
+	for i := 0; i < len(s); i += 2 {
 		pseudo += uint32(binary.BigEndian.Uint16(s[i:])) + uint32(binary.BigEndian.Uint16(d[i:]))
 	}
-	pseudo += unix.IPPROTO_UDP + uint32(len(udp))
+	pseudo += unix.IPPROTO_UDP + uint32(udpLen)
 	c := checksum(udp, pseudo)
 	if c == 0 {
 		c = 0xffff

@@ -9,8 +9,8 @@ const NetnsDir = netns.Dir
 // an outside network's namespace.
 type NS = netns.NS
 
-// ChecksumErrors are a namespace's receive checksum error counters (Udp
-// and Tcp InCsumErrors). A datapath that writes a wrong checksum makes them
+// ChecksumErrors are a namespace's receive checksum error counters (Udp,
+// Udp6 and Tcp InCsumErrors). A datapath that writes a wrong checksum makes them
 // grow, because the wire's senders have transmit checksum offload off.
 type ChecksumErrors = netns.ChecksumErrors
 

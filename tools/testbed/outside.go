@@ -281,11 +281,12 @@ func (e *External) Send(ctx context.Context, l Load) []Record { return send(ctx,
 // FloodUDP sends count copies of one UDP datagram from the outside client
 // to target, injected where the client's frames arrive: the router's veth
 // to the client. The router forwards them onto the wire, so a node's XDP
-// program on its uplink sees them as real frames; see Pod.FloodUDP.
+// program on its uplink sees them as real frames; see Pod.FloodUDP. The
+// datagram is of target's family, from e's address of that family.
 func (e *External) FloodUDP(target netip.AddrPort, count int) (FloodResult, error) {
 	router := iface{e.Router.NS, e.RouterIf}
 	return floodUDP(injection{at: router, action: xdpPass, src: iface{e.NS, ExternalIfName}, dst: router},
-		netip.AddrPortFrom(e.Addr, floodSourcePort), target, count)
+		netip.AddrPortFrom(e.ClientAddrOf(familyOf(target.Addr())), floodSourcePort), target, count)
 }
 
 // Client sends requests from inside the testbed: a Pod, or an External

@@ -338,9 +338,11 @@ const (
 	FirstNodePort = 30000
 	LastNodePort  = 32767
 	// A node's wire MTU is between IPv4's minimum reassembly size and a
-	// jumbo frame.
-	MinWireMTU = 576
-	MaxWireMTU = 9000
+	// jumbo frame; in a dual-stack testbed at least IPv6's minimum link
+	// MTU (RFC 8200 5: below it Linux disables IPv6 on the interface).
+	MinWireMTU  = 576
+	MinWireMTU6 = 1280
+	MaxWireMTU  = 9000
 	// DefaultOutsideCIDR is the outside network's default subnet.
 	DefaultOutsideCIDR = "203.0.113.0/24"
 	// IPv6 addressing of a dual-stack testbed (Spec.DualStack), in the
@@ -429,6 +431,9 @@ func (s *Spec) complete() error {
 			}
 			if n.WireMTU != 0 && (n.WireMTU < MinWireMTU || n.WireMTU > MaxWireMTU) {
 				return fmt.Errorf("node %s: wireMTU %d: want %d to %d", n.Name, n.WireMTU, MinWireMTU, MaxWireMTU)
+			}
+			if n.WireMTU != 0 && s.DualStack && n.WireMTU < MinWireMTU6 {
+				return fmt.Errorf("node %s: wireMTU %d: a dual-stack testbed needs IPv6's minimum, %d", n.Name, n.WireMTU, MinWireMTU6)
 			}
 			for pi := range n.Pods {
 				p := &n.Pods[pi]

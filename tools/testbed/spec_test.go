@@ -190,6 +190,9 @@ zones: [{name: a, nodes: [{name: n1}]}]
 services: [{name: s, type: LoadBalancer, healthCheckNodePort: 31000, ports: [{port: 80}]}]`, "healthCheckNodePort"},
 		{"wire MTU too small", `
 zones: [{name: a, nodes: [{name: n1, wireMTU: 100}]}]`, "wireMTU"},
+		{"wire MTU below IPv6's minimum in dual stack", `
+dualStack: true
+zones: [{name: a, nodes: [{name: n1, wireMTU: 1200}]}]`, "IPv6's minimum"},
 		{"outside overlaps the wire", `
 zones: [{name: a, nodes: [{name: n1}]}]
 outside: {cidr: 10.250.0.0/24, clients: [{name: x}]}`, "overlaps"},
