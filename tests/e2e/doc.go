@@ -10,7 +10,11 @@
 //
 // TestDualStack runs its traffic checks once per IP family on a
 // dual-stack testbed; a family the datapath does not program yet (as the
-// agents report it) skips with that reason.
+// agents report it) skips with that reason. TestICMPFollowsTheFlow
+// (port unreachable, fragmentation needed / packet too big), the
+// rollout and lifecycle tests (TestRollingUpdateKeepsConnections,
+// TestPolicyFlipsKeepConnections, TestSessionAffinity) and BenchmarkE2E's
+// pps row do the same (inEachFamily; pps_ipv6).
 //
 // TestMonitoring runs Debian's Prometheus against the agents, with the
 // dashboard (deploy/grafana) and alert rules (deploy/prometheus) the
