@@ -167,9 +167,13 @@ type ctFamily[K comparable, V any] struct {
 	// ct6PeerKey).
 	peerKey func(K, V) K
 	// proto is a key's protocol, src its source (for a reply entry, the
-	// backend).
-	proto func(K) uint8
-	src   func(K) netip.AddrPort
+	// backend), dst its destination.
+	proto    func(K) uint8
+	src, dst func(K) netip.AddrPort
+	// peers are an entry's other address (forward: the backend; reply:
+	// the frontend) and its NAT address (forward: the node's; reply: the
+	// client), each with its port.
+	peers func(V) (addr, nat netip.AddrPort)
 }
 
 // ct4Entries and ct6Entries are the two families' ctFamily.
@@ -179,12 +183,20 @@ var (
 		peerKey: ctPeerKey,
 		proto:   func(k tcCtKey) uint8 { return k.Proto },
 		src:     func(k tcCtKey) netip.AddrPort { return addrPortFromWire(k.Saddr, k.Sport) },
+		dst:     func(k tcCtKey) netip.AddrPort { return addrPortFromWire(k.Daddr, k.Dport) },
+		peers: func(v tcCtValue) (netip.AddrPort, netip.AddrPort) {
+			return addrPortFromWire(v.Addr, v.Port), addrPortFromWire(v.NatAddr, v.NatPort)
+		},
 	}
 	ct6Entries = ctFamily[tcCt6Key, tcCt6Value]{
 		ct:      func(v tcCt6Value) tcCtValue { return v.Ct },
 		peerKey: ct6PeerKey,
 		proto:   func(k tcCt6Key) uint8 { return k.Proto },
 		src:     func(k tcCt6Key) netip.AddrPort { return addrPortOf(k.Saddr, k.Sport) },
+		dst:     func(k tcCt6Key) netip.AddrPort { return addrPortOf(k.Daddr, k.Dport) },
+		peers: func(v tcCt6Value) (netip.AddrPort, netip.AddrPort) {
+			return addrPortOf(v.Addr, v.Ct.Port), addrPortOf(v.NatAddr, v.Ct.NatPort)
+		},
 	}
 )
 

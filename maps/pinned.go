@@ -246,8 +246,9 @@ func redirectName(r uint8) string {
 	}
 }
 
-// Conntrack reads every entry of both tables, the established one first,
-// each sorted by protocol, source and destination.
+// Conntrack reads every entry of both tables of each family, IPv4's
+// first, the established table before the unreplied one, each table
+// sorted by protocol, source and destination.
 func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 	now, svcs, err := p.flowContext()
 	if err != nil {
@@ -258,29 +259,18 @@ func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 		maxID uint32
 	)
 	for _, t := range []struct {
-		name string
-		m    *ebpf.Map
-	}{{"established", p.conntrack}, {"unreplied", p.ctNew}} {
-		start := len(out)
-		var (
-			k tcCtKey
-			v tcCtValue
-		)
-		it := t.m.Iterate()
-		for it.Next(&k, &v) {
-			e := conntrackEntry(k, v, now)
-			e.Table = t.name
-			ref := svcs[v.SvcId]
-			e.Frontend, e.Name = ref.fe, ref.name
-			maxID = max(maxID, v.BackendId)
-			out = append(out, e)
+		name   string
+		m      *ebpf.Map
+		family int
+	}{{"established", p.conntrack, 4}, {"unreplied", p.ctNew, 4}, {"established", p.ct6, 6}, {"unreplied", p.ct6New, 6}} {
+		if t.family == 4 {
+			out, err = appendConntrack(out, ct4Entries, t.m, t.name, now, svcs, &maxID)
+		} else {
+			out, err = appendConntrack(out, ct6Entries, t.m, t.name, now, svcs, &maxID)
 		}
-		if err := it.Err(); err != nil {
-			return nil, fmt.Errorf("read %s conntrack: %w", t.name, err)
+		if err != nil {
+			return nil, err
 		}
-		slices.SortFunc(out[start:], func(a, b ConntrackEntry) int {
-			return cmp.Or(cmp.Compare(a.Proto, b.Proto), a.Src.Compare(b.Src), a.Dst.Compare(b.Dst))
-		})
 	}
 	recs, err := p.records(maxID, len(out) > 0)
 	if err != nil {
@@ -292,19 +282,21 @@ func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 	return out, nil
 }
 
-// conntrackEntry decodes one entry read at monotonic time now (ct_value
-// in bpf/structs.h says which address a direction rewrites).
-func conntrackEntry(k tcCtKey, v tcCtValue, now uint64) ConntrackEntry {
+// conntrackEntry decodes one entry of family f read at monotonic time
+// now (ct_value in bpf/structs.h says which address a direction
+// rewrites).
+func conntrackEntry[K comparable, V any](f ctFamily[K, V], k K, v V, now uint64) ConntrackEntry {
+	c := f.ct(v)
 	e := ConntrackEntry{
-		Proto: Protocol(k.Proto), Direction: "forward",
-		Src: addrPortFromWire(k.Saddr, k.Sport), Dst: addrPortFromWire(k.Daddr, k.Dport),
-		State: ctStateName(v.State), SNAT: v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0,
-		Expires:  time.Duration(int64(v.Expires) - int64(now)),
-		Backend:  FlowBackend{ID: v.BackendId, Gen: v.BackendGen},
-		Redirect: redirectName(v.Redirect), Ifindex: v.Ifindex,
+		Proto: Protocol(f.proto(k)), Direction: "forward",
+		Src: f.src(k), Dst: f.dst(k),
+		State: ctStateName(c.State), SNAT: c.Flags&uint8(tcCtFlagCT_F_SNAT) != 0,
+		Expires:  time.Duration(int64(c.Expires) - int64(now)),
+		Backend:  FlowBackend{ID: c.BackendId, Gen: c.BackendGen},
+		Redirect: redirectName(c.Redirect), Ifindex: c.Ifindex,
 	}
-	addr, nat := addrPortFromWire(v.Addr, v.Port), addrPortFromWire(v.NatAddr, v.NatPort)
-	if tcCtDir(v.Dir) == tcCtDirCT_FORWARD {
+	addr, nat := f.peers(v)
+	if tcCtDir(c.Dir) == tcCtDirCT_FORWARD {
 		e.NewSrc, e.NewDst, e.Backend.Addr = e.Src, addr, addr
 		if e.SNAT {
 			e.NewSrc = nat
@@ -317,6 +309,35 @@ func conntrackEntry(k tcCtKey, v tcCtValue, now uint64) ConntrackEntry {
 		e.NewDst = nat
 	}
 	return e
+}
+
+// appendConntrack appends the entries of the conntrack table m of family
+// f, named name, to out, sorted by protocol, source and destination, and
+// raises maxID to the highest backend id among them.
+func appendConntrack[K comparable, V any](out []ConntrackEntry, f ctFamily[K, V], m *ebpf.Map, name string, now uint64,
+	svcs map[uint32]serviceRef, maxID *uint32) ([]ConntrackEntry, error) {
+	start := len(out)
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		e := conntrackEntry(f, k, v, now)
+		e.Table = name
+		c := f.ct(v)
+		ref := svcs[c.SvcId]
+		e.Frontend, e.Name = ref.fe, ref.name
+		*maxID = max(*maxID, c.BackendId)
+		out = append(out, e)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s conntrack: %w", name, err)
+	}
+	slices.SortFunc(out[start:], func(a, b ConntrackEntry) int {
+		return cmp.Or(cmp.Compare(a.Proto, b.Proto), a.Src.Compare(b.Src), a.Dst.Compare(b.Dst))
+	})
+	return out, nil
 }
 
 // SNATPort is one source port of the node held by a source-translated

@@ -228,3 +228,46 @@ func TestServiceNameBounds(t *testing.T) {
 		t.Errorf("name read back %q", got)
 	}
 }
+
+// TestPinnedConntrackIPv6: OpenPinned reads the IPv6 conntrack tables as
+// IPv4's, after them: a pod's flow through tc and a planted
+// source-translated flow, both directions with both address pairs, and
+// the SNAT port it holds.
+func TestPinnedConntrackIPv6(t *testing.T) {
+	a := tcFamilies[1].addrs
+	d := setupTableFor(t, a)
+	if ret, _ := run(t, d.tcProg, tcpFrame(a.client, a.vipTCP, tcpSYN, "").bytes()); ret != tcOK {
+		t.Fatalf("SYN: verdict %d", ret)
+	}
+	client, vip, backend, nat := "[2001:db8:113::1]:5000", "[fd00:250::1]:30080", "[fd00:244:2::10]:8080", "[fd00:250::1]:61000"
+	plantSNATFlow(client, vip, backend, nat, protoTCP)(t, d)
+	pinPath := d.opts.PinPath
+	must(t, d.Close())
+	p, err := OpenPinned(pinPath)
+	must(t, err)
+	defer p.Close()
+	entries, err := p.Conntrack()
+	must(t, err)
+	type pair struct{ src, dst, newSrc, newDst, table, dir string }
+	got := map[pair]bool{}
+	for _, e := range entries {
+		got[pair{e.Src.String(), e.Dst.String(), e.NewSrc.String(), e.NewDst.String(), e.Table, e.Direction}] = true
+	}
+	for _, w := range []pair{
+		{a.client, a.vipTCP, a.client, a.beTCP, "unreplied", "forward"},
+		{a.beTCP, a.client, a.vipTCP, a.client, "unreplied", "reverse"},
+		{client, vip, nat, backend, "established", "forward"},
+		{backend, nat, vip, client, "established", "reverse"},
+	} {
+		if !got[w] {
+			t.Errorf("no entry %+v among %+v", w, entries)
+		}
+	}
+	if len(entries) != 4 {
+		t.Errorf("%d entries, want 4: %+v", len(entries), entries)
+	}
+	ports := SNATPorts(entries)
+	if len(ports) != 1 || ports[0].Node.String() != nat || ports[0].Backend.String() != backend || ports[0].Client.String() != client {
+		t.Errorf("SNAT ports %+v, want %s held towards %s for %s", ports, nat, backend, client)
+	}
+}
