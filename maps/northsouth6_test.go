@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -13,7 +14,7 @@ import (
 
 // hookUplinkBesideXDP selects, in packet tables, tc_uplink: the tcx
 // ingress program beside xdp_lb on an uplink of the XDP path, which
-// balances the IPv6 that xdp_lb passes up.
+// answers the IPv6 that xdp_lb passes up (rejects, ICMPv6 errors).
 const hookUplinkBesideXDP hook = "uplink-beside-xdp"
 
 // The IPv6 half of the forwarding namespace (forward_test.go's picture),
@@ -120,10 +121,10 @@ func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
 // UDP, a client behind the other uplink, an unknown next hop
 // (bpf_redirect_neigh) and the next packet once it is known (the MACs
 // written, the entry updated), the hop limit expiring on a source-NATed packet
-// (dropped, not a martian); a load-balancer IP with IPv6 source ranges;
-// and the XDP path: xdp_lb passes IPv6 up untouched, tc_uplink balances
-// it as tc_uplink_lb does. Every output is checked byte for byte with its
-// checksums, every conntrack entry field by field.
+// (dropped, not a martian); and a load-balancer IP with IPv6 source
+// ranges (the XDP path's twin is TestXDPNorthSouth6). Every output is
+// checked byte for byte with its checksums, every conntrack entry field
+// by field.
 func TestTCUplinkNorthSouth6(t *testing.T) {
 	e := newFwdEnv(t, Options{UplinkPath: UplinkTC})
 	e.addIPv6(t)
@@ -163,7 +164,6 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 	hopLimit1.ttl = 1
 	lbSyn := tcpFrame(ap6(outside6, 48000), feLB.Addr.String(), tcpSYN, "")
 	lbDenied := tcpFrame(ap6("2001:db8:114::10", 48000), feLB.Addr.String(), tcpSYN, "")
-	xdpSyn := tcpFrame(ap6(outside6, 49000), feLocal.Addr.String(), tcpSYN, "")
 
 	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
 	intoPod1 := stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1}
@@ -223,10 +223,135 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			stats: stats{StatDropSourceRange: 1}},
 		{name: "not_a_frontend_passes_untouched", hook: hookUplinkTC, env: e, iif: "up0",
 			in: tcpFrame(ap6(outside6, 48001), ap6(node6, 22), tcpSYN, "")},
-		{name: "xdp_passes_ipv6_up_untouched", hook: hookXDP, env: e, iif: "up0", in: xdpSyn, ret: xdpPass},
-		{name: "tc_beside_xdp_balances_it", hook: hookUplinkBesideXDP, env: e, iif: "up0", in: xdpSyn,
-			out: ptr(xdpSyn.withAddrs("", ap6(pod16, 8080)).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,
-			fwd: feLocal, newFlow: true, stats: intoPod1},
+	}
+	runTable(t, d, rows)
+}
+
+// TestXDPNorthSouth6 runs IPv6 north-south through xdp_lb, which balances
+// IPv6 as it does IPv4 (TestXDPNorthSouth): a NodePort with
+// externalTrafficPolicy Local (DNAT, handed to tc_uplink for the pod) and
+// its established packets; Cluster with a remote backend (DNAT and SNAT
+// to the node's IPv6 address, XDP_TX with the next hop's MACs), the
+// reply of the source-NATed flow and its established packets, UDP, a
+// client behind the other uplink (XDP_REDIRECT); and each fallback: a
+// next hop without a MAC (handed to tc_uplink, which resolves it), learnt
+// later (XDP_TX), a hop limit expiring (up the stack, or dropped for a
+// source-NATed packet, whose source is the node's), a reply larger than
+// the egress MTU (up the stack, which answers "packet too big"), and a
+// source range's drop. Outputs byte for byte with their checksums,
+// entries field by field.
+func TestXDPNorthSouth6(t *testing.T) {
+	e := newFwdEnv(t, Options{})
+	e.addIPv6(t)
+	d := e.d
+	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
+	feLocal := extFrontend(ap6(node6, 30080), TCP)
+	feRemote := extFrontend(ap6(node6, 30082), TCP)
+	feUDP := extFrontend(ap6(node6, 30053), UDP)
+	feNeigh := extFrontend(ap6(node6, 30083), TCP)
+	feLB := extFrontend(ap6("2001:db8:ff::10", 443), TCP)
+	mustSet(t, d, feLocal, local(ap6(pod16, 8080)))
+	mustSet(t, d, feRemote, be(ap6(beNode26, 8080)))
+	mustSet(t, d, feUDP, be(ap6(beNode26, 5353)))
+	mustSet(t, d, feNeigh, be(ap6(beNode36, 8080)))
+	mustSetService(t, d, feLB, Service{Backends: []Backend{local(ap6(pod16, 8443))},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}})
+
+	snatOf := func(client string, f Frontend, proto uint8) string {
+		return ap6(node6, int(snatPortOf(netip.MustParseAddrPort(client), f.Addr, proto, 0, DefaultSNATPorts)))
+	}
+	cLocal, cRemote, cUDP, cUp1 := ap6(outside6, 40000), ap6(outside6, 41000), ap6(outside6, 42000), ap6(outsideUp16, 44000)
+	snatRemote, snatUDP, snatUp1 := snatOf(cRemote, feRemote, protoTCP), snatOf(cUDP, feUDP, protoUDP), snatOf(cUp1, feRemote, protoTCP)
+	cNeigh := ap6(outside6, 45000)
+	snatNeigh := snatOf(cNeigh, feNeigh, protoTCP)
+	cTTL := ap6(outside6, 47000)
+	snatTTL := snatOf(cTTL, feRemote, protoTCP)
+
+	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
+	localAck := tcpFrame(cLocal, feLocal.Addr.String(), tcpACK, "GET / odd")
+	localTTL := tcpFrame(ap6(outside6, 40009), feLocal.Addr.String(), tcpSYN, "")
+	localTTL.ttl = 1
+	syn := tcpFrame(cRemote, feRemote.Addr.String(), tcpSYN, "")
+	reply := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpSYN|tcpACK, "")
+	ack := tcpFrame(cRemote, feRemote.Addr.String(), tcpACK, "GET / odd")
+	replyData := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpACK, "HTTP/1.1 200 OK, odd")
+	udpQ := udpFrame(cUDP, feUDP.Addr.String(), "query")
+	udpA := udpFrame(ap6(beNode26, 5353), snatUDP, "answer!")
+	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
+	// 1450 bytes at L3, beyond up1's MTU of 1400.
+	bigReply := tcpFrame(ap6(beNode26, 8080), snatUp1, tcpACK, strings.Repeat("x", 1450-40-20))
+	neighSyn := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpSYN, "")
+	neighAck := tcpFrame(cNeigh, feNeigh.Addr.String(), tcpACK, "again")
+	hopLimit1 := tcpFrame(cTTL, feRemote.Addr.String(), tcpSYN, "")
+	hopLimit1.ttl = 1
+	lbDenied := tcpFrame(ap6("2001:db8:114::10", 48000), feLB.Addr.String(), tcpSYN, "")
+
+	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
+	intoPod1 := stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1}
+	toPod1 := handoff(tcCtRedirectCT_REDIRECT_PEER, e.idx["hp1"], e.mac[pod1], e.mac["hp1"], 0)
+	rows := []pktCase{
+		{name: "etp_local_syn_into_the_pod_through_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: localSyn,
+			out: ptr(localSyn.withAddrs("", ap6(pod16, 8080))), ret: xdpPass, meta: toPod1,
+			fwd: feLocal, newFlow: true, stats: intoPod1,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(pod16, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
+				ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP))},
+		{name: "etp_local_established_hit_through_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: localAck,
+			out: ptr(localAck.withAddrs("", ap6(pod16, 8080))), ret: xdpPass, meta: toPod1, fwd: feLocal},
+		{name: "etp_local_hop_limit_expiring_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: localTTL,
+			out: ptr(localTTL.withAddrs("", ap6(pod16, 8080))), ret: xdpPass,
+			fwd: feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1, StatFwdFallbackTTL: 1}},
+		{name: "cluster_remote_backend_snat_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: syn,
+			out: ptr(syn.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
+			fwd: feRemote, newFlow: true, stats: newSNAT,
+			after: both(
+				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP)),
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatRemote, protoTCP)),
+			)},
+		{name: "snat_reply_back_to_the_client_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: reply,
+			out: ptr(reply.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "snat_established_hit_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: ack,
+			out: ptr(ack.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feRemote,
+			stats: stats{StatConntrackPromoted: 1},
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap6(beNode26, 8080), nat: snatRemote,
+				flags: tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED, redirect: tcCtRedirectCT_REDIRECT_XDP,
+				ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP))},
+		{name: "snat_established_reply_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: replyData,
+			out: ptr(replyData.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
+			out: ptr(udpQ.withAddrs(snatUDP, ap6(beNode26, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
+			fwd: feUDP, newFlow: true, stats: newSNAT},
+		{name: "udp_snat_reply", hook: hookXDP, env: e, iif: "up0", in: udpA,
+			out: ptr(udpA.withAddrs(feUDP.Addr.String(), cUDP).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+		{name: "snat_from_another_uplink_xdp_redirect", hook: hookXDP, env: e, iif: "up1", in: up1Syn,
+			out: ptr(up1Syn.withAddrs(snatUp1, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: xdpRedirect,
+			fwd: feRemote, newFlow: true, stats: newSNAT},
+		{name: "reply_beyond_the_egress_mtu_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: bigReply,
+			out: ptr(bigReply.withAddrs(feRemote.Addr.String(), cUp1)), ret: xdpPass,
+			stats: stats{StatReverseNAT: 1, StatFwdFallbackMTU: 1}},
+		{name: "snat_next_hop_unknown_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: neighSyn,
+			out: ptr(neighSyn.withAddrs(snatNeigh, ap6(beNode36, 8080))), ret: xdpPass,
+			meta: handoff(tcCtRedirectCT_REDIRECT_NEIGH, up0, [6]byte{}, [6]byte{}, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
+			fwd:  feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
+		{name: "next_hop_learnt_then_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: neighAck,
+			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "fd00:250::3", macNode3) },
+			out:    ptr(neighAck.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(upMAC0, macNode3)), ret: xdpTX, fwd: feNeigh,
+			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode36, 8080), nat: snatNeigh, redirect: tcCtRedirectCT_REDIRECT_XDP,
+				ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
+		{name: "snat_hop_limit_expiring_dropped_not_a_martian", hook: hookXDP, env: e, iif: "up0", in: hopLimit1, ret: xdpDrop,
+			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1},
+			after: func(t *testing.T, d *Datapath) {
+				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cTTL, redirect: tcCtRedirectCT_REDIRECT_XDP,
+					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatTTL, protoTCP))(t, d)
+			}},
+		{name: "lb_ip_from_outside_its_source_ranges_dropped", hook: hookXDP, env: e, iif: "up0", in: lbDenied, ret: xdpDrop,
+			stats: stats{StatDropSourceRange: 1}},
+		{name: "not_a_frontend_passes_untouched", hook: hookXDP, env: e, iif: "up0",
+			in: tcpFrame(ap6(outside6, 48001), ap6(node6, 22), tcpSYN, ""), ret: xdpPass},
 	}
 	runTable(t, d, rows)
 }
