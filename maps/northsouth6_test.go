@@ -359,13 +359,15 @@ func TestXDPNorthSouth6(t *testing.T) {
 // TestUplinkDeliversIPv6 sends real HTTP and UDP over IPv6 from outside
 // through a veth uplink, on each path: tc (its peer without NAPI, the
 // client's packets CHECKSUM_PARTIAL) and XDP (its peer with an XDP
-// program; xdp_lb passes IPv6 up to tc_uplink). To NodePorts on the
-// node's IPv6 address whose backend is on another node (on the wire:
-// source-NATed to the node's address, out of the uplink and back) and
-// whose backend is a pod of the node with externalTrafficPolicy Local
-// (into the pod, its replies out of the uplink). Every answer must come
-// from the backend the frontend names, by the frontend's address, with
-// no checksum error and no drop anywhere.
+// program; xdp_lb balances IPv6, XDP_TX out of the uplink, or handed to
+// tc_uplink for the pod). To NodePorts on the node's IPv6 address whose
+// backend is on another node (on the wire: source-NATed to the node's
+// address, out of the uplink and back) and whose backend is a pod of the
+// node with externalTrafficPolicy Local (into the pod, its replies out
+// of the uplink). Every answer must come from the backend the frontend
+// names, by the frontend's address, with no checksum error and no drop
+// anywhere; on the XDP path the uplink's XDP_TX count shows xdp_lb
+// forwarded the established packets itself.
 func TestUplinkDeliversIPv6(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -421,6 +423,7 @@ func TestUplinkDeliversIPv6(t *testing.T) {
 				mustSet(t, d, f.fe, f.b)
 			}
 
+			xdpTXBefore := xdpTransmitted(t, node, "up0")
 			const n = 20
 			for _, q := range []struct {
 				frontend, want string
@@ -449,6 +452,19 @@ func TestUplinkDeliversIPv6(t *testing.T) {
 			if cnt.Drops != (Drops{}) {
 				t.Errorf("drops: %+v", cnt.Drops)
 			}
+			// On the XDP path, xdp_lb sends the source-NATed flows'
+			// packets back out of up0 itself (XDP_TX), both ways: more
+			// than their 2n first packets, so established packets and
+			// replies are among them. The tc path never transmits from
+			// XDP.
+			xdpTX := xdpTransmitted(t, node, "up0") - xdpTXBefore
+			t.Logf("XDP_TX on up0: %d frames", xdpTX)
+			if c.path == UplinkXDP && xdpTX < 4*n {
+				t.Errorf("XDP_TX on up0: %d frames, want at least %d (established IPv6 forwarded by XDP)", xdpTX, 4*n)
+			}
+			if c.path == UplinkTC && xdpTX != 0 {
+				t.Errorf("XDP_TX on up0: %d frames on the tc path, want 0", xdpTX)
+			}
 			for name, ns := range map[string]*nettest.NS{"node": node, "wire": wire, "pod": p} {
 				if ce, err := ns.ChecksumErrors(); err != nil || ce != (nettest.ChecksumErrors{}) {
 					t.Errorf("%s: checksum errors %+v, %v", name, ce, err)
@@ -456,4 +472,24 @@ func TestUplinkDeliversIPv6(t *testing.T) {
 			}
 		})
 	}
+}
+
+// xdpTransmitted is how many frames XDP sent back out of ifname in ns
+// (XDP_TX), over its receive queues (the veth's driver statistics).
+func xdpTransmitted(t *testing.T, ns *nettest.NS, ifname string) uint64 {
+	t.Helper()
+	stats, err := ns.NICStats(ifname)
+	must(t, err)
+	var sum uint64
+	found := false
+	for name, v := range stats {
+		if strings.HasPrefix(name, "rx_queue_") && strings.HasSuffix(name, "_xdp_tx") {
+			sum += v
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("%s has no XDP_TX counter: %v", ifname, stats)
+	}
+	return sum
 }
