@@ -111,6 +111,82 @@ func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
 	}
 }
 
+// ns6Flows are the frontends TestTCUplinkNorthSouth6 and
+// TestXDPNorthSouth6 program, with their clients and, for the
+// source-NATed ones, the node's address and port each client's flow
+// takes.
+type ns6Flows struct {
+	feLocal, feRemote, feUDP, feNeigh, feLB Frontend
+	cLocal, cRemote, cUDP, cUp1, cNeigh     string
+	snatRemote, snatUDP, snatUp1, snatNeigh string
+}
+
+// newNS6Flows programs ns6Flows' frontends in d: eTP Local into pod1,
+// Cluster to backends on node2 and node3 (no neighbour), UDP, and a
+// load-balancer IP into pod1 with a source range.
+func newNS6Flows(t *testing.T, d *Datapath) ns6Flows {
+	f := ns6Flows{
+		feLocal:  extFrontend(ap6(node6, 30080), TCP),
+		feRemote: extFrontend(ap6(node6, 30082), TCP),
+		feUDP:    extFrontend(ap6(node6, 30053), UDP),
+		feNeigh:  extFrontend(ap6(node6, 30083), TCP),
+		feLB:     extFrontend(ap6("2001:db8:ff::10", 443), TCP),
+		cLocal:   ap6(outside6, 40000), cRemote: ap6(outside6, 41000), cUDP: ap6(outside6, 42000),
+		cUp1: ap6(outsideUp16, 44000), cNeigh: ap6(outside6, 45000),
+	}
+	mustSet(t, d, f.feLocal, local(ap6(pod16, 8080)))
+	mustSet(t, d, f.feRemote, be(ap6(beNode26, 8080)))
+	mustSet(t, d, f.feUDP, be(ap6(beNode26, 5353)))
+	mustSet(t, d, f.feNeigh, be(ap6(beNode36, 8080)))
+	mustSetService(t, d, f.feLB, Service{Backends: []Backend{local(ap6(pod16, 8443))},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}})
+	f.snatRemote, f.snatUDP = snat6Of(f.cRemote, f.feRemote, protoTCP), snat6Of(f.cUDP, f.feUDP, protoUDP)
+	f.snatUp1, f.snatNeigh = snat6Of(f.cUp1, f.feRemote, protoTCP), snat6Of(f.cNeigh, f.feNeigh, protoTCP)
+	return f
+}
+
+// remoteEntries expects the two entries of cRemote's flow to feRemote,
+// source-NATed towards node2 by up0 (either uplink path writes the
+// same).
+func (f ns6Flows) remoteEntries(e *fwdEnv) func(t *testing.T, d *Datapath) {
+	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
+	return both(
+		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: f.snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+			ifindex: up0, smac: upMAC0, dmac: macNode2, svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(f.cRemote, f.feRemote.Addr.String(), protoTCP)),
+		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: f.feRemote.Addr.String(), nat: f.cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
+			ifindex: up0, smac: upMAC0, dmac: macRouter, svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), f.snatRemote, protoTCP)),
+	)
+}
+
+// remoteRows are the rows of cRemote's flow to feRemote through the
+// uplink's hook h (tc_uplink_lb or xdp_lb), each with verdict ret: the
+// SYN source-NATed towards node2, its reply back to the client, and the
+// client's next segment, which promotes the flow.
+func (f ns6Flows) remoteRows(e *fwdEnv, h hook, ret uint32) []pktCase {
+	upMAC0 := e.mac["up0"]
+	syn := tcpFrame(f.cRemote, f.feRemote.Addr.String(), tcpSYN, "")
+	reply := tcpFrame(ap6(beNode26, 8080), f.snatRemote, tcpSYN|tcpACK, "")
+	ack := tcpFrame(f.cRemote, f.feRemote.Addr.String(), tcpACK, "GET / odd")
+	return []pktCase{
+		{name: "cluster_remote_backend_snat", hook: h, env: e, iif: "up0", in: syn,
+			out: ptr(syn.withAddrs(f.snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: ret,
+			fwd: f.feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2},
+			after: f.remoteEntries(e)},
+		{name: "cluster_remote_reply_back_to_the_client", hook: h, env: e, iif: "up0", in: reply,
+			out: ptr(reply.withAddrs(f.feRemote.Addr.String(), f.cRemote).forwarded(upMAC0, macRouter)), ret: ret,
+			stats: stats{StatReverseNAT: 1}},
+		{name: "cluster_remote_established_hit", hook: h, env: e, iif: "up0", in: ack,
+			out: ptr(ack.withAddrs(f.snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: ret, fwd: f.feRemote,
+			stats: stats{StatConntrackPromoted: 1}},
+	}
+}
+
+// snat6Of is the node's IPv6 address and the first SNAT port of client's
+// flow to f.
+func snat6Of(client string, f Frontend, proto uint8) string {
+	return ap6(node6, int(snatPortOf(netip.MustParseAddrPort(client), f.Addr, proto, 0, DefaultSNATPorts)))
+}
+
 // TestTCUplinkNorthSouth6 runs IPv6 north-south through the uplinks' tc
 // programs, in the forwarding namespace with its IPv6 half: a NodePort
 // with externalTrafficPolicy Local (DNAT into the pod, bpf_redirect_peer)
@@ -130,31 +206,13 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 	e.addIPv6(t)
 	d := e.d
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
-	feLocal := extFrontend(ap6(node6, 30080), TCP)
-	feRemote := extFrontend(ap6(node6, 30082), TCP)
-	feUDP := extFrontend(ap6(node6, 30053), UDP)
-	feNeigh := extFrontend(ap6(node6, 30083), TCP)
-	feLB := extFrontend(ap6("2001:db8:ff::10", 443), TCP)
-	mustSet(t, d, feLocal, local(ap6(pod16, 8080)))
-	mustSet(t, d, feRemote, be(ap6(beNode26, 8080)))
-	mustSet(t, d, feUDP, be(ap6(beNode26, 5353)))
-	mustSet(t, d, feNeigh, be(ap6(beNode36, 8080)))
-	mustSetService(t, d, feLB, Service{Backends: []Backend{local(ap6(pod16, 8443))},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}})
-
-	snatOf := func(client string, f Frontend, proto uint8) string {
-		return ap6(node6, int(snatPortOf(netip.MustParseAddrPort(client), f.Addr, proto, 0, DefaultSNATPorts)))
-	}
-	cLocal, cRemote, cUDP, cUp1 := ap6(outside6, 40000), ap6(outside6, 41000), ap6(outside6, 42000), ap6(outsideUp16, 44000)
-	snatRemote, snatUDP, snatUp1 := snatOf(cRemote, feRemote, protoTCP), snatOf(cUDP, feUDP, protoUDP), snatOf(cUp1, feRemote, protoTCP)
-	cNeigh := ap6(outside6, 45000)
-	snatNeigh := snatOf(cNeigh, feNeigh, protoTCP)
+	f := newNS6Flows(t, d)
+	feLocal, feRemote, feUDP, feNeigh, feLB := f.feLocal, f.feRemote, f.feUDP, f.feNeigh, f.feLB
+	cLocal, cUDP, cUp1, cNeigh := f.cLocal, f.cUDP, f.cUp1, f.cNeigh
+	snatUDP, snatUp1, snatNeigh := f.snatUDP, f.snatUp1, f.snatNeigh
 
 	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
 	localReply := tcpFrame(ap6(pod16, 8080), cLocal, tcpSYN|tcpACK, "")
-	syn := tcpFrame(cRemote, feRemote.Addr.String(), tcpSYN, "")
-	reply := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpSYN|tcpACK, "")
-	ack := tcpFrame(cRemote, feRemote.Addr.String(), tcpACK, "GET / odd")
 	udpQ := udpFrame(cUDP, feUDP.Addr.String(), "query")
 	udpA := udpFrame(ap6(beNode26, 5353), snatUDP, "answer!")
 	up1Syn := tcpFrame(cUp1, feRemote.Addr.String(), tcpSYN, "")
@@ -180,21 +238,9 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 		{name: "etp_local_reply_from_the_pod_out_of_the_uplink", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(feLocal.Addr.String(), cLocal).forwarded(upMAC0, macRouter)), ret: tcRedirect,
 			stats: stats{StatReverseNAT: 1}},
-		{name: "cluster_remote_backend_snat", hook: hookUplinkTC, env: e, iif: "up0", in: syn,
-			out: ptr(syn.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
-			fwd: feRemote, newFlow: true, stats: newSNAT,
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatRemote, protoTCP)),
-			)},
-		{name: "cluster_remote_reply_back_to_the_client", hook: hookUplinkTC, env: e, iif: "up0", in: reply,
-			out: ptr(reply.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "cluster_remote_established_hit", hook: hookUplinkTC, env: e, iif: "up0", in: ack,
-			out: ptr(ack.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect, fwd: feRemote,
-			stats: stats{StatConntrackPromoted: 1}},
+	}
+	rows = append(rows, f.remoteRows(e, hookUplinkTC, tcRedirect)...)
+	rows = append(rows, []pktCase{
 		{name: "udp_snat", hook: hookUplinkTC, env: e, iif: "up0", in: udpQ,
 			out: ptr(udpQ.withAddrs(snatUDP, ap6(beNode26, 5353)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
 			fwd: feUDP, newFlow: true, stats: newSNAT},
@@ -223,7 +269,7 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			stats: stats{StatDropSourceRange: 1}},
 		{name: "not_a_frontend_passes_untouched", hook: hookUplinkTC, env: e, iif: "up0",
 			in: tcpFrame(ap6(outside6, 48001), ap6(node6, 22), tcpSYN, "")},
-	}
+	}...)
 	runTable(t, d, rows)
 }
 
@@ -245,35 +291,17 @@ func TestXDPNorthSouth6(t *testing.T) {
 	e.addIPv6(t)
 	d := e.d
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
-	feLocal := extFrontend(ap6(node6, 30080), TCP)
-	feRemote := extFrontend(ap6(node6, 30082), TCP)
-	feUDP := extFrontend(ap6(node6, 30053), UDP)
-	feNeigh := extFrontend(ap6(node6, 30083), TCP)
-	feLB := extFrontend(ap6("2001:db8:ff::10", 443), TCP)
-	mustSet(t, d, feLocal, local(ap6(pod16, 8080)))
-	mustSet(t, d, feRemote, be(ap6(beNode26, 8080)))
-	mustSet(t, d, feUDP, be(ap6(beNode26, 5353)))
-	mustSet(t, d, feNeigh, be(ap6(beNode36, 8080)))
-	mustSetService(t, d, feLB, Service{Backends: []Backend{local(ap6(pod16, 8443))},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}})
-
-	snatOf := func(client string, f Frontend, proto uint8) string {
-		return ap6(node6, int(snatPortOf(netip.MustParseAddrPort(client), f.Addr, proto, 0, DefaultSNATPorts)))
-	}
-	cLocal, cRemote, cUDP, cUp1 := ap6(outside6, 40000), ap6(outside6, 41000), ap6(outside6, 42000), ap6(outsideUp16, 44000)
-	snatRemote, snatUDP, snatUp1 := snatOf(cRemote, feRemote, protoTCP), snatOf(cUDP, feUDP, protoUDP), snatOf(cUp1, feRemote, protoTCP)
-	cNeigh := ap6(outside6, 45000)
-	snatNeigh := snatOf(cNeigh, feNeigh, protoTCP)
+	f := newNS6Flows(t, d)
+	feLocal, feRemote, feUDP, feNeigh, feLB := f.feLocal, f.feRemote, f.feUDP, f.feNeigh, f.feLB
+	cLocal, cRemote, cUDP, cUp1, cNeigh := f.cLocal, f.cRemote, f.cUDP, f.cUp1, f.cNeigh
+	snatRemote, snatUDP, snatUp1, snatNeigh := f.snatRemote, f.snatUDP, f.snatUp1, f.snatNeigh
 	cTTL := ap6(outside6, 47000)
-	snatTTL := snatOf(cTTL, feRemote, protoTCP)
+	snatTTL := snat6Of(cTTL, feRemote, protoTCP)
 
 	localSyn := tcpFrame(cLocal, feLocal.Addr.String(), tcpSYN, "")
 	localAck := tcpFrame(cLocal, feLocal.Addr.String(), tcpACK, "GET / odd")
 	localTTL := tcpFrame(ap6(outside6, 40009), feLocal.Addr.String(), tcpSYN, "")
 	localTTL.ttl = 1
-	syn := tcpFrame(cRemote, feRemote.Addr.String(), tcpSYN, "")
-	reply := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpSYN|tcpACK, "")
-	ack := tcpFrame(cRemote, feRemote.Addr.String(), tcpACK, "GET / odd")
 	replyData := tcpFrame(ap6(beNode26, 8080), snatRemote, tcpACK, "HTTP/1.1 200 OK, odd")
 	udpQ := udpFrame(cUDP, feUDP.Addr.String(), "query")
 	udpA := udpFrame(ap6(beNode26, 5353), snatUDP, "answer!")
@@ -300,27 +328,16 @@ func TestXDPNorthSouth6(t *testing.T) {
 		{name: "etp_local_hop_limit_expiring_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: localTTL,
 			out: ptr(localTTL.withAddrs("", ap6(pod16, 8080))), ret: xdpPass,
 			fwd: feLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 1, StatFwdL2: 1, StatFwdFallbackTTL: 1}},
-		{name: "cluster_remote_backend_snat_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: syn,
-			out: ptr(syn.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX,
-			fwd: feRemote, newFlow: true, stats: newSNAT,
-			after: both(
-				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP)),
-				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatRemote, protoTCP)),
-			)},
-		{name: "snat_reply_back_to_the_client_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: reply,
-			out: ptr(reply.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: xdpTX,
-			stats: stats{StatReverseNAT: 1}},
-		{name: "snat_established_hit_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: ack,
-			out: ptr(ack.withAddrs(snatRemote, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: xdpTX, fwd: feRemote,
-			stats: stats{StatConntrackPromoted: 1},
-			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap6(beNode26, 8080), nat: snatRemote,
+	}
+	// XDP_TX both ways, the client's next segment promoting the flow.
+	rows = append(rows, f.remoteRows(e, hookXDP, xdpTX)...)
+	rows = append(rows, []pktCase{
+		{name: "snat_promoted_entry", hook: hookXDP, env: e, iif: "up0", in: replyData,
+			out: ptr(replyData.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: xdpTX,
+			stats: stats{StatReverseNAT: 1},
+			before: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap6(beNode26, 8080), nat: snatRemote,
 				flags: tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED, redirect: tcCtRedirectCT_REDIRECT_XDP,
 				ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP))},
-		{name: "snat_established_reply_xdp_tx", hook: hookXDP, env: e, iif: "up0", in: replyData,
-			out: ptr(replyData.withAddrs(feRemote.Addr.String(), cRemote).forwarded(upMAC0, macRouter)), ret: xdpTX,
-			stats: stats{StatReverseNAT: 1}},
 		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
 			out: ptr(udpQ.withAddrs(snatUDP, ap6(beNode26, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
 			fwd: feUDP, newFlow: true, stats: newSNAT},
@@ -352,7 +369,7 @@ func TestXDPNorthSouth6(t *testing.T) {
 			stats: stats{StatDropSourceRange: 1}},
 		{name: "not_a_frontend_passes_untouched", hook: hookXDP, env: e, iif: "up0",
 			in: tcpFrame(ap6(outside6, 48001), ap6(node6, 22), tcpSYN, ""), ret: xdpPass},
-	}
+	}...)
 	runTable(t, d, rows)
 }
 
