@@ -66,4 +66,18 @@ int xdp_baseline(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* xdp_baseline6 is xdp_baseline for IPv6 frames (the xdp6 rows'
+ * baseline). */
+SEC("xdp")
+int xdp_baseline6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct packet6 pkt = {};
+
+	if (parse_ipv6(data, data_end, data_end - data, &pkt) == PARSE_OK && fold6(&pkt))
+		return XDP_DROP;
+	return XDP_PASS;
+}
+
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -147,10 +147,13 @@ static __always_inline int compat_fib_mtu_fits(void *ctx, __u32 iif, const struc
 	return bpf_fib_lookup(ctx, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED;
 }
 
-/* compat_xdp_mtu_fits says whether the frame whose IPv4 header is ip may
- * leave by ifindex. Without bpf_check_mtu: its IP length against the MTU
- * the agent gave for ifindex, or, for an interface it did not name, the
- * FIB's check of the route's MTU. */
+/* compat_xdp_mtu_fits says whether the frame whose IPv4 header is ip
+ * (NULL for an IPv6 frame) may leave by ifindex. Without bpf_check_mtu:
+ * its IP length (an IPv6 frame's is the frame's after the Ethernet
+ * header: it is never short enough to be padded) against the MTU the
+ * agent gave for ifindex, or, for an interface it did not name, the
+ * FIB's check of the route's MTU (IPv4 only: an IPv6 frame is let
+ * through, as compat_skb_mtu_fits lets an IPv6 skb). */
 static __always_inline int compat_xdp_mtu_fits(struct xdp_md *ctx, __u32 ifindex, const struct iphdr *ip)
 {
 	__u32 mtu_len = 0;
@@ -158,9 +161,11 @@ static __always_inline int compat_xdp_mtu_fits(struct xdp_md *ctx, __u32 ifindex
 
 	if (cfg_no_check_mtu) {
 		i = compat_iface(ifindex);
-		if (i >= 0)
-			return bpf_ntohs(ip->tot_len) <= cfg_src_mtu[i & (COMPAT_SRC_MAX - 1)];
-		return compat_fib_mtu_fits(ctx, ctx->ingress_ifindex, ip, bpf_ntohs(ip->tot_len));
+		if (i >= 0) {
+			mtu_len = ip ? bpf_ntohs(ip->tot_len) : ctx->data_end - ctx->data - ETH_HLEN;
+			return mtu_len <= cfg_src_mtu[i & (COMPAT_SRC_MAX - 1)];
+		}
+		return !ip || compat_fib_mtu_fits(ctx, ctx->ingress_ifindex, ip, bpf_ntohs(ip->tot_len));
 	}
 	return bpf_check_mtu(ctx, ifindex, &mtu_len, 0, 0) == BPF_MTU_CHK_RET_SUCCESS;
 }

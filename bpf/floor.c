@@ -13,8 +13,9 @@
  * the real path's own helpers (lb.h, tc.h, fwd.h), so the benchmark's
  * step rows show where the gap between a program and its floor goes:
  *   tc_floor, xdp_floor: the established packet (ct_forward_hit);
- *   tc_floor6: tc_floor for IPv6 (floor_flows6: ct6_key, ct6_value; the
- *     rewrite of nat6.h), without steps;
+ *   tc_floor6, xdp_floor6: tc_floor and xdp_floor for IPv6
+ *     (floor_flows6: ct6_key, ct6_value; the rewrites of nat6.h and
+ *     nat.h), without steps;
  *   tc_floor_new: the first packet of a flow (lb_new_flow, flow_create),
  *     whose steps replay flow_create's parts in its order; it passes
  *     what it does not balance, and drops what the real path drops.
@@ -144,30 +145,57 @@ int tc_floor(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+/* floor6_lookup is floor_lookup for IPv6, without steps: parse, one
+ * lookup in floor_flows6, and n (a struct nat6) filled from the entry.
+ * Returns 0 when there is one. */
+static __always_inline int floor6_lookup(void *data, void *data_end, __u32 frame_len, struct packet6 *pkt,
+					 struct nat6 *n)
+{
+	struct ct6_key key = {};
+	struct ct6_value *v;
+
+	if (parse_ipv6(data, data_end, frame_len, pkt) != PARSE_OK)
+		return -1;
+	ct6_key_of(pkt, &key);
+	v = bpf_map_lookup_elem(&floor_flows6, &key);
+	if (!v)
+		return -1;
+	if (v->ct.dir == CT_FORWARD)
+		nat_forward(&n->n, &v->ct);
+	else
+		nat_reverse(&n->n, &v->ct);
+	nat6_addrs(&n->n, &v->ct);
+	return 0;
+}
+
 /* tc_floor6 is the floor of tc's IPv6 hit path (tc_balance6): parse,
  * one lookup, the rewrite. */
 SEC("tcx/ingress")
 int tc_floor6(struct __sk_buff *skb)
 {
 	struct packet6 pkt = {};
-	struct ct6_key key = {};
-	struct ct6_value *v;
 	struct nat6 n = {};
 
-	if (parse_ipv6((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt) != PARSE_OK)
+	if (floor6_lookup((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt, &n))
 		return FLOOR_MISS_TC;
-	ct6_key_of(&pkt, &key);
-	v = bpf_map_lookup_elem(&floor_flows6, &key);
-	if (!v)
-		return FLOOR_MISS_TC;
-	if (v->ct.dir == CT_FORWARD)
-		nat_forward(&n.n, &v->ct);
-	else
-		nat_reverse(&n.n, &v->ct);
-	nat6_addrs(&n.n, &v->ct);
 	if (nat6_rewrite_skb(skb, &pkt.p, &n.n))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;
+}
+
+/* xdp_floor6 is the floor of XDP's IPv6 hit path (xdp_lb6): parse, one
+ * lookup, the rewrite. */
+SEC("xdp")
+int xdp_floor6(struct xdp_md *ctx)
+{
+	struct packet6 pkt = {};
+	struct nat6 n = {};
+
+	if (floor6_lookup((void *)(long)ctx->data, (void *)(long)ctx->data_end, ctx->data_end - ctx->data, &pkt, &n))
+		return FLOOR_MISS_XDP;
+	if (nat_rewrite_xdp_fam(PKT_IPV6, ctx, &pkt.p, &n.n))
+		return XDP_DROP;
+	return XDP_PASS;
 }
 
 SEC("xdp")

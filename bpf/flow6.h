@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Creating an IPv6 flow: flow.h's flow_create for a packet6, on every
- * hook that translates IPv6: tc on pod veths (scope internal) and on
- * uplinks (scope external, tc_uplink and tc_uplink_lb), with the same
+ * hook that translates IPv6: tc on pod veths (scope internal) and XDP
+ * or tc on uplinks (scope external, xdp_lb and tc_uplink_lb), with the same
  * forwarding targets (fwd_resolve6) and, for a flow from outside to
  * another node's backend, the same source NAT (snat_claim, over the IPv6
  * tables) to the node's IPv6 address the FIB prefers towards the

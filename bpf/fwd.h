@@ -30,13 +30,12 @@
  * TTL: every path here replaces a forwarding hop of the node, so the TTL
  * is decremented exactly where the stack's ip_forward would have.
  *
- * IPv6 takes the same paths on tc (fwd_resolve6, fwd_skb with PKT_IPV6),
- * its hop limit where IPv4 has the TTL, and the stack answers "packet too
- * big" and "time exceeded" for what falls back. Two differences: XDP
- * never forwards IPv6 (xdp_lb passes it to tc_uplink, which balances
- * it), and a NEIGH target of IPv6 keeps no next hop (fwd_target's is
- * IPv4's 4 bytes): bpf_redirect_neigh then routes the packet's
- * destination itself out of the interface. */
+ * IPv6 takes the same paths on XDP and tc (fwd_resolve6, fwd_xdp_fam
+ * and fwd_skb_fam with PKT_IPV6), its hop limit where IPv4 has the TTL,
+ * and the stack answers "packet too big" and "time exceeded" for what
+ * falls back. One difference: a NEIGH target of IPv6 keeps no next hop
+ * (fwd_target's is IPv4's 4 bytes): bpf_redirect_neigh then routes the
+ * packet's destination itself out of the interface. */
 #ifndef TOPOLB_FWD_H
 #define TOPOLB_FWD_H
 
@@ -308,24 +307,54 @@ static __always_inline int fwd_fallback(int no_stack, __u32 reason)
 	return 1;
 }
 
+/* fwd_l3_fits reports whether the L3 header of family fam (a constant)
+ * at l3 lies within the frame. */
+static __always_inline int fwd_l3_fits(int fam, void *l3, void *data_end)
+{
+	if (fam == PKT_IPV6)
+		return l3 + sizeof(struct ipv6hdr) <= data_end;
+	return l3 + sizeof(struct iphdr) <= data_end;
+}
+
+/* fwd_hops_expire reports whether forwarding would take the TTL (IPv4)
+ * or hop limit (IPv6) of the header at l3, of family fam, to 0. */
+static __always_inline int fwd_hops_expire(int fam, void *l3)
+{
+	if (fam == PKT_IPV6)
+		return ip6_hop_limit_expires(l3);
+	return ip_ttl_expires(l3);
+}
+
+/* fwd_hops_decrease decrements the TTL or hop limit of the header at l3
+ * as a forwarding hop does (IPv6 has no header checksum to keep). */
+static __always_inline void fwd_hops_decrease(int fam, void *l3)
+{
+	if (fam == PKT_IPV6)
+		((struct ipv6hdr *)l3)->hop_limit--;
+	else
+		ip_decrease_ttl(l3);
+}
+
 /* ---- XDP (frames from the wire) ---- */
 
-/* fwd_xdp_l2 sends a translated frame out of an uplink with t's MACs. */
-static __always_inline int fwd_xdp_l2(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+/* fwd_xdp_l2 sends a translated frame of family fam (a constant) out of
+ * an uplink with t's MACs. */
+static __always_inline int fwd_xdp_l2(int fam, struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN;
+	void *l3 = data + ETH_HLEN;
 
-	if ((void *)(ip + 1) > data_end)
+	if (!fwd_l3_fits(fam, l3, data_end))
 		return XDP_DROP;
-	if (ip_ttl_expires(ip))
+	if (fwd_hops_expire(fam, l3))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? XDP_PASS : XDP_DROP;
 	/* A frame fits the interface it arrived on. */
-	if (t->ifindex != ctx->ingress_ifindex && !compat_xdp_mtu_fits(ctx, t->ifindex, ip))
+	if (t->ifindex != ctx->ingress_ifindex &&
+	    !compat_xdp_mtu_fits(ctx, t->ifindex, fam == PKT_IPV6 ? NULL : l3))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? XDP_PASS : XDP_DROP;
-	ip_decrease_ttl(ip);
+	fwd_hops_decrease(fam, l3);
 	__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, t->smac, ETH_ALEN);
 	if (t->ifindex == ctx->ingress_ifindex)
@@ -333,20 +362,21 @@ static __always_inline int fwd_xdp_l2(struct xdp_md *ctx, const struct fwd_targe
 	return bpf_redirect(t->ifindex, 0);
 }
 
-/* fwd_xdp_handoff passes a translated frame up to tc_uplink with its
- * target in the metadata. The Ethernet header stays as it arrived (the
- * uplink's own address), so the stack takes the frame if tc_uplink does
- * not. */
-static __always_inline int fwd_xdp_handoff(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+/* fwd_xdp_handoff passes a translated frame of family fam up to
+ * tc_uplink with its target in the metadata; tc_uplink forwards it as
+ * the skb's family (tc_is6). The Ethernet header stays as it arrived
+ * (the uplink's own address), so the stack takes the frame if tc_uplink
+ * does not. */
+static __always_inline int fwd_xdp_handoff(int fam, struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
+	void *l3 = data + ETH_HLEN;
 	struct fwd_meta *m;
 
-	if ((void *)(ip + 1) > data_end)
+	if (!fwd_l3_fits(fam, l3, data_end))
 		return XDP_DROP;
-	if (ip_ttl_expires(ip))
+	if (fwd_hops_expire(fam, l3))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? XDP_PASS : XDP_DROP;
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*m)))
 		return fwd_fallback(no_stack, STAT_FWD_FALLBACK_META) ? XDP_PASS : XDP_DROP;
@@ -365,16 +395,17 @@ static __always_inline int fwd_xdp_handoff(struct xdp_md *ctx, const struct fwd_
 	return XDP_PASS;
 }
 
-/* fwd_xdp forwards a translated frame along t. */
-static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+/* fwd_xdp_fam forwards a translated frame of family fam (a constant)
+ * along t. */
+static __always_inline int fwd_xdp_fam(int fam, struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
 {
 	switch (t->kind) {
 	case CT_REDIRECT_XDP:
-		return fwd_xdp_l2(ctx, t, no_stack);
+		return fwd_xdp_l2(fam, ctx, t, no_stack);
 	case CT_REDIRECT_PEER:
 	case CT_REDIRECT_NEIGH:
 		if (t->ifindex)
-			return fwd_xdp_handoff(ctx, t, no_stack);
+			return fwd_xdp_handoff(fam, ctx, t, no_stack);
 		/* fall through */
 	default:
 		if (no_stack) {
@@ -383,6 +414,12 @@ static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *
 		}
 		return XDP_PASS;
 	}
+}
+
+/* fwd_xdp is fwd_xdp_fam for IPv4. */
+static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+{
+	return fwd_xdp_fam(PKT_IPV4, ctx, t, no_stack);
 }
 
 /* ---- tc (skbs) ---- */
@@ -399,26 +436,21 @@ static __always_inline int fwd_skb_prepare(int fam, struct __sk_buff *skb, const
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip = data + ETH_HLEN;
-	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	void *l3 = data + ETH_HLEN;
 
-	if (fam == PKT_IPV6 ? (void *)(ip6 + 1) > data_end : (void *)(ip + 1) > data_end) {
+	if (!fwd_l3_fits(fam, l3, data_end)) {
 		*verdict = TC_ACT_SHOT;
 		return 1;
 	}
-	if (fam == PKT_IPV6 ? ip6_hop_limit_expires(ip6) : ip_ttl_expires(ip)) {
+	if (fwd_hops_expire(fam, l3)) {
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_TTL) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}
-	if (!compat_skb_mtu_fits(skb, t->ifindex, fam == PKT_IPV6 ? NULL : ip)) {
+	if (!compat_skb_mtu_fits(skb, t->ifindex, fam == PKT_IPV6 ? NULL : l3)) {
 		*verdict = fwd_fallback(no_stack, STAT_FWD_FALLBACK_MTU) ? TC_PASS : TC_ACT_SHOT;
 		return 1;
 	}
-	/* IPv6 has no header checksum to keep. */
-	if (fam == PKT_IPV6)
-		ip6->hop_limit--;
-	else
-		ip_decrease_ttl(ip);
+	fwd_hops_decrease(fam, l3);
 	if (t->kind != CT_REDIRECT_NEIGH && !mac_is_zero(t->dmac)) {
 		__builtin_memcpy(eth->h_dest, t->dmac, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, t->smac, ETH_ALEN);

@@ -4,8 +4,8 @@
  * packet with its addresses (struct packet6). The L4 headers and the
  * family-neutral part of the parsed packet are packet.h's.
  *
- * tc translates IPv6 on pod veths and uplinks (tc_lb6, tc.h); XDP
- * passes IPv6 frames up untouched, to tc (xdp_lb.c). */
+ * tc translates IPv6 on pod veths and uplinks (tc_lb6, tc.h), XDP on
+ * uplinks (xdp_lb6, xdp_lb.c). */
 #ifndef TOPOLB_IPV6_H
 #define TOPOLB_IPV6_H
 

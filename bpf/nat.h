@@ -23,6 +23,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
@@ -228,24 +229,70 @@ static __always_inline void nat_rewrite_ip(struct iphdr *ip, const struct packet
 	}
 }
 
+/* nat6 is struct nat for an IPv6 packet: the flags, ports and forwarding
+ * target there, the addresses here (n.saddr and n.daddr stay zero). n
+ * comes first: a pointer to it is a pointer to this. */
+struct nat6 {
+	struct nat n;
+	union tlb_addr saddr;
+	union tlb_addr daddr;
+};
+
+static __always_inline struct nat6 *nat6_of(const struct nat *n)
+{
+	return (struct nat6 *)n;
+}
+
+/* nat6_rewrite_ip applies n's addresses (a struct nat6's) to the IPv6
+ * header ip, which has no checksum of its own. */
+static __always_inline void nat6_rewrite_ip(struct ipv6hdr *ip, const struct nat *n)
+{
+	if (n->flags & NAT_F_DST)
+		__builtin_memcpy(&ip->daddr, &nat6_of(n)->daddr, sizeof(ip->daddr));
+	if (n->flags & NAT_F_SRC)
+		__builtin_memcpy(&ip->saddr, &nat6_of(n)->saddr, sizeof(ip->saddr));
+}
+
 /* ---- rewriting frames from the wire (XDP) ---- */
 
-/* nat_rewrite_xdp applies n in place with incremental checksum updates:
- * frames from the wire carry full checksums (csum.h). Returns 0 on
- * success. */
-static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct packet *pkt, const struct nat *n)
+/* nat_csum_addr returns the L4 checksum sum updated for the rewrite of
+ * pkt's destination (dst) or source address, of family fam (a constant:
+ * an IPv6 packet is a struct packet6, its nat a struct nat6), to n's:
+ * part of the pseudo header either way. */
+static __always_inline __u16 nat_csum_addr(int fam, __u16 sum, const struct packet *pkt, const struct nat *n, int dst)
+{
+	if (fam == PKT_IPV6) {
+		const struct packet6 *p6 = packet6_of(pkt);
+		const struct nat6 *n6 = nat6_of(n);
+
+		if (dst)
+			return csum_replace16(sum, p6->daddr.v6, n6->daddr.v6);
+		return csum_replace16(sum, p6->saddr.v6, n6->saddr.v6);
+	}
+	if (dst)
+		return csum_replace4(sum, pkt->daddr, n->daddr);
+	return csum_replace4(sum, pkt->saddr, n->saddr);
+}
+
+/* nat_rewrite_xdp_fam applies n to pkt, of family fam (a constant), in
+ * place with incremental checksum updates: frames from the wire carry
+ * full checksums (csum.h). The L4 header and its checksum are rewritten
+ * the same in both families, only the addresses' share of the checksum
+ * (nat_csum_addr) and the IP header differ. Returns 0 on success. */
+static __always_inline int nat_rewrite_xdp_fam(int fam, struct xdp_md *ctx, const struct packet *pkt,
+					       const struct nat *n)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
+	void *l3 = data + ETH_HLEN;
 	void *l4 = data + (pkt->l4_off & L4_OFF_MASK);
 	__u16 *check, sum;
 	__be16 *sport, *dport;
 
-	if ((void *)(ip + 1) > data_end)
+	if (!fwd_l3_fits(fam, l3, data_end))
 		return -1;
-	if (n->flags & NAT_F_L3) {
-		nat_rewrite_ip(ip, pkt, n);
+	if (fam == PKT_IPV4 && (n->flags & NAT_F_L3)) {
+		nat_rewrite_ip(l3, pkt, n);
 		return 0;
 	}
 	if (pkt->proto == IP_PROTO_TCP) {
@@ -268,16 +315,19 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 
 	sum = *check;
 	if (n->flags & NAT_F_DST) {
-		sum = csum_replace4(sum, pkt->daddr, n->daddr);
+		sum = nat_csum_addr(fam, sum, pkt, n, 1);
 		sum = csum_replace2(sum, pkt->dport, n->dport);
 		*dport = n->dport;
 	}
 	if (n->flags & NAT_F_SRC) {
-		sum = csum_replace4(sum, pkt->saddr, n->saddr);
+		sum = nat_csum_addr(fam, sum, pkt, n, 0);
 		sum = csum_replace2(sum, pkt->sport, n->sport);
 		*sport = n->sport;
 	}
-	nat_rewrite_ip(ip, pkt, n);
+	if (fam == PKT_IPV6)
+		nat6_rewrite_ip(l3, n);
+	else
+		nat_rewrite_ip(l3, pkt, n);
 	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
 	 * its one's-complement twin, all ones (RFC 768). */
 	if (pkt->proto == IP_PROTO_UDP) {
@@ -288,6 +338,12 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 	}
 	*check = sum;
 	return 0;
+}
+
+/* nat_rewrite_xdp is nat_rewrite_xdp_fam for IPv4. */
+static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct packet *pkt, const struct nat *n)
+{
+	return nat_rewrite_xdp_fam(PKT_IPV4, ctx, pkt, n);
 }
 
 /* ---- rewriting skbs (tc) ---- */

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Address translation of IPv6 packets on tc (pod veths and uplinks): struct nat (nat.h) with the
- * 16-byte addresses, and its rewrite of an skb. IPv6 has no header
- * checksum; the L4 checksum covers a pseudo header with both addresses
- * (RFC 8200 8.1), so each rewritten address is one checksum difference
- * (bpf_csum_diff over its 16 bytes) handed to the csum helper, which
- * knows CHECKSUM_PARTIAL (nat.h). */
+/* Address translation of IPv6 packets on tc (pod veths and uplinks):
+ * the packet's addresses after struct nat6 (nat.h, beside struct nat and
+ * XDP's rewrite of both families), and its rewrite of an skb. IPv6 has
+ * no header checksum; the L4 checksum covers a pseudo header with both
+ * addresses (RFC 8200 8.1), so each rewritten address is one checksum
+ * difference (bpf_csum_diff over its 16 bytes) handed to the csum
+ * helper, which knows CHECKSUM_PARTIAL (nat.h). */
 #ifndef TOPOLB_NAT6_H
 #define TOPOLB_NAT6_H
 
@@ -16,20 +17,6 @@
 #include "ipv6.h"
 #include "nat.h"
 #include "structs.h"
-
-/* nat6 is struct nat for an IPv6 packet: the flags, ports and forwarding
- * target there, the addresses here (n.saddr and n.daddr stay zero). n
- * comes first: a pointer to it is a pointer to this. */
-struct nat6 {
-	struct nat n;
-	union tlb_addr saddr;
-	union tlb_addr daddr;
-};
-
-static __always_inline struct nat6 *nat6_of(const struct nat *n)
-{
-	return (struct nat6 *)n;
-}
 
 /* nat6_new_src and nat6_new_dst are nat_new_src and nat_new_dst (nat.h)
  * of an IPv6 packet. */
@@ -79,10 +66,7 @@ static __always_inline int nat6_rewrite_skb(struct __sk_buff *skb, const struct 
 	ip = nat_skb_ports(skb, l4_off, sizeof(*ip), n);
 	if (!ip)
 		return -1;
-	if (n->flags & NAT_F_DST)
-		__builtin_memcpy(&ip->daddr, &n6->daddr, sizeof(n6->daddr));
-	if (n->flags & NAT_F_SRC)
-		__builtin_memcpy(&ip->saddr, &n6->saddr, sizeof(n6->saddr));
+	nat6_rewrite_ip(ip, n);
 	return 0;
 }
 

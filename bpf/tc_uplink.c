@@ -9,19 +9,21 @@
  *     target over in the frame's metadata (struct fwd_meta, fwd.h), and
  *     this program delivers the skb into the pod with bpf_redirect_peer or
  *     sends it out through the neighbour subsystem with
- *     bpf_redirect_neigh, skipping the host stack. Frames without
- *     topolb's metadata pass untouched. It balances IPv6 itself
- *     (tc_lb6): xdp_lb passes IPv6 up untouched (xdp_lb.c says why).
+ *     bpf_redirect_neigh, skipping the host stack, as an skb of its
+ *     family. Frames without topolb's metadata pass untouched, but for
+ *     the IPv6 that xdp_lb leaves to tc (xdp_lb.c): ICMPv6 errors about
+ *     translated flows and rejects, which tc_lb6 answers.
  *   tc_uplink_lb, alone (path tc): balances frontends of scope external
  *     itself, where XDP's transmitted frames would be lost (a veth whose
  *     peer has no NAPI) or XDP has no native mode: the same core, maps
  *     and conntrack as xdp_lb, on skbs (tc.h, as tc_lb on pod veths), for
  *     both families. It also finishes XDP handovers, so the swap between
  *     the two paths loses no frame in flight.
- * IPv6 is balanced the same on both paths, by tc_lb6: frontends of scope
- * external (NodePorts on the node's IPv6 addresses, load-balancer and
- * external IPs), into a local pod or source-NATed to the node's IPv6
- * address towards another node's backend, and the replies. */
+ * IPv6 is balanced the same on both paths, by xdp_lb6 on the XDP path
+ * and tc_lb6 on the tc path: frontends of scope external (NodePorts on
+ * the node's IPv6 addresses, load-balancer and external IPs), into a
+ * local pod or source-NATed to the node's IPv6 address towards another
+ * node's backend, and the replies. */
 
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -63,7 +65,7 @@ static __attribute__((noinline)) int uplink_handover(struct __sk_buff *skb, int 
 	m->magic = 0;
 	*verdict = TC_PASS;
 	if (t.kind == CT_REDIRECT_PEER || t.kind == CT_REDIRECT_NEIGH)
-		*verdict = fwd_skb(skb, &t, no_stack);
+		*verdict = tc_is6(skb) ? fwd_skb_fam(PKT_IPV6, skb, &t, no_stack) : fwd_skb(skb, &t, no_stack);
 	return 1;
 }
 

@@ -11,10 +11,21 @@
  * tc_uplink (tc_uplink.c) for delivery into a local pod, or up the stack.
  * Frames from the wire carry full checksums, so the incremental update in
  * csum.h is correct here (it would not be for CHECKSUM_PARTIAL pod
- * traffic, which is why pods are served by tc). IPv6 passes up untouched
- * (XDP_PASS, the parser takes IPv4 only): tc_uplink, on the same
- * uplink's tc ingress, balances it (tc_uplink.c), which keeps xdp_lb
- * within 5.10's verifier limit and its frame for IPv4. */
+ * traffic, which is why pods are served by tc).
+ *
+ * Both families, each in its own subprogram (xdp_lb4, xdp_lb6) over the
+ * same core (lb.h), rewrite (nat_rewrite_xdp_fam) and forwarding
+ * (fwd_xdp_fam), as tc_lb4 and tc_lb6 are on tc: IPv6's flows, new and
+ * established, their replies and source NAT are balanced here as IPv4's
+ * are. What IPv6 leaves to tc_uplink, on the same uplink's tc ingress,
+ * passes up untouched (XDP_PASS): ICMPv6 (errors about translated flows
+ * are translated there, icmp6_xlate; NDP, router advertisements, MLD and
+ * echo are the kernel's), rejects (reject6_prepare reads the quoted
+ * datagram with skb helpers), fragments and every packet not ours. A
+ * translated IPv6 frame that cannot leave as its flow says (hop limit
+ * expiring, larger than the egress MTU) goes up the stack as IPv4's does;
+ * one whose next hop has no MAC yet is handed to tc_uplink
+ * (fwd_xdp_handoff), which forwards it as an IPv6 skb. */
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -25,6 +36,7 @@
 #include "fwd.h"
 #include "icmp.h"
 #include "nat.h"
+#include "nat6.h"
 #include "reject.h"
 
 _Static_assert(REJECT_MAX_LEN <= COMPAT_STORE_MAX, "a reply fits compat_xdp_store_bytes");
@@ -68,8 +80,26 @@ static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *p
 	return XDP_TX;
 }
 
-SEC("xdp")
-int xdp_lb(struct xdp_md *ctx)
+/* xdp_icmp translates an ICMP error about a translated flow (icmp.h) in
+ * place, and passes it up. A global function, verified once on its own:
+ * with only the context to go by, it parses the frame again, which only
+ * ICMP messages pay. Inlined into xdp_lb4, the verifier walked it once
+ * for each state the parser left, about 440,000 of xdp_lb's
+ * instructions on Linux 6.18, room that xdp_lb6 needs (docs/datapath.md,
+ * "Older kernels"). */
+__noinline int xdp_icmp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct packet pkt = {};
+
+	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_ICMP)
+		icmp_xlate(data, data_end, &pkt);
+	return XDP_PASS;
+}
+
+/* xdp_lb4 balances an IPv4 frame (or passes what is not IPv4). */
+static __attribute__((noinline)) int xdp_lb4(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -86,8 +116,7 @@ int xdp_lb(struct xdp_md *ctx)
 			    nat.no_stack, nat.ct, &nat.fwd);
 		return fwd_xdp(ctx, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
-		icmp_xlate(data, data_end, &pkt);
-		return XDP_PASS;
+		return xdp_icmp(ctx);
 	case LB_REJECT:
 		return xdp_reject(ctx, &pkt);
 	case LB_DROP:
@@ -95,6 +124,53 @@ int xdp_lb(struct xdp_md *ctx)
 	default:
 		return XDP_PASS;
 	}
+}
+
+/* xdp_lb6 is xdp_lb4 for an IPv6 frame: parse, decide (lb.h, with the
+ * IPv6 conntrack), rewrite and forward as IPv4 is; ICMPv6 and rejects
+ * pass up to tc_uplink (the header comment says why). */
+static __attribute__((noinline)) int xdp_lb6(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct packet6 pkt = {};
+	struct nat6 nat = {};
+
+	switch (lb6_classify(ctx, ctx->ingress_ifindex, data, data_end, data_end - data, &pkt, &nat)) {
+	case LB_REWRITE:
+		if (nat_rewrite_xdp_fam(PKT_IPV6, ctx, &pkt.p, &nat.n)) {
+			stat_inc(STAT_DROP_REWRITE);
+			return XDP_DROP;
+		}
+		fwd_refresh6(ctx, ctx->ingress_ifindex, nat6_new_src(&pkt.p, &nat.n), nat6_new_dst(&pkt.p, &nat.n),
+			     pkt.p.proto, nat.n.no_stack, nat.n.ct, &nat.n.fwd);
+		return fwd_xdp_fam(PKT_IPV6, ctx, &nat.n.fwd, nat.n.no_stack);
+	case LB_DROP:
+		return XDP_DROP;
+	default:
+		return XDP_PASS;
+	}
+}
+
+/* xdp_is6 reports whether the frame carries IPv6 (xdp_lb6's); a tagged
+ * frame's EtherType is its tag's, and it passes as in IPv4 (parse.h). */
+static __always_inline int xdp_is6(const struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+
+	return (void *)(eth + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IPV6);
+}
+
+/* Each family balances in its own subprogram, as on tc (tc.h, tc_lb4 and
+ * tc_lb6): each needs most of the 512-byte stack. */
+SEC("xdp")
+int xdp_lb(struct xdp_md *ctx)
+{
+	if (xdp_is6(ctx))
+		return xdp_lb6(ctx);
+	return xdp_lb4(ctx);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -16,9 +16,10 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	baselineProgTcBaseline  = "tc_baseline"
-	baselineProgTcBaseline6 = "tc_baseline6"
-	baselineProgXdpBaseline = "xdp_baseline"
+	baselineProgTcBaseline   = "tc_baseline"
+	baselineProgTcBaseline6  = "tc_baseline6"
+	baselineProgXdpBaseline  = "xdp_baseline"
+	baselineProgXdpBaseline6 = "xdp_baseline6"
 )
 
 // loadBaseline returns the embedded CollectionSpec for baseline.
@@ -63,9 +64,10 @@ type baselineSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type baselineProgramSpecs struct {
-	TcBaseline  *ebpf.ProgramSpec `ebpf:"tc_baseline"`
-	TcBaseline6 *ebpf.ProgramSpec `ebpf:"tc_baseline6"`
-	XdpBaseline *ebpf.ProgramSpec `ebpf:"xdp_baseline"`
+	TcBaseline   *ebpf.ProgramSpec `ebpf:"tc_baseline"`
+	TcBaseline6  *ebpf.ProgramSpec `ebpf:"tc_baseline6"`
+	XdpBaseline  *ebpf.ProgramSpec `ebpf:"xdp_baseline"`
+	XdpBaseline6 *ebpf.ProgramSpec `ebpf:"xdp_baseline6"`
 }
 
 // baselineMapSpecs contains maps before they are loaded into the kernel.
@@ -116,9 +118,10 @@ type baselineVariables struct {
 //
 // It can be passed to loadBaselineObjects or ebpf.CollectionSpec.LoadAndAssign.
 type baselinePrograms struct {
-	TcBaseline  *ebpf.Program `ebpf:"tc_baseline"`
-	TcBaseline6 *ebpf.Program `ebpf:"tc_baseline6"`
-	XdpBaseline *ebpf.Program `ebpf:"xdp_baseline"`
+	TcBaseline   *ebpf.Program `ebpf:"tc_baseline"`
+	TcBaseline6  *ebpf.Program `ebpf:"tc_baseline6"`
+	XdpBaseline  *ebpf.Program `ebpf:"xdp_baseline"`
+	XdpBaseline6 *ebpf.Program `ebpf:"xdp_baseline6"`
 }
 
 func (p *baselinePrograms) Close() error {
@@ -126,6 +129,7 @@ func (p *baselinePrograms) Close() error {
 		p.TcBaseline,
 		p.TcBaseline6,
 		p.XdpBaseline,
+		p.XdpBaseline6,
 	)
 }
 

@@ -27,6 +27,7 @@ var (
 	benchHotRep   = flag.Int("bench-hot-repeat", 1000, "runs per test-run syscall in keys=hot rows")
 	benchSizes    = flag.String("bench-sizes", "1,100000", "numbers of services")
 	benchKeys     = flag.String("bench-keys", "hot,cold", "key patterns to measure (hot, cold)")
+	benchRowsOnly = flag.String("bench-rows", "", "cases to measure, comma-separated (empty: every case); the others' flows are still set up")
 	benchOut      = flag.String("bench-out", "../BENCHMARKS.md", "file whose generated datapath block receives the results (empty: print only)")
 	// benchFlowsFlag established flows, spread over random services, are
 	// what the keys=cold rows cycle through in random order.
@@ -47,7 +48,7 @@ const (
 )
 
 // ipv6Twins are the IPv6 rows and the IPv4 row each is compared with.
-var ipv6Twins = [][2]string{{"tc6_hit", "tc_hit"}, {"tc6_new_flow", "tc_new_flow"}}
+var ipv6Twins = [][2]string{{"tc6_hit", "tc_hit"}, {"tc6_new_flow", "tc_new_flow"}, {"xdp6_hit", "xdp_hit"}}
 
 // benchRow is one measured case at one size.
 type benchRow struct {
@@ -87,7 +88,7 @@ func BenchmarkDatapath(b *testing.B) {
 		steps []stepRow
 	)
 	for _, n := range sizes {
-		r, s := benchSize(b, n, base.TcBaseline, base.XdpBaseline, base.TcBaseline6)
+		r, s := benchSize(b, n, base.TcBaseline, base.XdpBaseline, base.TcBaseline6, base.XdpBaseline6)
 		rows, steps = append(rows, r...), append(steps, s...)
 	}
 	verdicts := append(benchVerdicts(rows), stepVerdicts(steps)...)
@@ -162,13 +163,13 @@ func source(b []byte) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[26:30])), binary.BigEndian.Uint16(b[34:]))
 }
 
-func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Program) ([]benchRow, []stepRow) {
+func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *ebpf.Program) ([]benchRow, []stepRow) {
 	// Each service has two backends. The tc rows run with the services as
 	// internal frontends; for the xdp_hit rows they are replaced by
 	// external frontends on other addresses, so each hook's rows see n
 	// frontends and 2n backend ids, as main's benchmark did.
 	d := newDatapath(b, Options{
-		MaxFrontends: uint32(services + 3),
+		MaxFrontends: uint32(services + 4),
 		MaxBackends:  uint32(4*services + 4),
 		// Holds the 2·benchFlows entries of one phase's cold rows
 		// (tc flows, then XDP flows) without evicting; main measured with
@@ -216,7 +217,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Progra
 	hotClient := netip.MustParseAddrPort("10.0.0.1:1000")
 
 	fl := loadFloorPrograms(b, d)
-	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor, tcBase6: fl.TcFloor6}
+	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor, tcBase6: fl.TcFloor6, xdpBase6: fl.XdpFloor6}
 	var (
 		sp    stepPrograms
 		steps []stepRow
@@ -227,7 +228,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Progra
 	// stepRows measures a step chain (bench_steps_test.go) when -bench-steps
 	// and the key pattern ask for it.
 	hitSteps := func(name, keys string, real, base *ebpf.Program, frames [][]byte, repeat int) {
-		if sp == nil || !slices.Contains(strings.Split(*benchKeys, ","), keys) {
+		if sp == nil || !slices.Contains(strings.Split(*benchKeys, ","), keys) || !benchRowSelected(name) {
 			return
 		}
 		steps = append(steps, hitStepRows(b, name, keys, services, base, real, sp, base == xdpBase, frames, repeat)...)
@@ -237,7 +238,7 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Progra
 	flows := *benchFlowsFlag
 	var rows []benchRow
 	row := func(name, keys string, prog, baseProg *ebpf.Program, frames [][]byte, repeat int) {
-		if !slices.Contains(strings.Split(*benchKeys, ","), keys) {
+		if !slices.Contains(strings.Split(*benchKeys, ","), keys) || !benchRowSelected(name) {
 			return
 		}
 		r := measure(b, prog, baseProg, floorFor[baseProg], frames, repeat, runs)
@@ -389,8 +390,28 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6 *ebpf.Progra
 	hits6 := establishAll(d.tcProg, tcOK, f.client6, vips6)
 	hitRows("tc6_hit", d.tcProg, tcOK, tcBase6, f.mk(hotClient6, hotFE6), hits6, func() { fillFloor6(b, d, fl.FloorFlows6) }, false)
 	row("tc6_new_flow", "cold", d.tcProg, tcBase6, newFlowFrames(f.client6, vips6), 1)
+
+	// IPv6 on XDP: the same frontends as external ones with local
+	// backends (the xdp_hit rows' path, DNAT alone), beside xdp_hit.
+	internal6 := func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP} }
+	swap(internal6, func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP, Scope: ScopeExternal} }, func(i int) []Backend {
+		bs := []Backend{be(fmt.Sprintf("[fd01::%x:%x]:8080", i>>16, i&0xffff)), be(fmt.Sprintf("[fd01::%x:%x]:8081", i>>16, i&0xffff))}
+		for j := range bs {
+			bs[j].NodeLocal = true
+		}
+		return bs
+	})
+	hotExt6 := netip.MustParseAddrPort("[2001:db8::1]:80")
+	mustSet(b, d, Frontend{Addr: hotExt6, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt6, NodeLocal: true})
+	xdpHits6 := establishAll(d.xdpProg, xdpPass, f.client6, vips6)
+	hitRows("xdp6_hit", d.xdpProg, xdpPass, xdpBase6, f.mk(hotClient6, hotExt6), xdpHits6, func() { fillFloor6(b, d, fl.FloorFlows6) }, false)
 	clearConntrack(b, d)
 	return rows, steps
+}
+
+// benchRowSelected reports whether -bench-rows asks for the case name.
+func benchRowSelected(name string) bool {
+	return *benchRowsOnly == "" || slices.Contains(strings.Split(*benchRowsOnly, ","), name)
 }
 
 // clearConntrack deletes every entry of both conntrack tables. The
@@ -561,7 +582,7 @@ func benchVerdicts(rows []benchRow) []string {
 		return "NOT MET"
 	}
 	var out []string
-	for _, name := range []string{"tc_hit", "xdp_hit", "tc6_hit"} {
+	for _, name := range []string{"tc_hit", "xdp_hit", "tc6_hit", "xdp6_hit"} {
 		for _, keys := range []string{"hot", "cold"} {
 			rs := by[key{name, keys}]
 			if len(rs) == 0 {

@@ -555,9 +555,9 @@ func (d *Datapath) closed() bool { return d.tcColl == nil }
 
 // UplinksServeIPv6 says whether the uplinks (XDP and tc on them: NodePorts,
 // load-balancer and external IPs reached from outside, ScopeExternal)
-// translate IPv6. They do, by tc on both uplink paths (xdp_lb passes IPv6
-// up to tc_uplink; docs/datapath.md, "Addresses"), with IPv6 FIB
-// forwarding, source NAT and conntrack. Datapath.IPv6 and everything the
+// translate IPv6. They do, on both uplink paths (xdp_lb on the XDP path,
+// tc_uplink_lb on the tc path; docs/datapath.md, "Addresses"), with IPv6
+// FIB forwarding, source NAT and conntrack. Datapath.IPv6 and everything the
 // agent, topolbctl and the testbed say about programmed families follow
 // from it; a build whose uplinks cannot translate IPv6 sets it false and
 // the agent programs IPv6 frontends of scope internal only.

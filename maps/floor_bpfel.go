@@ -305,6 +305,7 @@ const (
 	floorProgTcFloor6          = "tc_floor6"
 	floorProgTcFloorNew        = "tc_floor_new"
 	floorProgXdpFloor          = "xdp_floor"
+	floorProgXdpFloor6         = "xdp_floor6"
 	floorVarCfgCtSrcBurst      = "cfg_ct_src_burst"
 	floorVarCfgCtSrcInterval   = "cfg_ct_src_interval"
 	floorVarCfgCtSrcSeed       = "cfg_ct_src_seed"
@@ -370,6 +371,7 @@ type floorProgramSpecs struct {
 	TcFloor6   *ebpf.ProgramSpec `ebpf:"tc_floor6"`
 	TcFloorNew *ebpf.ProgramSpec `ebpf:"tc_floor_new"`
 	XdpFloor   *ebpf.ProgramSpec `ebpf:"xdp_floor"`
+	XdpFloor6  *ebpf.ProgramSpec `ebpf:"xdp_floor6"`
 }
 
 // floorMapSpecs contains maps before they are loaded into the kernel.
@@ -534,6 +536,7 @@ type floorPrograms struct {
 	TcFloor6   *ebpf.Program `ebpf:"tc_floor6"`
 	TcFloorNew *ebpf.Program `ebpf:"tc_floor_new"`
 	XdpFloor   *ebpf.Program `ebpf:"xdp_floor"`
+	XdpFloor6  *ebpf.Program `ebpf:"xdp_floor6"`
 }
 
 func (p *floorPrograms) Close() error {
@@ -542,6 +545,7 @@ func (p *floorPrograms) Close() error {
 		p.TcFloor6,
 		p.TcFloorNew,
 		p.XdpFloor,
+		p.XdpFloor6,
 	)
 }
 

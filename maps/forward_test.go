@@ -736,10 +736,10 @@ func (x entry) expectFlow(src, dst string, proto uint8) func(t *testing.T, d *Da
 // into a local pod with bpf_redirect_peer (the pod's MAC written when the
 // node knows it), out of an uplink with the next hop's MACs
 // (bpf_redirect) or through the neighbour subsystem (bpf_redirect_neigh),
-// replies of both (the remote one through the uplink: IPv4's handed by
-// XDP to tc_uplink, IPv6's balanced by tc_uplink itself), an interface
-// topolb does not own (the stack), TTL (hop limit) and MTU fallbacks up
-// the stack, and, in IPv4, a refresh picking up a pod's new MAC.
+// replies of both (the remote one through the uplink, handed by XDP to
+// tc_uplink), an interface topolb does not own (the stack), TTL (hop
+// limit) and MTU fallbacks up the stack, and, in IPv4, a refresh picking
+// up a pod's new MAC.
 func TestTCForwarding(t *testing.T) {
 	for _, f := range fwdFamilies {
 		t.Run(f.name, func(t *testing.T) {
@@ -778,18 +778,12 @@ func tcForwardingRows(t *testing.T, e *fwdEnv, f fwdFamily) []pktCase {
 	// 1450 bytes at L3, beyond up1's MTU of 1400.
 	big := tcpFrame(ap6(f.podClient, 40006), vipUp1.Addr.String(), tcpACK, strings.Repeat("y", 1450-f.ipHeader-20))
 
-	// The remote backend's reply comes in by up0: XDP hands IPv4's over
-	// to tc_uplink, which delivers it; IPv6 passes XDP, and tc_uplink
-	// translates and delivers it.
+	// The remote backend's reply comes in by up0: XDP translates it and
+	// hands it over to tc_uplink, which delivers it, in either family.
 	replyRow := pktCase{name: "remote_reply_handed_to_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: remoteReply,
 		out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "")), ret: xdpPass,
 		meta:  handoff(tcCtRedirectCT_REDIRECT_PEER, hc, e.mac[podClient], e.mac["hc"], 0),
 		stats: stats{StatReverseNAT: 1}}
-	if f.ipv6 {
-		replyRow = pktCase{name: "remote_reply_translated_by_tc_uplink_into_the_pod", hook: hookUplinkBesideXDP, env: e, iif: "up0", in: remoteReply,
-			out: ptr(remoteReply.withAddrs(vipRemote.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
-			stats: stats{StatReverseNAT: 1}}
-	}
 	rows := []pktCase{
 		{name: "pod_to_local_backend_redirect_peer", hook: hookTC, env: e, iif: "hc", in: toLocal,
 			out: ptr(toLocal.withAddrs("", backend1).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect,

@@ -104,10 +104,10 @@ var destOpts = v6Ext{v6DestOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0}}
 // frontend is the kernel's on every hook, byte for byte and without a
 // counter: NDP, router advertisements, MLD (behind a hop-by-hop header),
 // echo, fragments, a chain of extension headers longer than the parser
-// walks. A SYN or a datagram to an IPv6 frontend passes the hooks that do
-// not translate it: XDP, which leaves IPv6 to tc_uplink, and tc egress;
-// tc on uplinks passes the datagram to the internal frontend (the SYN to
-// the external one is TestTCUplinkNorthSouth6's); on pod veths
+// walks. A SYN or a datagram to an IPv6 frontend passes tc egress, which
+// does not translate it; XDP and tc on uplinks pass the datagram to the
+// internal frontend (the SYN to the external one is TestXDPNorthSouth6's
+// and TestTCUplinkNorthSouth6's); on pod veths
 // (TestTCProgram's ipv6 rows) it is translated, also behind extension
 // headers the parser walks. An IPv6 packet never matches an IPv4
 // frontend, even to its IPv4-mapped address.
@@ -159,9 +159,9 @@ func TestIPv6PassesUntouched(t *testing.T) {
 	for _, h := range []hook{hookTC, hookXDP, hookUplinkTC, hookTCEgress} {
 		set := untouched
 		switch h {
-		case hookXDP, hookTCEgress:
+		case hookTCEgress:
 			set = append(set, toFrontend...)
-		case hookUplinkTC:
+		case hookUplinkTC, hookXDP:
 			set = append(set, toFrontend[1])
 		}
 		for _, f := range set {

@@ -24,6 +24,7 @@ const (
 	vipRejectUDP = "10.96.0.12:53"
 	vipDropUDP   = "10.96.0.13:53"
 	extReject    = "192.0.2.12:80"
+	extReject6   = "[2001:db8:ff::12]:80"
 )
 
 // reply renders what a reject must look like, independently of the
@@ -151,6 +152,8 @@ func setupRejects(t *testing.T) *Datapath {
 	}
 	mustSetService(t, d, Frontend{Addr: netip.MustParseAddrPort(extReject), Proto: TCP, Scope: ScopeExternal}, Service{Reject: true})
 	mustSetService(t, d, Frontend{Addr: netip.MustParseAddrPort(extReject), Proto: UDP, Scope: ScopeExternal}, Service{Reject: true})
+	mustSetService(t, d, Frontend{Addr: netip.MustParseAddrPort(extReject6), Proto: TCP, Scope: ScopeExternal}, Service{Reject: true})
+	mustSetService(t, d, Frontend{Addr: netip.MustParseAddrPort(extReject6), Proto: UDP, Scope: ScopeExternal}, Service{Reject: true})
 	return d
 }
 
@@ -223,7 +226,8 @@ func tcRejectRows(fam string, a tcAddrs, r rejectAddrs) []rejectCase {
 }
 
 // TestRejects answers new flows to empty reject frontends from pods (tc,
-// in both families) and from northClient (XDP, and the uplinks' tc path):
+// in both families) and from northClient (XDP, and the uplinks' tc path;
+// from outside over IPv6, tc_uplink beside XDP, which passes it up):
 // resets for TCP segments (never for a reset), port unreachables for UDP
 // (ICMP, ICMPv6), from the frontend, back where they came from; frontends
 // empty by policy keep dropping.
@@ -231,6 +235,10 @@ func TestRejects(t *testing.T) {
 	d := setupRejects(t)
 	extSyn := tcpFrame(northClient, extReject, tcpSYN, "")
 	extUDP := udpFrame(northClient, "192.0.2.12:80", "q")
+	// IPv6 from outside: XDP passes it up, and tc_uplink beside it
+	// answers (xdp_lb.c says why).
+	ext6Syn := tcpFrame("[2001:db8:113::10]:41000", extReject6, tcpSYN, "")
+	ext6UDP := udpFrame("[2001:db8:113::10]:41001", extReject6, "q")
 	var rows []rejectCase
 	for i, fam := range tcFamilies {
 		rows = append(rows, tcRejectRows(fam.name, fam.addrs, rejectFamilies[i])...)
@@ -242,6 +250,11 @@ func TestRejects(t *testing.T) {
 		{"uplink_tc_syn_reset", hookUplinkTC, extSyn, resetFor(extSyn), stats{StatReject: 1}},
 		{"uplink_tc_udp_port_unreachable", hookUplinkTC, extUDP, unreachableFor(extUDP), stats{StatReject: 1}},
 		{"uplink_tc_internal_frontend_not_matched", hookUplinkTC, tcpFrame(northClient, vipRejectTCP, tcpSYN, ""), []byte{}, nil},
+		{"xdp_ipv6_syn_passed_to_tc_uplink", hookXDP, ext6Syn, []byte{}, nil},
+		{"xdp_ipv6_udp_passed_to_tc_uplink", hookXDP, ext6UDP, []byte{}, nil},
+		{"tc_uplink_beside_xdp_ipv6_syn_reset", hookUplinkBesideXDP, ext6Syn, resetFor(ext6Syn), stats{StatReject: 1}},
+		{"tc_uplink_beside_xdp_ipv6_udp_port_unreachable", hookUplinkBesideXDP, ext6UDP, unreachableFor(ext6UDP), stats{StatReject: 1}},
+		{"uplink_tc_ipv6_syn_reset", hookUplinkTC, ext6Syn, resetFor(ext6Syn), stats{StatReject: 1}},
 	}...) {
 		t.Run(c.name, func(t *testing.T) {
 			prog, answered, dropped, passed := d.tcProg, uint32(rejectedTC), uint32(tcShot), uint32(tcOK)
@@ -251,6 +264,8 @@ func TestRejects(t *testing.T) {
 			case hookUplinkTC:
 				// Back out of the uplink: bpf_redirect to its egress.
 				prog = d.uplinkLBProg
+			case hookUplinkBesideXDP:
+				prog = d.uplinkProg
 			}
 			before, err := d.Counters()
 			must(t, err)

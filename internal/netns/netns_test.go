@@ -132,3 +132,33 @@ func TestRemoveStaleKeepsLiveNamespaces(t *testing.T) {
 		t.Errorf("second Delete: %v", err)
 	}
 }
+
+// TestNICStats reads a veth's driver statistics by name: its peer's
+// ifindex, which netlink reports too, and its receive queue's XDP
+// verdicts, all 0 without an XDP program.
+func TestNICStats(t *testing.T) {
+	nettest.RequireRoot(t)
+	a, b := nettest.NewNS(t, "a").NS, nettest.NewNS(t, "b").NS
+	if err := netns.Veth(a, "va", b, "vb"); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := a.NICStats("va")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := b.Netlink().LinkByName("vb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := stats["peer_ifindex"]; !ok || got != uint64(peer.Attrs().Index) {
+		t.Errorf("peer_ifindex = %d (%v), want %d; stats %v", got, ok, peer.Attrs().Index, stats)
+	}
+	for _, name := range []string{"rx_queue_0_xdp_tx", "rx_queue_0_xdp_redirect", "rx_queue_0_xdp_packets"} {
+		if got, ok := stats[name]; !ok || got != 0 {
+			t.Errorf("%s = %d (%v), want 0", name, got, ok)
+		}
+	}
+	if _, err := a.NICStats("nonexistent0"); err == nil {
+		t.Error("statistics of an interface that does not exist: no error")
+	}
+}
