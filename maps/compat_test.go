@@ -158,11 +158,11 @@ func TestFallbackClock(t *testing.T) {
 // forced, by what they cover: the clock (conntrack and fragment expiry),
 // MTU checks by FIB lookup (forwarding), XDP replies written byte by byte
 // (rejects), socket hooks refusing with EPERM (real rejects), source NAT
-// addresses from the agent (north-south: XDP's IPv4, tc's IPv6 in tables
-// and with real traffic), and the read-check-delete sweep.
+// addresses from the agent (north-south: XDP's and tc's, both families, in
+// tables and with real traffic), and the read-check-delete sweep.
 var fallbackTests = []string{
 	"TestConntrackLifecycle", "TestFragmentTimeout",
-	"TestXDPNorthSouth", "TestTCForwarding", "TestSNATHandoffBeyondMTU",
+	"TestXDPNorthSouth", "TestXDPNorthSouth6", "TestTCForwarding", "TestSNATHandoffBeyondMTU",
 	"TestTCUplinkNorthSouth6", "TestUplinkDeliversIPv6",
 	"TestRejects", "TestRejectRealTraffic",
 	"TestSweepConntrack", "TestSweepDeletesOrphans", "TestSweepTakesStaleFlowsWhole",

@@ -286,8 +286,7 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 // source range's drop. Outputs byte for byte with their checksums,
 // entries field by field.
 func TestXDPNorthSouth6(t *testing.T) {
-	e := newFwdEnv(t, Options{})
-	e.addIPv6(t)
+	e := newFwdEnvFamilies(t, Options{}, true)
 	d := e.d
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
 	f := newNS6Flows(t, d)
