@@ -58,6 +58,15 @@
 #endif
 #define lb_frame_creates_state(ctx, pkt) lb_frame_creates_state_fam(PKT_IPV4, ctx, pkt)
 
+/* LB_REJECT6_PASSES: the entry file sets it to 1 when its hook does not
+ * answer IPv6 rejects itself but passes them to a hook that runs the
+ * core again on the same packet (xdp_lb.c: tc_uplink beside it).
+ * lb_new_flow then returns LB_REJECT before counting anything the
+ * second hook counts. */
+#ifndef LB_REJECT6_PASSES
+#define LB_REJECT6_PASSES 0
+#endif
+
 /* lb_src_take takes a new flow of pkt from its source's budget
  * (conntrack.h, conntrack6.h). Returns 0 when it is spent. */
 static __always_inline int lb_src_take(int fam, const struct packet *pkt, __u64 now)
@@ -134,6 +143,11 @@ static __always_inline int lb_new_flow(int fam, void *ctx, __u32 iif, const stru
 	}
 	if (fam == PKT_IPV6 ? !src_range_allows_addr(&svc, &packet6_of(pkt)->saddr) : !src_range_allows(&svc, pkt->saddr))
 		return LB_DROP;
+	/* A hook that leaves IPv6 rejects to the next one (xdp_lb, whose
+	 * tc_uplink answers them) hands the packet over before counting:
+	 * the next hook decides it again and counts it, once. */
+	if (fam == PKT_IPV6 && LB_REJECT6_PASSES && svc.count == 0 && (svc.flags & SVC_F_REJECT))
+		return LB_REJECT;
 	if (!had_entry && pkt->proto == IP_PROTO_TCP && !(pkt->tcp_flags & TCP_F_SYN))
 		stat_inc(STAT_TCP_MIDFLOW_MISS);
 	if (svc.count == 0) {

@@ -32,6 +32,8 @@
 
 #define LB_FRAME struct xdp_md
 #define LB_SCOPE_DEFAULT SCOPE_EXTERNAL
+/* IPv6 rejects pass up to tc_uplink, which counts them (lb.h). */
+#define LB_REJECT6_PASSES 1
 #include "lb.h"
 #include "fwd.h"
 #include "icmp.h"

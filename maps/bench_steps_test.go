@@ -144,18 +144,13 @@ func measureChain(b *testing.B, progs []*ebpf.Program, against []int, frame func
 			}
 		}
 	}
-	med := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
 	for j := range progs {
-		ns = append(ns, med(per[j]))
+		ns = append(ns, median(per[j]))
 		if against[j] < 0 {
 			delta, lo, hi = append(delta, 0), append(lo, 0), append(hi, 0)
 			continue
 		}
-		delta, lo, hi = append(delta, med(deltas[j])), append(lo, slices.Min(deltas[j])), append(hi, slices.Max(deltas[j]))
+		delta, lo, hi = append(delta, median(deltas[j])), append(lo, slices.Min(deltas[j])), append(hi, slices.Max(deltas[j]))
 	}
 	return ns, delta, lo, hi
 }

@@ -54,10 +54,17 @@ var ipv6Twins = [][2]string{{"tc6_hit", "tc_hit"}, {"tc6_new_flow", "tc_new_flow
 type benchRow struct {
 	name, keys      string
 	services        int
-	ns, base, floor float64 // medians over rounds
-	ratio           float64 // median of the rounds' ns / base
-	floorRatio      float64 // median of the rounds' ns / floor
-	noise           float64 // (max - min) / median of the rounds' floor ratios
+	ns, base, floor float64   // medians over rounds
+	ratio           float64   // median of the rounds' ns / base
+	floorRatio      float64   // median of the rounds' ns / floor
+	noise           float64   // (max - min) / median of the rounds' floor ratios
+	rounds          []float64 // each round's ns, in round order
+	// twin, for an IPv6 row measured in the same rounds as its IPv4
+	// twin (ipv6Twins): the twin's name and ns, the median of the
+	// rounds' ns / twin's ns and that ratio's spread over its median.
+	// Empty when the twin was not measured beside it.
+	twin                         string
+	twinNS, twinRatio, twinNoise float64
 }
 
 // BenchmarkDatapath measures each program under BPF_PROG_TEST_RUN against
@@ -164,16 +171,19 @@ func source(b []byte) netip.AddrPort {
 }
 
 func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *ebpf.Program) ([]benchRow, []stepRow) {
-	// Each service has two backends. The tc rows run with the services as
-	// internal frontends; for the xdp_hit rows they are replaced by
-	// external frontends on other addresses, so each hook's rows see n
-	// frontends and 2n backend ids, as main's benchmark did.
+	// Each service has two backends, in each family. The tc rows run
+	// with the services as internal frontends of both families (n IPv4
+	// and n IPv6 frontends, each family's flows in its own conntrack
+	// table, so an IPv6 row is timed in the same rounds as its IPv4
+	// twin); for the XDP rows they are replaced by external frontends
+	// on other addresses, so each hook's rows see n frontends and 2n
+	// backend ids per family.
 	d := newDatapath(b, Options{
-		MaxFrontends: uint32(services + 4),
-		MaxBackends:  uint32(4*services + 4),
+		MaxFrontends: uint32(2*services + 8),
+		MaxBackends:  uint32(8*services + 8),
 		// Holds the 2·benchFlows entries of one phase's cold rows
 		// (tc flows, then XDP flows) without evicting; main measured with
-		// the same size.
+		// the same size. One such table per family.
 		MaxConntrack: max(DefaultMaxConntrack, uint32(4**benchFlowsFlag)),
 	})
 	f := &benchFrames{
@@ -182,27 +192,35 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 	}
 	vips := make([]netip.AddrPort, services)
 	extVIPs := make([]netip.AddrPort, services)
+	vips6 := make([]netip.AddrPort, services)
 	backends := func(i int) []Backend {
 		return []Backend{
 			be(fmt.Sprintf("10.%d.%d.%d:8080", 128+i>>16, byte(i>>8), byte(i))),
 			be(fmt.Sprintf("10.%d.%d.%d:8081", 128+i>>16, byte(i>>8), byte(i))),
 		}
 	}
+	backends6 := func(i int) []Backend {
+		return []Backend{be(fmt.Sprintf("[fd01::%x:%x]:8080", i>>16, i&0xffff)), be(fmt.Sprintf("[fd01::%x:%x]:8081", i>>16, i&0xffff))}
+	}
 	// The XDP rows' backends are on this node (eTP Local, or a local
 	// backend of eTP Cluster): DNAT without source translation, the
 	// layout-2 rows' path.
-	localBackends := func(i int) []Backend {
-		bs := backends(i)
-		for j := range bs {
-			bs[j].NodeLocal = true
+	nodeLocal := func(backends func(i int) []Backend) func(i int) []Backend {
+		return func(i int) []Backend {
+			bs := backends(i)
+			for j := range bs {
+				bs[j].NodeLocal = true
+			}
+			return bs
 		}
-		return bs
 	}
 	for i := range vips {
 		port := uint16(80 + i>>16)
 		vips[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), port)
 		extVIPs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 168, byte(i >> 8), byte(i)}), port)
+		vips6[i] = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x96, 14: byte(i >> 8), 15: byte(i)}), port)
 		mustSet(b, d, Frontend{Addr: vips[i], Proto: TCP}, backends(i)...)
+		mustSet(b, d, Frontend{Addr: vips6[i], Proto: TCP}, backends6(i)...)
 	}
 	// A hot flow's frontend translates to itself, so one frame can be run
 	// many times per syscall (test runs do not restore a rewritten frame
@@ -210,11 +228,15 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 	// validation, counting, the checksum helpers and the writes. Its port
 	// equals the target port, so tc skips one of its three checksum helper
 	// calls, as for every Service whose port is its targetPort.
-	hotFE := netip.MustParseAddrPort("10.95.0.1:80")
-	hotExt := netip.MustParseAddrPort("192.0.2.1:80")
-	mustSet(b, d, Frontend{Addr: hotFE, Proto: TCP}, Backend{Addr: hotFE})
-	mustSet(b, d, Frontend{Addr: hotExt, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt, NodeLocal: true})
-	hotClient := netip.MustParseAddrPort("10.0.0.1:1000")
+	hotFE, hotFE6 := netip.MustParseAddrPort("10.95.0.1:80"), netip.MustParseAddrPort("[fd95::1]:80")
+	hotExt, hotExt6 := netip.MustParseAddrPort("192.0.2.1:80"), netip.MustParseAddrPort("[2001:db8::1]:80")
+	for _, fe := range []netip.AddrPort{hotFE, hotFE6} {
+		mustSet(b, d, Frontend{Addr: fe, Proto: TCP}, Backend{Addr: fe})
+	}
+	for _, fe := range []netip.AddrPort{hotExt, hotExt6} {
+		mustSet(b, d, Frontend{Addr: fe, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: fe, NodeLocal: true})
+	}
+	hotClient, hotClient6 := netip.MustParseAddrPort("10.0.0.1:1000"), netip.MustParseAddrPort("[fd00::1]:1000")
 
 	fl := loadFloorPrograms(b, d)
 	floorFor := map[*ebpf.Program]*ebpf.Program{tcBase: fl.TcFloor, xdpBase: fl.XdpFloor, tcBase6: fl.TcFloor6, xdpBase6: fl.XdpFloor6}
@@ -237,15 +259,38 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 	runs := *benchRuns
 	flows := *benchFlowsFlag
 	var rows []benchRow
-	row := func(name, keys string, prog, baseProg *ebpf.Program, frames [][]byte, repeat int) {
-		if !slices.Contains(strings.Split(*benchKeys, ","), keys) || !benchRowSelected(name) {
+	// row measures the cases (a case alone, or an IPv4 row and its IPv6
+	// twin) selected by -bench-rows and -bench-keys in the same
+	// interleaved rounds, each with its hook's baseline and floor.
+	row := func(keys string, repeat int, cases ...benchCase) {
+		if !slices.Contains(strings.Split(*benchKeys, ","), keys) {
 			return
 		}
-		r := measure(b, prog, baseProg, floorFor[baseProg], frames, repeat, runs)
-		r.name, r.keys, r.services = name, keys, services
-		fmt.Printf("BENCH datapath case=%s keys=%s services=%d ns_per_pkt=%.2f baseline_ns=%.2f ratio=%.2f floor_ns=%.2f floor_ratio=%.2f noise=%.0f%%\n",
-			r.name, r.keys, r.services, r.ns, r.base, r.ratio, r.floor, r.floorRatio, 100*r.noise)
-		rows = append(rows, r)
+		var sel []benchCase
+		for _, c := range cases {
+			if benchRowSelected(c.name) {
+				c.floor, c.repeat = floorFor[c.base], repeat
+				sel = append(sel, c)
+			}
+		}
+		if len(sel) == 0 {
+			return
+		}
+		measured := measure(b, sel, runs)
+		for i := range measured {
+			r := &measured[i]
+			r.keys, r.services = keys, services
+			fmt.Printf("BENCH datapath case=%s keys=%s services=%d ns_per_pkt=%.2f baseline_ns=%.2f ratio=%.2f floor_ns=%.2f floor_ratio=%.2f noise=%.0f%%\n",
+				r.name, r.keys, r.services, r.ns, r.base, r.ratio, r.floor, r.floorRatio, 100*r.noise)
+		}
+		pairTwins(measured)
+		for _, r := range measured {
+			if r.twin != "" {
+				fmt.Printf("BENCH datapath case=%s keys=%s services=%d twin=%s ns_ratio=%.2f noise=%.0f%%\n",
+					r.name, r.keys, r.services, r.twin, r.twinRatio, 100*r.twinNoise)
+			}
+		}
+		rows = append(rows, measured...)
 	}
 
 	nonService := make([][]byte, flows)
@@ -253,12 +298,13 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 		dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 200, byte(f.rng.IntN(256)), byte(f.rng.IntN(256))}), uint16(1+f.rng.IntN(65535)))
 		nonService[i] = f.mk(f.client(), dst)
 	}
-	row("tc_non_service", "cold", d.tcProg, tcBase, nonService, 1)
-	row("xdp_non_service", "cold", d.xdpProg, xdpBase, nonService, 1)
+	row("cold", 1, benchCase{name: "tc_non_service", prog: d.tcProg, base: tcBase, frames: nonService})
+	row("cold", 1, benchCase{name: "xdp_non_service", prog: d.xdpProg, base: xdpBase, frames: nonService})
 
 	// Establish the flows (untimed; conntrack holds them all), then time
-	// their later packets and their replies. tc flows first, then, in a
-	// cleared table of the same size, XDP flows to external frontends.
+	// their later packets and their replies. tc flows of both families
+	// first, then, in cleared tables of the same size, XDP flows to
+	// external frontends.
 	// A flow is established (promoted into tlb_conntrack, the table an
 	// established packet looks up alone) by the client's packet after
 	// the backend's reply; the reply is run through tc, where a pod's
@@ -277,15 +323,27 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 		}
 		return reply
 	}
-	hits := make([][]byte, flows)
-	replies := make([][]byte, flows)
-	for i := range hits {
-		hits[i] = f.mk(f.client(), vips[f.rng.IntN(services)])
-		replies[i] = establish(d.tcProg, tcOK, hits[i])
+	// establishAll establishes flows flows from random clients to random
+	// frontends of vips through prog and returns their frames and their
+	// replies.
+	establishAll := func(prog *ebpf.Program, ok uint32, client func() netip.AddrPort, vips []netip.AddrPort) (frames, replies [][]byte) {
+		frames, replies = make([][]byte, flows), make([][]byte, flows)
+		for i := range frames {
+			frames[i] = f.mk(client(), vips[f.rng.IntN(services)])
+			replies[i] = establish(prog, ok, frames[i])
+		}
+		return frames, replies
 	}
-	hot := f.mk(hotClient, hotFE)
+	hits, replies := establishAll(d.tcProg, tcOK, f.client, vips)
+	hits6, _ := establishAll(d.tcProg, tcOK, f.client6, vips6)
+	hot, hot6 := f.mk(hotClient, hotFE), f.mk(hotClient6, hotFE6)
 	hotReply := establish(d.tcProg, tcOK, hot)
-	fillFloor(b, d, fl.FloorFlows)
+	establish(d.tcProg, tcOK, hot6)
+	fillFloors := func() {
+		fillFloor(b, d, fl.FloorFlows)
+		fillFloor6(b, d, fl.FloorFlows6)
+	}
+	fillFloors()
 	allHits := func(measure func()) {
 		before, err := d.Counters()
 		if err != nil {
@@ -305,12 +363,15 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 		}
 	}
 	allHits(func() {
-		row("tc_hit", "hot", d.tcProg, tcBase, [][]byte{hot}, *benchHotRep)
-		row("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
-		row("tc_reply", "hot", d.tcProg, tcBase, [][]byte{hotReply}, *benchHotRep)
-		row("tc_reply", "cold", d.tcProg, tcBase, replies, 1)
-		row("xdp_reply", "hot", d.xdpProg, xdpBase, [][]byte{hotReply}, *benchHotRep)
-		row("xdp_reply", "cold", d.xdpProg, xdpBase, replies, 1)
+		// Each IPv6 row in the same rounds as its IPv4 twin (issue 19).
+		row("hot", *benchHotRep, benchCase{name: "tc_hit", prog: d.tcProg, base: tcBase, frames: [][]byte{hot}},
+			benchCase{name: "tc6_hit", prog: d.tcProg, base: tcBase6, frames: [][]byte{hot6}})
+		row("cold", 1, benchCase{name: "tc_hit", prog: d.tcProg, base: tcBase, frames: hits},
+			benchCase{name: "tc6_hit", prog: d.tcProg, base: tcBase6, frames: hits6})
+		row("hot", *benchHotRep, benchCase{name: "tc_reply", prog: d.tcProg, base: tcBase, frames: [][]byte{hotReply}})
+		row("cold", 1, benchCase{name: "tc_reply", prog: d.tcProg, base: tcBase, frames: replies})
+		row("hot", *benchHotRep, benchCase{name: "xdp_reply", prog: d.xdpProg, base: xdpBase, frames: [][]byte{hotReply}})
+		row("cold", 1, benchCase{name: "xdp_reply", prog: d.xdpProg, base: xdpBase, frames: replies})
 		hitSteps("tc_hit", "hot", d.tcProg, tcBase, [][]byte{hot}, *benchHotRep)
 		hitSteps("tc_hit", "cold", d.tcProg, tcBase, hits, 1)
 	})
@@ -326,87 +387,69 @@ func benchSize(b *testing.B, services int, tcBase, xdpBase, tcBase6, xdpBase6 *e
 	}
 	// After the tc hit rows, so its evictions cannot turn their hits into
 	// misses.
-	row("tc_new_flow", "cold", d.tcProg, tcBase, newFlowFrames(f.client, vips), 1)
+	row("cold", 1, benchCase{name: "tc_new_flow", prog: d.tcProg, base: tcBase, frames: newFlowFrames(f.client, vips)},
+		benchCase{name: "tc6_new_flow", prog: d.tcProg, base: tcBase6, frames: newFlowFrames(f.client6, vips6)})
 	if sp != nil && slices.Contains(strings.Split(*benchKeys, ","), "cold") {
 		steps = append(steps, newFlowStepRows(b, services, tcBase, d.tcProg, sp, f, vips)...)
 	}
 
-	// swap empties conntrack and replaces every frontend from(i) with
-	// to(i), of backends(i): the next phase's services.
-	swap := func(from, to func(i int) Frontend, backends func(i int) []Backend) {
-		clearConntrack(b, d)
-		for i := range services {
-			if _, err := d.DeleteFrontend(from(i)); err != nil {
+	// The XDP phase: conntrack emptied, every internal frontend of both
+	// families replaced by an external one of its backends, on this node.
+	clearConntrack(b, d)
+	for i := range services {
+		for _, fe := range []struct {
+			from, to Frontend
+			bs       []Backend
+		}{
+			{Frontend{Addr: vips[i], Proto: TCP}, Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal}, nodeLocal(backends)(i)},
+			{Frontend{Addr: vips6[i], Proto: TCP}, Frontend{Addr: vips6[i], Proto: TCP, Scope: ScopeExternal}, nodeLocal(backends6)(i)},
+		} {
+			if _, err := d.DeleteFrontend(fe.from); err != nil {
 				b.Fatal(err)
 			}
-			mustSet(b, d, to(i), backends(i)...)
+			mustSet(b, d, fe.to, fe.bs...)
 		}
 	}
-	// establishAll establishes flows flows from random clients to random
-	// frontends of vips through prog and returns their frames.
-	establishAll := func(prog *ebpf.Program, ok uint32, client func() netip.AddrPort, vips []netip.AddrPort) [][]byte {
-		frames := make([][]byte, flows)
-		for i := range frames {
-			frames[i] = f.mk(client(), vips[f.rng.IntN(services)])
-			establish(prog, ok, frames[i])
-		}
-		return frames
-	}
-	internal := func(i int) Frontend { return Frontend{Addr: vips[i], Proto: TCP} }
-	external := func(i int) Frontend { return Frontend{Addr: extVIPs[i], Proto: TCP, Scope: ScopeExternal} }
-	swap(internal, external, localBackends)
-	// hitRows establishes the hot flow, fills the floor's table (fill)
-	// and measures the rows name (and, with withSteps, their step
-	// chains) of prog's hits, hot and over cold.
-	hitRows := func(name string, prog *ebpf.Program, ok uint32, base *ebpf.Program, hot []byte, cold [][]byte, fill func(), withSteps bool) {
-		establish(prog, ok, hot)
-		fill()
-		allHits(func() {
-			row(name, "hot", prog, base, [][]byte{hot}, *benchHotRep)
-			row(name, "cold", prog, base, cold, 1)
-			if withSteps {
-				hitSteps(name, "hot", prog, base, [][]byte{hot}, *benchHotRep)
-				hitSteps(name, "cold", prog, base, cold, 1)
-			}
-		})
-	}
-	xdpHits := establishAll(d.xdpProg, xdpPass, f.client, extVIPs)
-	hitRows("xdp_hit", d.xdpProg, xdpPass, xdpBase, f.mk(hotClient, hotExt), xdpHits, func() { fillFloor(b, d, fl.FloorFlows) }, true)
-
-	// IPv6 on tc (issue 19: the hook that translates IPv6), in a cleared
-	// table, the services replaced by as many IPv6 frontends with two
-	// backends each: the tc rows again, each beside its IPv4 twin
-	// (ipv6Twins).
-	vips6 := make([]netip.AddrPort, services)
-	for i := range vips6 {
-		vips6[i] = netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x96, 14: byte(i >> 8), 15: byte(i)}), vips[i].Port())
-	}
-	swap(external, func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP} }, func(i int) []Backend {
-		return []Backend{be(fmt.Sprintf("[fd01::%x:%x]:8080", i>>16, i&0xffff)), be(fmt.Sprintf("[fd01::%x:%x]:8081", i>>16, i&0xffff))}
+	xdpHits, _ := establishAll(d.xdpProg, xdpPass, f.client, extVIPs)
+	xdpHits6, _ := establishAll(d.xdpProg, xdpPass, f.client6, vips6)
+	xdpHot, xdpHot6 := f.mk(hotClient, hotExt), f.mk(hotClient6, hotExt6)
+	establish(d.xdpProg, xdpPass, xdpHot)
+	establish(d.xdpProg, xdpPass, xdpHot6)
+	fillFloors()
+	allHits(func() {
+		row("hot", *benchHotRep, benchCase{name: "xdp_hit", prog: d.xdpProg, base: xdpBase, frames: [][]byte{xdpHot}},
+			benchCase{name: "xdp6_hit", prog: d.xdpProg, base: xdpBase6, frames: [][]byte{xdpHot6}})
+		row("cold", 1, benchCase{name: "xdp_hit", prog: d.xdpProg, base: xdpBase, frames: xdpHits},
+			benchCase{name: "xdp6_hit", prog: d.xdpProg, base: xdpBase6, frames: xdpHits6})
+		hitSteps("xdp_hit", "hot", d.xdpProg, xdpBase, [][]byte{xdpHot}, *benchHotRep)
+		hitSteps("xdp_hit", "cold", d.xdpProg, xdpBase, xdpHits, 1)
 	})
-	hotFE6, hotClient6 := netip.MustParseAddrPort("[fd95::1]:80"), netip.MustParseAddrPort("[fd00::1]:1000")
-	mustSet(b, d, Frontend{Addr: hotFE6, Proto: TCP}, Backend{Addr: hotFE6})
-	// No step chain: floor.c's steps are IPv4's.
-	hits6 := establishAll(d.tcProg, tcOK, f.client6, vips6)
-	hitRows("tc6_hit", d.tcProg, tcOK, tcBase6, f.mk(hotClient6, hotFE6), hits6, func() { fillFloor6(b, d, fl.FloorFlows6) }, false)
-	row("tc6_new_flow", "cold", d.tcProg, tcBase6, newFlowFrames(f.client6, vips6), 1)
-
-	// IPv6 on XDP: the same frontends as external ones with local
-	// backends (the xdp_hit rows' path, DNAT alone), beside xdp_hit.
-	internal6 := func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP} }
-	swap(internal6, func(i int) Frontend { return Frontend{Addr: vips6[i], Proto: TCP, Scope: ScopeExternal} }, func(i int) []Backend {
-		bs := []Backend{be(fmt.Sprintf("[fd01::%x:%x]:8080", i>>16, i&0xffff)), be(fmt.Sprintf("[fd01::%x:%x]:8081", i>>16, i&0xffff))}
-		for j := range bs {
-			bs[j].NodeLocal = true
-		}
-		return bs
-	})
-	hotExt6 := netip.MustParseAddrPort("[2001:db8::1]:80")
-	mustSet(b, d, Frontend{Addr: hotExt6, Proto: TCP, Scope: ScopeExternal}, Backend{Addr: hotExt6, NodeLocal: true})
-	xdpHits6 := establishAll(d.xdpProg, xdpPass, f.client6, vips6)
-	hitRows("xdp6_hit", d.xdpProg, xdpPass, xdpBase6, f.mk(hotClient6, hotExt6), xdpHits6, func() { fillFloor6(b, d, fl.FloorFlows6) }, false)
 	clearConntrack(b, d)
 	return rows, steps
+}
+
+// pairTwins fills, in rows measured in the same rounds, each IPv6 row's
+// comparison with its IPv4 twin (ipv6Twins): the median of the rounds'
+// ns ratios and their spread.
+func pairTwins(rows []benchRow) {
+	for i := range rows {
+		for _, twin := range ipv6Twins {
+			if rows[i].name != twin[0] {
+				continue
+			}
+			for _, r4 := range rows {
+				if r4.name != twin[1] {
+					continue
+				}
+				ratios := make([]float64, len(r4.rounds))
+				for k := range ratios {
+					ratios[k] = rows[i].rounds[k] / r4.rounds[k]
+				}
+				rows[i].twin, rows[i].twinNS, rows[i].twinRatio = twin[1], r4.ns, median(ratios)
+				rows[i].twinNoise = (slices.Max(ratios) - slices.Min(ratios)) / rows[i].twinRatio
+			}
+		}
+	}
 }
 
 // benchRowSelected reports whether -bench-rows asks for the case name.
@@ -519,21 +562,30 @@ func fillFrom[K, V any](b *testing.B, table *ebpf.Map, from ...*ebpf.Map) {
 	}
 }
 
-// measure runs prog, baseProg and floorProg over frames (cycled in a
-// shuffled order), repeat runs per syscall, in interleaved rounds: each
-// round times the baseline, the floor, then the program, so all three
-// see the same machine load. Each gets runs runs in total. The kernel
-// times each syscall's runs.
-func measure(b *testing.B, prog, baseProg, floorProg *ebpf.Program, frames [][]byte, repeat, runs int) benchRow {
+// benchCase is one program measured on frames against its hook's
+// baseline and floor, repeat runs per syscall.
+type benchCase struct {
+	name              string
+	prog, base, floor *ebpf.Program
+	frames            [][]byte
+	repeat            int
+}
+
+// measure times cases (cycling each one's frames in a shuffled order) in
+// interleaved rounds: each round times, for every case in turn, its
+// baseline, its floor, then its program, so all of them see the same
+// machine load; the case that goes first rotates from round to round.
+// Each program gets runs runs in total. The kernel times each syscall's
+// runs. Returns one row per case, in cases' order.
+func measure(b *testing.B, cases []benchCase, runs int) []benchRow {
 	rounds := max(*benchRounds, 1)
-	calls := max(runs/rounds/repeat, 1)
-	order := rand.New(rand.NewPCG(7, 7)).Perm(len(frames))
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	round := func(p *ebpf.Program, k int) float64 {
+	round := func(c benchCase, p *ebpf.Program, order []int, k int) float64 {
+		calls := max(runs/rounds/c.repeat, 1)
 		var total time.Duration
 		for i := 0; i < calls; i++ {
-			_, perRun, err := p.Benchmark(frames[order[(k+i)%len(order)]], repeat, nil)
+			_, perRun, err := p.Benchmark(c.frames[order[(k*calls+i)%len(order)]], c.repeat, nil)
 			if err != nil {
 				b.Fatalf("test run: %v", err)
 			}
@@ -541,23 +593,38 @@ func measure(b *testing.B, prog, baseProg, floorProg *ebpf.Program, frames [][]b
 		}
 		return float64(total.Nanoseconds()) / float64(calls)
 	}
-	var ns, base, floor, ratios, floorRatios []float64
+	type series struct{ ns, base, floor, ratios, floorRatios []float64 }
+	all := make([]series, len(cases))
+	orders := make([][]int, len(cases))
+	for i, c := range cases {
+		orders[i] = rand.New(rand.NewPCG(7, 7)).Perm(len(c.frames))
+	}
 	for r := 0; r < rounds; r++ {
-		k := r * calls
-		bv := round(baseProg, k)
-		fv := round(floorProg, k)
-		pv := round(prog, k)
-		base, floor, ns = append(base, bv), append(floor, fv), append(ns, pv)
-		ratios, floorRatios = append(ratios, pv/bv), append(floorRatios, pv/fv)
+		for j := range cases {
+			i := (r + j) % len(cases)
+			c, s := cases[i], &all[i]
+			bv := round(c, c.base, orders[i], r)
+			fv := round(c, c.floor, orders[i], r)
+			pv := round(c, c.prog, orders[i], r)
+			s.base, s.floor, s.ns = append(s.base, bv), append(s.floor, fv), append(s.ns, pv)
+			s.ratios, s.floorRatios = append(s.ratios, pv/bv), append(s.floorRatios, pv/fv)
+		}
 	}
-	med := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
+	out := make([]benchRow, len(cases))
+	for i, s := range all {
+		r := benchRow{name: cases[i].name, ns: median(s.ns), base: median(s.base), floor: median(s.floor),
+			ratio: median(s.ratios), floorRatio: median(s.floorRatios), rounds: s.ns}
+		r.noise = (slices.Max(s.floorRatios) - slices.Min(s.floorRatios)) / r.floorRatio
+		out[i] = r
 	}
-	r := benchRow{ns: med(ns), base: med(base), floor: med(floor), ratio: med(ratios), floorRatio: med(floorRatios)}
-	r.noise = (slices.Max(floorRatios) - slices.Min(floorRatios)) / r.floorRatio
-	return r
+	return out
+}
+
+// median is the middle of v (the upper one of an even count).
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // benchVerdicts checks the goals of issue 23 on rows: every *_hit row's
@@ -607,17 +674,19 @@ func benchVerdicts(rows []benchRow) []string {
 		out = append(out, fmt.Sprintf("case=%s goal=cold_growth<=%.0f%% services=%d..%d floor_ratio_growth=%+.0f%% ns_growth=%+.0f%% %s",
 			name, 100*goalGrowth, minN, maxN, 100*growth, 100*(hi.ns/lo.ns-1), met(growth <= goalGrowth)))
 	}
+	// IPv6 against IPv4 (issue 19), from the rounds both were timed in:
+	// the median of the rounds' ratios, its spread, and the verdict.
 	for _, twin := range ipv6Twins {
 		for _, keys := range []string{"hot", "cold"} {
 			rs := by[key{twin[0], keys}]
 			for _, n := range slices.Sorted(maps.Keys(rs)) {
 				r6 := rs[n]
-				r4, ok := by[key{twin[1], keys}][n]
-				if !ok {
+				if r6.twin == "" {
+					out = append(out, fmt.Sprintf("case=%s keys=%s services=%d not measured beside %s", twin[0], keys, n, twin[1]))
 					continue
 				}
-				out = append(out, fmt.Sprintf("case=%s keys=%s services=%d goal=ns<=%.2fx_%s ns=%.0f ipv4_ns=%.0f ns_ratio=%.2f %s",
-					twin[0], keys, n, goalIPv6, twin[1], r6.ns, r4.ns, r6.ns/r4.ns, met(r6.ns <= goalIPv6*r4.ns)))
+				out = append(out, fmt.Sprintf("case=%s keys=%s services=%d goal=ns<=%.2fx_%s ns=%.0f ipv4_ns=%.0f ns_ratio=%.2f noise=%.0f%% %s",
+					twin[0], keys, n, goalIPv6, twin[1], r6.ns, r6.twinNS, r6.twinRatio, 100*r6.twinNoise, met(r6.twinRatio <= goalIPv6)))
 			}
 		}
 	}
@@ -641,6 +710,7 @@ func writeBenchmarks(path string, rows []benchRow, steps []stepRow, verdicts []s
 		fmt.Fprintf(&sec, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% |\n", r.name, r.keys, r.services, r.ns, r.base, r.ratio, r.floor, r.floorRatio, 100*r.noise)
 	}
 	sec.WriteString("\n")
+	writeTwins(&sec, rows)
 	if len(steps) > 0 {
 		fmt.Fprintf(&sec, "Steps (bench_steps_test.go): each variant adds one step of the real path to the floor, in the path's order; delta is its ns minus the variant's before it, median over the rounds, with the rounds' range; rest is the real program minus the last variant.\n\n")
 		fmt.Fprintf(&sec, "| case | keys | services | step | ns | delta ns | delta range |\n|---|---|---:|---|---:|---:|---:|\n")
@@ -665,6 +735,26 @@ func writeBenchmarks(path string, rows []benchRow, steps []stepRow, verdicts []s
 	}
 	doc = doc[:start] + sec.String() + doc[end+len(benchEnd):]
 	return os.WriteFile(filepath.Clean(path), []byte(doc), 0o644)
+}
+
+// writeTwins writes the IPv6 rows against their IPv4 twins (issue 19),
+// when any was measured beside its twin.
+func writeTwins(sec *strings.Builder, rows []benchRow) {
+	header := false
+	for _, r := range rows {
+		if r.twin == "" {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(sec, "IPv6 against IPv4 (issue 19: within %.0f%%): each IPv6 row timed in the same rounds as its IPv4 twin; ratio is the median of the rounds' ns ratios, noise their spread (max − min) over it.\n\n", 100*(goalIPv6-1))
+			fmt.Fprintf(sec, "| case | keys | services | ns/pkt | IPv4 twin | IPv4 ns/pkt | ratio | noise |\n|---|---|---:|---:|---|---:|---:|---:|\n")
+			header = true
+		}
+		fmt.Fprintf(sec, "| %s | %s | %d | %.2f | %s | %.2f | %.2f | %.0f%% |\n", r.name, r.keys, r.services, r.ns, r.twin, r.twinNS, r.twinRatio, 100*r.twinNoise)
+	}
+	if header {
+		sec.WriteString("\n")
+	}
 }
 
 func cpuModel() string {

@@ -225,6 +225,11 @@ func tcRejectRows(fam string, a tcAddrs, r rejectAddrs) []rejectCase {
 	return rows
 }
 
+// hookXDPPath selects, in TestRejects, the XDP path of an uplink as a
+// whole: xdp_lb, then tc_uplink on the frame it passed up; the counters
+// are both programs'.
+const hookXDPPath hook = "xdp-path"
+
 // TestRejects answers new flows to empty reject frontends from pods (tc,
 // in both families) and from northClient (XDP, and the uplinks' tc path;
 // from outside over IPv6, tc_uplink beside XDP, which passes it up):
@@ -239,6 +244,7 @@ func TestRejects(t *testing.T) {
 	// answers (xdp_lb.c says why).
 	ext6Syn := tcpFrame("[2001:db8:113::10]:41000", extReject6, tcpSYN, "")
 	ext6UDP := udpFrame("[2001:db8:113::10]:41001", extReject6, "q")
+	ext6Ack := tcpFrame("[2001:db8:113::10]:41002", extReject6, tcpACK|tcpPSH, "mid-flow")
 	var rows []rejectCase
 	for i, fam := range tcFamilies {
 		rows = append(rows, tcRejectRows(fam.name, fam.addrs, rejectFamilies[i])...)
@@ -255,6 +261,12 @@ func TestRejects(t *testing.T) {
 		{"tc_uplink_beside_xdp_ipv6_syn_reset", hookUplinkBesideXDP, ext6Syn, resetFor(ext6Syn), stats{StatReject: 1}},
 		{"tc_uplink_beside_xdp_ipv6_udp_port_unreachable", hookUplinkBesideXDP, ext6UDP, unreachableFor(ext6UDP), stats{StatReject: 1}},
 		{"uplink_tc_ipv6_syn_reset", hookUplinkTC, ext6Syn, resetFor(ext6Syn), stats{StatReject: 1}},
+		// The XDP path as the kernel runs it: xdp_lb, then tc_uplink
+		// on what it passed up. A segment without SYN is one mid-flow
+		// miss, counted by tc_uplink alone.
+		{"xdp_path_ipv6_syn_reset", hookXDPPath, ext6Syn, resetFor(ext6Syn), stats{StatReject: 1}},
+		{"xdp_path_ipv6_midflow_counted_once", hookXDPPath, ext6Ack, resetFor(ext6Ack), stats{StatReject: 1, StatTCPMidflowMiss: 1}},
+		{"uplink_tc_ipv6_midflow_counted_once", hookUplinkTC, ext6Ack, resetFor(ext6Ack), stats{StatReject: 1, StatTCPMidflowMiss: 1}},
 	}...) {
 		t.Run(c.name, func(t *testing.T) {
 			prog, answered, dropped, passed := d.tcProg, uint32(rejectedTC), uint32(tcShot), uint32(tcOK)
@@ -270,7 +282,16 @@ func TestRejects(t *testing.T) {
 			before, err := d.Counters()
 			must(t, err)
 			in := c.in.bytes()
-			ret, out := runFrame(t, prog, in)
+			var ret uint32
+			var out []byte
+			if c.hook == hookXDPPath {
+				// xdp_lb must pass the frame up untouched.
+				if ret, out = runFrame(t, d.xdpProg, in); ret != xdpPass || !bytes.Equal(out, in) {
+					t.Fatalf("xdp_lb: verdict %d, want an untouched pass (%d)", ret, xdpPass)
+				}
+				prog = d.uplinkProg
+			}
+			ret, out = runFrame(t, prog, in)
 			after, err := d.Counters()
 			must(t, err)
 			switch {
