@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // flow is a long-lived flow from the client and the backend it first
@@ -19,6 +20,7 @@ import (
 type flow struct {
 	conn    *testbed.Conn
 	proto   v1.Protocol
+	family  v1.IPFamily
 	backend string
 	// gone is set once the flow's backend was removed and the flow was
 	// asked once more.
@@ -48,7 +50,7 @@ func openFlows(t *testing.T, client *testbed.Pod, target map[v1.Protocol]netip.A
 				t.Fatalf("%s flow %s: first request: %v", proto, c.LocalAddr(), err)
 			}
 			t.Cleanup(func() { c.Close() })
-			flows = append(flows, &flow{conn: c, proto: proto, backend: a.Pod})
+			flows = append(flows, &flow{conn: c, proto: proto, family: topology.FamilyOf(target[proto].Addr()), backend: a.Pod})
 		}
 	}
 	return flows
@@ -81,17 +83,26 @@ func targetsOf(t *testing.T, tb *testbed.Testbed, client *testbed.Pod, family v1
 // Not at once: the datapath learns that a backend is gone when the agent's
 // walk of conntrack marks its flows stale, within maps.staleDelay (50 ms)
 // plus the walk, so until then such a flow may still reach it.
+// The Service is dual stack: the flows of both IP families are opened
+// together and every check holds for each family; the new flows
+// measured after each change are split between the families (the kernel
+// matrix runs this test under emulation: IPv6 adds little time there).
 func TestFlowsKeepTheirBackend(t *testing.T) {
 	requireRoot(t)
 	for _, dp := range datapaths {
 		t.Run(dp.name, func(t *testing.T) {
-			spec := demoSpec(t)
+			spec := dualStackSpec(t)
 			tb := newTestbed(t, spec)
 			dp.start(t, tb)
 			base := service(t, spec, "zone-hints", "web") // zone-a: web-a1, web-a2
+			base.IPFamilies = bothFamilies
 			apply(t, tb, []testbed.ServiceSpec{base})
 			client := tb.Pod("client")
-			flows := openFlows(t, client, targets(t, tb, client), 12)
+			families := servedFamilies(t, tb, topology.ScopeInternal)
+			var flows []*flow
+			for _, family := range families {
+				flows = append(flows, openFlows(t, client, targetsOf(t, tb, client, family), 12)...)
+			}
 
 			afterAdd := with(base, testbed.EndpointSpec{Pod: "web-a3"})
 			otherZones := without(afterAdd, "web-b2")
@@ -111,8 +122,13 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 			} {
 				apply(t, tb, []testbed.ServiceSpec{step.svc})
 				applied := time.Now()
-				kept, moved := 0, 0
-				gone := map[string]int{} // what became of flows on a backend no longer permitted
+				kept, moved := map[v1.IPFamily]int{}, 0
+				// gone[family]: what became of flows on a backend no
+				// longer permitted.
+				gone := map[v1.IPFamily]map[string]int{}
+				for _, family := range families {
+					gone[family] = map[string]int{}
+				}
 				for _, f := range flows {
 					if f.gone {
 						continue
@@ -135,9 +151,9 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 						f.gone = true
 						switch {
 						case f.proto == v1.ProtocolUDP && err == nil && slices.Contains(step.permitted, a.Pod) && took < time.Second:
-							gone["UDP moved to "+a.Pod]++
+							gone[f.family]["UDP moved to "+a.Pod]++
 						case f.proto == v1.ProtocolTCP && err != nil && errorKind(err) == "connection reset" && took < time.Second:
-							gone["TCP reset"]++
+							gone[f.family]["TCP reset"]++
 						default:
 							t.Errorf("%s: %s flow %s on removed %s: answer %q, err %v %v after the change; want UDP moved to %v or TCP reset, within 1 s",
 								step.name, f.proto, f.conn.LocalAddr(), f.backend, a.Pod, err, took.Round(time.Millisecond), step.permitted)
@@ -151,20 +167,23 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 						moved++
 						t.Errorf("%s: %s flow %s moved from %s to %s although %s is still permitted", step.name, f.proto, f.conn.LocalAddr(), f.backend, a.Pod, f.backend)
 					default:
-						kept++
+						kept[f.family]++
 					}
 				}
-				t.Logf("%s: %d flows kept their backend, %d moved; flows on removed backends: %v", step.name, kept, moved, gone)
-				if kept == 0 {
-					t.Errorf("%s: no flow was on a backend still permitted: the step checks nothing", step.name)
+				t.Logf("%s: flows that kept their backend %v, %d moved; flows on removed backends: %v", step.name, kept, moved, gone)
+				for _, family := range families {
+					if kept[family] == 0 {
+						t.Errorf("%s: no %s flow was on a backend still permitted: the step checks nothing", step.name, family)
+					}
+					if step.removes && len(gone[family]) == 0 {
+						t.Errorf("%s: no %s flow was on the removed backend: the step checks nothing about removal", step.name, family)
+					}
 				}
-				if step.removes && len(gone) == 0 {
-					t.Errorf("%s: no flow was on the removed backend: the step checks nothing about removal", step.name)
-				}
-				landings, err := tb.Measure(t.Context(), client, "web", testbed.MeasureOptions{Requests: 150})
+				landings, err := tb.Measure(t.Context(), client, "web", testbed.MeasureOptions{Requests: 150 / len(families), Families: families})
 				if err != nil {
 					t.Fatal(err)
 				}
+				checkLandingFamilies(t, landings, families)
 				checkLandings(t, landings, step.permitted)
 			}
 			noChecksumErrors(t, tb)
@@ -172,34 +191,48 @@ func TestFlowsKeepTheirBackend(t *testing.T) {
 	}
 }
 
-// TestRemovedBackendDrainsWithinASecond sends new flows (TCP and UDP)
-// continuously from the client while web-a2 is removed from the web
-// Service, and asserts that no flow started more than 1 s after the change
-// reached web-a2, that web-a1 keeps answering, and that nothing fails after
-// that second.
+// TestRemovedBackendDrainsWithinASecond sends new flows (TCP and UDP, in
+// both IP families of a dual-stack Service at once) continuously from
+// the client while web-a2 is removed from the web Service, and asserts,
+// for each protocol and family, that no flow started more than 1 s after
+// the change reached web-a2, that web-a1 keeps answering, and that
+// nothing fails after that second.
 func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
 	requireRoot(t)
 	for _, dp := range datapaths {
 		t.Run(dp.name, func(t *testing.T) {
-			spec := demoSpec(t)
+			spec := dualStackSpec(t)
 			tb := newTestbed(t, spec)
 			dp.start(t, tb)
 			base := service(t, spec, "zone-hints", "web")
+			base.IPFamilies = bothFamilies
 			apply(t, tb, []testbed.ServiceSpec{base})
 			client := tb.Pod("client")
-			target := targets(t, tb, client)
+			type load struct {
+				family v1.IPFamily
+				proto  v1.Protocol
+			}
+			var loads []load
+			for _, family := range servedFamilies(t, tb, topology.ScopeInternal) {
+				for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+					loads = append(loads, load{family, proto})
+				}
+			}
 
 			ctx, cancel := context.WithCancel(t.Context())
 			var wg sync.WaitGroup
-			recs := map[v1.Protocol][]testbed.Record{}
+			recs := map[load][]testbed.Record{}
 			var mu sync.Mutex
-			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
+			for _, l := range loads {
+				target := targetsOf(t, tb, client, l.family)[l.proto]
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 4, Timeout: 2 * time.Second})
+					// 8 requests in flight in all, as many as the
+					// IPv4-only test had: the families share them.
+					r := client.Send(ctx, testbed.Load{Proto: l.proto, Target: target, Parallel: 8 / len(loads), Timeout: 2 * time.Second})
 					mu.Lock()
-					recs[proto] = r
+					recs[l] = r
 					mu.Unlock()
 				}()
 			}
@@ -215,16 +248,17 @@ func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
 			wg.Wait()
 
 			deadline := changed.Add(time.Second)
-			for proto, rs := range recs {
+			for _, l := range loads {
+				rs, what := recs[l], string(l.family)+" "+string(l.proto)
 				var last time.Time // start of the last request that reached web-a2
 				a1Before, a2Before, a1After, failedInGrace := 0, 0, 0, 0
 				for _, r := range rs {
 					end := r.Start.Add(r.Took)
 					switch {
 					case r.Err != nil && end.Before(changed):
-						t.Errorf("%s: request that ended %v before the change failed: %v", proto, changed.Sub(end).Round(time.Millisecond), r.Err)
+						t.Errorf("%s: request that ended %v before the change failed: %v", what, changed.Sub(end).Round(time.Millisecond), r.Err)
 					case r.Err != nil && r.Start.After(deadline):
-						t.Errorf("%s: request started %v after the change failed: %v", proto, r.Start.Sub(changed).Round(time.Millisecond), r.Err)
+						t.Errorf("%s: request started %v after the change failed: %v", what, r.Start.Sub(changed).Round(time.Millisecond), r.Err)
 					case r.Err != nil:
 						failedInGrace++
 					case r.Answer.Pod == "web-a2":
@@ -233,10 +267,10 @@ func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
 							a2Before++
 						}
 						if r.Start.After(deadline) {
-							t.Errorf("%s: request started %v after web-a2 was removed still landed on it", proto, r.Start.Sub(changed).Round(time.Millisecond))
+							t.Errorf("%s: request started %v after web-a2 was removed still landed on it", what, r.Start.Sub(changed).Round(time.Millisecond))
 						}
 					case r.Answer.Pod != "web-a1":
-						t.Errorf("%s: request landed on %s, outside zone-a's permitted set", proto, r.Answer.Pod)
+						t.Errorf("%s: request landed on %s, outside zone-a's permitted set", what, r.Answer.Pod)
 					case r.Start.Before(changed):
 						a1Before++
 					default:
@@ -246,22 +280,40 @@ func TestRemovedBackendDrainsWithinASecond(t *testing.T) {
 				// Before the change both zone-a backends must have been
 				// used, or nothing was removed from under the load.
 				if a1Before == 0 || a2Before == 0 {
-					t.Errorf("%s: before the change %d requests reached web-a1 and %d web-a2, want both used", proto, a1Before, a2Before)
+					t.Errorf("%s: before the change %d requests reached web-a1 and %d web-a2, want both used", what, a1Before, a2Before)
 				}
 				if last.IsZero() || last.After(deadline) {
-					t.Errorf("%s: last request to web-a2 started at %v (change at %v): want one, within a second of the change", proto, last.Format(time.StampMilli), changed.Format(time.StampMilli))
+					t.Errorf("%s: last request to web-a2 started at %v (change at %v): want one, within a second of the change", what, last.Format(time.StampMilli), changed.Format(time.StampMilli))
 				}
 				if a1After == 0 {
-					t.Errorf("%s: no request reached web-a1 after the change", proto)
+					t.Errorf("%s: no request reached web-a1 after the change", what)
 				}
 				drain := "before the change"
 				if last.After(changed) {
 					drain = fmt.Sprintf("%v after the change", last.Sub(changed).Round(time.Millisecond))
 				}
-				t.Logf("%s: %d requests; last one to web-a2 started %s; %d in flight at the change or started within the second after it failed", proto, len(rs), drain, failedInGrace)
+				t.Logf("%s: %d requests; last one to web-a2 started %s; %d in flight at the change or started within the second after it failed", what, len(rs), drain, failedInGrace)
 			}
 			noChecksumErrors(t, tb)
 		})
+	}
+}
+
+// checkLandingFamilies fails the test unless landings hold each of
+// families, and no other.
+func checkLandingFamilies(t *testing.T, landings []testbed.Landing, families []v1.IPFamily) {
+	t.Helper()
+	n := map[v1.IPFamily]int{}
+	for _, l := range landings {
+		n[l.Decision.Family]++
+	}
+	for _, family := range families {
+		if n[family] == 0 {
+			t.Errorf("nothing measured in %s: measured %v", family, n)
+		}
+	}
+	if len(n) != len(families) {
+		t.Errorf("measured families %v, want %v", n, families)
 	}
 }
 

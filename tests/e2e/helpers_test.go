@@ -223,9 +223,35 @@ func inEachFamily(t *testing.T, tb *testbed.Testbed, scope topology.Scope, check
 	for _, family := range topology.Families {
 		t.Run(string(family), func(t *testing.T) {
 			if !served.Programs(family, scope) {
-				t.Skipf("the datapath does not serve %s in scope %s yet: it programs %s", family, scope, served)
+				skipUnserved(t, family, scope, served)
 			}
 			check(t, family)
 		})
 	}
+}
+
+// servedFamilies returns the IP families tb's datapath serves in scope
+// (topology.Families' order, IPv4 always), for a test that runs its
+// families' traffic together rather than one after the other (as
+// inEachFamily does); each family it leaves out shows as a skipped
+// subtest with the reason.
+func servedFamilies(t *testing.T, tb *testbed.Testbed, scope topology.Scope) []v1.IPFamily {
+	t.Helper()
+	served := programmedFamilies(t, tb)
+	var out []v1.IPFamily
+	for _, family := range topology.Families {
+		if served.Programs(family, scope) {
+			out = append(out, family)
+			continue
+		}
+		t.Run(string(family), func(t *testing.T) { skipUnserved(t, family, scope, served) })
+	}
+	return out
+}
+
+// skipUnserved skips t: its datapath, which programs served, does not
+// serve family in scope.
+func skipUnserved(t *testing.T, family v1.IPFamily, scope topology.Scope, served topolbagent.ScopeFamilies) {
+	t.Helper()
+	t.Skipf("the datapath does not serve %s in scope %s yet: it programs %s", family, scope, served)
 }

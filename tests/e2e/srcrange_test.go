@@ -5,36 +5,49 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 
+	topolbagent "github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
-// sourceRangesSpec is the demo testbed with two clients outside, whose
-// traffic enters at node-a1.
+// sourceRangesSpec is the dual-stack demo testbed with two clients
+// outside, whose traffic enters at node-a1.
 func sourceRangesSpec(t *testing.T, kubeProxy string) *testbed.Spec {
 	t.Helper()
-	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\noutside: {ingressNode: node-a1, clients: [{name: ext1}, {name: ext2}]}\nkubeProxy: "+kubeProxy+"\n"...))
+	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\ndualStack: true\noutside: {ingressNode: node-a1, clients: [{name: ext1}, {name: ext2}]}\nkubeProxy: "+kubeProxy+"\n"...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return spec
 }
 
-// sourceRangesServices: "lb" is a LoadBalancer Service whose
-// loadBalancerSourceRanges hold only allowed (ext1's address); nil
-// allowed leaves it open.
-func sourceRangesServices(allowed *netip.Addr) []testbed.ServiceSpec {
-	lb := testbed.ServiceSpec{Name: "lb", Type: v1.ServiceTypeLoadBalancer, LoadBalancerIPs: []string{"198.51.100.9"},
+// sourceRangesLBIPs are the load-balancer IPs of "lb", one per family.
+var sourceRangesLBIPs = map[v1.IPFamily]netip.Addr{
+	v1.IPv4Protocol: netip.MustParseAddr("198.51.100.9"),
+	v1.IPv6Protocol: netip.MustParseAddr("2001:db8:100::9"),
+}
+
+// sourceRangesServices: "lb" is a dual-stack LoadBalancer Service whose
+// loadBalancerSourceRanges hold only allowed's addresses (ext1's, a
+// prefix of each family); a nil allowed leaves it open.
+func sourceRangesServices(allowed testbed.Client) []testbed.ServiceSpec {
+	lb := testbed.ServiceSpec{Name: "lb", Type: v1.ServiceTypeLoadBalancer, IPFamilies: bothFamilies,
 		Ports:     []testbed.PortSpec{{Name: "http", Port: 80}},
 		Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-b1"}}}
-	if allowed != nil {
-		lb.LoadBalancerSourceRanges = []string{netip.PrefixFrom(*allowed, 32).String()}
+	for _, family := range topology.Families {
+		lb.LoadBalancerIPs = append(lb.LoadBalancerIPs, sourceRangesLBIPs[family].String())
+		if allowed != nil {
+			a := allowed.ClientAddrOf(family)
+			lb.LoadBalancerSourceRanges = append(lb.LoadBalancerSourceRanges, netip.PrefixFrom(a, a.BitLen()).String())
+		}
 	}
 	return []testbed.ServiceSpec{lb}
 }
@@ -47,26 +60,30 @@ func sourceRangesServices(allowed *netip.Addr) []testbed.ServiceSpec {
 // pod of node-a1 outside the ranges is dropped, and a process of node-a1,
 // whose address no range holds, is refused: with EPERM at once by topolb's
 // socket hook, by a timeout with kube-proxy (its OUTPUT rule drops the
-// SYNs).
+// SYNs). The Service is dual stack, with a load-balancer IP and a range
+// of each family, and every check runs in both families on one testbed.
 func TestSourceRanges(t *testing.T) {
 	requireRoot(t)
 	t.Run("topolb", func(t *testing.T) {
 		tb := newTestbed(t, sourceRangesSpec(t, "none"))
 		withAgents.start(t, tb)
-		ext1 := tb.External("ext1").ClientAddr()
-		apply(t, tb, sourceRangesServices(&ext1))
+		apply(t, tb, sourceRangesServices(tb.External("ext1")))
 		if err := tb.CheckNoKubeProxy(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		checkSourceRanges(t, tb, syscall.EPERM)
+		served := programmedFamilies(t, tb)
+		for _, family := range topology.Families {
+			t.Run(string(family), func(t *testing.T) {
+				checkSourceRanges(t, tb, family, syscall.EPERM, served)
+			})
+		}
 		noChecksumErrors(t, tb)
 	})
 	t.Run("kube-proxy", func(t *testing.T) {
 		kp := kubeProxyBinary(t)
-		cluster := kubetest.Start(t)
+		cluster := kubetest.Start(t, kubetest.WithDualStackServices())
 		tb, ctx := apiserverTestbed(t, sourceRangesSpec(t, ""), cluster, sourceRangesServices(nil))
-		ext1 := tb.External("ext1").ClientAddr()
-		if _, err := tb.Apply(ctx, sourceRangesServices(&ext1)); err != nil {
+		if _, err := tb.Apply(ctx, sourceRangesServices(tb.External("ext1"))); err != nil {
 			t.Fatal(err)
 		}
 		k, err := tb.StartKubeProxy(ctx, "node-a1", testbed.KubeProxyOptions{Binary: kp, Mode: testbed.KubeProxyNFTables})
@@ -76,53 +93,66 @@ func TestSourceRanges(t *testing.T) {
 		if _, err := k.EnsureTopology(ctx); err != nil {
 			t.Fatal(err)
 		}
-		checkSourceRanges(t, tb, context.DeadlineExceeded)
+		// kube-proxy runs a proxier per family: it serves both everywhere.
+		everywhere := topolbagent.ScopeFamilies{}
+		for _, scope := range topolbagent.Scopes {
+			everywhere[scope] = topology.Families
+		}
+		for _, family := range topology.Families {
+			t.Run(string(family), func(t *testing.T) {
+				checkSourceRanges(t, tb, family, context.DeadlineExceeded, everywhere)
+			})
+		}
 	})
 }
 
-// checkSourceRanges runs the checks of TestSourceRanges on tb; hostRefusal
-// is how node-a1's own connect must fail.
-func checkSourceRanges(t *testing.T, tb *testbed.Testbed, hostRefusal error) {
+// checkSourceRanges runs the checks of TestSourceRanges on tb in family;
+// hostRefusal is how node-a1's own connect must fail; a check in a scope
+// where the datapath does not serve family (served) is skipped.
+func checkSourceRanges(t *testing.T, tb *testbed.Testbed, family v1.IPFamily, hostRefusal error, served topolbagent.ScopeFamilies) {
 	t.Helper()
-	objs, _ := tb.Current()
-	ds, _ := tb.Decide(objs, "node-a1")
-	d := testbed.FindDecision(ds, "lb", v1.ProtocolTCP)
-	if d == nil || !d.NodePort.IsValid() || len(d.External) == 0 {
-		t.Fatalf("no decision with a NodePort and the LB IP for lb: %+v", d)
+	d := decisionOnOf(t, tb, "node-a1", "lb", v1.ProtocolTCP, family)
+	lbIP := netip.AddrPortFrom(sourceRangesLBIPs[family], 80)
+	if !d.NodePort.IsValid() || !slices.ContainsFunc(d.External, func(e netip.AddrPort) bool { return e == lbIP }) {
+		t.Fatalf("no %s decision with a NodePort and the LB IP %s for lb: %+v", family, lbIP, d)
 	}
-	lbIP := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), 80)
 	for _, c := range []struct {
 		client testbed.Client
 		target netip.AddrPort
+		// scope is where the client reaches the frontend from.
+		scope topology.Scope
 		// want is nil for an answer, else the error the request must end
 		// with (a timeout: dropped).
 		want error
 	}{
-		{tb.External("ext1"), lbIP, nil},
-		{tb.External("ext2"), lbIP, context.DeadlineExceeded},
-		{tb.External("ext2"), d.NodePort, nil},
-		{tb.Pod("client"), lbIP, context.DeadlineExceeded},
-		{tb.Host("node-a1"), lbIP, hostRefusal},
+		{tb.External("ext1"), lbIP, topology.ScopeExternal, nil},
+		{tb.External("ext2"), lbIP, topology.ScopeExternal, context.DeadlineExceeded},
+		{tb.External("ext2"), d.NodePort, topology.ScopeExternal, nil},
+		{tb.Pod("client"), lbIP, topology.ScopeInternal, context.DeadlineExceeded},
+		{tb.Host("node-a1"), lbIP, topology.ScopeInternal, hostRefusal},
 	} {
-		label := c.client.ClientName() + " -> " + c.target.String()
-		var err error
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			// The datapath may still be catching up with the ranges:
-			// retry a wrong outcome for a while.
-			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-			_, err = c.client.Request(ctx, v1.ProtocolTCP, c.target)
-			cancel()
-			if outcome(err, c.want) || time.Now().After(deadline) {
-				break
+		t.Run(c.client.ClientName()+"->"+c.target.String(), func(t *testing.T) {
+			if !served.Programs(family, c.scope) {
+				skipUnserved(t, family, c.scope, served)
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if !outcome(err, c.want) {
-			t.Errorf("%s: %v, want %v", label, err, c.want)
-			continue
-		}
-		t.Logf("%s: %v", label, err)
+			var err error
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				// The datapath may still be catching up with the ranges:
+				// retry a wrong outcome for a while.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				_, err = c.client.Request(ctx, v1.ProtocolTCP, c.target)
+				cancel()
+				if outcome(err, c.want) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if !outcome(err, c.want) {
+				t.Fatalf("%v, want %v", err, c.want)
+			}
+			t.Logf("%v", err)
+		})
 	}
 }
 
