@@ -170,8 +170,11 @@ func nodePortOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v
 // get established.
 func synFlood(ns *testbed.NS, from netip.Addr, to netip.AddrPort, count int, skip []uint16) error {
 	return ns.Do(func() error {
-		domain, sa := unix.AF_INET, unix.Sockaddr(&unix.SockaddrInet4{Addr: to.Addr().As4()})
-		if to.Addr().Is6() {
+		var domain int
+		var sa unix.Sockaddr
+		if to.Addr().Is4() {
+			domain, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: to.Addr().As4()}
+		} else {
 			// An IPv6 raw socket of TCP leaves the checksum to us
 			// (RFC 3542 3.1: only ICMPv6's is the kernel's).
 			domain, sa = unix.AF_INET6, &unix.SockaddrInet6{Addr: to.Addr().As16()}
