@@ -37,6 +37,29 @@ var (
 		v1.IPv4Protocol: netip.MustParseAddr("198.51.100.7"), v1.IPv6Protocol: netip.MustParseAddr("fd00:198:51:100::7")}
 )
 
+// nodePortCase is a NodePort Service of northSouthServices reached from
+// outside through node-b1, and the external backends the spec implies
+// for node-b1 (empty: dropped).
+type nodePortCase struct {
+	service string
+	want    []string
+}
+
+var nodePortCases = []nodePortCase{
+	{"np", []string{"web-b1", "web-b2"}},
+	{"np-local", []string{"web-b1"}},
+	{"np-nolocal", []string{}},
+}
+
+// options measures c with requests per port in families, or, where
+// nothing may answer, 20 requests at once that wait half a second each.
+func (c nodePortCase) options(requests int, families []v1.IPFamily) testbed.MeasureOptions {
+	if len(c.want) == 0 {
+		return testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond, Families: families}
+	}
+	return testbed.MeasureOptions{Requests: requests, Families: families}
+}
+
 // northSouthServices are the north-south Services in IPv4 alone.
 func northSouthServices() []testbed.ServiceSpec {
 	return northSouthServicesIn([]v1.IPFamily{v1.IPv4Protocol})
@@ -196,19 +219,8 @@ func northSouthIn(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
 		t.Fatal(err)
 	}
 
-	for _, c := range []struct {
-		service string
-		want    []string // the external backends the spec implies for node-b1
-	}{
-		{"np", []string{"web-b1", "web-b2"}},
-		{"np-local", []string{"web-b1"}},
-		{"np-nolocal", []string{}},
-	} {
-		o := testbed.MeasureOptions{Requests: requests, Families: fam}
-		if len(c.want) == 0 {
-			o = testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond, Families: fam}
-		}
-		landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, o)
+	for _, c := range nodePortCases {
+		landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, c.options(requests, fam))
 		if err != nil {
 			t.Fatal(err)
 		}
