@@ -62,6 +62,7 @@ const (
 //     30953 to the echo port, to see whether NodePorts are balanced.
 var (
 	fastVIP    = netip.MustParseAddrPort("10.96.0.40:80")
+	fastVIP6   = netip.MustParseAddrPort("[fd00:10:96::28]:80")
 	sinkVIP    = netip.MustParseAddrPort("10.96.0.30:9")
 	sinkVIP6   = netip.MustParseAddrPort("[fd00:10:96::1e]:9")
 	flipVIPs   = map[string]netip.AddrPort{implTopolb: netip.MustParseAddrPort("10.96.0.21:80"), implNFT: netip.MustParseAddrPort("10.96.0.22:80"), implIPT: netip.MustParseAddrPort("10.96.0.23:80")}
@@ -639,6 +640,10 @@ func startNginx(ctx context.Context, tb *testbed.Testbed, pod *testbed.Pod) erro
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	listen6 := "" // a pod without IPv6 has no [::] to bind
+	if pod.Addr6.IsValid() {
+		listen6 = fmt.Sprintf("listen [::]:%d backlog=4096;", nginxPort)
+	}
 	answer := fmt.Sprintf(`{"pod":"%s","node":"%s","zone":"%s","client":"$remote_addr:$remote_port"}`, pod.Name, pod.Node.Name, pod.Zone())
 	conf := fmt.Sprintf(`daemon off;
 master_process off;
@@ -655,11 +660,12 @@ http {
 	scgi_temp_path %[1]s/scgi;
 	server {
 		listen %[2]d backlog=4096;
+		%[4]s
 		keepalive_timeout 0;
 		location / { default_type application/json; return 200 '%[3]s'; }
 	}
 }
-`, dir, nginxPort, answer)
+`, dir, nginxPort, answer, listen6)
 	path := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return err

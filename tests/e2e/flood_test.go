@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // floodTable is the conntrack size of TestFloodKeepsConnections: the
@@ -24,15 +24,18 @@ const floodTable = 4096
 // TestFloodKeepsConnections is issue 22's attack with real traffic: on
 // agents with a 4,096-entry conntrack, 8 TCP streams from a pod and 8 from
 // an outside client (to a NodePort, source-translated where the backend is
-// on another node), half of the pod's on backends that then turn
-// serving-terminating as in a rollout; then a SYN flood of ten times the
-// table from random source ports of the pod and of the outside client,
-// sent with raw sockets. Every stream must still answer from its own
-// backend, and new connections from both must be served afterwards. (With
-// one LRU table, as before issue 22, 10 of the 16 streams broke here.)
+// on another node) in each IP family, the backends of a quarter of the
+// pod's streams then turning serving-terminating as in a rollout; then a
+// SYN flood of ten times the table from random source ports of the pod
+// and of the outside client, sent with raw sockets, split evenly between
+// the families (the dual-stack testbed's one load window). Every stream
+// must still answer from its own backend, and new connections from both
+// in both families must be served afterwards. (With one LRU table, as
+// before issue 22, 10 of the 16 IPv4 streams broke here.)
 func TestFloodKeepsConnections(t *testing.T) {
 	requireRoot(t)
 	spec := outsideSpec(t)
+	spec.DualStack = true
 	tb := newTestbed(t, spec)
 	bin := requireAgent(t)
 	ctx, cancel := agentsCtx(t)
@@ -42,32 +45,60 @@ func TestFloodKeepsConnections(t *testing.T) {
 	}
 	cancel()
 	web := allEndpoints(t, spec)
-	np := northSouthServices()[0]
+	web.IPFamilies = bothFamilies
+	np := northSouthServicesIn(bothFamilies)[0]
 	apply(t, tb, []testbed.ServiceSpec{web, np})
 	client := tb.Pod("client")
 	ext := tb.External("ext1")
-	target := targets(t, tb, client)
-	npTarget := nodePortOf(t, tb, "node-b1", "np", v1.ProtocolTCP)
+	served := programmedFamilies(t, tb)
 
-	podFlows := openFlows(t, client, target, 8)[:8] // the TCP ones
-	var extFlows []*flow
-	for i := 0; i < 8; i++ {
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-		c, err := ext.Open(ctx, v1.ProtocolTCP, npTarget)
-		if err != nil {
-			cancel()
-			t.Fatalf("open outside flow: %v", err)
-		}
-		a, err := c.Ask(ctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("outside flow %s: first request: %v", c.LocalAddr(), err)
-		}
-		t.Cleanup(func() { c.Close() })
-		extFlows = append(extFlows, &flow{conn: c, proto: v1.ProtocolTCP, backend: a.Pod})
+	// floodSource is one client of one family: where its streams and
+	// SYNs go.
+	type floodSource struct {
+		client testbed.Client
+		ns     *testbed.NS
+		family v1.IPFamily
+		to     netip.AddrPort
 	}
-	// Drain the backends of half the pod's streams, as a rollout would.
-	draining := backendsOf(podFlows[:4])
+	var sources []floodSource
+	var podFlows, all []*flow
+	var draining []string
+	for _, family := range topology.Families {
+		if !served.Programs(family, topology.ScopeExternal) {
+			t.Logf("the datapath does not serve %s from outside: %s not flooded (it programs %s)", family, family, served)
+			continue
+		}
+		target := targetsOf(t, tb, client, family)
+		fp := openFlows(t, client, target, 8)[:8] // the TCP ones
+		npTarget := nodePortOf(t, tb, "node-b1", "np", v1.ProtocolTCP, family)
+		var extFlows []*flow
+		for i := 0; i < 8; i++ {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			c, err := ext.Open(ctx, v1.ProtocolTCP, npTarget)
+			if err != nil {
+				cancel()
+				t.Fatalf("open outside %s flow: %v", family, err)
+			}
+			a, err := c.Ask(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("outside flow %s: first request: %v", c.LocalAddr(), err)
+			}
+			t.Cleanup(func() { c.Close() })
+			extFlows = append(extFlows, &flow{conn: c, proto: v1.ProtocolTCP, backend: a.Pod})
+		}
+		// The backends of a quarter of the pod's streams drain, as in a
+		// rollout (at most four of the six, over both families).
+		for _, b := range backendsOf(fp[:2]) {
+			if !slices.Contains(draining, b) {
+				draining = append(draining, b)
+			}
+		}
+		podFlows = append(podFlows, fp...)
+		all = append(all, fp...)
+		all = append(all, extFlows...)
+		sources = append(sources, floodSource{client, client.NS, family, target[v1.ProtocolTCP]}, floodSource{ext, ext.NS, family, npTarget})
+	}
 	for _, b := range draining {
 		web.Endpoints[slices.IndexFunc(web.Endpoints, func(e testbed.EndpointSpec) bool { return e.Pod == b })].Condition = testbed.Terminating
 	}
@@ -78,42 +109,31 @@ func TestFloodKeepsConnections(t *testing.T) {
 			onDraining++
 		}
 	}
-	all := append(slices.Clone(podFlows), extFlows...)
 	askAll(t, "before the flood", all)
 
-	// The flood: ten times the table, half from the pod, half from the
-	// outside client, each SYN from a random source port — never one of
-	// a stream's own, whose SYN would be that client's new connection.
+	// The flood: ten times the table, shared by the pod and the outside
+	// client in each family, each SYN from a random source port — never
+	// one of a stream's own, whose SYN would be that client's new
+	// connection.
 	var skip []uint16
 	for _, f := range all {
 		skip = append(skip, f.conn.LocalAddr().Port())
 	}
 	start := time.Now()
-	for _, src := range []struct {
-		ns   *testbed.NS
-		from netip.Addr
-		to   netip.AddrPort
-	}{
-		{client.NS, client.Addr, target[v1.ProtocolTCP]},
-		{ext.NS, ext.Addr, npTarget},
-	} {
-		if err := synFlood(src.ns, src.from, src.to, 10*floodTable/2, skip); err != nil {
+	for _, src := range sources {
+		if err := synFlood(src.ns, src.client.ClientAddrOf(src.family), src.to, 10*floodTable/len(sources), skip); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Logf("flooded %d SYNs in %s", 10*floodTable, time.Since(start).Round(time.Millisecond))
 
 	askAll(t, "after the flood", all)
-	// New connections from both are served.
-	for _, c := range []testbed.Client{client, ext} {
-		to := target[v1.ProtocolTCP]
-		if c == testbed.Client(ext) {
-			to = npTarget
-		}
+	// New connections from both clients in each family are served.
+	for _, src := range sources {
 		var err error
 		for try := 0; try < 20; try++ {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-			_, err = c.Request(ctx, v1.ProtocolTCP, to)
+			_, err = src.client.Request(ctx, v1.ProtocolTCP, src.to)
 			cancel()
 			if err == nil {
 				break
@@ -121,43 +141,49 @@ func TestFloodKeepsConnections(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		if err != nil {
-			t.Errorf("new connection from %s to %s after the flood: %v", c.ClientName(), to, err)
+			t.Errorf("new connection from %s to %s after the flood: %v", src.client.ClientName(), src.to, err)
 		}
 	}
 	if !t.Failed() {
-		t.Logf("16 streams (%d of the pod's on draining %v) survived a flood of %d SYNs", onDraining, draining, 10*floodTable)
+		t.Logf("%d streams (%d of the pod's on draining %v) survived a flood of %d SYNs", len(all), onDraining, draining, 10*floodTable)
 	}
 	if onDraining == 0 {
 		t.Errorf("no stream on a draining backend: the test checks less than it says")
 	}
 }
 
-// nodePortOf is the NodePort frontend of service's proto port on node.
-func nodePortOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol) netip.AddrPort {
+// nodePortOf is the NodePort frontend of service's proto port on node in
+// family.
+func nodePortOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol, family v1.IPFamily) netip.AddrPort {
 	t.Helper()
-	objs, _ := tb.Current()
-	ds, _ := tb.Decide(objs, node)
-	for _, d := range ds {
-		if strings.HasSuffix(d.Service, "/"+service) && d.Protocol == proto && d.NodePort.IsValid() {
-			return d.NodePort
-		}
+	d := decisionOnOf(t, tb, node, service, proto, family)
+	if !d.NodePort.IsValid() {
+		t.Fatalf("service %s has no %s %s NodePort on %s", service, family, proto, node)
 	}
-	t.Fatalf("service %s has no %s NodePort on %s", service, proto, node)
-	return netip.AddrPort{}
+	return d.NodePort
 }
 
-// synFlood sends count TCP SYNs from from to to, inside ns, with a raw
-// socket (as hping3 would), each from a random source port outside skip.
+// synFlood sends count TCP SYNs from from to to (either family), inside
+// ns, with a raw socket (as hping3 would; the kernel writes the IP
+// header, the source its route's), each from a random source port outside skip.
 // The sender's own stack answers the SYN-ACKs with resets: the flows never
 // get established.
 func synFlood(ns *testbed.NS, from netip.Addr, to netip.AddrPort, count int, skip []uint16) error {
 	return ns.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_TCP)
+		var domain int
+		var sa unix.Sockaddr
+		if to.Addr().Is4() {
+			domain, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: to.Addr().As4()}
+		} else {
+			// An IPv6 raw socket of TCP leaves the checksum to us
+			// (RFC 3542 3.1: only ICMPv6's is the kernel's).
+			domain, sa = unix.AF_INET6, &unix.SockaddrInet6{Addr: to.Addr().As16()}
+		}
+		fd, err := unix.Socket(domain, unix.SOCK_RAW, unix.IPPROTO_TCP)
 		if err != nil {
 			return fmt.Errorf("raw socket in %s: %w", ns.Name, err)
 		}
 		defer unix.Close(fd)
-		sa := &unix.SockaddrInet4{Addr: to.Addr().As4()}
 		rng := rand.New(rand.NewPCG(22, uint64(count)))
 		seg := make([]byte, 20)
 		for sent := 0; sent < count; {
@@ -180,7 +206,8 @@ func synFlood(ns *testbed.NS, from netip.Addr, to netip.AddrPort, count int, ski
 }
 
 // synSegment writes a 20-byte TCP SYN from from:sport to to into seg, with
-// its checksum (RFC 9293 3.1, over the pseudo-header).
+// its checksum (RFC 9293 3.1, over the pseudo-header; IPv6's, RFC 8200
+// 8.1, sums to the same with 16-byte addresses).
 func synSegment(seg []byte, from netip.Addr, to netip.AddrPort, sport uint16, seq uint32) {
 	clear(seg)
 	binary.BigEndian.PutUint16(seg[0:], sport)
@@ -190,8 +217,10 @@ func synSegment(seg []byte, from netip.Addr, to netip.AddrPort, sport uint16, se
 	seg[13] = 0x02   // SYN
 	binary.BigEndian.PutUint16(seg[14:], 64240)
 	var sum uint32
-	for _, a := range [][4]byte{from.As4(), to.Addr().As4()} {
-		sum += uint32(binary.BigEndian.Uint16(a[0:])) + uint32(binary.BigEndian.Uint16(a[2:]))
+	for _, a := range [][]byte{from.AsSlice(), to.Addr().AsSlice()} {
+		for i := 0; i < len(a); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(a[i:]))
+		}
 	}
 	sum += unix.IPPROTO_TCP + uint32(len(seg))
 	for i := 0; i < len(seg); i += 2 {

@@ -10,20 +10,22 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
-// hostServices are the Services the host-client tests reach: one behind a
-// cluster IP only, one behind every external kind (NodePort on each node's
-// address, an external IP, a load-balancer IP), both with zone hints, so
-// node-a1's and node-b1's processes have different permitted sets that
-// mix a backend on their own node with ones on other nodes.
+// hostServices are the Services the host-client tests reach, dual stack:
+// one behind a cluster IP only, one behind every external kind (NodePort
+// on each node's address, an external IP, a load-balancer IP), both with
+// zone hints, so node-a1's and node-b1's processes have different
+// permitted sets that mix a backend on their own node with ones on other
+// nodes.
 func hostServices() []testbed.ServiceSpec {
 	ports := []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	all := []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}
 	return []testbed.ServiceSpec{
-		{Name: "web", Hints: testbed.HintsZone, Ports: ports, Endpoints: all},
-		{Name: "lb", Type: v1.ServiceTypeLoadBalancer, ExternalIPs: []string{"198.51.100.7"}, LoadBalancerIPs: []string{"198.51.100.8"},
-			Hints: testbed.HintsZone, Ports: ports, Endpoints: all},
+		{Name: "web", IPFamilies: bothFamilies, Hints: testbed.HintsZone, Ports: ports, Endpoints: all},
+		{Name: "lb", IPFamilies: bothFamilies, Type: v1.ServiceTypeLoadBalancer, ExternalIPs: addrsIn(externalIPs, bothFamilies),
+			LoadBalancerIPs: addrsIn(lbIPs, bothFamilies), Hints: testbed.HintsZone, Ports: ports, Endpoints: all},
 	}
 }
 
@@ -36,13 +38,14 @@ func hostServices() []testbed.ServiceSpec {
 // Unconnected UDP sockets get their answers from the service address.
 // Both nodes' socket hooks are attached to the one cgroup root, so a
 // landing outside a node's own set would show one node translating the
-// other's sockets.
+// other's sockets. The testbed and the Services are dual stack, and every
+// check runs in each IP family in turn (the IPv6 socket hooks: connect6,
+// sendmsg6, recvmsg6, getpeername6).
 func TestHostClients(t *testing.T) {
 	requireRoot(t)
 	for _, dp := range datapaths {
 		t.Run(dp.name, func(t *testing.T) {
-			spec := demoSpec(t)
-			spec.KubeProxy = "none"
+			spec := dualStackSpec(t)
 			spec.Services = hostServices()
 			tb := newTestbed(t, spec)
 			dp.start(t, tb)
@@ -50,35 +53,45 @@ func TestHostClients(t *testing.T) {
 			if err := tb.CheckNoKubeProxy(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			kinds := map[string]bool{}
-			for _, node := range []string{"node-a1", "node-b1"} {
-				for _, svc := range []string{"web", "lb"} {
-					landings, err := tb.MeasureHost(t.Context(), node, svc, testbed.MeasureOptions{Requests: 120})
-					if err != nil {
-						t.Fatal(err)
-					}
-					for _, l := range landings {
-						label := node + " " + string(l.Decision.Protocol) + " " + l.Target.Kind + " " + l.Target.Addr.String()
-						if len(l.Decision.Backends) == 0 {
-							t.Errorf("%s: the decision permits no backend: the test needs some", label)
-						}
-						for _, p := range l.Problems() {
-							t.Errorf("%s: %s", label, p)
-						}
-						kinds[l.Target.Kind] = true
-						t.Logf("%s: landed %v, failed %d", label, l.Tally.Landed, l.Tally.Failed)
-					}
-				}
-				checkLocalAndRemote(t, tb, node, "web", "")
-				unconnectedUDP(t, tb, node, "web")
-			}
-			for _, k := range []string{"ClusterIP", "NodePort", "ExternalIP"} {
-				if !kinds[k] {
-					t.Errorf("no %s frontend was measured", k)
-				}
-			}
+			inEachFamily(t, tb, topology.ScopeInternal, func(t *testing.T, family v1.IPFamily) {
+				hostClientsIn(t, tb, family)
+			})
 			noChecksumErrors(t, tb)
 		})
+	}
+}
+
+// hostClientsIn is TestHostClients's traffic and checks in family.
+func hostClientsIn(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	kinds := map[string]bool{}
+	for _, node := range []string{"node-a1", "node-b1"} {
+		for _, svc := range []string{"web", "lb"} {
+			landings, err := tb.MeasureHost(t.Context(), node, svc, testbed.MeasureOptions{Requests: 60, Families: []v1.IPFamily{family}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range landings {
+				label := node + " " + string(l.Decision.Protocol) + " " + l.Target.Kind + " " + l.Target.Addr.String()
+				if l.Decision.Family != family || l.Target.Addr.Addr().Is4() != (family == v1.IPv4Protocol) {
+					t.Errorf("%s: measured in %s, want %s", label, l.Decision.Family, family)
+				}
+				if len(l.Decision.Backends) == 0 {
+					t.Errorf("%s: the decision permits no backend: the test needs some", label)
+				}
+				for _, p := range l.Problems() {
+					t.Errorf("%s: %s", label, p)
+				}
+				kinds[l.Target.Kind] = true
+				t.Logf("%s: landed %v, failed %d", label, l.Tally.Landed, l.Tally.Failed)
+			}
+		}
+		checkLocalAndRemote(t, tb, node, "web", family)
+		unconnectedUDP(t, tb, node, "web", family)
+	}
+	for _, k := range []string{"ClusterIP", "NodePort", "ExternalIP"} {
+		if !kinds[k] {
+			t.Errorf("no %s frontend was measured in %s", k, family)
+		}
 	}
 }
 
@@ -103,15 +116,19 @@ func checkLocalAndRemote(t *testing.T, tb *testbed.Testbed, node, service string
 
 // unconnectedUDP sends datagrams from unconnected sockets of node's own
 // namespace to service's UDP cluster IP: every answer must come from the
-// service address and from a permitted backend.
-func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string) {
+// service address and from a permitted backend, in family.
+func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string, family v1.IPFamily) {
 	t.Helper()
-	d := decisionOn(t, tb, node, service, v1.ProtocolUDP)
+	d := decisionOnOf(t, tb, node, service, v1.ProtocolUDP, family)
+	network, wildcard := "udp4", "0.0.0.0:0"
+	if family == v1.IPv6Protocol {
+		network, wildcard = "udp6", "[::]:0"
+	}
 	const n = 30
 	got := map[string]int{}
 	buf := make([]byte, 2048)
 	for i := 0; i < n; i++ {
-		c, err := tb.Node(node).NS.ListenPacket("udp4", "0.0.0.0:0")
+		c, err := tb.Node(node).NS.ListenPacket(network, wildcard)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,14 +159,9 @@ func unconnectedUDP(t *testing.T, tb *testbed.Testbed, node, service string) {
 	t.Logf("%s: unconnected UDP to %s landed %v", node, d.Frontend, got)
 }
 
-// decisionOn returns node's decision for service's proto port on the
-// objects last applied, and fails the test when there is none.
-func decisionOn(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol) *testbed.Decision {
-	t.Helper()
-	return decisionOnOf(t, tb, node, service, proto, "")
-}
-
-// decisionOnOf is decisionOn in family ("": the Service's first).
+// decisionOnOf returns node's decision for service's proto port in family
+// ("": the Service's first) on the objects last applied, and fails the
+// test when there is none.
 func decisionOnOf(t *testing.T, tb *testbed.Testbed, node, service string, proto v1.Protocol, family v1.IPFamily) *testbed.Decision {
 	t.Helper()
 	objs, _ := tb.Current()

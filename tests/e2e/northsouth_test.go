@@ -16,6 +16,7 @@ import (
 
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 // The north-south Services of these tests, on the demo testbed with an
@@ -28,18 +29,63 @@ import (
 var (
 	nsPorts     = []testbed.PortSpec{{Name: "http", Port: 80}, {Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}}
 	nsEndpoints = []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-a2"}, {Pod: "web-b1"}, {Pod: "web-b2"}, {Pod: "web-c1"}, {Pod: "web-c2"}}
-	lbIP        = netip.MustParseAddr("198.51.100.8")
-	externalIP  = netip.MustParseAddr("198.51.100.7")
+	// lbIPs and externalIPs are the load-balancer IP and the external IP
+	// of each family.
+	lbIPs = map[v1.IPFamily]netip.Addr{
+		v1.IPv4Protocol: netip.MustParseAddr("198.51.100.8"), v1.IPv6Protocol: netip.MustParseAddr("fd00:198:51:100::8")}
+	externalIPs = map[v1.IPFamily]netip.Addr{
+		v1.IPv4Protocol: netip.MustParseAddr("198.51.100.7"), v1.IPv6Protocol: netip.MustParseAddr("fd00:198:51:100::7")}
 )
 
-func northSouthServices() []testbed.ServiceSpec {
-	return []testbed.ServiceSpec{
-		{Name: "np", Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
-		{Name: "np-local", Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: nsEndpoints},
-		{Name: "np-nolocal", Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}}},
-		{Name: "lb", Type: v1.ServiceTypeLoadBalancer, LoadBalancerIPs: []string{lbIP.String()}, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
-		{Name: "ext", ExternalIPs: []string{externalIP.String()}, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+// nodePortCase is a NodePort Service of northSouthServices reached from
+// outside through node-b1, and the external backends the spec implies
+// for node-b1 (empty: dropped).
+type nodePortCase struct {
+	service string
+	want    []string
+}
+
+var nodePortCases = []nodePortCase{
+	{"np", []string{"web-b1", "web-b2"}},
+	{"np-local", []string{"web-b1"}},
+	{"np-nolocal", []string{}},
+}
+
+// options measures c with requests per port in families, or, where
+// nothing may answer, 20 requests at once that wait half a second each.
+func (c nodePortCase) options(requests int, families []v1.IPFamily) testbed.MeasureOptions {
+	if len(c.want) == 0 {
+		return testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond, Families: families}
 	}
+	return testbed.MeasureOptions{Requests: requests, Families: families}
+}
+
+// northSouthServices are the north-south Services in IPv4 alone.
+func northSouthServices() []testbed.ServiceSpec {
+	return northSouthServicesIn([]v1.IPFamily{v1.IPv4Protocol})
+}
+
+// northSouthServicesIn are the north-south Services in families (the
+// first primary), with a load-balancer IP and an external IP of each
+// (bothFamilies needs a dual-stack testbed).
+func northSouthServicesIn(families []v1.IPFamily) []testbed.ServiceSpec {
+	lb, ext := addrsIn(lbIPs, families), addrsIn(externalIPs, families)
+	return []testbed.ServiceSpec{
+		{Name: "np", IPFamilies: families, Type: v1.ServiceTypeNodePort, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "np-local", IPFamilies: families, Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "np-nolocal", IPFamilies: families, Type: v1.ServiceTypeNodePort, ExternalTrafficPolicy: "Local", Ports: nsPorts, Endpoints: []testbed.EndpointSpec{{Pod: "web-a1"}}},
+		{Name: "lb", IPFamilies: families, Type: v1.ServiceTypeLoadBalancer, LoadBalancerIPs: lb, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+		{Name: "ext", IPFamilies: families, ExternalIPs: ext, Hints: testbed.HintsZone, Ports: nsPorts, Endpoints: nsEndpoints},
+	}
+}
+
+// addrsIn lists addrs' addresses of families, in their order.
+func addrsIn(addrs map[v1.IPFamily]netip.Addr, families []v1.IPFamily) []string {
+	var out []string
+	for _, f := range families {
+		out = append(out, addrs[f].String())
+	}
+	return out
 }
 
 // outsideSpec is the demo testbed, whose outside client ext1 has its
@@ -87,15 +133,20 @@ func checkUplinkPaths(t *testing.T, tb *testbed.Testbed) {
 	}
 }
 
-// ipForwarded is a node's Ip ForwDatagrams: packets its stack routed
-// between interfaces. topolb's translated flows bypass it.
-func ipForwarded(t *testing.T, n *testbed.Node) uint64 {
+// ipForwarded is a node's forwarded datagrams of family (Ip
+// ForwDatagrams, Ip6 OutForwDatagrams): packets its stack routed between
+// interfaces. topolb's translated flows bypass it.
+func ipForwarded(t *testing.T, n *testbed.Node, family v1.IPFamily) uint64 {
 	t.Helper()
 	s, err := n.NS.SNMP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := s.Counter("Ip", "ForwDatagrams")
+	proto, name := "Ip", "ForwDatagrams"
+	if family == v1.IPv6Protocol {
+		proto, name = "Ip6", "OutForwDatagrams"
+	}
+	v, err := s.Counter(proto, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,19 +156,20 @@ func ipForwarded(t *testing.T, n *testbed.Node) uint64 {
 // checkSources holds the source addresses a landing's backends saw to
 // source translation: a backend on the node the traffic entered by sees
 // the client's own address, a backend on another node sees only that
-// node's address (the flow was source-translated there, so the backend's
-// replies come back through it).
+// node's address of the landing's family (the flow was source-translated
+// there, so the backend's replies come back through it).
 func checkSources(t *testing.T, tb *testbed.Testbed, l testbed.Landing, ingress string) {
 	t.Helper()
 	in := tb.Node(ingress)
+	family := l.Decision.Family
 	for pod, seen := range l.Tally.Sources {
-		want := in.WireAddr.Addr()
+		want := tb.Host(ingress).ClientAddrOf(family)
 		if tb.Pod(pod).Node == in {
-			want = l.Client.ClientAddr()
+			want = l.Client.ClientAddrOf(family)
 		}
 		for addr, n := range seen {
 			if addr != want {
-				t.Errorf("%s %s from %s: %s saw %d requests from %s, want all from %s", l.Decision.Protocol, l.Decision.Service, l.Client.ClientName(), pod, n, addr, want)
+				t.Errorf("%s %s %s from %s: %s saw %d requests from %s, want all from %s", family, l.Decision.Protocol, l.Decision.Service, l.Client.ClientName(), pod, n, addr, want)
 			}
 		}
 	}
@@ -133,102 +185,115 @@ func checkSources(t *testing.T, tb *testbed.Testbed, l testbed.Landing, ingress 
 // node-b1's own endpoint with the client's address kept; no local
 // endpoint, dropped. A pod reaches its own node's NodePort (the tc path,
 // the cluster set). node-b1's stack forwards none of it, no fallback is
-// counted and no namespace counts a checksum error.
+// counted and no namespace counts a checksum error. The testbed and the
+// Services are dual stack, and every check runs in each IP family in
+// turn (half of the requests each that the test sent in IPv4 alone).
 func TestNorthSouth(t *testing.T) {
 	requireRoot(t)
 	for _, dp := range datapaths {
 		t.Run(dp.name, func(t *testing.T) {
-			tb := newTestbed(t, outsideSpec(t))
+			spec := outsideSpec(t)
+			spec.DualStack = true
+			tb := newTestbed(t, spec)
 			dp.start(t, tb)
 			checkUplinkPaths(t, tb)
-			apply(t, tb, northSouthServices())
-			ext := tb.External("ext1")
-			b1 := tb.Node("node-b1")
-			ctx := t.Context()
-			forwBefore := ipForwarded(t, b1)
-
-			for _, c := range []struct {
-				service string
-				want    []string // the external backends the spec implies for node-b1
-			}{
-				{"np", []string{"web-b1", "web-b2"}},
-				{"np-local", []string{"web-b1"}},
-				{"np-nolocal", []string{}},
-			} {
-				o := testbed.MeasureOptions{Requests: 120}
-				if len(c.want) == 0 {
-					o = testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond}
-				}
-				landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, l := range landings {
-					if !slices.Equal(l.Decision.Backends, c.want) {
-						t.Errorf("%s %s: node-b1 permits %v from outside, the spec implies %v", l.Decision.Protocol, c.service, l.Decision.Backends, c.want)
-					}
-					checkSources(t, tb, l, "node-b1")
-				}
-				checkLandings(t, landings, nil)
-			}
-
-			// The load-balancer IP and the external IP, which the router
-			// sends to node-b1.
-			objs, _ := tb.Current()
-			ds, _ := tb.Decide(objs, "node-b1")
-			for _, c := range []struct {
-				service string
-				addr    netip.Addr
-			}{{"lb", lbIP}, {"ext", externalIP}} {
-				for _, p := range nsPorts {
-					proto := p.Protocol
-					if proto == "" {
-						proto = v1.ProtocolTCP
-					}
-					d := testbed.FindDecision(ds, c.service, proto)
-					if d == nil {
-						t.Fatalf("no decision for %s %s on node-b1", c.service, proto)
-					}
-					target := netip.AddrPortFrom(c.addr, uint16(p.Port))
-					l := testbed.Landing{Client: ext, Decision: *d,
-						Tally: testbed.Summarize(ext, ext.Send(ctx, testbed.Load{Proto: proto, Target: target, Count: 120}))}
-					l.Decision.Backends = d.ExternalBackends
-					if !slices.Equal(d.ExternalBackends, []string{"web-b1", "web-b2"}) {
-						t.Errorf("%s %s: node-b1 permits %v from outside, want zone-b", c.service, proto, d.ExternalBackends)
-					}
-					checkLandings(t, []testbed.Landing{l}, nil)
-					checkSources(t, tb, l, "node-b1")
-				}
-			}
-			if got := ipForwarded(t, b1) - forwBefore; got != 0 {
-				t.Errorf("node-b1's stack forwarded %d datagrams (Ip ForwDatagrams): north-south traffic did not bypass it", got)
-			}
-
-			// A pod reaching its own node's NodePort: the tc path, the
-			// cluster set of node-a1 (zone-a), its own address kept.
-			landings, err := tb.MeasureNodePort(ctx, tb.Pod("client"), "node-a1", "np", testbed.MeasureOptions{Requests: 120})
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkLandings(t, landings, []string{"web-a1", "web-a2"})
-
-			stats, err := maps.PinnedStats(tb.BPFFS("node-b1"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("node-b1 datapath: snat_flows %d, fwd peer %d l2 %d neigh %d stack %d",
-				stats[maps.StatSNATFlows], stats[maps.StatFwdPeer], stats[maps.StatFwdL2], stats[maps.StatFwdNeigh], stats[maps.StatFwdStack])
-			if stats[maps.StatSNATFlows] == 0 {
-				t.Error("node-b1 source-translated no flow")
-			}
-			for _, s := range []maps.Stat{maps.StatFwdFallbackMTU, maps.StatFwdFallbackTTL, maps.StatFwdFallbackMeta,
-				maps.StatDropSNATExhausted, maps.StatDropSNATNoRoute, maps.StatDropSNATFallback, maps.StatFwdStack} {
-				if stats[s] != 0 {
-					t.Errorf("node-b1 datapath: %s = %d, want 0", s, stats[s])
-				}
-			}
+			apply(t, tb, northSouthServicesIn(bothFamilies))
+			inEachFamily(t, tb, topology.ScopeExternal, func(t *testing.T, family v1.IPFamily) {
+				northSouthIn(t, tb, family)
+			})
 			noChecksumErrors(t, tb)
 		})
+	}
+}
+
+// northSouthIn is TestNorthSouth's traffic and checks in family.
+func northSouthIn(t *testing.T, tb *testbed.Testbed, family v1.IPFamily) {
+	const requests = 60
+	ext := tb.External("ext1")
+	b1 := tb.Node("node-b1")
+	ctx := t.Context()
+	fam := []v1.IPFamily{family}
+	forwBefore := ipForwarded(t, b1, family)
+	statsBefore, err := maps.PinnedStats(tb.BPFFS("node-b1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range nodePortCases {
+		landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, c.options(requests, fam))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(landings) != len(nsPorts) {
+			t.Errorf("%s: measured %d ports in %s, want %d", c.service, len(landings), family, len(nsPorts))
+		}
+		for _, l := range landings {
+			if l.Decision.Family != family || !slices.Equal(l.Decision.Backends, c.want) {
+				t.Errorf("%s %s: node-b1 permits %v from outside in %s, the spec implies %v in %s", l.Decision.Protocol, c.service, l.Decision.Backends, l.Decision.Family, c.want, family)
+			}
+			checkSources(t, tb, l, "node-b1")
+		}
+		checkLandings(t, landings, nil)
+	}
+
+	// The load-balancer IP and the external IP, which the router sends
+	// to node-b1.
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, "node-b1")
+	for _, c := range []struct {
+		service string
+		addr    netip.Addr
+	}{{"lb", lbIPs[family]}, {"ext", externalIPs[family]}} {
+		for _, p := range nsPorts {
+			proto := p.Protocol
+			if proto == "" {
+				proto = v1.ProtocolTCP
+			}
+			d := testbed.FindDecisionOf(ds, c.service, proto, family)
+			if d == nil {
+				t.Fatalf("no %s decision for %s %s on node-b1", family, c.service, proto)
+			}
+			target := netip.AddrPortFrom(c.addr, uint16(p.Port))
+			if !slices.Contains(d.External, target) {
+				t.Errorf("%s %s: node-b1's external frontends %v lack %s", c.service, proto, d.External, target)
+			}
+			l := testbed.Landing{Client: ext, Decision: *d,
+				Tally: testbed.Summarize(ext, ext.Send(ctx, testbed.Load{Proto: proto, Target: target, Count: requests}))}
+			l.Decision.Backends = d.ExternalBackends
+			if !slices.Equal(d.ExternalBackends, []string{"web-b1", "web-b2"}) {
+				t.Errorf("%s %s: node-b1 permits %v from outside, want zone-b", c.service, proto, d.ExternalBackends)
+			}
+			checkLandings(t, []testbed.Landing{l}, nil)
+			checkSources(t, tb, l, "node-b1")
+		}
+	}
+	if got := ipForwarded(t, b1, family) - forwBefore; got != 0 {
+		t.Errorf("node-b1's stack forwarded %d %s datagrams: north-south traffic did not bypass it", got, family)
+	}
+
+	// A pod reaching its own node's NodePort: the tc path, the cluster
+	// set of node-a1 (zone-a), its own address kept.
+	landings, err := tb.MeasureNodePort(ctx, tb.Pod("client"), "node-a1", "np", testbed.MeasureOptions{Requests: requests, Families: fam})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLandings(t, landings, []string{"web-a1", "web-a2"})
+
+	stats, err := maps.PinnedStats(tb.BPFFS("node-b1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta := func(s maps.Stat) uint64 { return stats[s] - statsBefore[s] }
+	t.Logf("node-b1 datapath in %s: snat_flows %d, fwd peer %d l2 %d neigh %d stack %d", family,
+		delta(maps.StatSNATFlows), delta(maps.StatFwdPeer), delta(maps.StatFwdL2), delta(maps.StatFwdNeigh), delta(maps.StatFwdStack))
+	if delta(maps.StatSNATFlows) == 0 {
+		t.Errorf("node-b1 source-translated no %s flow", family)
+	}
+	for _, s := range []maps.Stat{maps.StatFwdFallbackMTU, maps.StatFwdFallbackTTL, maps.StatFwdFallbackMeta,
+		maps.StatDropSNATExhausted, maps.StatDropSNATNoRoute, maps.StatDropSNATFallback, maps.StatFwdStack} {
+		if n := delta(s); n != 0 {
+			t.Errorf("node-b1 datapath in %s: %s = %d, want 0", family, s, n)
+		}
 	}
 }
 

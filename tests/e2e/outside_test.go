@@ -4,7 +4,6 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -46,19 +45,8 @@ func TestOutsideClientThroughKubeProxy(t *testing.T) {
 		t.Log("kube-proxy missed its zone at start (its startup race); relabelled the node")
 	}
 	ext := tb.External("ext1")
-	for _, c := range []struct {
-		service string
-		want    []string // the external backends the spec implies for node-b1
-	}{
-		{"np", []string{"web-b1", "web-b2"}},
-		{"np-local", []string{"web-b1"}},
-		{"np-nolocal", []string{}},
-	} {
-		o := testbed.MeasureOptions{Requests: 120}
-		if len(c.want) == 0 {
-			o = testbed.MeasureOptions{Requests: 20, Parallel: 20, Timeout: 500 * time.Millisecond}
-		}
-		landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, o)
+	for _, c := range nodePortCases {
+		landings, err := tb.MeasureNodePort(ctx, ext, "node-b1", c.service, c.options(120, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,16 +2,22 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/tools/testbed"
+	"github.com/topolb/topolb/topology"
 )
 
 var resetRounds = flag.Int("reset-rounds", 4, "wrk rounds of TestWrkNoReset")
@@ -46,8 +52,10 @@ func webA2HintedAway(svcs []testbed.ServiceSpec) []testbed.ServiceSpec {
 // flows expire, so its connections reuse tuples that expire and are swept
 // (every second here) while it runs: a sweep that deleted the fresh
 // entries of a reopened flow broke connections (wrk read errors in
-// bench-e2e; BENCHMARKS.md). Each round prints the datapath counters that
-// moved, so a failure can be matched with what the datapath did.
+// bench-e2e; BENCHMARKS.md). The fast Service is dual stack here, and
+// each round runs a wrk per IP family at once, in the same load window.
+// Each round prints the datapath counters that moved, so a failure can be
+// matched with what the datapath did.
 func TestWrkNoReset(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
@@ -61,6 +69,12 @@ func TestWrkNoReset(t *testing.T) {
 	spec := benchSpec(t)
 	web := service(t, spec, "zone-hints", "web")
 	spec.Services = benchServices(web, nil)
+	for i, s := range spec.Services {
+		if s.Name == "fast" {
+			s.IPFamilies, s.ClusterIPv6 = bothFamilies, fastVIP6.Addr().String()
+			spec.Services[i] = s
+		}
+	}
 	variants := [][]testbed.ServiceSpec{webA2HintedAway(spec.Services), spec.Services}
 	tb := newTestbed(t, spec)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
@@ -81,6 +95,15 @@ func TestWrkNoReset(t *testing.T) {
 		if err := startNginx(ctx, tb, tb.Pod(pod)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	var targets []netip.AddrPort
+	served := programmedFamilies(t, tb)
+	for _, family := range topology.Families {
+		if !served.Programs(family, topology.ScopeInternal) {
+			t.Logf("the datapath does not serve %s to pods: no wrk in %s (it programs %s)", family, family, served)
+			continue
+		}
+		targets = append(targets, map[v1.IPFamily]netip.AddrPort{v1.IPv4Protocol: fastVIP, v1.IPv6Protocol: fastVIP6}[family])
 	}
 	pin := tb.BPFFS(client.Node.Name)
 	before, err := maps.PinnedStats(pin)
@@ -105,7 +128,17 @@ func TestWrkNoReset(t *testing.T) {
 			}
 			churn <- a.Start(ctx)
 		}()
-		w, werr := runWrk(ctx, client, fastVIP, *benchDuration)
+		ws, werrs := make([]wrkResult, len(targets)), make([]error, len(targets))
+		var wg sync.WaitGroup
+		for i, target := range targets {
+			wg.Go(func() {
+				var err error
+				if ws[i], err = runWrk(ctx, client, target, *benchDuration); err != nil {
+					werrs[i] = fmt.Errorf("to %s: %w", target, err)
+				}
+			})
+		}
+		wg.Wait()
 		roundEnd := time.Now()
 		if err := <-churn; err != nil {
 			t.Fatalf("round %d: %v", r+1, err)
@@ -120,9 +153,12 @@ func TestWrkNoReset(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("round %d: %d requests, %.0f/s; counters: %s", r+1, w.requests, w.rate, statDelta(before, after))
-		if werr != nil {
-			t.Fatalf("round %d: %v", r+1, werr)
+		for i, w := range ws {
+			t.Logf("round %d to %s: %d requests, %.0f/s", r+1, targets[i], w.requests, w.rate)
+		}
+		t.Logf("round %d: counters: %s", r+1, statDelta(before, after))
+		if err := errors.Join(werrs...); err != nil {
+			t.Fatalf("round %d: %v", r+1, err)
 		}
 		// The sweep that lost reopened flows showed first as midflow
 		// misses (their next packet found no entry), a few each round,
