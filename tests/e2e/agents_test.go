@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"context"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -121,39 +119,20 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 	served := programmedFamilies(t, tb)
 	client := tb.Pod("client")
 
-	// One load per family the agents program and protocol, all running
-	// through the same restarts; 2 requests in flight each, 8 in all, as
-	// with IPv4 alone before.
-	type stream struct {
-		family v1.IPFamily
-		proto  v1.Protocol
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		recs = map[stream][]testbed.Record{}
-	)
+	// TCP and UDP loads in each family the agents program, all through
+	// the same restarts; 2 requests in flight each (background), 8 in all
+	// as with IPv4 alone before.
+	stops := map[v1.IPFamily]func() map[v1.Protocol][]testbed.Record{}
 	for _, family := range topology.Families {
-		if !served.Programs(family, topology.ScopeInternal) {
-			continue
-		}
-		target := targetsOf(t, tb, client, family)
-		for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 2, Timeout: 2 * time.Second})
-				mu.Lock()
-				recs[stream{family, proto}] = r
-				mu.Unlock()
-			}()
+		if served.Programs(family, topology.ScopeInternal) {
+			stops[family] = background(t, client, targetsOf(t, tb, client, family))
 		}
 	}
+	recs := map[v1.IPFamily]map[v1.Protocol][]testbed.Record{}
 	stopLoad := func() {
-		cancel()
-		wg.Wait()
+		for family, stop := range stops {
+			recs[family] = stop()
+		}
 	}
 
 	time.Sleep(500 * time.Millisecond)
@@ -214,7 +193,7 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 				t.Skipf("the agents do not program %s for pods: they program %s", family, served)
 			}
 			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
-				rs := recs[stream{family, proto}]
+				rs := recs[family][proto]
 				tally := testbed.Summarize(client, rs)
 				t.Logf("%s: %d requests: landed %v, failed %d", proto, len(rs), tally.Landed, tally.Failed)
 				if tally.Failed > 0 {
