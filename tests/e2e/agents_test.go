@@ -195,7 +195,11 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 				rs := recs[family][proto]
 				tally := testbed.Summarize(client, rs)
-				t.Logf("%s: %d requests: landed %v, failed %d", proto, len(rs), tally.Landed, tally.Failed)
+				var slowest time.Duration
+				for _, r := range rs {
+					slowest = max(slowest, r.Took)
+				}
+				t.Logf("%s: %d requests: landed %v, failed %d, slowest %v", proto, len(rs), tally.Landed, tally.Failed, slowest)
 				if tally.Failed > 0 {
 					t.Errorf("%s: %d of %d requests failed: %v", proto, tally.Failed, len(rs), tally.Errors)
 				}
