@@ -183,7 +183,7 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 	time.Sleep(500 * time.Millisecond)
 	stopLoad()
 
-	if err := tb.WaitAgents(t.Context(), 10*time.Second); err != nil {
+	if err := tb.WaitAgents(t.Context(), scaled(t, 10*time.Second)); err != nil {
 		t.Error(err)
 	}
 	permitted := []string{"web-a1", "web-a2"}
