@@ -85,9 +85,21 @@ func apply(t *testing.T, tb *testbed.Testbed, svcs []testbed.ServiceSpec) {
 	if _, err := tb.Apply(t.Context(), svcs); err != nil {
 		t.Fatal(err)
 	}
-	if err := tb.WaitAgents(t.Context(), 10*time.Second); err != nil {
+	if err := tb.WaitAgents(t.Context(), scaled(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// scaled is testbed.ScaleTimeout(d): a bound set for a real machine,
+// longer where the environment says it is slower (TCG in the kernel
+// matrix), unchanged elsewhere.
+func scaled(t testing.TB, d time.Duration) time.Duration {
+	t.Helper()
+	d, err := testbed.ScaleTimeout(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // checkLandings fails the test for every way the landings depart from the

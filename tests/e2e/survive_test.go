@@ -26,8 +26,10 @@ import (
 const newFlowGrace = time.Second
 
 // background runs a steady load of new flows (TCP and UDP) from client to
-// the web Service until stop is called, which returns every record.
+// the web Service until stop is called, which returns every record. Each
+// request has 2 s (scaled: longer under TCG).
 func background(t *testing.T, client *testbed.Pod, target map[v1.Protocol]netip.AddrPort) (stop func() map[v1.Protocol][]testbed.Record) {
+	timeout := scaled(t, 2*time.Second)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -36,7 +38,7 @@ func background(t *testing.T, client *testbed.Pod, target map[v1.Protocol]netip.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 2, Timeout: 2 * time.Second})
+			r := client.Send(ctx, testbed.Load{Proto: proto, Target: target[proto], Parallel: 2, Timeout: timeout})
 			mu.Lock()
 			recs[proto] = r
 			mu.Unlock()

@@ -218,6 +218,18 @@ func AgentReadyTimeout() (time.Duration, error) {
 	return d, nil
 }
 
+// ScaleTimeout scales d, a bound a test sets for a real machine, by how
+// much slower the environment says it is: AgentReadyTimeout over
+// DefaultAgentReadyTimeout (10 times under TCG in the kernel matrix),
+// never below d, so on a real machine d is unchanged.
+func ScaleTimeout(d time.Duration) (time.Duration, error) {
+	limit, err := AgentReadyTimeout()
+	if err != nil || limit <= DefaultAgentReadyTimeout {
+		return d, err
+	}
+	return time.Duration(float64(d) * float64(limit) / float64(DefaultAgentReadyTimeout)), nil
+}
+
 // WaitReady waits until GET /readyz answers 200: the agent has written its
 // first full sync to the maps. It fails at once if the process exits, and
 // after AgentReadyTimeout or when ctx ends.
