@@ -116,17 +116,15 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 	if check != nil {
 		check(t, tb)
 	}
-	served := programmedFamilies(t, tb)
+	families := servedFamilies(t, tb, topology.ScopeInternal)
 	client := tb.Pod("client")
 
 	// TCP and UDP loads in each family the agents program, all through
 	// the same restarts; 2 requests in flight each (background), 8 in all
 	// as with IPv4 alone before.
 	stops := map[v1.IPFamily]func() map[v1.Protocol][]testbed.Record{}
-	for _, family := range topology.Families {
-		if served.Programs(family, topology.ScopeInternal) {
-			stops[family] = background(t, client, targetsOf(t, tb, client, family))
-		}
+	for _, family := range families {
+		stops[family] = background(t, client, targetsOf(t, tb, client, family))
 	}
 	recs := map[v1.IPFamily]map[v1.Protocol][]testbed.Record{}
 	stopLoad := func() {
@@ -187,11 +185,8 @@ func testAgentRestartUnderLoad(t *testing.T, args []string, check func(*testing.
 		t.Error(err)
 	}
 	permitted := []string{"web-a1", "web-a2"}
-	for _, family := range topology.Families {
+	for _, family := range families {
 		t.Run(string(family), func(t *testing.T) {
-			if !served.Programs(family, topology.ScopeInternal) {
-				t.Skipf("the agents do not program %s for pods: they program %s", family, served)
-			}
 			for _, proto := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP} {
 				rs := recs[family][proto]
 				tally := testbed.Summarize(client, rs)

@@ -50,7 +50,6 @@ func TestFloodKeepsConnections(t *testing.T) {
 	apply(t, tb, []testbed.ServiceSpec{web, np})
 	client := tb.Pod("client")
 	ext := tb.External("ext1")
-	served := programmedFamilies(t, tb)
 
 	// floodSource is one client of one family: where its streams and
 	// SYNs go.
@@ -63,11 +62,7 @@ func TestFloodKeepsConnections(t *testing.T) {
 	var sources []floodSource
 	var podFlows, all []*flow
 	var draining []string
-	for _, family := range topology.Families {
-		if !served.Programs(family, topology.ScopeExternal) {
-			t.Logf("the datapath does not serve %s from outside: %s not flooded (it programs %s)", family, family, served)
-			continue
-		}
+	for _, family := range servedFamilies(t, tb, topology.ScopeExternal) {
 		target := targetsOf(t, tb, client, family)
 		fp := openFlows(t, client, target, 8)[:8] // the TCP ones
 		npTarget := nodePortOf(t, tb, "node-b1", "np", v1.ProtocolTCP, family)

@@ -97,12 +97,7 @@ func TestWrkNoReset(t *testing.T) {
 		}
 	}
 	var targets []netip.AddrPort
-	served := programmedFamilies(t, tb)
-	for _, family := range topology.Families {
-		if !served.Programs(family, topology.ScopeInternal) {
-			t.Logf("the datapath does not serve %s to pods: no wrk in %s (it programs %s)", family, family, served)
-			continue
-		}
+	for _, family := range servedFamilies(t, tb, topology.ScopeInternal) {
 		targets = append(targets, map[v1.IPFamily]netip.AddrPort{v1.IPv4Protocol: fastVIP, v1.IPv6Protocol: fastVIP6}[family])
 	}
 	pin := tb.BPFFS(client.Node.Name)
