@@ -153,6 +153,10 @@ type staleQueue struct {
 	mu      sync.Mutex
 	pending map[uint32]uint32
 	timer   *time.Timer
+	// walking is held by flushStale from taking pending to the end of
+	// its walk, so that a flush returns only once every id queued before
+	// it is marked, also those the timer's flush took just before.
+	walking sync.Mutex
 }
 
 // queueStale schedules the walk that marks the flows of released (id ->
@@ -179,11 +183,14 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 	}
 }
 
-// flushStale marks the flows of the queued ids stale now. It walks copies
-// of the conntrack tables' handles without holding the Datapath's lock,
-// so changes go on meanwhile.
+// flushStale marks the flows of the queued ids stale now, and waits for
+// a walk already under way (the timer's). It walks copies of the
+// conntrack tables' handles without holding the Datapath's lock, so
+// changes go on meanwhile.
 func (d *Datapath) flushStale() error {
 	q := &d.staleQ
+	q.walking.Lock()
+	defer q.walking.Unlock()
 	q.mu.Lock()
 	released := q.pending
 	q.pending = nil
