@@ -3,6 +3,7 @@ package testbed
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -31,7 +32,9 @@ services:
 // backend — and only there: the sink drops them, n2 sees none. Without a
 // datapath the same floods leave untranslated (the sink's stray count) or
 // stay on n1, so the checks can fail; after the sink is gone the port has
-// its pass program back.
+// its pass program back. The redirect floor (BenchmarkE2E's ceiling for
+// node_pps) takes the ClusterIP flood to the wire translated too, in
+// frames the backend's stack accepts, and nothing once it is off.
 func TestWireSink(t *testing.T) {
 	requireRoot(t)
 	spec, err := ParseSpec([]byte(wireSinkSpec))
@@ -112,6 +115,48 @@ func TestWireSink(t *testing.T) {
 	}
 	if xdp := linkXDP(t, n1.NS, UplinkName); xdp.Attached {
 		t.Errorf("n1's uplink keeps an XDP program (id %d) after FloodWire lent it one", xdp.ProgId)
+	}
+
+	// The redirect floor (no datapath under it) takes the ClusterIP flood
+	// to the wire translated, in frames b's stack takes (its address, no
+	// UDP checksum error).
+	floor, err := c.AttachRedirectFloor(vip, b, backend.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = sunk("redirect floor, "+floods[0].name, vip, c.FloodUDP)
+	if res.Stray != 0 || res.Arrived < uint64(res.Sent)*9/10 || res.Arrived > uint64(res.Sent) {
+		t.Errorf("redirect floor: %d of %d datagrams reached the wire translated to %s, %d untranslated; want at least 90%% and none", res.Arrived, res.Sent, backend, res.Stray)
+	}
+	delivered := func() (ip, csumErrs uint64) {
+		t.Helper()
+		s, err := b.NS.SNMP()
+		if err == nil {
+			ip, err = s.Counter("Ip", "InDelivers")
+		}
+		if err == nil {
+			csumErrs, err = s.Counter("Udp", "InCsumErrors")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ip, csumErrs
+	}
+	ipBefore, csumBefore := delivered()
+	if _, err := c.FloodUDP(vip, 100); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	ipAfter, csumAfter := delivered()
+	if got := ipAfter - ipBefore; got < 90 || got > 100 || csumAfter != csumBefore {
+		t.Errorf("redirect floor: %s's stack took %d of 100 datagrams (Ip InDelivers), with %d UDP checksum errors", b.Name, got, csumAfter-csumBefore)
+	}
+	if err := floor.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res = sunk("redirect floor taken off, "+floods[0].name, vip, c.FloodUDP)
+	if res.Arrived != 0 {
+		t.Errorf("after the redirect floor is off: %d datagrams translated, want none", res.Arrived)
 	}
 
 	if _, err := tb.AttachDirect(); err != nil {
