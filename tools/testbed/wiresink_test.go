@@ -118,15 +118,32 @@ func TestWireSink(t *testing.T) {
 	}
 
 	// The redirect floor (no datapath under it) takes the ClusterIP flood
-	// to the wire translated, in frames b's stack takes (its address, no
-	// UDP checksum error).
+	// to the wire translated, past n1's stack, in frames b's stack takes
+	// (its address, no UDP checksum error).
 	floor, err := c.AttachRedirectFloor(vip, b, backend.Port())
 	if err != nil {
 		t.Fatal(err)
 	}
+	forwarded := func() uint64 {
+		t.Helper()
+		s, err := n1.NS.SNMP()
+		var n uint64
+		if err == nil {
+			n, err = s.Counter("Ip", "ForwDatagrams")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	fwdBefore := forwarded()
 	res = sunk("redirect floor, "+floods[0].name, vip, c.FloodUDP)
 	if res.Stray != 0 || res.Arrived < uint64(res.Sent)*9/10 || res.Arrived > uint64(res.Sent) {
 		t.Errorf("redirect floor: %d of %d datagrams reached the wire translated to %s, %d untranslated; want at least 90%% and none", res.Arrived, res.Sent, backend, res.Stray)
+	}
+	// Redirected, not forwarded by n1's stack.
+	if fwd := forwarded() - fwdBefore; fwd > uint64(res.Sent)/10 {
+		t.Errorf("redirect floor: n1's stack forwarded %d of the %d datagrams (Ip ForwDatagrams); want them redirected past it", fwd, res.Sent)
 	}
 	delivered := func() (ip, csumErrs uint64) {
 		t.Helper()
