@@ -187,6 +187,12 @@ func printResults(rs []result) {
 			fmt.Printf("BENCH e2e impl=%s services=%d metric=%s value=%s ci95=%s ratio_vs_nftables=%s ratio_ci95=%s verdict=%s\n",
 				res.impl, res.services, metric, num(mean), num(ci), num(ratio), num(rci), verdictFor(rs, res, metric))
 		}
+		if floor := find(rs, implFloor, res.services); res.impl == implTopolb && floor != nil {
+			for _, metric := range nodeMetrics {
+				ratio, rci, _ := meanCI(ratios(res.samples[metric], floor.samples[metric]))
+				fmt.Printf("BENCH e2e impl=%s services=%d metric=%s ratio_vs_floor=%s ratio_ci95=%s\n", res.impl, res.services, metric, num(ratio), num(rci))
+			}
+		}
 		if r := familyRatio(res); r != nil {
 			ratio, rci, _ := meanCI(r)
 			fmt.Printf("BENCH e2e impl=%s services=%d ratio=pps_ipv6/pps value=%s ci95=%s\n", res.impl, res.services, num(ratio), num(rci))
@@ -210,7 +216,9 @@ func familyRatio(res *result) sample {
 }
 
 // printGoals prints one GOAL line per goal: the ratio topolb reached, its
-// interval, the bound and the verdict.
+// interval, the bound and the verdict; and, for a goal implFloor was
+// measured for, a CEILING line: the same goal judged on the floor's
+// figures, which says whether any proxy on that hook could meet it here.
 func printGoals(rs []result) {
 	for _, g := range goals {
 		top, other := find(rs, implTopolb, g.Services), find(rs, g.Vs, g.Services)
@@ -222,6 +230,14 @@ func printGoals(rs []result) {
 		}
 		fmt.Printf("GOAL e2e metric=%s services=%d vs=%s ratio=%s ci95=%s goal=%s issue=%s verdict=%s\n",
 			g.Metric, g.Services, g.Vs, num(ratio), num(ci), g.bound(), g.Issue, v)
+		if floor := find(rs, implFloor, g.Services); floor != nil && other != nil {
+			if _, measured := floor.samples[g.Metric]; measured {
+				r := ratios(floor.samples[g.Metric], other.samples[g.Metric])
+				ratio, ci, _ := meanCI(r)
+				fmt.Printf("CEILING e2e metric=%s services=%d vs=%s impl=%s ratio=%s ci95=%s goal=%s verdict=%s\n",
+					g.Metric, g.Services, g.Vs, implFloor, num(ratio), num(ci), g.bound(), g.judge(r))
+			}
+		}
 	}
 }
 
@@ -259,6 +275,7 @@ func TestBenchStatistics(t *testing.T) {
 	rs := []result{
 		{impl: implTopolb, services: 10000, samples: map[string]sample{"pps": {4, 4.2, 4.1}, "update_ms": {1, 1, 1}}},
 		{impl: implNFT, services: 10000, samples: map[string]sample{"pps": {1, 1, 1}, "update_ms": {5, 5, 5}}},
+		{impl: implFloor, services: 10000, samples: map[string]sample{"pps": {5, 5, 5}}},
 	}
 	if r := familyRatio(&result{samples: map[string]sample{"pps": {2, 4}, "pps_ipv6": {1, 3}}}); len(r) != 2 || r[0] != 0.5 || r[1] != 0.75 {
 		t.Errorf("familyRatio = %v, want [0.5 0.75]", r)
@@ -273,6 +290,7 @@ func TestBenchStatistics(t *testing.T) {
 		{implTopolb, "update_ms", na},      // no goal
 		{implTopolb, "requests_per_s", na}, // needs iptables too, which did not run
 		{implNFT, "pps", na},               // verdicts are topolb's
+		{implFloor, "pps", na},             // the floor's too: it is judged on CEILING lines
 	} {
 		if got := verdictFor(rs, find(rs, c.impl, 10000), c.metric); got != c.want {
 			t.Errorf("%s %s: %s, want %s", c.impl, c.metric, got, c.want)

@@ -42,13 +42,16 @@ set -euo pipefail
 # not KVM; returns 1 without KVM.
 choose_accel() {
 	accel=(-accel "tcg,thread=multi" -cpu max)
-	if [[ -d /sys/module/kvm_pvm ]]; then
+	if [[ ! -e /dev/kvm ]]; then
+		echo "test-kernels: no /dev/kvm: TCG, far slower"
+		return 1
+	elif [[ -d /sys/module/kvm_pvm ]]; then
 		# PVM runs only guests built for it (CONFIG_PVM_GUEST): Debian's
 		# kernels stop at their first instruction it must emulate.
 		echo "test-kernels: /dev/kvm is PVM (kvm_pvm), which boots no stock kernel: TCG, far slower"
 		return 1
 	elif [[ ! -r /dev/kvm || ! -w /dev/kvm ]]; then
-		echo "test-kernels: no usable /dev/kvm: TCG, far slower"
+		echo "test-kernels: /dev/kvm is not readable and writable: TCG, far slower"
 		return 1
 	fi
 	accel=(-accel kvm -cpu host)
