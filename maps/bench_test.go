@@ -703,7 +703,7 @@ const (
 func writeBenchmarks(path string, rows []benchRow, steps []stepRow, verdicts []string) error {
 	var sec strings.Builder
 	sec.WriteString(benchBegin)
-	fmt.Fprintf(&sec, "Latest `make bench-datapath` on %s, kernel %s, %d CPUs (load average %s at the end: the machine is shared), %s; %d runs per row and program, %d interleaved rounds (baseline, floor, case), keys=hot at %d runs per syscall. noise is the spread of the rounds' floor ratios over their median.\n\n",
+	fmt.Fprintf(&sec, "Latest `make bench-datapath` on %s, kernel %s, %d CPUs (load average %s at the end), %s; %d runs per row and program, %d interleaved rounds (baseline, floor, case), keys=hot at %d runs per syscall. noise is the spread of the rounds' floor ratios over their median.\n\n",
 		cpuModel(), kernelRelease(), runtime.NumCPU(), loadAvg(), time.Now().UTC().Format("2006-01-02"), *benchRuns, *benchRounds, *benchHotRep)
 	fmt.Fprintf(&sec, "| case | keys | services | ns/pkt | baseline ns | ratio | floor ns | floor ratio | noise |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
