@@ -88,41 +88,19 @@ func (f *RedirectFloor) Close() error {
 
 // redirectFloorProgram builds the floor's program; ifindex is the uplink's.
 func redirectFloorProgram(target, to netip.AddrPort, src, dst net.HardwareAddr, ifindex int) (*ebpf.Program, error) {
-	// be16 and be32 are what loading a big-endian field gives.
-	be16 := func(v uint16) int32 { return int32(binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, v))) }
-	be32 := func(a netip.Addr) int32 {
-		b := a.As4()
-		return int32(binary.NativeEndian.Uint32(b[:]))
-	}
 	ne32 := func(b []byte) int64 { return int64(int32(binary.NativeEndian.Uint32(b))) }
 	ne16 := func(b []byte) int64 { return int64(int16(binary.NativeEndian.Uint16(b))) }
 	const (
-		ethLen, ipLen, udpLen = 14, 20, 8
-		offEtherType          = 12
-		offVersionIHL         = ethLen
-		offProto              = ethLen + 9
-		offIPCsum             = ethLen + 10
-		offDaddr              = ethLen + 16
-		offDport              = ethLen + ipLen + 2
-		offUDPCsum            = ethLen + ipLen + 6
-		ipv4NoOptions         = 0x45
-		etherTypeIPv4         = 0x0800
-		skbData               = 76 // offsetof(struct __sk_buff, data)
-		skbDataEnd            = 80 // offsetof(struct __sk_buff, data_end)
+		skbData    = 76 // offsetof(struct __sk_buff, data)
+		skbDataEnd = 80 // offsetof(struct __sk_buff, data_end)
 	)
 	insns := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
 		asm.LoadMem(asm.R2, asm.R6, skbData, asm.Word),
 		asm.LoadMem(asm.R3, asm.R6, skbDataEnd, asm.Word),
-		asm.Mov.Reg(asm.R4, asm.R2),
-		asm.Add.Imm(asm.R4, ethLen+ipLen+udpLen),
-		asm.JGT.Reg(asm.R4, asm.R3, "next"),
-		asm.LoadMem(asm.R4, asm.R2, offEtherType, asm.Half),
-		asm.JNE.Imm32(asm.R4, be16(etherTypeIPv4), "next"),
-		asm.LoadMem(asm.R4, asm.R2, offVersionIHL, asm.Byte),
-		asm.JNE.Imm32(asm.R4, ipv4NoOptions, "next"),
-		asm.LoadMem(asm.R4, asm.R2, offProto, asm.Byte),
-		asm.JNE.Imm32(asm.R4, unix.IPPROTO_UDP, "next"),
+	}
+	insns = append(insns, ipv4UDP("next")...)
+	insns = append(insns,
 		asm.LoadMem(asm.R4, asm.R2, offDaddr, asm.Word),
 		asm.JNE.Imm32(asm.R4, be32(target.Addr()), "next"),
 		asm.LoadMem(asm.R4, asm.R2, offDport, asm.Half),
@@ -163,7 +141,7 @@ func redirectFloorProgram(target, to netip.AddrPort, src, dst net.HardwareAddr, 
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, tcxNext).WithSymbol("next"),
 		asm.Return(),
-	}
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_floor", Type: ebpf.SchedCLS, AttachType: ebpf.AttachTCXIngress, Instructions: insns, License: "GPL"})
 	if err != nil {
 		return nil, fmt.Errorf("load the redirect floor program: %w", err)

@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -170,34 +169,12 @@ func (s *WireSink) wireDrops() (uint64, error) {
 // dropped; every other frame passes. Addresses and ports are compared as
 // the frame carries them (network byte order), loaded in the machine's.
 func sinkProgram(want, stray netip.AddrPort, counts *ebpf.Map) (*ebpf.Program, error) {
-	// be16 and be32 are what loading a big-endian field gives.
-	be16 := func(v uint16) int32 { return int32(binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, v))) }
-	be32 := func(a netip.Addr) int32 {
-		b := a.As4()
-		return int32(binary.NativeEndian.Uint32(b[:]))
-	}
-	const (
-		ethLen, ipLen, udpLen = 14, 20, 8
-		offEtherType          = 12
-		offVersionIHL         = ethLen
-		offProto              = ethLen + 9
-		offDaddr              = ethLen + 16
-		offDport              = ethLen + ipLen + 2
-		ipv4NoOptions         = 0x45
-		etherTypeIPv4         = 0x0800
-	)
 	insns := asm.Instructions{
 		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word), // data
 		asm.LoadMem(asm.R3, asm.R1, 4, asm.Word), // data_end
-		asm.Mov.Reg(asm.R4, asm.R2),
-		asm.Add.Imm(asm.R4, ethLen+ipLen+udpLen),
-		asm.JGT.Reg(asm.R4, asm.R3, "pass"),
-		asm.LoadMem(asm.R4, asm.R2, offEtherType, asm.Half),
-		asm.JNE.Imm32(asm.R4, be16(etherTypeIPv4), "pass"),
-		asm.LoadMem(asm.R4, asm.R2, offVersionIHL, asm.Byte),
-		asm.JNE.Imm32(asm.R4, ipv4NoOptions, "pass"),
-		asm.LoadMem(asm.R4, asm.R2, offProto, asm.Byte),
-		asm.JNE.Imm32(asm.R4, 17, "pass"), // IPPROTO_UDP
+	}
+	insns = append(insns, ipv4UDP("pass")...)
+	insns = append(insns,
 		asm.LoadMem(asm.R4, asm.R2, offDaddr, asm.Word),
 		asm.LoadMem(asm.R5, asm.R2, offDport, asm.Half),
 		asm.Mov.Imm(asm.R6, sinkWant),
@@ -220,7 +197,7 @@ func sinkProgram(want, stray netip.AddrPort, counts *ebpf.Map) (*ebpf.Program, e
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, xdpPass).WithSymbol("pass"),
 		asm.Return(),
-	}
+	)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "testbed_sink", Type: ebpf.XDP, Instructions: insns, License: "GPL"})
 	if err != nil {
 		return nil, fmt.Errorf("load the wire sink program: %w", err)
