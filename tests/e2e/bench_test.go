@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net/netip"
 	"os"
@@ -133,7 +134,7 @@ var benchMetrics = []string{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_re
 // Metrics measured together: asking for one measures all.
 var benchGroups = [][]string{
 	{"requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_req"},
-	{"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt"},
+	nodeMetrics,
 	{"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt"},
 }
 
@@ -589,20 +590,39 @@ func (bed *benchBed) round(ctx context.Context, b *testing.B, services int, metr
 	// The node-local floods: the sink on node-a1's switch port takes what
 	// leaves for web-b1's port 9, and counts what leaves untranslated.
 	want := netip.AddrPortFrom(backend.Addr, sinkVIP.Port())
+	// The floor (implFloor) runs the node_pps flood again in topolb's
+	// turn, right after topolb's, through a RedirectFloor put first on
+	// the client's veth for that flood only.
+	floor := func() (io.Closer, error) { return client.AttachRedirectFloor(sinkVIP, backend, want.Port()) }
 	for _, f := range []struct {
 		metric, busy, own string
+		on                bool
 		target            netip.AddrPort
 		flood             func(target netip.AddrPort, count int) (testbed.FloodResult, error)
+		// setup, when set, is done before the flood and closed after it.
+		setup func() (io.Closer, error)
 	}{
-		{"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt", sinkVIP, client.FloodUDP},
-		{"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt", nodePort, func(to netip.AddrPort, n int) (testbed.FloodResult, error) {
+		{"node_pps", "node_cpu_ns_per_pkt", "node_flood_cpu_ns_per_pkt", measure("node_pps"), sinkVIP, client.FloodUDP, nil},
+		{floorKey("node_pps"), floorKey("node_cpu_ns_per_pkt"), floorKey("node_flood_cpu_ns_per_pkt"),
+			bed.impl == implTopolb && measure("node_pps"), sinkVIP, client.FloodUDP, floor},
+		{"node_ns_pps", "node_ns_cpu_ns_per_pkt", "node_ns_flood_cpu_ns_per_pkt", measure("node_ns_pps"), nodePort, func(to netip.AddrPort, n int) (testbed.FloodResult, error) {
 			return bed.tb.FloodWire(ext, client.Node, to, n)
-		}},
+		}, nil},
 	} {
-		if !measure(f.metric) {
+		if !f.on {
 			continue
 		}
+		var undo io.Closer
+		if f.setup != nil {
+			var err error
+			if undo, err = f.setup(); err != nil {
+				b.Fatalf("%s: %s: %v", label, f.metric, err)
+			}
+		}
 		res, busy, err := nodeFlood(bed.tb, client.Node, want, f.target, *benchNodeN, f.flood)
+		if undo != nil {
+			err = errors.Join(err, undo.Close())
+		}
 		if err != nil {
 			b.Fatalf("%s: %s: %v", label, f.metric, err)
 		}
@@ -611,27 +631,6 @@ func (bed *benchBed) round(ctx context.Context, b *testing.B, services int, metr
 			continue
 		}
 		out[f.metric], out[f.busy], out[f.own] = res.PPS, busy, float64(res.CPU.Nanoseconds())/float64(res.Sent)
-	}
-	// The floor of the node_pps flood, on topolb's testbed, right after
-	// topolb's.
-	if bed.impl == implTopolb && measure("node_pps") {
-		floor, err := client.AttachRedirectFloor(sinkVIP, backend, want.Port())
-		if err != nil {
-			b.Fatalf("%s: %v", label, err)
-		}
-		res, busy, err := nodeFlood(bed.tb, client.Node, want, sinkVIP, *benchNodeN, client.FloodUDP)
-		if cerr := floor.Close(); cerr != nil {
-			err = errors.Join(err, cerr)
-		}
-		if err != nil {
-			b.Fatalf("%s: node_pps through the redirect floor: %v", label, err)
-		}
-		if err := checkArrivals(res, *benchNodeN); err != nil {
-			b.Errorf("%s: node_pps through the redirect floor: %v: the rate does not count", label, err)
-		} else {
-			out[floorKey("node_pps")], out[floorKey("node_cpu_ns_per_pkt")], out[floorKey("node_flood_cpu_ns_per_pkt")] =
-				res.PPS, busy, float64(res.CPU.Nanoseconds())/float64(res.Sent)
-		}
 	}
 
 	if measure("update_ms") {
