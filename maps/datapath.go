@@ -50,7 +50,7 @@ type Datapath struct {
 	// flows stale (stale.go).
 	staleQ staleQueue
 	// finals are the members released under mu whose live flows
-	// settleFinal counts after the lock is released (stale.go).
+	// flushStale's walk counts, without the lock (stale.go).
 	finals []finalCount
 	// ncpu is the number of possible CPUs: the length of per-CPU values.
 	ncpu int
@@ -261,7 +261,11 @@ func Load(opts Options) (_ *Datapath, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("adopt pinned maps: %w", err)
 	}
-	d.settleFinal()
+	// The adopted members' finals, and ids adoption released: one walk
+	// now, before the programs run on them.
+	if err := d.flushStale(); err != nil {
+		d.log.Error("counting the flows of released backends failed; their totals stay as last reported", "err", err)
+	}
 	if mg != nil {
 		if err := mg.commit(d, fingerprint); err != nil {
 			return nil, fmt.Errorf("upgrade maps at %s from layout %d: %w", opts.PinPath, migrateFrom, err)

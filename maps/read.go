@@ -212,70 +212,144 @@ func (d *Datapath) maxMemberID() (uint32, bool) {
 	return maxID, any
 }
 
-// Counters reads the datapath counters, summed over CPUs. The walk of
-// conntrack for the live flows' counts (about 0.1 s per quarter-million
-// entries) runs without the Datapath's lock, on copies of the tables'
-// handles, so a scrape does not hold up map writes. What the walk must
-// come after is read before it, under the lock: the records and the
+// Counters reads the datapath counters, summed over CPUs. A scrape must
+// not hold up map writes (issue 38: a change waits for whatever holds the
+// Datapath's lock), so the lock is held only for short steps:
+//
+//  1. under it: the statistics, the sweep's counts (taken, not yet
+//     applied), the frontends' keys, and copies of the handles of the
+//     records and conntrack tables;
+//  2. without it: the records (a batch read of every id) and the walk of
+//     conntrack for the live flows' counts (about 0.1 s per
+//     quarter-million entries);
+//  3. under it again, countersChunk frontends at a time: each member's
+//     traffic, which it never reports less than (m.seen);
+//  4. without it: the maps returned.
+//
+// What the walk must come after is taken before it: the records and the
 // sweep's counts. A flow folded into either while the walk runs is then
 // counted by the next call, never twice (a member never reports less
-// than it did, so the undercount does not show).
+// than it did, so the undercount does not show). A frontend deleted
+// between 1 and 3 is left out; one created since is reported by the next
+// call.
 func (d *Datapath) Counters() (Counters, error) {
-	c, recs, tables, err := d.countersBeforeWalk()
+	c, in, err := d.countersBeforeWalk()
 	if err != nil {
 		return Counters{}, err
 	}
-	var flows map[idGen]Traffic
-	if recs != nil {
-		flows, err = tables.traffic(nil)
-		tables.close()
-		if err != nil {
+	defer in.close()
+	var (
+		recs  []record
+		flows map[idGen]Traffic
+	)
+	if in.anyMember {
+		if recs, err = in.km.readRecords(in.maxID); err != nil {
+			return Counters{}, err
+		}
+		if flows, err = in.tables.traffic(nil); err != nil {
 			return Counters{}, err
 		}
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed() {
-		return Counters{}, ErrClosed
+	type result struct {
+		fe    Frontend
+		total Traffic
+		// members are the frontend's rows of perMember.
+		members []memberTraffic
 	}
-	for fe, s := range d.fes {
-		total := s.released
-		per := make(map[netip.AddrPort]uint64, len(s.members))
-		perT := make(map[netip.AddrPort]Traffic, len(s.members))
-		for _, m := range s.members {
-			var tr Traffic
-			// A member assigned since the records were read has none
-			// here, and reports what it did (nothing) until the next call.
-			if int(m.id) < len(recs) {
-				tr = m.traffic(recs[m.id], flows)
-			}
-			tr = tr.atLeast(m.seen)
-			m.seen = tr
-			total = total.plus(tr)
-			per[m.be.Addr] = tr.Packets
-			perT[m.be.Addr] = tr
+	results := make([]result, 0, len(in.fes))
+	for start := 0; start < len(in.fes); start += countersChunk {
+		d.mu.Lock()
+		if d.closed() {
+			d.mu.Unlock()
+			return Counters{}, ErrClosed
 		}
-		c.Frontends[fe] = total
-		c.Backends[fe] = per
-		c.BackendTraffic[fe] = perT
+		for _, fe := range in.fes[start:min(start+countersChunk, len(in.fes))] {
+			s := d.fes[fe]
+			if s == nil {
+				continue
+			}
+			r := result{fe: fe, total: s.released, members: make([]memberTraffic, 0, len(s.members))}
+			for _, m := range s.members {
+				m.swept = m.swept.plus(in.swept[idGen{m.id, m.gen}])
+				var tr Traffic
+				// A member assigned since the records were read has none
+				// here, and reports what it did (nothing) until the next call.
+				if int(m.id) < len(recs) {
+					tr = m.traffic(recs[m.id], flows)
+				}
+				tr = tr.atLeast(m.seen)
+				m.seen = tr
+				r.total = r.total.plus(tr)
+				r.members = append(r.members, memberTraffic{m.be.Addr, tr})
+			}
+			results = append(results, r)
+		}
+		d.mu.Unlock()
+	}
+	for _, r := range results {
+		per := make(map[netip.AddrPort]uint64, len(r.members))
+		perT := make(map[netip.AddrPort]Traffic, len(r.members))
+		for _, mt := range r.members {
+			per[mt.addr] = mt.tr.Packets
+			perT[mt.addr] = mt.tr
+		}
+		c.Frontends[r.fe] = r.total
+		c.Backends[r.fe] = per
+		c.BackendTraffic[r.fe] = perT
 	}
 	return c, nil
 }
 
-// countersBeforeWalk is Counters' first part, under d.mu: the statistics,
-// the records of every member's id, the sweep's counts handed to their
-// members, and copies of the conntrack tables' handles for the walk
-// (which the caller closes). recs and tables are nil when no frontend
+// countersChunk is how many frontends Counters reckons per hold of the
+// Datapath's lock: about a millisecond's work, so that a change waits at
+// most that long for a scrape.
+const countersChunk = 500
+
+// memberTraffic is one backend's traffic in a Counters call.
+type memberTraffic struct {
+	addr netip.AddrPort
+	tr   Traffic
+}
+
+// countersInput is what Counters reads under the lock before its walk.
+type countersInput struct {
+	// fes are the frontends programmed then.
+	fes []Frontend
+	// swept are the sweep's counts by id and generation, taken from the
+	// Datapath, for the members that own them.
+	swept map[idGen]Traffic
+	// maxID is the largest id a member held; anyMember whether any did
+	// (else km and tables are unset).
+	maxID     uint32
+	anyMember bool
+	// km holds a copy of the records' handle, tables copies of the
+	// conntrack tables' handles, for reads without the lock.
+	km     kernelMaps
+	tables ctFamilies
+}
+
+// close closes the copied handles.
+func (in countersInput) close() {
+	if in.km.backendStats != nil {
+		in.km.backendStats.Close()
+	}
+	in.tables.close()
+}
+
+// countersBeforeWalk is Counters' first step, under d.mu: the statistics,
+// the sweep's counts, the frontends, and copies of the records' and
+// conntrack tables' handles (which the caller closes) when any frontend
 // has a member.
-func (d *Datapath) countersBeforeWalk() (Counters, []record, ctFamilies, error) {
+func (d *Datapath) countersBeforeWalk() (Counters, countersInput, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var in countersInput
 	if d.closed() {
-		return Counters{}, nil, ctFamilies{}, ErrClosed
+		return Counters{}, in, ErrClosed
 	}
 	stats, err := d.readStats()
 	if err != nil {
-		return Counters{}, nil, ctFamilies{}, err
+		return Counters{}, in, err
 	}
 	c := Counters{
 		Frontends:      make(map[Frontend]Traffic, len(d.fes)),
@@ -292,27 +366,28 @@ func (d *Datapath) countersBeforeWalk() (Counters, []record, ctFamilies, error) 
 		Fragments:  stats[StatFragment],
 	}
 	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
-		return Counters{}, nil, ctFamilies{}, err
+		return Counters{}, in, err
 	}
-	swept := d.takeSwept()
-	for _, s := range d.fes {
+	in.swept = d.takeSwept()
+	in.fes = make([]Frontend, 0, len(d.fes))
+	for fe, s := range d.fes {
+		in.fes = append(in.fes, fe)
 		for _, m := range s.members {
-			m.swept = m.swept.plus(swept[idGen{m.id, m.gen}])
+			in.maxID, in.anyMember = max(in.maxID, m.id), true
 		}
 	}
-	maxID, ok := d.maxMemberID()
-	if !ok {
-		return c, nil, ctFamilies{}, nil
+	if !in.anyMember {
+		return c, in, nil
 	}
-	recs, err := d.readRecords(maxID)
-	if err != nil {
-		return Counters{}, nil, ctFamilies{}, err
+	in.km = kernelMaps{ncpu: d.ncpu}
+	if in.km.backendStats, err = d.backendStats.Clone(); err != nil {
+		return Counters{}, in, fmt.Errorf("read backend records: %w", err)
 	}
-	tables, err := d.cloneCtTables()
-	if err != nil {
-		return Counters{}, nil, ctFamilies{}, fmt.Errorf("read conntrack: %w", err)
+	if in.tables, err = d.cloneCtTables(); err != nil {
+		in.close()
+		return Counters{}, countersInput{}, fmt.Errorf("read conntrack: %w", err)
 	}
-	return c, recs, tables, nil
+	return c, in, nil
 }
 
 // readStats reads every named counter of tlb_stats.

@@ -15,11 +15,14 @@ import (
 // entry of both tables) do it without the Datapath's lock, so a map
 // write made while one runs over a large table is not held up until the
 // walk ends: Counters (the live flows' counts), Programmed (the same, per
-// backend), and a change that releases a backend (its live flows' final
-// counts, settleFinal). Writes are made at spread-out moments of
-// back-to-back walks of 250,000 flows; with a walk under the lock, a
-// write waits for the rest of the walk it lands in (half of one on
-// average, nearly all of one at worst).
+// backend), and the walk a change that releases a backend queues (its
+// flows marked stale and their final counts, flushStale). Writes are
+// made at spread-out moments of back-to-back walks of 250,000 flows;
+// with a walk under the lock, a write waits for the rest of the walk it
+// lands in (half of one on average, nearly all of one at worst). The
+// release row also checks that the releasing change itself does not
+// walk (issue 38: it did, after its write, so its caller waited for
+// the walk).
 func TestScrapeDoesNotBlockWrites(t *testing.T) {
 	requirePrivileges(t)
 	const flows = 250_000
@@ -57,13 +60,16 @@ func TestScrapeDoesNotBlockWrites(t *testing.T) {
 				}
 			}},
 		// The flows' backend leaves and comes back (a new generation:
-		// the flows stay the released one's), and every release walks.
+		// the flows stay the released one's), and every release queues
+		// a walk, run here at once.
 		{name: "release", walk: func(d *Datapath) error {
 			if _, err := d.SetBackends(fe, []Backend{b}); err != nil {
 				return err
 			}
-			_, err := d.SetBackends(fe, []Backend{a, b})
-			return err
+			if _, err := d.SetBackends(fe, []Backend{a, b}); err != nil {
+				return err
+			}
+			return d.flushStale()
 		}, counted: func(t *testing.T, d *Datapath) {
 			if got := flowsOf(t, d); got < flows {
 				t.Fatalf("the frontend counts %d flows after its backend's release, want at least %d: the release did not count its live flows", got, flows)
@@ -97,6 +103,26 @@ func TestScrapeDoesNotBlockWrites(t *testing.T) {
 			}
 			alone := time.Since(start)
 			row.counted(t, d)
+			if row.name == "release" {
+				// The changes alone, the walk they queue left to the
+				// timer: each must take a small part of a walk that
+				// only reads (Counters'; a first marking walk, alone,
+				// writes every entry and is far longer).
+				s := time.Now()
+				if _, err := d.Counters(); err != nil {
+					t.Fatal(err)
+				}
+				read := time.Since(s)
+				for i := range 5 {
+					s := time.Now()
+					if _, err := d.SetBackends(fe, [][]Backend{{b}, {a, b}}[i%2]); err != nil {
+						t.Fatal(err)
+					}
+					if took := time.Since(s); took > read/4 {
+						t.Fatalf("a change releasing a backend took %v, over a quarter of a walk (%v): it walked conntrack before returning", took, read)
+					}
+				}
+			}
 			typical, worst := writesDuringWalks(t, d, alone, func() error { return row.walk(d) })
 			t.Logf("%s over %d flows: %v alone, median %v during the writes; writes: worst %v", row.name, flows, alone, typical, worst)
 			if worst > typical/2 {

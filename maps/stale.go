@@ -160,9 +160,10 @@ type staleQueue struct {
 }
 
 // queueStale schedules the walk that marks the flows of released (id ->
-// new generation) stale, within staleDelay.
+// new generation) stale and counts the live flows of d.finals, within
+// staleDelay. Under d.mu.
 func (d *Datapath) queueStale(released map[uint32]uint32) {
-	if len(released) == 0 {
+	if len(released) == 0 && len(d.finals) == 0 {
 		return
 	}
 	q := &d.staleQ
@@ -183,10 +184,14 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 	}
 }
 
-// flushStale marks the flows of the queued ids stale now, and waits for
-// a walk already under way (the timer's). It walks copies of the
-// conntrack tables' handles without holding the Datapath's lock, so
-// changes go on meanwhile.
+// flushStale runs now the one walk of conntrack that the changes since
+// the last one left to do, and waits for a walk already under way (the
+// timer's): it marks the flows of the queued ids stale, and counts the
+// live flows of the members released since (finals) into their
+// frontends' released totals. It walks copies of the conntrack tables'
+// handles without holding the Datapath's lock, so changes and scrapes go
+// on meanwhile; only the totals are added under it. A change never waits
+// for a walk (issue 38): the writer queues, this walks.
 func (d *Datapath) flushStale() error {
 	q := &d.staleQ
 	q.walking.Lock()
@@ -199,13 +204,19 @@ func (d *Datapath) flushStale() error {
 		q.timer = nil
 	}
 	q.mu.Unlock()
-	if len(released) == 0 {
-		return nil
-	}
 	d.mu.Lock()
 	if d.closed() {
 		d.mu.Unlock()
+		if len(released) == 0 {
+			return nil
+		}
 		return ErrClosed
+	}
+	finals := d.finals
+	d.finals = nil
+	if len(released) == 0 && len(finals) == 0 {
+		d.mu.Unlock()
+		return nil
 	}
 	tables, err := d.cloneCtTables()
 	d.mu.Unlock()
@@ -213,28 +224,43 @@ func (d *Datapath) flushStale() error {
 		return fmt.Errorf("mark stale flows: %w", err)
 	}
 	defer tables.close()
+	want := make(map[idGen]bool, len(finals))
+	for _, fc := range finals {
+		want[fc.ig] = true
+	}
+	flows := make(map[idGen]Traffic, len(finals))
 	n, err := tables.markStale(func(ig idGen) bool {
 		gen, ok := released[ig.id]
 		return ok && gen != ig.gen
+	}, func(ig idGen, tr Traffic) {
+		if want[ig] {
+			flows[ig] = flows[ig].plus(tr)
+		}
 	})
-	d.log.Log(context.Background(), levelTrace, "marked flows of released backend ids stale", "ids", len(released), "flows", n)
-	return err
+	d.log.Log(context.Background(), levelTrace, "marked flows of released backend ids stale", "ids", len(released), "flows", n, "finals", len(finals))
+	if err != nil {
+		// The finals stay at what Counters last reported for them.
+		return err
+	}
+	d.settleFinal(finals, flows)
+	return nil
 }
 
 // markStale marks stale (CT_F_STALE, expired) every forward entry of
 // both families whose id and generation stale names, and returns how
-// many it marked.
-func (fs ctFamilies) markStale(stale func(idGen) bool) (int, error) {
+// many it marked. It gives every forward entry's counts to seen (nil:
+// none), as read before any mark.
+func (fs ctFamilies) markStale(stale func(idGen) bool, seen func(idGen, Traffic)) (int, error) {
 	n := 0
 	for _, m := range fs.v4 {
-		got, err := markStaleIn[tcCtKey](m, func(v *tcCtValue) *tcCtValue { return v }, stale)
+		got, err := markStaleIn[tcCtKey](m, func(v *tcCtValue) *tcCtValue { return v }, stale, seen)
 		n += got
 		if err != nil {
 			return n, err
 		}
 	}
 	for _, m := range fs.v6 {
-		got, err := markStaleIn[tcCt6Key](m, func(v *tcCt6Value) *tcCtValue { return &v.Ct }, stale)
+		got, err := markStaleIn[tcCt6Key](m, func(v *tcCt6Value) *tcCtValue { return &v.Ct }, stale, seen)
 		n += got
 		if err != nil {
 			return n, err
@@ -248,12 +274,16 @@ func (fs ctFamilies) markStale(stale func(idGen) bool) (int, error) {
 // is rewritten, and left alone when it changed (moved, closed, or a new
 // flow under the same tuple); the datapath writes fields in place, so an
 // increment racing the rewrite is lost.
-func markStaleIn[K, V any](m *ebpf.Map, ct func(*V) *tcCtValue, stale func(idGen) bool) (int, error) {
+func markStaleIn[K, V any](m *ebpf.Map, ct func(*V) *tcCtValue, stale func(idGen) bool, seen func(idGen, Traffic)) (int, error) {
 	flag := uint8(tcCtFlagCT_F_STALE)
 	n := 0
 	err := walkTable(m, func(k K, v V) error {
 		was := ct(&v)
-		if tcCtDir(was.Dir) != tcCtDirCT_FORWARD || was.Flags&flag != 0 || !stale(idGen{was.BackendId, was.BackendGen}) {
+		ig, tr, fwd := entryTraffic(*was)
+		if fwd && seen != nil {
+			seen(ig, tr)
+		}
+		if !fwd || was.Flags&flag != 0 || !stale(ig) {
 			return nil
 		}
 		var cur V
@@ -297,7 +327,7 @@ func markOutdated(tables ctFamilies, records *ebpf.Map) (int, error) {
 			gens[ig.id] = rec
 		}
 		return !rec.mixed && rec.gen != ig.gen
-	})
+	}, nil)
 }
 
 // sweptCounts keeps the counts of forward entries the sweep deleted, by
@@ -351,8 +381,9 @@ func (d *Datapath) beginFinal(s *service, m *member) finalCount {
 
 // queueFinal adds a released member's traffic to its frontend's released
 // total: at once what Counters reported for it (m.seen), so the total
-// never goes down, and the rest when settleFinal has walked conntrack for
-// its live flows. Under d.mu.
+// never goes down, and the rest when flushStale's walk has counted its
+// live flows. Under d.mu; the release that made it queued its id for
+// that walk (txn.finish).
 func (d *Datapath) queueFinal(fc finalCount) {
 	fc.s.released = fc.s.released.plus(fc.m.seen)
 	if fc.ok {
@@ -360,35 +391,11 @@ func (d *Datapath) queueFinal(fc finalCount) {
 	}
 }
 
-// settleFinal adds the live flows of the members released since the last
-// call to their frontends' released totals: one walk of copies of the
-// conntrack tables for all of them, without d.mu (a walk of a quarter
-// million flows takes most of a second; changes and scrapes go on
-// meanwhile), then their totals under it. Called after every change
-// (write) and after Load's adoption. A walk that fails leaves the members
-// at what Counters last reported for them.
-func (d *Datapath) settleFinal() {
-	d.mu.Lock()
-	finals := d.finals
-	d.finals = nil
-	if len(finals) == 0 || d.closed() {
-		d.mu.Unlock()
-		return
-	}
-	tables, err := d.cloneCtTables()
-	d.mu.Unlock()
-	if err != nil {
-		d.log.Error("counting the flows of released backends failed", "err", err)
-		return
-	}
-	want := make(map[idGen]bool, len(finals))
-	for _, fc := range finals {
-		want[fc.ig] = true
-	}
-	flows, err := tables.traffic(func(ig idGen) bool { return want[ig] })
-	tables.close()
-	if err != nil {
-		d.log.Error("counting the flows of released backends failed", "err", err)
+// settleFinal adds the live flows of finals, counted by flushStale's
+// walk (flows, by id and generation), to their frontends' released
+// totals, under d.mu.
+func (d *Datapath) settleFinal(finals []finalCount, flows map[idGen]Traffic) {
+	if len(finals) == 0 {
 		return
 	}
 	d.mu.Lock()

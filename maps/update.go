@@ -100,7 +100,6 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 // transaction's writes (the retries' included) and f's error; ErrClosed
 // and no write after Close.
 func (d *Datapath) write(f func(t *txn) error) (int, error) {
-	defer d.settleFinal() // released backends' live flows, counted without the lock
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
