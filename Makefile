@@ -115,7 +115,9 @@ bench-datapath:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./maps/ -args -bench-datapath
 
 # 10,000 services, 100,000 endpoints, 2,000 single-endpoint changes through
-# the agent's run loop into a real datapath.
+# the agent's run loop into a real datapath, in three rows: an empty node,
+# 250,000 live conntrack entries, and those with a metrics scrape every
+# second. Exits non-zero when a goal is not met in any row.
 bench-agent:
 	$(GO) test -run '^$$' -bench BenchmarkAgentChurn -benchtime 1x ./agent/
 
