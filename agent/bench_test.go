@@ -252,6 +252,10 @@ func churn(b *testing.B, row churnRow) []string {
 	writes := float64(writesOf(a)-writesBefore) / float64(*churnChanges)
 	cancel()
 	<-done
+	// Let the walk of conntrack the last changes queued end (staleDelay,
+	// staleGap and a walk of the table): its buffers are transient, and
+	// RSS is what the agent holds at rest.
+	time.Sleep(time.Second)
 
 	// Return freed heap to the OS, as a long-running agent's scavenger
 	// does, so RSS counts what the agent holds, not garbage of the load.
@@ -274,7 +278,7 @@ func churn(b *testing.B, row churnRow) []string {
 	}
 	var ms0 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
-	b.Logf("heap in use %.1f MiB", float64(ms0.HeapInuse)/(1<<20))
+	b.Logf("row %s: heap in use %.1f MiB", row.name, float64(ms0.HeapInuse)/(1<<20))
 	// The agent (and the generator's copies of the slices, shared with it)
 	// must still be live when RSS is read.
 	runtime.KeepAlive(a)

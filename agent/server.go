@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -165,12 +166,19 @@ func (a *Agent) readDatapath(st *DebugState) {
 }
 
 // BackendZones maps the address of every endpoint of every Service to its
-// zone.
+// zone. A metrics scrape calls it: the lock is held only to copy the
+// lists of slices (the State replaces a Service's list, and the slices
+// themselves, rather than change them), and the map of 100,000 addresses
+// is built after, so that a sync never waits for it (issue 38).
 func (a *Agent) BackendZones() map[string]string {
 	a.mu.RLock()
-	defer a.mu.RUnlock()
-	out := map[string]string{}
+	lists := make([][]*discovery.EndpointSlice, 0, len(a.state.Slices))
 	for _, list := range a.state.Slices {
+		lists = append(lists, list)
+	}
+	a.mu.RUnlock()
+	out := map[string]string{}
+	for _, list := range lists {
 		for _, es := range list {
 			for _, e := range es.Endpoints {
 				if len(e.Addresses) > 0 && e.Zone != nil {

@@ -146,6 +146,16 @@ func (fs ctFamilies) traffic(want func(idGen) bool) (map[idGen]Traffic, error) {
 // (TestRemovedBackendDrainsWithinASecond).
 const staleDelay = 50 * time.Millisecond
 
+// staleGap is the least time from the end of one walk to the start of
+// the next, or the last walk's own length if longer: under a steady
+// stream of releases (a rollout) the walks, each most of a core for a
+// fraction of a second at a quarter-million entries, would otherwise
+// follow one another back to back and take a core from the agent's syncs
+// (issue 38); so they take half of one at most. A released backend's
+// flows are still marked within a walk, a gap and a walk: within the
+// second at a quarter-million entries.
+const staleGap = 200 * time.Millisecond
+
 // staleQueue holds the ids released since the last walk, each with its
 // newest generation: an entry with any other is no longer honoured (an
 // id released twice before the walk marks both older generations).
@@ -157,6 +167,10 @@ type staleQueue struct {
 	// its walk, so that a flush returns only once every id queued before
 	// it is marked, also those the timer's flush took just before.
 	walking sync.Mutex
+	// lastEnd is when the last walk ended, lastTook how long it took
+	// (staleGap), under mu.
+	lastEnd  time.Time
+	lastTook time.Duration
 }
 
 // queueStale schedules the walk that marks the flows of released (id ->
@@ -176,7 +190,11 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 		q.pending[id] = gen
 	}
 	if q.timer == nil {
-		q.timer = time.AfterFunc(staleDelay, func() {
+		delay := staleDelay
+		if since, gap := time.Since(q.lastEnd), max(staleGap, q.lastTook); since < gap {
+			delay = max(delay, gap-since)
+		}
+		q.timer = time.AfterFunc(delay, func() {
 			if err := d.flushStale(); err != nil && !errors.Is(err, ErrClosed) {
 				d.log.Error("marking the flows of released backends stale failed; the sweep marks them", "err", err)
 			}
@@ -191,7 +209,10 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 // frontends' released totals. It walks copies of the conntrack tables'
 // handles without holding the Datapath's lock, so changes and scrapes go
 // on meanwhile; only the totals are added under it. A change never waits
-// for a walk (issue 38): the writer queues, this walks.
+// for a walk (issue 38): the writer queues, this walks. (Not at a lower
+// CPU priority: a thread of nice 19 that runs Go code holds one of the
+// runtime's Ps, and a garbage collection's stop-the-world then waits for
+// it; measured, a change's worst case went from 37 ms to 441 ms.)
 func (d *Datapath) flushStale() error {
 	q := &d.staleQ
 	q.walking.Lock()
@@ -224,6 +245,7 @@ func (d *Datapath) flushStale() error {
 		return fmt.Errorf("mark stale flows: %w", err)
 	}
 	defer tables.close()
+	start := time.Now()
 	want := make(map[idGen]bool, len(finals))
 	for _, fc := range finals {
 		want[fc.ig] = true
@@ -237,6 +259,10 @@ func (d *Datapath) flushStale() error {
 			flows[ig] = flows[ig].plus(tr)
 		}
 	})
+	q.mu.Lock()
+	q.lastEnd = time.Now()
+	q.lastTook = q.lastEnd.Sub(start)
+	q.mu.Unlock()
 	d.log.Log(context.Background(), levelTrace, "marked flows of released backend ids stale", "ids", len(released), "flows", n, "finals", len(finals))
 	if err != nil {
 		// The finals stay at what Counters last reported for them.
