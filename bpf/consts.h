@@ -28,6 +28,14 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/* How far from the sequence number a direction of a TCP flow has reached
+ * (ct_value.tcp_next) one of its segments may start, either way, and
+ * still count (conntrack.h, ct_tcp_in_window): 256 KiB, data lost on the
+ * way here or retransmitted, and a reset answering the peer's
+ * acknowledgement of data in flight. A blind sender of a random sequence
+ * number is inside with probability 2^-13. */
+#define CT_TCP_WINDOW (1U << 18)
+
 /* Default map sizes; the loader overrides max_entries from Options.
  * WEIGHTED_SLOTS is the minimum table size of a frontend whose active
  * backends have unequal weights (see maps/table.go). STAT_SLOTS is the
@@ -120,7 +128,8 @@ enum stat_reason {
 	/* 40..44: other branches of issue 21 (renumbered on merge). */
 	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
-	STAT_MAX = 42,
+	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
+	STAT_MAX = 43,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

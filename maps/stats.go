@@ -148,6 +148,10 @@ const (
 	// StatFragFollowed: later fragments translated as their datagram's
 	// first was.
 	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
+	// StatConntrackTCPIgnored: TCP resets and FINs outside their flow's
+	// window, and SYNs to an established flow: translated, the flow's
+	// state left as it was (a blind reset from a spoofed source).
+	StatConntrackTCPIgnored = Stat(tcStatReasonSTAT_CT_TCP_IGNORED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -196,6 +200,7 @@ var statNames = map[Stat]string{
 	StatDropSourceRange:       "drop_source_range",
 	StatFragFirst:             "fragment_first",
 	StatFragFollowed:          "fragment_followed",
+	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
 }
 
 // String returns the counter's stable name.
