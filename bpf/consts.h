@@ -28,13 +28,6 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
-/* How far from the sequence number a direction of a TCP flow has reached
- * (ct_value.tcp_next) one of its segments may start, either way, and
- * still count (conntrack.h, ct_tcp_in_window): 256 KiB, data lost on the
- * way here or retransmitted, and a reset answering the peer's
- * acknowledgement of data in flight. A blind sender of a random sequence
- * number is inside with probability 2^-13. */
-#define CT_TCP_WINDOW (1U << 18)
 
 /* Default map sizes; the loader overrides max_entries from Options.
  * WEIGHTED_SLOTS is the minimum table size of a frontend whose active
@@ -75,6 +68,16 @@ enum ct_timeout {
 	 * datagram that late is rare, and a short life keeps a reused IP id
 	 * from meeting a stale tuple. */
 	FRAG_TIMEOUT = 10,
+};
+
+/* How far from the sequence number a direction of a TCP flow has reached
+ * (ct_value.tcp_next) one of its segments may start, either way, and
+ * still count (conntrack.h, ct_tcp_in_window): 256 KiB, data lost on the
+ * way here or retransmitted, and a reset answering the peer's
+ * acknowledgement of data in flight. A blind sender of a random sequence
+ * number is inside with probability 2^-13. */
+enum ct_tcp_limit {
+	CT_TCP_WINDOW = 262144,
 };
 
 /* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned

@@ -155,6 +155,12 @@ const (
 	tcCtStateCT_UDP             tcCtState = 4
 )
 
+type tcCtTcpLimit uint32
+
+const (
+	tcCtTcpLimitCT_TCP_WINDOW tcCtTcpLimit = 262144
+)
+
 type tcCtTimeout uint32
 
 const (
