@@ -93,7 +93,7 @@ enum stat_reason {
 	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow replaced: deleted or overwritten (expired, stale, reopened, an expired SNAT port taken over) */
 	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
 	STAT_CT_STALE_BACKEND = 9,  /* packets whose backend is gone: re-balanced */
-	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow or a draining backend: new flow */
+	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow, or to an unanswered handshake's draining backend: new flow */
 	STAT_TCP_MIDFLOW_MISS = 11, /* TCP without SYN to a frontend, no flow: silently re-balanced */
 	STAT_AFFINITY_HIT = 12,     /* new flows sent to the client's remembered backend */
 	STAT_AFFINITY_NEW = 13,     /* new flows of affinity frontends that chose afresh */

@@ -35,7 +35,8 @@ const (
 	// released); re-balanced.
 	StatConntrackStaleBackend = Stat(tcStatReasonSTAT_CT_STALE_BACKEND)
 	// StatConntrackSYNReopen: SYNs reusing the tuple of a closing flow or
-	// of a flow pinned to a draining backend; balanced as new flows.
+	// of an unanswered handshake to a draining backend; balanced as new
+	// flows.
 	StatConntrackSYNReopen = Stat(tcStatReasonSTAT_CT_SYN_REOPEN)
 	// StatTCPMidflowMiss: TCP packets without SYN to a frontend that had
 	// no conntrack entry at all (evicted or swept): a connection silently
