@@ -422,6 +422,8 @@ func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
 	// Flows that hash to a (slot 0 of 2) and, once a is gone, to b.
 	src1 := srcFor(t, client+"5", f, 0, 2, 20000)
 	src2 := srcFor(t, client+"6", f, 0, 2, 20000)
+	src3 := srcFor(t, client+"8", f, 0, 2, 20000)
+	syn3 := tcpFrame(src3, vipTCP, tcpSYN, "")
 	usrc := srcFor(t, client+"7", u, 0, 2, 20000)
 	syn1, ack1 := tcpFrame(src1, vipTCP, tcpSYN, ""), tcpFrame(src1, vipTCP, tcpACK, "more")
 	synAck1 := tcpFrame(a.Addr.String(), src1, tcpSYN|tcpACK, "")
@@ -454,19 +456,23 @@ func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n != 2 {
-			t.Errorf("markOutdated marked %d flows, want 2 (the TCP flows moved to b)", n)
+		if n != 3 {
+			t.Errorf("markOutdated marked %d flows, want 3 (the TCP flows moved to b)", n)
 		}
 	}
 	rows := []pktCase{
 		{name: "tcp_flow_to_a", hook: hookTC, in: syn1, out: ptr(syn1.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
 		{name: "tcp_reply_from_a", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "second_tcp_flow_to_a", hook: hookTC, in: syn2, out: ptr(syn2.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+		{name: "unanswered_tcp_flow_to_a", hook: hookTC, in: syn3, out: ptr(syn3.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
 		{name: "udp_flow_to_a", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u, newFlow: true, stats: newFlowStats(nil)},
 		{name: "draining_keeps_established_tcp", before: drainA, hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", a.Addr.String())), fwd: f,
 			stats: stats{StatConntrackPromoted: 1}},
 		{name: "draining_keeps_udp", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u},
 		{name: "draining_answers_are_translated", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		// A handshake nobody answered moves off a draining backend.
+		{name: "unanswered_syn_to_a_draining_backend_moves", hook: hookTC, in: syn3, out: ptr(syn3.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
+			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 2})},
 		// A SYN does not reopen an established flow, draining backend
 		// or not (a spoofed one would reset it): it goes on to a, whose
 		// challenge ACK draws the client's in-window reset.
