@@ -24,14 +24,17 @@ const (
 )
 
 type frame struct {
-	src, dst  netip.AddrPort
-	proto     uint8
-	tcpFlags  uint8
-	payload   []byte
-	ipOptions []byte // multiple of 4 bytes
-	fragOff   uint16 // in 8-byte units
-	moreFrags bool
-	ipID      uint16 // 0: 0x1234
+	src, dst netip.AddrPort
+	proto    uint8
+	tcpFlags uint8
+	// tcpSeq, tcpAck: the TCP sequence and acknowledgement numbers; 0
+	// stands for 1000 and 2000.
+	tcpSeq, tcpAck uint32
+	payload        []byte
+	ipOptions      []byte // multiple of 4 bytes
+	fragOff        uint16 // in 8-byte units
+	moreFrags      bool
+	ipID           uint16 // 0: 0x1234
 	// rawL4: payload is the whole IP payload, no L4 header built (a
 	// later fragment; fragmentsOf).
 	rawL4     bool
@@ -71,6 +74,13 @@ var (
 func tcpFrame(src, dst string, flags uint8, payload string) frame {
 	return frame{src: netip.MustParseAddrPort(src), dst: netip.MustParseAddrPort(dst),
 		proto: protoTCP, tcpFlags: flags, payload: []byte(payload)}
+}
+
+// withSeq is f with TCP sequence number seq and acknowledgement number
+// ack.
+func (f frame) withSeq(seq, ack uint32) frame {
+	f.tcpSeq, f.tcpAck = seq, ack
+	return f
 }
 
 func udpFrame(src, dst string, payload string) frame {
@@ -117,8 +127,15 @@ func (f frame) bytes() []byte {
 		l4 = make([]byte, 20, 20+len(f.payload))
 		binary.BigEndian.PutUint16(l4[0:], f.src.Port())
 		binary.BigEndian.PutUint16(l4[2:], f.dst.Port())
-		binary.BigEndian.PutUint32(l4[4:], 1000)
-		binary.BigEndian.PutUint32(l4[8:], 2000)
+		seq, ack := f.tcpSeq, f.tcpAck
+		if seq == 0 {
+			seq = 1000
+		}
+		if ack == 0 {
+			ack = 2000
+		}
+		binary.BigEndian.PutUint32(l4[4:], seq)
+		binary.BigEndian.PutUint32(l4[8:], ack)
 		l4[12] = 5 << 4
 		l4[13] = f.tcpFlags
 		binary.BigEndian.PutUint16(l4[14:], 65535)

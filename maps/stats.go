@@ -35,7 +35,8 @@ const (
 	// released); re-balanced.
 	StatConntrackStaleBackend = Stat(tcStatReasonSTAT_CT_STALE_BACKEND)
 	// StatConntrackSYNReopen: SYNs reusing the tuple of a closing flow or
-	// of a flow pinned to a draining backend; balanced as new flows.
+	// of an unanswered handshake to a draining backend; balanced as new
+	// flows.
 	StatConntrackSYNReopen = Stat(tcStatReasonSTAT_CT_SYN_REOPEN)
 	// StatTCPMidflowMiss: TCP packets without SYN to a frontend that had
 	// no conntrack entry at all (evicted or swept): a connection silently
@@ -148,6 +149,10 @@ const (
 	// StatFragFollowed: later fragments translated as their datagram's
 	// first was.
 	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
+	// StatConntrackTCPIgnored: TCP resets and FINs outside their flow's
+	// window, and SYNs to an established flow: translated, the flow's
+	// state left as it was (a blind reset from a spoofed source).
+	StatConntrackTCPIgnored = Stat(tcStatReasonSTAT_CT_TCP_IGNORED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -196,6 +201,7 @@ var statNames = map[Stat]string{
 	StatDropSourceRange:       "drop_source_range",
 	StatFragFirst:             "fragment_first",
 	StatFragFollowed:          "fragment_followed",
+	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
 }
 
 // String returns the counter's stable name.

@@ -155,6 +155,12 @@ const (
 	tcCtStateCT_UDP             tcCtState = 4
 )
 
+type tcCtTcpLimit uint32
+
+const (
+	tcCtTcpLimitCT_TCP_WINDOW tcCtTcpLimit = 262144
+)
+
 type tcCtTimeout uint32
 
 const (
@@ -184,7 +190,7 @@ type tcCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -380,7 +386,8 @@ const (
 	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
 	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 40
 	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
-	tcStatReasonSTAT_MAX                  tcStatReason = 42
+	tcStatReasonSTAT_CT_TCP_IGNORED       tcStatReason = 42
+	tcStatReasonSTAT_MAX                  tcStatReason = 43
 )
 
 type tcSvcFlag uint32

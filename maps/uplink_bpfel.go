@@ -134,7 +134,7 @@ type uplinkCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
