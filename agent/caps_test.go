@@ -91,6 +91,10 @@ func TestAgentRefusesServiceOverCaps(t *testing.T) {
 	if got := refused(topology.CapSourceRanges); got != 1 {
 		t.Errorf("topolb_services_refused{cap=source_ranges} = %v, want 1", got)
 	}
+	// explain --agent shows why (the agent's /debug/state).
+	if w := a.State().Report.Warnings; !slices.ContainsFunc(w, func(s string) bool { return strings.HasPrefix(s, "default/hostile: refused: 5 loadBalancerSourceRanges") }) {
+		t.Errorf("/debug/state warnings %q: none says why default/hostile is refused", w)
+	}
 
 	later := lbService("later", "10.96.0.2", "198.51.100.2", 1, 4)
 	step("later", nil, later)
