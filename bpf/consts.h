@@ -120,7 +120,7 @@ enum stat_reason {
 	/* 40..44: other branches of issue 21 (renumbered on merge). */
 	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
-	STAT_DROP_LOOPBACK = 42,      /* frames from a pod to the node's loopback (127.0.0.0/8, ::1): dropped (tc_lb.c) */
+	STAT_DROP_LOOPBACK = 42,      /* frames from a pod to or from a loopback address (127.0.0.0/8, ::1): dropped (tc_lb.c) */
 	STAT_MAX = 43,
 };
 

@@ -6,10 +6,11 @@ import (
 )
 
 // TestPodToLoopback: tc on a pod's veth drops, and counts, every frame
-// the pod addresses to a loopback address (127.0.0.0/8, ::1): a
+// the pod addresses to or from a loopback address (127.0.0.0/8, ::1): a
 // hand-built frame to a NodePort served on 127.0.0.1 is not translated
 // to its backend, nor does one to another port reach what listens on the
-// node's localhost. The node's other frontends are served as before, and
+// node's localhost, nor one from 127.0.0.1 pose as the node's own
+// processes. The node's other frontends are served as before, and
 // the uplinks' hooks never see such traffic (their scope has no loopback
 // frontend; the kernel drops a martian from the wire).
 func TestPodToLoopback(t *testing.T) {
@@ -30,6 +31,10 @@ func TestPodToLoopback(t *testing.T) {
 			want: drop, stats: loop},
 		{name: "syn_to_ipv6_loopback", hook: hookTC, in: tcpFrame(pod6, "[::1]:22", tcpSYN, ""), want: drop, stats: loop},
 		{name: "udp_to_ipv6_loopback", hook: hookTC, in: udpFrame(pod6, "[::1]:53", "q"), want: drop, stats: loop},
+		// A loopback source poses as the node's own processes.
+		{name: "syn_from_127.0.0.1_to_a_frontend", hook: hookTC, in: tcpFrame("127.0.0.1:40000", vipTCP, tcpSYN, ""), want: drop, stats: loop},
+		{name: "udp_from_127.0.0.1_to_the_node", hook: hookTC, in: udpFrame("127.0.0.1:40000", "10.0.0.1:53", "q"), want: drop, stats: loop},
+		{name: "syn_from_ipv6_loopback", hook: hookTC, in: tcpFrame("[::1]:40000", tcFamilies[1].addrs.vipTCP, tcpSYN, ""), want: drop, stats: loop},
 		// Neighbours of the loopback ranges are addresses like any.
 		{name: "syn_to_128.0.0.1_not_ours", hook: hookTC, in: tcpFrame(client, "128.0.0.1:22", tcpSYN, ""), want: pass},
 		{name: "syn_to_ipv6_::2_not_ours", hook: hookTC, in: tcpFrame(pod6, "[::2]:22", tcpSYN, ""), want: pass},

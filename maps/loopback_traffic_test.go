@@ -15,9 +15,10 @@ import (
 
 // TestPodToLoopbackTraffic: a pod that builds its own frames (a packet
 // socket) to the node's 127.0.0.1 does not reach a service listening
-// there, even where the node lets loopback destinations in from its
-// interfaces (route_localnet, as kube-proxy sets it): tc on the pod's
-// veth drops the frame and counts it. The same frame to the node's own
+// there, nor one from 127.0.0.1 a service on the node's address, even
+// where the node lets loopback addresses in from its interfaces
+// (route_localnet, as kube-proxy sets it): tc on the pod's veth drops
+// the frames and counts them. The same frame to the node's own
 // address on the veth arrives, so the frames are delivered at all.
 func TestPodToLoopbackTraffic(t *testing.T) {
 	requirePrivileges(t)
@@ -42,9 +43,9 @@ func TestPodToLoopbackTraffic(t *testing.T) {
 	must(t, err)
 	podMAC, err := p.HardwareAddr("eth0")
 	must(t, err)
-	send := func(dst string) {
+	send := func(src, dst string) {
 		t.Helper()
-		f := udpFrame("10.1.0.2:40000", dst, "from the pod")
+		f := udpFrame(src, dst, "from the pod")
 		copy(f.srcMAC[:], podMAC)
 		copy(f.dstMAC[:], hostMAC)
 		must(t, p.Do(func() error { return sendFrame("eth0", f.bytes()) }))
@@ -63,18 +64,22 @@ func TestPodToLoopbackTraffic(t *testing.T) {
 
 	before, err := d.Counters()
 	must(t, err)
-	send("127.0.0.1:9999")
-	send("10.1.0.1:9998")
+	send("10.1.0.2:40000", "127.0.0.1:9999")
+	send("127.0.0.1:40000", "10.1.0.1:9998")
 	if received(local) {
 		t.Error("a pod's frame to 127.0.0.1 reached the node's localhost listener")
 	}
+	if received(control) {
+		t.Error("a pod's frame from 127.0.0.1 reached the node's listener")
+	}
+	send("10.1.0.2:40000", "10.1.0.1:9998")
 	if !received(control) {
 		t.Fatal("the pod's frame to the node's address on its veth did not arrive: the test sends nothing")
 	}
 	after, err := d.Counters()
 	must(t, err)
-	if got := after.Stats[StatDropLoopback] - before.Stats[StatDropLoopback]; got != 1 {
-		t.Errorf("drop_loopback delta = %d, want 1", got)
+	if got := after.Stats[StatDropLoopback] - before.Stats[StatDropLoopback]; got != 2 {
+		t.Errorf("drop_loopback delta = %d, want 2", got)
 	}
 }
 

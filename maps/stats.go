@@ -148,9 +148,10 @@ const (
 	// StatFragFollowed: later fragments translated as their datagram's
 	// first was.
 	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
-	// StatDropLoopback: frames from a pod addressed to the node's
-	// loopback (127.0.0.0/8, ::1), dropped on the pod's veth: no pod
-	// reaches a node's localhost service, nor a NodePort on 127.0.0.1.
+	// StatDropLoopback: frames from a pod addressed to or from a
+	// loopback address (127.0.0.0/8, ::1), dropped on the pod's veth: no
+	// pod reaches a node's localhost service, nor a NodePort on
+	// 127.0.0.1, nor poses as a localhost client.
 	StatDropLoopback = Stat(tcStatReasonSTAT_DROP_LOOPBACK)
 
 	numStats = int(tcStatReasonSTAT_MAX)
