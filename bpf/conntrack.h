@@ -330,6 +330,18 @@ static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
 	return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 }
 
+/* ct_src_has reports whether ct_src_take would take a new flow of src
+ * at now, without taking it (frag.h asks before the core takes). */
+static __always_inline int ct_src_has(int fam, const void *src, __u64 now)
+{
+	struct ct_src *b;
+
+	if (!cfg_ct_src_interval)
+		return 1;
+	b = ct_src_budget(fam, src);
+	return !b || gcra_has(b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+}
+
 /* ct_src_give gives the client of the flow pkt matched as ct back the
  * share of a flow that got promoted: a client whose handshakes complete
  * never runs out. */

@@ -2,12 +2,13 @@
 /* IPv4 fragments of datagrams to and from Services. Only a datagram's
  * first fragment carries its ports; the later ones carry the IP header
  * and payload. The first fragment is balanced like any packet (lb.h),
- * and, when the datagram is ours (to a frontend, or of a flow conntrack
- * knows), its ports are remembered in tlb_frags under the datagram's
- * reassembly key as it arrived (source, destination, IP id, protocol:
- * RFC 791). A later fragment takes the ports from there,
- * finds its first's conntrack entry and gets the same translation, of
- * its IP header only (NAT_F_L3, nat.h); it creates and changes no state.
+ * and, when the datagram is ours (of a flow conntrack knows, or a new
+ * flow to a frontend that the core will accept), its ports are
+ * remembered in tlb_frags under the datagram's reassembly key as it
+ * arrived (source, destination, IP id, protocol: RFC 791). A later
+ * fragment takes the ports from there, finds its first's conntrack entry
+ * and gets the same translation, of its IP header only (NAT_F_L3,
+ * nat.h); it creates and changes no state.
  *
  * Order: the entry stays until FRAG_TIMEOUT or the LRU takes it, not
  * until the last fragment (the one without MF may arrive before the
@@ -18,6 +19,13 @@
  * its datagram never reaches the backend whole (the receiver's
  * reassembly times out, as for a lost fragment). Datagrams not ours take
  * no entry.
+ *
+ * Check first, remember after: a first fragment of a new flow takes an
+ * entry only when it passes what the core checks before it creates a
+ * flow and can tell without the frame (frag_accepts_new): a frontend
+ * with backends, the source ranges, the per-source budget. A source
+ * outside the ranges or over its budget can neither fill tlb_frags
+ * (evicting others' datagrams) nor have later fragments translated.
  *
  * The hooks into the packet path: parse.h returns later fragments as
  * PARSE_FRAGMENT, lb_classify calls frag_remember before balancing a
@@ -37,11 +45,13 @@
 #include "addr.h"
 #include "compat.h"
 #include "consts.h"
+#include "conntrack.h"
 #include "ct.h"
 #include "maps.h"
 #include "nat.h"
 #include "node.h"
 #include "parse.h"
+#include "srcrange.h"
 #include "stats.h"
 #include "structs.h"
 
@@ -55,23 +65,51 @@ static __always_inline void frag_key_of(const struct iphdr *ip, const struct pac
 	key->proto = pkt->proto;
 }
 
-/* frag_ours reports whether a datagram with the tuple key is one the
- * datapath translates: to a frontend of this hook's scope (svc, filled
- * here), or of a flow conntrack knows (a reply, an established flow). */
-static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *svc)
+/* frag_accepts_new reports whether the core would accept a new flow
+ * from saddr to frontend svc, as far as it can tell without taking
+ * anything: the frontend has an active backend (an empty one drops or
+ * rejects), the source is inside its source ranges (srcrange.h), and
+ * the source's budget of new flows is not spent (conntrack.h). range is
+ * scratch for the source-range key. Counts nothing: the core counts the
+ * refusals when it drops the fragment. */
+static __always_inline int frag_accepts_new(const struct svc_value *svc, __be32 saddr, struct src_range_key *range)
 {
+	if (svc->count == 0)
+		return 0;
+	range->prefixlen = SRC_RANGE_HOST_LEN;
+	range->svc_id = bpf_htonl(svc->id);
+	range->addr = addr_from4(saddr);
+	if (!src_range_holds(svc, range))
+		return 0;
+	return ct_src_has(PKT_IPV4, &saddr, compat_now());
+}
+
+/* frag_ours reports whether a datagram with the tuple key is one the
+ * datapath translates: of a flow conntrack knows (a reply, an
+ * established flow), or to a frontend of this hook's scope (svc, filled
+ * here) that accepts it as a new flow (frag_accepts_new). */
+static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *svc, struct src_range_key *range)
+{
+	const struct svc_value *v;
+
+	if (ct_find(key))
+		return 1;
 	svc->vip = addr_from4(key->daddr);
 	svc->port = key->dport;
 	svc->proto = key->proto;
 	svc->scope = cfg_scope;
-	return bpf_map_lookup_elem(&tlb_services, svc) || ct_find(key);
+	v = bpf_map_lookup_elem(&tlb_services, svc);
+	return v && frag_accepts_new(v, key->saddr, range);
 }
 
 /* frag_remember_first records the ports of a datagram's first fragment
  * (its frag_off has MF; the caller passes nothing else) for the later
  * ones, when the datagram is ours (frag_ours). Called before the core
  * balances the fragment, which then creates the flow the later ones
- * follow. A reused IP id overwrites an older datagram's entry; losing the
+ * follow; frag_ours asks first what the core will ask. A refusal it
+ * cannot foresee (the frame checks, conntrack full) leaves an entry that
+ * translates nothing: the later fragments find no flow and pass. A
+ * reused IP id overwrites an older datagram's entry; losing the
  * entry to the LRU only loses the later fragments' translation.
  *
  * A global function, verified once on its own: inlined, or called after
@@ -88,6 +126,7 @@ __noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 
 		struct {
 			struct ct_key key;
 			struct svc_key svc;
+			struct src_range_key range;
 		} find;
 		struct {
 			struct frag_key key;
@@ -103,7 +142,7 @@ __noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 
 	u.find.key.sport = ports & 0xffff;
 	u.find.key.dport = ports >> 16;
 	u.find.key.proto = proto;
-	if (!frag_ours(&u.find.key, &u.find.svc))
+	if (!frag_ours(&u.find.key, &u.find.svc, &u.find.range))
 		return 0;
 	/* The entry is built over the lookup's keys: the addresses stay
 	 * where they are (frag_key puts them where ct_key does), the ports

@@ -164,3 +164,52 @@ func TestFragmentsOf(t *testing.T) {
 		t.Error("fragments do not add up to the datagram")
 	}
 }
+
+// TestFragmentsRefusedTakeNoEntry: a first fragment the core drops (from
+// outside the frontend's source ranges, or over its source's budget of
+// new flows) takes no tlb_frags entry, so a refused sender can neither
+// fill the table nor have later fragments translated; the check comes
+// first, the entry after (frag.h).
+func TestFragmentsRefusedTakeNoEntry(t *testing.T) {
+	noEntry := func(t *testing.T, d *Datapath) {
+		if n := countEntries[tcFragKey, tcFragValue](t, d.frags); n != 0 {
+			t.Errorf("%d entries in tlb_frags, want none", n)
+		}
+	}
+	t.Run("source_ranges", func(t *testing.T) {
+		d := setupTable(t)
+		f := fe("192.0.2.30:53", UDP)
+		mustSetService(t, d, f, Service{Backends: []Backend{be(beUDP)}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32")}})
+		dg := udpFrame(client3, f.Addr.String(), fragPayload(6))
+		dg.ipID = 0x8181
+		in := fragmentsOf(dg, fragSize)
+		runTable(t, d, []pktCase{
+			{name: "first_fragment_outside_the_ranges_dropped", hook: hookTC, in: in[0], want: drop,
+				stats: stats{StatDropSourceRange: 1}, after: noEntry},
+			{name: "later_fragment_passes_untranslated", hook: hookTC, in: in[1], want: pass, stats: stats{StatFragment: 1}},
+		})
+	})
+	t.Run("source_budget", func(t *testing.T) {
+		// One new flow a second per source, bursts of one: the
+		// second datagram's first fragment is over the budget.
+		d := newDatapath(t, Options{NewFlowsPerSource: 1})
+		f := fe(vipUDP, UDP)
+		mustSet(t, d, f, be(beUDP))
+		first := udpFrame(client, vipUDP, fragPayload(7))
+		first.ipID = 0x9191
+		over := udpFrame(client2, vipUDP, fragPayload(8))
+		over.ipID = 0x9292
+		in, out, overIn := fragmentsOf(first, fragSize), fragmentsOf(first.withAddrs("", beUDP), fragSize), fragmentsOf(over, fragSize)
+		runTable(t, d, []pktCase{
+			{name: "first_fragment_within_the_budget_translated", hook: hookTC, in: in[0], out: &out[0], fwd: f, newFlow: true,
+				stats: newFlowStats(stats{StatFragFirst: 1})},
+			{name: "first_fragment_over_the_budget_dropped", hook: hookTC, in: overIn[0], want: drop,
+				stats: stats{StatDropSourceLimit: 1}, after: func(t *testing.T, d *Datapath) {
+					if n := countEntries[tcFragKey, tcFragValue](t, d.frags); n != 1 {
+						t.Errorf("%d entries in tlb_frags, want the translated datagram's 1", n)
+					}
+				}},
+			{name: "its_later_fragment_passes_untranslated", hook: hookTC, in: overIn[1], want: pass, stats: stats{StatFragment: 1}},
+		})
+	})
+}

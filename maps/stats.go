@@ -153,6 +153,11 @@ const (
 	// window, and SYNs to an established flow: translated, the flow's
 	// state left as it was (a blind reset from a spoofed source).
 	StatConntrackTCPIgnored = Stat(tcStatReasonSTAT_CT_TCP_IGNORED)
+	// StatDropLoopback: frames from a pod addressed to or from a
+	// loopback address (127.0.0.0/8, ::1), dropped on the pod's veth: no
+	// pod reaches a node's localhost service, nor a NodePort on
+	// 127.0.0.1, nor poses as a localhost client.
+	StatDropLoopback = Stat(tcStatReasonSTAT_DROP_LOOPBACK)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -202,6 +207,7 @@ var statNames = map[Stat]string{
 	StatFragFirst:             "fragment_first",
 	StatFragFollowed:          "fragment_followed",
 	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
+	StatDropLoopback:          "drop_loopback",
 }
 
 // String returns the counter's stable name.

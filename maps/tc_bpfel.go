@@ -387,7 +387,8 @@ const (
 	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 40
 	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
 	tcStatReasonSTAT_CT_TCP_IGNORED       tcStatReason = 42
-	tcStatReasonSTAT_MAX                  tcStatReason = 43
+	tcStatReasonSTAT_DROP_LOOPBACK        tcStatReason = 43
+	tcStatReasonSTAT_MAX                  tcStatReason = 44
 )
 
 type tcSvcFlag uint32
