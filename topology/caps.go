@@ -29,9 +29,9 @@ type Caps struct {
 }
 
 // DefaultCaps are the caps topolb-agent (and explain) apply by default:
-// far above any Service written by hand (a Service with 256 ranges is
-// beyond every cloud's own limit), far below the tables' sizes (65,536
-// source-range slots, 65,536 frontends).
+// well above what a Service written by hand carries, far below the
+// tables' sizes (65,536 source-range slots, the services map's
+// --max-frontends).
 var DefaultCaps = Caps{SourceRanges: 256, Frontends: 1024}
 
 // CapName names a cap in refusals and in the agent's metric labels.
