@@ -225,15 +225,19 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 }
 
 /* lb6_classify is lb_classify for an IPv6 frame (ipv6.h): TCP and UDP go
- * to the core, ICMPv6 to icmp.h (LB_ICMP), everything else (fragments,
- * what the parser does not take) passes untouched. pkt and nat are the
+ * to the core (a first fragment's ports remembered first, frag.h), later
+ * fragments follow their first, ICMPv6 goes to icmp.h (LB_ICMP), what
+ * the parser does not take passes untouched. pkt and nat are the
  * family's. */
 static __always_inline int lb6_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
 					struct packet6 *pkt, struct nat6 *nat)
 {
 	switch (parse_ipv6(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
+		frag6_remember(ctx, pkt);
 		return lb_process(PKT_IPV6, ctx, iif, &pkt->p, &nat->n);
+	case PARSE_FRAGMENT:
+		return frag6_follow(data, data_end, pkt, 0, &nat->n);
 	case PARSE_ICMP:
 		return LB_ICMP;
 	default:

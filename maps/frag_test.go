@@ -23,19 +23,21 @@ func fragPayload(seed byte) string {
 	return string(b)
 }
 
-// fragRows are the fragments of a datagram from client to the frontend
-// vip of the hook's scope (served by backend be, on this node) and of
-// its reply, through hook h.
-func fragRows(h hook, vip, be string, f Frontend) []pktCase {
-	dg := udpFrame(client, vip, fragPayload(1))
+// fragRows are the fragments of a datagram from cl to the frontend vip
+// of the hook's scope (served by backend be, on this node) and of its
+// reply, through hook h, in the family of the addresses.
+func fragRows(h hook, cl, vip, be string, f Frontend) []pktCase {
+	dg := udpFrame(cl, vip, fragPayload(1))
 	dg.ipID = 0x4242
 	in, out := fragmentsOf(dg, fragSize), fragmentsOf(dg.withAddrs("", be), fragSize)
 	other := in[1]
 	other.ipID = 0x4243
-	reply := udpFrame(be, client, fragPayload(2))
+	reply := udpFrame(be, cl, fragPayload(2))
 	reply.ipID = 0x5151
 	rin, rout := fragmentsOf(reply, fragSize), fragmentsOf(reply.withAddrs(vip, ""), fragSize)
 	icmp := frame{src: dg.src, dst: dg.dst, proto: protoICMP, payload: []byte("big ping"), moreFrags: true}
+	// An IPv6 fragment is a fragment header and a slice of the datagram.
+	icmp.rawL4 = dg.is6()
 	return []pktCase{
 		// Before its first, a later fragment has no ports: it passes
 		// untranslated (and the datagram never reaches the backend
@@ -64,7 +66,23 @@ func fragRows(h hook, vip, be string, f Frontend) []pktCase {
 // through tc on a pod's veth.
 func TestFragmentsTC(t *testing.T) {
 	d := setupTable(t)
-	runTable(t, d, fragRows(hookTC, vipUDP, beUDP, fe(vipUDP, UDP)))
+	runTable(t, d, fragRows(hookTC, client, vipUDP, beUDP, fe(vipUDP, UDP)))
+}
+
+// TestFragmentsTC6 is TestFragmentsTC in IPv6: fragment headers with
+// 32-bit identifications, remembered in tlb_frags6; a datagram whose
+// identification differs from the first's in its high 16 bits only is
+// another datagram.
+func TestFragmentsTC6(t *testing.T) {
+	a := tcFamilies[1].addrs
+	d := setupTableFor(t, a)
+	dg := udpFrame(a.client, a.vipUDP, fragPayload(1))
+	dg.ipID = 0x4242
+	high := fragmentsOf(dg, fragSize)[2]
+	high.ipID6 = 0x10000 | 0x4242
+	rows := append(fragRows(hookTC, a.client, a.vipUDP, a.beUDP, fe(a.vipUDP, UDP)),
+		pktCase{name: "fragment_of_another_32_bit_id_passes", hook: hookTC, in: high, want: pass, stats: stats{StatFragment: 1}})
+	runTable(t, d, rows)
 }
 
 // TestFragmentsXDP runs them through XDP on an uplink, to an external
@@ -74,7 +92,21 @@ func TestFragmentsXDP(t *testing.T) {
 	const vip, be = "192.0.2.10:53", "10.1.1.4:5353"
 	f := Frontend{Addr: netip.MustParseAddrPort(vip), Proto: UDP, Scope: ScopeExternal}
 	mustSet(t, d, f, Backend{Addr: netip.MustParseAddrPort(be), NodeLocal: true})
-	runTable(t, d, fragRows(hookXDP, vip, be, f))
+	runTable(t, d, fragRows(hookXDP, client, vip, be, f))
+}
+
+// TestFragmentsXDP6 is TestFragmentsXDP in IPv6, on both uplink paths:
+// XDP (xdp_lb6) and tc alone (tc_uplink_lb).
+func TestFragmentsXDP6(t *testing.T) {
+	const cl, vip, be = "[2001:db8::7]:40000", "[2001:db8:100::10]:53", "[fd00:1:1::4]:5353"
+	f := Frontend{Addr: netip.MustParseAddrPort(vip), Proto: UDP, Scope: ScopeExternal}
+	for _, h := range []hook{hookXDP, hookUplinkTC} {
+		t.Run(string(h), func(t *testing.T) {
+			d := setupTable(t)
+			mustSet(t, d, f, Backend{Addr: netip.MustParseAddrPort(be), NodeLocal: true})
+			runTable(t, d, fragRows(h, cl, vip, be, f))
+		})
+	}
 }
 
 // TestFragmentsTCP: a TCP segment in fragments (a sender with DF off)

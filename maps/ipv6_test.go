@@ -103,8 +103,8 @@ var destOpts = v6Ext{v6DestOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0}}
 // with IPv6 frontends programmed: what is not a TCP or UDP packet to a
 // frontend is the kernel's on every hook, byte for byte and without a
 // counter: NDP, router advertisements, MLD (behind a hop-by-hop header),
-// echo, fragments, a chain of extension headers longer than the parser
-// walks. A SYN or a datagram to an IPv6 frontend passes tc egress, which
+// echo, a chain of extension headers longer than the parser walks
+// (fragments are frag_test.go's). A SYN or a datagram to an IPv6 frontend passes tc egress, which
 // does not translate it; XDP and tc on uplinks pass the datagram to the
 // internal frontend (the SYN to the external one is TestXDPNorthSouth6's
 // and TestTCUplinkNorthSouth6's); on pod veths
@@ -147,7 +147,6 @@ func TestIPv6PassesUntouched(t *testing.T) {
 		{"mld_report_behind_hop_by_hop", ipv6Frame(linkLocal, mldRouters, 1, []v6Ext{routerAlert}, v6ICMP,
 			icmp6(icmp6MLDv2Report, []byte{0, 0, 0, 0}))},
 		{"echo_request_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, v6ICMP, icmp6(icmp6EchoRequest, []byte{0, 1, 0, 1, 'p'}))},
-		{"first_fragment_to_ipv6_frontend", ipv6Frame(client, vip, 64, []v6Ext{fragmentHeader(0, true)}, protoUDP, udp6(41000, 53, "fragment-one"))},
 		{"no_next_header", ipv6Frame(client, vip, 64, nil, v6NoNext, nil)},
 		{"syn_behind_more_extension_headers_than_walked", ipv6Frame(client, vip, 64, tooLong, protoTCP, tcp6(41001, 80, tcpSYN))},
 	}
