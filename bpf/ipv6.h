@@ -41,7 +41,8 @@
  * destination options again is RFC 8200 4.1's longest sane chain), in at
  * most IP6_MAX_EXT_LEN bytes, so the L4 header starts within
  * L4_OFF_MASK like IPv4's (packet.h) and every L4 helper serves both
- * families. A longer chain passes untranslated: the kernel takes it. */
+ * families. A longer chain is never translated: addressed to a frontend
+ * it is dropped (lb6_chain_frontend, lb.h), else the kernel takes it. */
 #define IP6_MAX_EXT 4
 #define IP6_MAX_EXT_LEN 64
 /* An extension header's length field counts 8-byte units after the
@@ -135,9 +136,10 @@ static __always_inline __u32 ip6_walk(void *data, void *data_end, __u32 off, __u
  * follows the first or passes it), PARSE_ICMP for ICMPv6 (addresses and
  * l4_off set, ports 0: icmp.h translates errors about our flows and
  * passes the rest, NDP, router advertisements, MLD and echo, untouched),
- * PARSE_SKIP for everything else: other protocols, a fragment header
- * followed by another extension header, IPv4-mapped addresses, extension
- * chains longer than the walk, jumbograms, and what is malformed: the
+ * PARSE_CHAIN for an extension chain longer than the walk (lb.h drops
+ * it when it is addressed to a frontend), PARSE_SKIP for everything
+ * else: other protocols, a fragment header followed by another extension
+ * header, IPv4-mapped addresses, jumbograms, and what is malformed: the
  * kernel takes those, and drops what it must. The fragment header is
  * taken where the walk ends, followed by the L4 header, as Linux's
  * ip6_fragment builds it. */
@@ -157,8 +159,10 @@ static __always_inline int parse_ipv6(void *data, void *data_end, __u32 frame_le
 		return PARSE_SKIP;
 	next = ip->nexthdr;
 	off = ip6_walk(data, data_end, ETH_HLEN + IP6_HLEN, ETH_HLEN + IP6_HLEN + IP6_MAX_EXT_LEN, &next);
-	if (!off)
-		return PARSE_SKIP;
+	/* The walk stopped short of the chain's end, or at a header it
+	 * would have walked had it gone on. */
+	if (!off || next == IP6_NEXT_HOP_BY_HOP || next == IP6_NEXT_ROUTING || next == IP6_NEXT_DEST_OPTS)
+		return PARSE_CHAIN;
 	if (next == IP6_NEXT_FRAGMENT) {
 		const struct ip6_frag *fh = data + (off & L4_OFF_MASK);
 

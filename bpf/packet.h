@@ -31,6 +31,7 @@ enum parse_result {
 	PARSE_FRAGMENT = 2, /* a later fragment (no L4 header) or an ICMP one, of either family: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
 	PARSE_ICMP = 4,     /* ICMP, unfragmented, or ICMPv6: addresses and l4_off set, ports 0 */
+	PARSE_CHAIN = 5,    /* IPv6 whose extension chain is longer than the walk, or leaves the frame: nothing set (lb.h looks further for a frontend) */
 };
 
 /* packet.family. IPv4 is 0, so a zeroed packet (every hook starts from

@@ -18,7 +18,7 @@ const (
 	StatDropRewrite = Stat(tcStatReasonSTAT_DROP_REWRITE)
 	// StatReverseNAT: replies rewritten back to a service address.
 	StatReverseNAT = Stat(tcStatReasonSTAT_REVERSE_NAT)
-	// StatFragment: IPv4 fragments passed untranslated: not to a
+	// StatFragment: fragments passed untranslated (both families): not to a
 	// Service, or a later fragment without its datagram's first (arrived
 	// before it, or more than the timeout after).
 	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
@@ -148,6 +148,10 @@ const (
 	// StatFragFollowed: later fragments translated as their datagram's
 	// first was.
 	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
+	// StatDropUnparsed: packets to a frontend whose L4 header lies beyond
+	// what the parser walks (an IPv6 extension chain longer than it
+	// takes), dropped rather than passed on untranslated.
+	StatDropUnparsed = Stat(tcStatReasonSTAT_DROP_UNPARSED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -196,6 +200,7 @@ var statNames = map[Stat]string{
 	StatDropSourceRange:       "drop_source_range",
 	StatFragFirst:             "fragment_first",
 	StatFragFollowed:          "fragment_followed",
+	StatDropUnparsed:          "drop_unparsed",
 }
 
 // String returns the counter's stable name.

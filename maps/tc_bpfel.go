@@ -398,7 +398,8 @@ const (
 	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
 	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 40
 	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
-	tcStatReasonSTAT_MAX                  tcStatReason = 42
+	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 42
+	tcStatReasonSTAT_MAX                  tcStatReason = 43
 )
 
 type tcSvcFlag uint32
