@@ -110,39 +110,55 @@ func TestFragmentsXDP6(t *testing.T) {
 }
 
 // TestFragmentsTCP: a TCP segment in fragments (a sender with DF off)
-// follows the same way.
+// follows the same way, in both families.
 func TestFragmentsTCP(t *testing.T) {
-	d := setupTable(t)
-	f := fe(vipTCP, TCP)
-	seg := tcpFrame(client, vipTCP, tcpSYN, fragPayload(3))
-	seg.ipID = 0x6161
-	in, out := fragmentsOf(seg, fragSize), fragmentsOf(seg.withAddrs("", beTCP), fragSize)
-	runTable(t, d, []pktCase{
-		{name: "first_fragment_translated", hook: hookTC, in: in[0], out: &out[0], fwd: f, newFlow: true,
-			stats: newFlowStats(stats{StatFragFirst: 1})},
-		{name: "later_fragment_follows", hook: hookTC, in: in[1], out: &out[1], fwd: f, stats: stats{StatFragFollowed: 1}},
-	})
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			a := fam.addrs
+			d := setupTableFor(t, a)
+			f := fe(a.vipTCP, TCP)
+			seg := tcpFrame(a.client, a.vipTCP, tcpSYN, fragPayload(3))
+			seg.ipID = 0x6161
+			in, out := fragmentsOf(seg, fragSize), fragmentsOf(seg.withAddrs("", a.beTCP), fragSize)
+			runTable(t, d, []pktCase{
+				{name: "first_fragment_translated", hook: hookTC, in: in[0], out: &out[0], fwd: f, newFlow: true,
+					stats: newFlowStats(stats{StatFragFirst: 1})},
+				{name: "later_fragment_follows", hook: hookTC, in: in[1], out: &out[1], fwd: f, stats: stats{StatFragFollowed: 1}},
+			})
+		})
+	}
 }
 
 // TestFragmentTimeout: a first fragment's ports are forgotten after
 // FRAG_TIMEOUT; a later fragment then passes untranslated. The entry's
-// expiry is moved into the past, as time would.
+// expiry is moved into the past, as time would. In both families, each
+// over its own table.
 func TestFragmentTimeout(t *testing.T) {
-	d := setupTable(t)
-	f := fe(vipUDP, UDP)
-	dg := udpFrame(client, vipUDP, fragPayload(4))
+	for _, fam := range tcFamilies {
+		t.Run(fam.name, func(t *testing.T) { testFragmentTimeout(t, fam.addrs) })
+	}
+}
+
+func testFragmentTimeout(t *testing.T, a tcAddrs) {
+	d := setupTableFor(t, a)
+	f := fe(a.vipUDP, UDP)
+	dg := udpFrame(a.client, a.vipUDP, fragPayload(4))
 	dg.ipID = 0x7171
-	in, out := fragmentsOf(dg, fragSize), fragmentsOf(dg.withAddrs("", beUDP), fragSize)
+	in, out := fragmentsOf(dg, fragSize), fragmentsOf(dg.withAddrs("", a.beUDP), fragSize)
+	table := d.frags
+	if dg.is6() {
+		table = d.frags6
+	}
 	expire := func(t *testing.T, d *Datapath) {
 		var (
 			key, val []byte
 			n        int
 		)
-		iter := d.frags.Iterate()
+		iter := table.Iterate()
 		for iter.Next(&key, &val) {
 			// struct frag_value: sport, dport, pad, then expires.
 			binary.LittleEndian.PutUint64(val[8:], 1)
-			if err := d.frags.Update(key, val, ebpf.UpdateExist); err != nil {
+			if err := table.Update(key, val, ebpf.UpdateExist); err != nil {
 				t.Fatal(err)
 			}
 			n++
@@ -151,7 +167,7 @@ func TestFragmentTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n != 1 {
-			t.Fatalf("%d entries in tlb_frags, want the datagram's 1", n)
+			t.Fatalf("%d entries in the family's fragment table, want the datagram's 1", n)
 		}
 	}
 	runTable(t, d, []pktCase{
