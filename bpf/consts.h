@@ -88,7 +88,7 @@ enum stat_reason {
 	STAT_DROP_PARSE_ERROR = 2,  /* malformed IPv4/TCP/UDP header */
 	STAT_DROP_REWRITE = 3,      /* a tc rewrite helper failed (should not happen) */
 	STAT_REVERSE_NAT = 4,       /* replies rewritten back to the service address */
-	STAT_FRAGMENT = 5,          /* IPv4 fragments passed untranslated: not to a Service, or a later fragment without its first (frag.h) */
+	STAT_FRAGMENT = 5,          /* fragments passed untranslated (both families): not to a Service, or a later fragment without its first (frag.h) */
 	STAT_CT_CREATED = 6,        /* flows created (each is two conntrack entries) */
 	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow replaced: deleted or overwritten (expired, stale, reopened, an expired SNAT port taken over) */
 	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
@@ -133,7 +133,8 @@ enum stat_reason {
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
 	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
 	STAT_DROP_LOOPBACK = 43,      /* frames from a pod to or from a loopback address (127.0.0.0/8, ::1): dropped (tc_lb.c) */
-	STAT_MAX = 44,
+	STAT_DROP_UNPARSED = 44,      /* packets to a frontend whose L4 header lies beyond what the parser walks (an IPv6 extension chain longer than IP6_MAX_EXT headers or IP6_MAX_EXT_LEN bytes): dropped, never passed on untranslated (lb.h) */
+	STAT_MAX = 45,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

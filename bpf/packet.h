@@ -27,10 +27,11 @@ _Static_assert(__builtin_offsetof(struct tcphdr, dest) == __builtin_offsetof(str
 
 enum parse_result {
 	PARSE_OK = 0,       /* TCP or UDP, headers complete: unfragmented, or a datagram's first fragment */
-	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 fragments and extension chains (ipv6.h) */
-	PARSE_FRAGMENT = 2, /* a later IPv4 fragment (no L4 header) or an ICMP one: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
+	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 extension chains longer than the walk (ipv6.h) */
+	PARSE_FRAGMENT = 2, /* a later fragment (no L4 header) or an ICMP one, of either family: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
 	PARSE_ICMP = 4,     /* ICMP, unfragmented, or ICMPv6: addresses and l4_off set, ports 0 */
+	PARSE_CHAIN = 5,    /* IPv6 whose extension chain is longer than the walk, or leaves the frame: nothing set (lb.h looks further for a frontend) */
 };
 
 /* packet.family. IPv4 is 0, so a zeroed packet (every hook starts from
@@ -55,6 +56,7 @@ struct packet {
 	__u16 l4_off;   /* offset of the L4 header from the start of the frame */
 	__u32 l3_len;   /* IPv4 total length, IPv6 header plus payload length: for byte counters */
 	__u8 family;    /* enum pkt_family */
+	__u8 frag_first; /* IPv6: a datagram's first fragment (offset 0, M set), its fragment header just before l4_off (frag.h) */
 	/* TCP only, host byte order (conntrack's window check,
 	 * conntrack.h): the sequence number, the acknowledgement number,
 	 * and the sequence number after the segment (its payload, and one

@@ -216,7 +216,19 @@ struct frag_key {
 	__u8 pad;     /* zero */
 };
 
-/* tlb_frags value: the L4 ports of the datagram's first fragment, which
+/* tlb_frags6 key: frag_key's IPv6 twin, RFC 8200 4.5's reassembly key
+ * (source, destination, the fragment header's 32-bit identification)
+ * and the protocol. Its own table, so IPv4's key stays 12 bytes. 40
+ * bytes. */
+struct frag6_key {
+	union tlb_addr saddr;
+	union tlb_addr daddr;
+	__be32 id;   /* network byte order; the fragment header's identification */
+	__u8 proto;  /* IP protocol number (6 or 17): the fragment header's next header */
+	__u8 pad[3]; /* zero */
+};
+
+/* tlb_frags and tlb_frags6 value: the L4 ports of the datagram's first fragment, which
  * the later ones do not carry. 16 bytes. */
 struct frag_value {
 	__be16 sport;  /* network byte order */

@@ -128,8 +128,8 @@ static __attribute__((noinline)) int tc_egress4(struct __sk_buff *skb)
 	return TC_PASS;
 }
 
-/* tc_egress6 is tc_egress4 for IPv6: IPv6 fragments pass untranslated
- * (ipv6.h), and every other ICMPv6 message untouched. */
+/* tc_egress6 is tc_egress4 for IPv6, fragments included (frag.h); every
+ * other ICMPv6 message passes untouched. */
 static __attribute__((noinline)) int tc_egress6(struct __sk_buff *skb)
 {
 	struct packet6 pkt = {};
@@ -144,6 +144,12 @@ static __attribute__((noinline)) int tc_egress6(struct __sk_buff *skb)
 		return tc_icmp(PKT_IPV6, skb, &pkt.p);
 	case PARSE_OK:
 		if (skb->ingress_ifindex != 0 || lb_stack_reply(PKT_IPV6, &pkt.p, &nat.n) != LB_REWRITE)
+			return TC_PASS;
+		frag6_remember(skb, &pkt);
+		break;
+	case PARSE_FRAGMENT:
+		/* A host-network backend's reply, too big for the path. */
+		if (skb->ingress_ifindex != 0 || frag6_follow(data, data_end, &pkt, 1, &nat.n) != LB_REWRITE)
 			return TC_PASS;
 		break;
 	default:

@@ -18,7 +18,7 @@ const (
 	StatDropRewrite = Stat(tcStatReasonSTAT_DROP_REWRITE)
 	// StatReverseNAT: replies rewritten back to a service address.
 	StatReverseNAT = Stat(tcStatReasonSTAT_REVERSE_NAT)
-	// StatFragment: IPv4 fragments passed untranslated: not to a
+	// StatFragment: fragments passed untranslated (both families): not to a
 	// Service, or a later fragment without its datagram's first (arrived
 	// before it, or more than the timeout after).
 	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
@@ -158,6 +158,10 @@ const (
 	// pod reaches a node's localhost service, nor a NodePort on
 	// 127.0.0.1, nor poses as a localhost client.
 	StatDropLoopback = Stat(tcStatReasonSTAT_DROP_LOOPBACK)
+	// StatDropUnparsed: packets to a frontend whose L4 header lies beyond
+	// what the parser walks (an IPv6 extension chain longer than it
+	// takes), dropped rather than passed on untranslated.
+	StatDropUnparsed = Stat(tcStatReasonSTAT_DROP_UNPARSED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -208,6 +212,7 @@ var statNames = map[Stat]string{
 	StatFragFollowed:          "fragment_followed",
 	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
 	StatDropLoopback:          "drop_loopback",
+	StatDropUnparsed:          "drop_unparsed",
 }
 
 // String returns the counter's stable name.

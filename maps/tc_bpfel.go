@@ -200,6 +200,24 @@ type tcFibRoom struct {
 	Room [64]uint8
 }
 
+type tcFrag6Key struct {
+	_     structs.HostLayout
+	Saddr tcTlbAddr
+	Daddr tcTlbAddr
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type tcFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  tcCt6Key
+	Svc tcSvcKey
+	Key tcFrag6Key
+	_   [4]byte
+	V   tcFragValue
+}
+
 type tcFragKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -388,7 +406,8 @@ const (
 	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
 	tcStatReasonSTAT_CT_TCP_IGNORED       tcStatReason = 42
 	tcStatReasonSTAT_DROP_LOOPBACK        tcStatReason = 43
-	tcStatReasonSTAT_MAX                  tcStatReason = 44
+	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 44
+	tcStatReasonSTAT_MAX                  tcStatReason = 45
 )
 
 type tcSvcFlag uint32
@@ -441,7 +460,9 @@ const (
 	tcMapTlbCtScratch       = "tlb_ct_scratch"
 	tcMapTlbCtSrc           = "tlb_ct_src"
 	tcMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	tcMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	tcMapTlbFrags           = "tlb_frags"
+	tcMapTlbFrags6          = "tlb_frags6"
 	tcMapTlbIfaces          = "tlb_ifaces"
 	tcMapTlbMeta            = "tlb_meta"
 	tcMapTlbRegistry        = "tlb_registry"
@@ -534,7 +555,9 @@ type tcMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -601,7 +624,9 @@ type tcMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -628,7 +653,9 @@ func (m *tcMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,
