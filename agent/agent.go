@@ -55,6 +55,10 @@ type EventSink interface {
 	// ProgramFailed reports that a service's backends could not be written
 	// and its previous backends keep serving.
 	ProgramFailed(svc *v1.Service, err error)
+	// ServiceRefused reports that a service is over one of the per-Service
+	// caps (topology.Caps) and none of its frontends is served on this
+	// node.
+	ServiceRefused(svc *v1.Service, r topology.Refusal)
 }
 
 // Config configures an Agent.
@@ -111,6 +115,9 @@ type Agent struct {
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
+	// refused holds the services over a per-Service cap (topology.Caps),
+	// whose frontends are not programmed, and why.
+	refused map[types.NamespacedName]topology.Refusal
 	// healthChecked holds the services whose health check is served.
 	healthChecked map[types.NamespacedName]bool
 	// rejected remembers the warnings logged per service (and, under "",
@@ -149,6 +156,7 @@ func New(cfg Config, dp Datapath) *Agent {
 		ports:    map[types.NamespacedName][]portSummary{},
 		shares:   map[topology.Key]map[string]float64{},
 		failed:   map[types.NamespacedName]bool{},
+		refused:  map[types.NamespacedName]topology.Refusal{},
 		rejected: map[types.NamespacedName]string{},
 
 		unprogrammed: map[types.NamespacedName]string{},

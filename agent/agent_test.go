@@ -21,13 +21,16 @@ import (
 	"github.com/topolb/topolb/topology"
 )
 
-type fakeEvents struct{ modes, failures []string }
+type fakeEvents struct{ modes, failures, refusals []string }
 
 func (e *fakeEvents) ModeChanged(svc *v1.Service, port string, from, to topology.Mode, _ string) {
 	e.modes = append(e.modes, fmt.Sprintf("%s/%s:%s %s->%s", svc.Namespace, svc.Name, port, from, to))
 }
 func (e *fakeEvents) ProgramFailed(svc *v1.Service, err error) {
 	e.failures = append(e.failures, svc.Name+": "+err.Error())
+}
+func (e *fakeEvents) ServiceRefused(svc *v1.Service, r topology.Refusal) {
+	e.refusals = append(e.refusals, svc.Name+": "+r.String())
 }
 
 func node(name, zone string) *v1.Node {

@@ -17,6 +17,7 @@ import (
 const (
 	ReasonModeChanged   = "TopologyModeChanged"
 	ReasonProgramFailed = "TopologyProgramFailed"
+	ReasonRefused       = "TopologyServiceRefused"
 )
 
 // KubeEvents emits Kubernetes Events through client-go's event recorder. The
@@ -49,6 +50,11 @@ func (k *KubeEvents) ModeChanged(svc *v1.Service, port string, from, to topology
 // ProgramFailed implements EventSink.
 func (k *KubeEvents) ProgramFailed(svc *v1.Service, err error) {
 	k.recorder.Event(svc, v1.EventTypeWarning, ReasonProgramFailed, fmt.Sprintf("previous backends keep serving: %v", err))
+}
+
+// ServiceRefused implements EventSink.
+func (k *KubeEvents) ServiceRefused(svc *v1.Service, r topology.Refusal) {
+	k.recorder.Event(svc, v1.EventTypeWarning, ReasonRefused, r.String())
 }
 
 // Shutdown flushes and stops the recorder.

@@ -36,6 +36,9 @@ type Metrics struct {
 	// Programmed is 1 for each IP family and scope the agent programs
 	// frontends in, 0 for one it decides but does not program.
 	Programmed *prometheus.GaugeVec
+	// Refused counts the services refused over a per-Service cap, by
+	// cap (topology.Caps).
+	Refused *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -70,13 +73,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Programmed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "topolb_programmed", Help: "1 for each IP family and frontend scope (internal: pods and host processes; external: uplinks) the agent programs into its datapath, 0 for one it decides but does not program.",
 		}, []string{"family", "scope"}),
+		Refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "topolb_services_refused", Help: "Services over a per-Service cap (--max-source-ranges-per-service, --max-frontends-per-service), by cap: none of their frontends is served on this node.",
+		}, []string{"cap"}),
 	}
-	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors, m.Programmed)
+	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors, m.Programmed, m.Refused)
 	// Every reason from the start, 0 until it happens: rates and alerts
 	// see a series before the first error.
 	for _, r := range programErrorReasons {
 		m.ProgramErrors.WithLabelValues(r)
 	}
+	m.setRefused(nil)
 	return m
 }
 
@@ -87,6 +94,20 @@ const (
 )
 
 var programErrorReasons = []string{programErrorMapFull, programErrorOther}
+
+// setRefused sets Refused from the refused services, every cap's series
+// (0 when none is refused over it).
+func (m *Metrics) setRefused(refused map[types.NamespacedName]topology.Refusal) {
+	for _, c := range []topology.CapName{topology.CapSourceRanges, topology.CapFrontends} {
+		n := 0
+		for _, r := range refused {
+			if r.Cap == c {
+				n++
+			}
+		}
+		m.Refused.WithLabelValues(string(c)).Set(float64(n))
+	}
+}
 
 // setFamilies sets Programmed for every family and scope.
 func (m *Metrics) setFamilies(sf ScopeFamilies) {

@@ -34,6 +34,7 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	warnings := plan.Warnings
 	a.reportModes(nn, svc, plan.Ports)
 
+	a.noteRefusal(nn, svc, plan.Refused)
 	claims := a.claims(plan.Claims)
 	a.notProgrammed(nn, plan.Claims)
 	a.unwait(nn)
@@ -69,6 +70,31 @@ func (a *Agent) syncService(nn types.NamespacedName) (int, []types.NamespacedNam
 	}
 	delete(a.failed, nn)
 	return writes, released, nil
+}
+
+// noteRefusal records whether nn is refused over a per-Service cap (r,
+// nil when it is not; its plan then claims nothing, so its frontends are
+// released), and on a change logs it, emits an Event on the Service and
+// moves the metric. Refusal is not a failure: nothing is retried until
+// the Service changes.
+func (a *Agent) noteRefusal(nn types.NamespacedName, svc *v1.Service, r *topology.Refusal) {
+	prev, was := a.refused[nn]
+	switch {
+	case r == nil && !was, r != nil && was && prev == *r:
+		return
+	case r == nil:
+		delete(a.refused, nn)
+		a.log.Info("service no longer over a per-Service cap: served again", "service", nn)
+	default:
+		a.refused[nn] = *r
+		a.log.Warn("service over a per-Service cap: refused, none of its frontends is served", "service", nn, "cap", r.Cap, "count", r.Count, "limit", r.Limit)
+		if a.cfg.Events != nil && svc != nil {
+			a.cfg.Events.ServiceRefused(svc, *r)
+		}
+	}
+	if a.cfg.Metrics != nil {
+		a.cfg.Metrics.setRefused(a.refused)
+	}
 }
 
 // node returns this node's model and the warnings about it, which it logs

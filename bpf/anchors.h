@@ -25,6 +25,7 @@ struct btf_anchors {
 	enum reject_limit reject_limit;
 	enum snat_config snat_config;
 	enum ct_src_limit ct_src_limit;
+	enum ct_tcp_limit ct_tcp_limit;
 	enum fwd_meta_const fwd_meta_const;
 	enum fwd_meta_flag fwd_meta_flag;
 	struct fwd_meta fwd_meta;

@@ -88,7 +88,8 @@ static __always_inline __u8 ct_first_state(const struct packet *pkt)
 }
 
 /* ct_next_state is the state after pkt, seen in direction dir: FIN or RST
- * either way closes, the first reply establishes. States never go back. */
+ * either way closes (ct_touch_fam takes it back when the segment is out
+ * of the window), the first reply establishes. States never go back. */
 static __always_inline __u8 ct_next_state(__u8 state, __u8 dir, const struct packet *pkt)
 {
 	if (pkt->proto != IP_PROTO_TCP)
@@ -98,6 +99,64 @@ static __always_inline __u8 ct_next_state(__u8 state, __u8 dir, const struct pac
 	if (state == CT_TCP_SYN_SENT && dir == CT_REVERSE)
 		return CT_TCP_ESTABLISHED;
 	return state;
+}
+
+/* ct_tcp_in_window reports whether a segment starting at seq is within
+ * CT_TCP_WINDOW of next, the sequence number its direction has reached,
+ * either way (serial number arithmetic: the difference wraps). */
+static __always_inline int ct_tcp_in_window(__u32 next, __u32 seq)
+{
+	return seq - (next - CT_TCP_WINDOW) <= 2 * CT_TCP_WINDOW;
+}
+
+/* ct_tcp_close_plausible reports whether pkt, a FIN or RST in ct's
+ * direction, may close the flow: it starts within the window of what
+ * its direction sent (ct->tcp_next), as the endpoints' own checks want
+ * it (RFC 9293 3.10.7.4, RFC 5961 3.2). A blind reset or FIN from a
+ * spoofed source with a random sequence number is not. Where that is
+ * unknown (the direction sent nothing yet, an entry of layout 7) the
+ * peer's entry answers, once ct_touch_fam has it (ct_tcp_close_acks_peer). */
+static __always_inline int ct_tcp_close_plausible(const struct ct_value *ct, const struct packet *pkt)
+{
+	__u32 next = ct->tcp_next;
+
+	return !next || ct_tcp_in_window(next, pkt->tcp_seq);
+}
+
+/* ct_tcp_close_acks_peer is ct_tcp_close_plausible for a direction that
+ * sent nothing we know of: pkt must acknowledge data the other direction
+ * sent, within the window of what peer, its entry, says it reached (a
+ * backend's reset answering the SYN acknowledges exactly the SYN, RFC
+ * 9293 3.10.7.3). A flow of which neither direction is known (carried
+ * over from layout 7, silent since) closes as it did there. */
+static __always_inline int ct_tcp_close_acks_peer(const struct ct_value *peer, const struct packet *pkt)
+{
+	if (!peer->tcp_next)
+		return 1;
+	return (pkt->tcp_flags & TCP_F_ACK) && pkt->tcp_ack - (peer->tcp_next - CT_TCP_WINDOW) <= CT_TCP_WINDOW;
+}
+
+/* ct_tcp_learn moves ct->tcp_next, what ct's direction sent, on to the
+ * end of pkt (seen in that direction): only forward, and only from a
+ * segment in the window of it, so a spoofed segment with a random
+ * sequence number teaches nothing. A direction not known yet learns from
+ * its first segment that is neither a reset nor a FIN (the reply that
+ * establishes the flow; after an upgrade from layout 7, its next
+ * packet). A reset carries no data and teaches nothing. The hit path's
+ * part: a few compares and at most one store into the entry it has. */
+static __always_inline void ct_tcp_learn(struct ct_value *ct, const struct packet *pkt)
+{
+	__u32 next = ct->tcp_next;
+
+	if (pkt->proto != IP_PROTO_TCP || (pkt->tcp_flags & TCP_F_RST))
+		return;
+	if (!next) {
+		if (!(pkt->tcp_flags & TCP_F_FIN))
+			ct->tcp_next = pkt->tcp_end;
+		return;
+	}
+	if (ct_tcp_in_window(next, pkt->tcp_seq) && (__s32)(pkt->tcp_end - next) > 0)
+		ct->tcp_next = pkt->tcp_end;
 }
 
 /* ct_peer_key fills the key of the other direction's entry of the flow
@@ -271,6 +330,18 @@ static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
 	return gcra_take(&b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 }
 
+/* ct_src_has reports whether ct_src_take would take a new flow of src
+ * at now, without taking it (frag.h asks before the core takes). */
+static __always_inline int ct_src_has(int fam, const void *src, __u64 now)
+{
+	struct ct_src *b;
+
+	if (!cfg_ct_src_interval)
+		return 1;
+	b = ct_src_budget(fam, src);
+	return !b || gcra_has(b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
+}
+
 /* ct_src_give gives the client of the flow pkt matched as ct back the
  * share of a flow that got promoted: a client whose handshakes complete
  * never runs out. */
@@ -335,8 +406,9 @@ static __always_inline void ct_fold(const struct ct_value *ct)
 }
 
 /* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
- * when something changes: the state (FIN or RST either way closes, the
- * first reply establishes), the reply flag, or an expiry more than
+ * when something changes: the state (FIN or RST either way closes, when
+ * in the flow's window, ct_tcp_close_plausible; the first reply
+ * establishes), the reply flag, or an expiry more than
  * CT_REFRESH_INTERVAL stale. A change of state or flags writes both
  * directions' entries; a stale expiry alone refreshes ct's own entry
  * where it may (ct_refreshes_alone), both entries otherwise, so a
@@ -382,6 +454,13 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 	void *pair;
 	__u64 expires;
 
+	/* A FIN or RST that closes the flow must be in its window: out of
+	 * it, the segment goes on to its receiver, which drops it too, and
+	 * the flow stays as it was, unrefreshed. */
+	if (state == CT_TCP_CLOSING && ct->state != CT_TCP_CLOSING && !ct_tcp_close_plausible(ct, pkt)) {
+		stat_inc(STAT_CT_TCP_IGNORED);
+		return ct;
+	}
 	if (promote)
 		flags |= CT_F_ASSURED;
 	if (demote)
@@ -412,6 +491,12 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 		ct_fold(ct);
 		ct_delete_in(fam, ct->flags, key);
 		return NULL;
+	}
+	/* A close from a direction whose sequence numbers are unknown is
+	 * judged by what it acknowledges of the other's. */
+	if (state == CT_TCP_CLOSING && ct->state != CT_TCP_CLOSING && !ct->tcp_next && !ct_tcp_close_acks_peer(peer, pkt)) {
+		stat_inc(STAT_CT_TCP_IGNORED);
+		return ct;
 	}
 	/* A reply of a flow whose backend is gone (the agent marked the
 	 * forward entry stale): translated by its entry, nothing written,
@@ -487,22 +572,33 @@ static __always_inline int ct_forget(int fam, const struct packet *pkt, const vo
 	return LB_CONTINUE;
 }
 
-/* syn_reopens reports whether a SYN on an established flow starts a new
- * one: when the flow is closing, or its backend is no longer active in its
- * frontend's set (draining). */
+/* syn_reopens reports whether a SYN on a known flow starts a new one:
+ * when the flow is closing (an in-window FIN or RST was seen; an expired
+ * flow never gets here), or when no reply came yet and its backend is no
+ * longer active in its frontend's set (draining): a handshake nobody
+ * answered moves at no cost. A SYN on an established flow never reopens
+ * it, draining backend or not: it is spoofed, or its client lost the
+ * connection; it goes on to the backend, whose challenge ACK (RFC 5961
+ * 4) draws the client's in-window reset, which closes the flow for the
+ * client's next SYN. */
 static __always_inline int syn_reopens(const struct ct_value *ct)
 {
 	struct registry_value *reg;
 
 	if (ct->state == CT_TCP_CLOSING)
 		return 1;
+	if (ct->state != CT_TCP_SYN_SENT) {
+		stat_inc(STAT_CT_TCP_IGNORED);
+		return 0;
+	}
 	reg = bpf_map_lookup_elem(&tlb_registry, &ct->backend_id);
 	return !reg || reg->state != BACKEND_ACTIVE || reg->gen != ct->backend_gen ||
 	       reg->svc_id != ct->svc_id;
 }
 
 /* ct_forward_hit translates a packet of an established flow, matched
- * under key, and counts it in the entry. Returns LB_CONTINUE when the
+ * under key, counts it in the entry and learns its sequence numbers
+ * (ct_tcp_learn). Returns LB_CONTINUE when the
  * flow cannot be honoured (expired, backend gone, a SYN reopening it, its
  * reply entry lost): the flow is forgotten and the packet balanced as a
  * new flow. A gone backend costs no lookup here: the agent marks its
@@ -525,6 +621,7 @@ static __always_inline int ct_forward_hit(int fam, const struct packet *pkt, con
 	ct = ct_touch_fam(fam, pkt, key, ct, now);
 	if (!ct)
 		return LB_CONTINUE;
+	ct_tcp_learn(ct, pkt);
 	/* Per flow, not per CPU: a flow's packets come in on one queue
 	 * (RSS); a lost increment under a race only undercounts. */
 	ct->packets += 1;
@@ -550,6 +647,7 @@ static __always_inline int ct_reverse_hit(int fam, const struct packet *pkt, con
 	ct = ct_touch_fam(fam, pkt, key, ct, now);
 	if (!ct)
 		return LB_CONTINUE;
+	ct_tcp_learn(ct, pkt);
 	stat_inc(STAT_REVERSE_NAT);
 	nat_reverse(nat, ct);
 	if (fam == PKT_IPV6)

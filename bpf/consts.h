@@ -28,6 +28,7 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+
 /* Default map sizes; the loader overrides max_entries from Options.
  * WEIGHTED_SLOTS is the minimum table size of a frontend whose active
  * backends have unequal weights (see maps/table.go). STAT_SLOTS is the
@@ -69,6 +70,16 @@ enum ct_timeout {
 	FRAG_TIMEOUT = 10,
 };
 
+/* How far from the sequence number a direction of a TCP flow has reached
+ * (ct_value.tcp_next) one of its segments may start, either way, and
+ * still count (conntrack.h, ct_tcp_in_window): 256 KiB, data lost on the
+ * way here or retransmitted, and a reset answering the peer's
+ * acknowledgement of data in flight. A blind sender of a random sequence
+ * number is inside with probability 2^-13. */
+enum ct_tcp_limit {
+	CT_TCP_WINDOW = 262144,
+};
+
 /* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned
  * tlb_stats keeps its meaning across agent versions. */
 enum stat_reason {
@@ -77,12 +88,12 @@ enum stat_reason {
 	STAT_DROP_PARSE_ERROR = 2,  /* malformed IPv4/TCP/UDP header */
 	STAT_DROP_REWRITE = 3,      /* a tc rewrite helper failed (should not happen) */
 	STAT_REVERSE_NAT = 4,       /* replies rewritten back to the service address */
-	STAT_FRAGMENT = 5,          /* IPv4 fragments passed untranslated: not to a Service, or a later fragment without its first (frag.h) */
+	STAT_FRAGMENT = 5,          /* fragments passed untranslated (both families): not to a Service, or a later fragment without its first (frag.h) */
 	STAT_CT_CREATED = 6,        /* flows created (each is two conntrack entries) */
 	STAT_CT_REPLACED = 7,       /* conntrack entries a new flow replaced: deleted or overwritten (expired, stale, reopened, an expired SNAT port taken over) */
 	STAT_CT_EXPIRED = 8,        /* packets whose flow had expired: balanced as new */
 	STAT_CT_STALE_BACKEND = 9,  /* packets whose backend is gone: re-balanced */
-	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow or a draining backend: new flow */
+	STAT_CT_SYN_REOPEN = 10,    /* SYNs to a closing flow, or to an unanswered handshake's draining backend: new flow */
 	STAT_TCP_MIDFLOW_MISS = 11, /* TCP without SYN to a frontend, no flow: silently re-balanced */
 	STAT_AFFINITY_HIT = 12,     /* new flows sent to the client's remembered backend */
 	STAT_AFFINITY_NEW = 13,     /* new flows of affinity frontends that chose afresh */
@@ -120,7 +131,10 @@ enum stat_reason {
 	/* 40..44: other branches of issue 21 (renumbered on merge). */
 	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
-	STAT_MAX = 42,
+	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
+	STAT_DROP_LOOPBACK = 43,      /* frames from a pod to or from a loopback address (127.0.0.0/8, ::1): dropped (tc_lb.c) */
+	STAT_DROP_UNPARSED = 44,      /* packets to a frontend whose L4 header lies beyond what the parser walks (an IPv6 extension chain longer than IP6_MAX_EXT headers or IP6_MAX_EXT_LEN bytes): dropped, never passed on untranslated (lb.h) */
+	STAT_MAX = 45,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

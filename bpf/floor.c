@@ -38,7 +38,7 @@ enum floor_step {
 	FLOOR_CT = 1 << 2,         /* the real tables (ct_find) instead of floor_flows */
 	FLOOR_EXPIRY = 1 << 3,     /* the clock (ct_now) and the expiry test */
 	FLOOR_SYN = 1 << 4,        /* the SYN test (and the registry on a SYN) */
-	FLOOR_TOUCH = 1 << 5,      /* ct_touch: state, reply flag and refresh checks */
+	FLOOR_TOUCH = 1 << 5,      /* ct_touch: state, reply flag and refresh checks; ct_tcp_learn */
 	FLOOR_COUNT = 1 << 6,      /* the per-flow counters in the entry */
 	FLOOR_FWD = 1 << 7,        /* fwd_refresh and the forwarding step (fwd_skb, fwd_xdp) */
 	/* The first packet of a flow (tc_floor_new). */
@@ -113,6 +113,7 @@ static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_
 		v = ct_touch(pkt, &key, v, now);
 		if (!v)
 			return -1;
+		ct_tcp_learn(v, pkt);
 	}
 	if (floor_has(FLOOR_COUNT)) {
 		v->packets += 1;

@@ -59,6 +59,10 @@ static __always_inline void flow_entries(struct ct_value *fwd, struct ct_value *
 	 * on (ct_fold hands them to the backend's record when it goes). */
 	fwd->packets = 1;
 	fwd->bytes = pkt->l3_len;
+	/* What the client sent, for the window of its FINs and RSTs
+	 * (conntrack.h); the reply direction learns from its first. */
+	if (pkt->proto == IP_PROTO_TCP)
+		fwd->tcp_next = pkt->tcp_end;
 }
 
 /* flow_create records both directions of a new flow of pkt to backend be

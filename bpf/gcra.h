@@ -21,6 +21,15 @@ static __always_inline int gcra_take(__u64 *tat, __u64 now, __u64 interval, __u6
 	return 1;
 }
 
+/* gcra_has reports whether gcra_take would allow a cell at now, without
+ * taking it. */
+static __always_inline int gcra_has(__u64 tat, __u64 now, __u64 interval, __u64 burst)
+{
+	__u64 t = tat > now ? tat : now;
+
+	return t + interval <= now + burst * interval;
+}
+
 /* gcra_give gives one cell back: *tat moves back by one interval (a
  * budget is never fuller than its burst, since gcra_take starts from
  * now when *tat lies in the past). */

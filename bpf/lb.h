@@ -224,16 +224,92 @@ static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *d
 	}
 }
 
+#if defined(LB_FRAME)
+/* lb6_chain_frontend walks an IPv6 packet's extension chain further than
+ * the parser (up to IP6_CHAIN_MAX_EXT headers, the L4 header within
+ * IP6_CHAIN_LIMIT bytes of the frame's start, in the frame's linear
+ * part) and reports whether the TCP or UDP header it ends at is
+ * addressed to a frontend of this hook's scope. Such a packet cannot be
+ * translated (every L4 helper masks offsets with L4_OFF_MASK), and passed
+ * on it would reach the frontend's address untranslated: a cluster IP's
+ * packet would leave the node towards its gateway. A global function,
+ * verified once on its own; it reads the frame again from its context.
+ * A chain longer still, or beyond the linear part, is the kernel's. */
+#define IP6_CHAIN_MAX_EXT 16
+#define IP6_CHAIN_LIMIT 512
+#define IP6_CHAIN_OFF_MASK 0x3ff
+_Static_assert(IP6_CHAIN_LIMIT + sizeof(struct tcphdr) <= IP6_CHAIN_OFF_MASK, "IP6_CHAIN_OFF_MASK covers the walk");
+
+__noinline int lb6_chain_frontend(LB_FRAME *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	const struct ipv6hdr *ip = data + ETH_HLEN;
+	__u32 off = ETH_HLEN + IP6_HLEN;
+	struct svc_key key = {};
+	const struct udphdr *l4;
+	__u8 next;
+
+	if ((void *)(ip + 1) > data_end)
+		return 0;
+	next = ip->nexthdr;
+	for (int i = 0; i < IP6_CHAIN_MAX_EXT; i++) {
+		const __u8 *h = data + (off & IP6_CHAIN_OFF_MASK);
+		__u32 len;
+
+		if ((void *)(h + 2) > data_end)
+			return 0;
+		len = ip6_ext_len(next, h);
+		if (!len)
+			break;
+		off += len;
+		if (off > IP6_CHAIN_LIMIT)
+			return 0;
+		next = h[0];
+	}
+	if (next != IP_PROTO_TCP && next != IP_PROTO_UDP)
+		return 0;
+	/* TCP's ports sit where UDP's do (packet.h). */
+	l4 = data + (off & IP6_CHAIN_OFF_MASK);
+	if ((void *)(l4 + 1) > data_end)
+		return 0;
+	__builtin_memcpy(&key.vip, &ip->daddr, sizeof(key.vip));
+	/* An IPv4-mapped address is an IPv4 frontend's key (addr.h). */
+	if (addr_is4(&key.vip))
+		return 0;
+	key.port = l4->dest;
+	key.proto = next;
+	key.scope = cfg_scope;
+	return bpf_map_lookup_elem(&tlb_services, &key) != NULL;
+}
+#else
+static __always_inline int lb6_chain_frontend(void *ctx)
+{
+	return 0;
+}
+#endif
+
 /* lb6_classify is lb_classify for an IPv6 frame (ipv6.h): TCP and UDP go
- * to the core, ICMPv6 to icmp.h (LB_ICMP), everything else (fragments,
- * what the parser does not take) passes untouched. pkt and nat are the
+ * to the core (a first fragment's ports remembered first, frag.h), later
+ * fragments follow their first, ICMPv6 goes to icmp.h (LB_ICMP), a
+ * packet to a frontend behind an extension chain longer than the walk is
+ * dropped (lb6_chain_frontend), what the parser does not take passes
+ * untouched. pkt and nat are the
  * family's. */
 static __always_inline int lb6_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
 					struct packet6 *pkt, struct nat6 *nat)
 {
 	switch (parse_ipv6(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
+		frag6_remember(ctx, pkt);
 		return lb_process(PKT_IPV6, ctx, iif, &pkt->p, &nat->n);
+	case PARSE_FRAGMENT:
+		return frag6_follow(data, data_end, pkt, 0, &nat->n);
+	case PARSE_CHAIN:
+		if (!lb6_chain_frontend(ctx))
+			return LB_PASS;
+		stat_inc(STAT_DROP_UNPARSED);
+		return LB_DROP;
 	case PARSE_ICMP:
 		return LB_ICMP;
 	default:

@@ -202,6 +202,33 @@ struct {
 	__type(value, struct frag_value);
 } tlb_frags SEC(".maps");
 
+/* tlb_frags' IPv6 twin (frag6_key: 16-byte addresses, the fragment
+ * header's 32-bit identification), sized and kept alike. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DEFAULT_MAX_FRAGS);
+	__type(key, struct frag6_key);
+	__type(value, struct frag_value);
+} tlb_frags6 SEC(".maps");
+
+/* Room for the keys of an IPv6 fragment's lookups (frag.h): 116 bytes
+ * that tc_lb6's and xdp_lb6's stacks, at the 512-byte limit, do not
+ * have. One slot per CPU, used within one packet only. Not shared and
+ * not pinned: each program object has its own. */
+struct frag6_scratch {
+	struct ct6_key ct;
+	struct svc_key svc;
+	struct frag6_key key;
+	struct frag_value v;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct frag6_scratch);
+} tlb_frag6_scratch SEC(".maps");
+
 /* Layout version and fingerprint of everything above, checked before
  * pinned maps are adopted. */
 struct {

@@ -51,7 +51,7 @@ volatile const __u16 cfg_snat_port_max = SNAT_PORT_MAX_DEFAULT;
 enum nat_flag {
 	NAT_F_DST = 1, /* rewrite the destination to daddr:dport */
 	NAT_F_SRC = 2, /* rewrite the source to saddr:sport */
-	NAT_F_L3 = 4,  /* a later fragment: rewrite the IPv4 header only, it carries no ports (frag.h) */
+	NAT_F_L3 = 4,  /* a later fragment: rewrite the IP header only, it carries no ports (frag.h) */
 };
 
 /* What the core tells a hook to do with a packet: rewrite it, and send it
@@ -291,8 +291,11 @@ static __always_inline int nat_rewrite_xdp_fam(int fam, struct xdp_md *ctx, cons
 
 	if (!fwd_l3_fits(fam, l3, data_end))
 		return -1;
-	if (fam == PKT_IPV4 && (n->flags & NAT_F_L3)) {
-		nat_rewrite_ip(l3, pkt, n);
+	if (n->flags & NAT_F_L3) {
+		if (fam == PKT_IPV6)
+			nat6_rewrite_ip(l3, n);
+		else
+			nat_rewrite_ip(l3, pkt, n);
 		return 0;
 	}
 	if (pkt->proto == IP_PROTO_TCP) {

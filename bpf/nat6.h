@@ -45,7 +45,8 @@ static __always_inline int nat6_skb_l4_csum(struct __sk_buff *skb, __u32 csum_of
 
 /* nat6_rewrite_skb applies n (a struct nat6) to the IPv6 packet pkt (a
  * struct packet6): L4 checksum through the helpers, then the ports and
- * addresses written directly. Returns 0 on success. */
+ * addresses written directly; a later fragment's addresses only
+ * (NAT_F_L3). Returns 0 on success. */
 static __always_inline int nat6_rewrite_skb(struct __sk_buff *skb, const struct packet *pkt, const struct nat *n)
 {
 	struct packet6 *p6 = (struct packet6 *)packet6_of(pkt);
@@ -55,6 +56,16 @@ static __always_inline int nat6_rewrite_skb(struct __sk_buff *skb, const struct 
 	__u64 mangled0;
 	struct ipv6hdr *ip;
 
+	if (n->flags & NAT_F_L3) {
+		void *data = (void *)(long)skb->data;
+		void *data_end = (void *)(long)skb->data_end;
+
+		ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		nat6_rewrite_ip(ip, n);
+		return 0;
+	}
 	csum_off = nat_skb_csum_off(pkt, &mangled0);
 	if ((n->flags & NAT_F_DST) &&
 	    nat6_skb_l4_csum(skb, csum_off, mangled0, &p6->daddr, &n6->daddr, pkt->dport, n->dport))

@@ -27,10 +27,11 @@ _Static_assert(__builtin_offsetof(struct tcphdr, dest) == __builtin_offsetof(str
 
 enum parse_result {
 	PARSE_OK = 0,       /* TCP or UDP, headers complete: unfragmented, or a datagram's first fragment */
-	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 fragments and extension chains (ipv6.h) */
-	PARSE_FRAGMENT = 2, /* a later IPv4 fragment (no L4 header) or an ICMP one: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
+	PARSE_SKIP = 1,     /* not ours: families and protocols we do not parse, IPv6 extension chains longer than the walk (ipv6.h) */
+	PARSE_FRAGMENT = 2, /* a later fragment (no L4 header) or an ICMP one, of either family: addresses, proto, l4_off (the payload) and l3_len set, ports 0 (frag.h) */
 	PARSE_ERROR = 3,    /* malformed IPv4/TCP/UDP: the kernel would drop it too */
 	PARSE_ICMP = 4,     /* ICMP, unfragmented, or ICMPv6: addresses and l4_off set, ports 0 */
+	PARSE_CHAIN = 5,    /* IPv6 whose extension chain is longer than the walk, or leaves the frame: nothing set (lb.h looks further for a frontend) */
 };
 
 /* packet.family. IPv4 is 0, so a zeroed packet (every hook starts from
@@ -55,15 +56,24 @@ struct packet {
 	__u16 l4_off;   /* offset of the L4 header from the start of the frame */
 	__u32 l3_len;   /* IPv4 total length, IPv6 header plus payload length: for byte counters */
 	__u8 family;    /* enum pkt_family */
+	__u8 frag_first; /* IPv6: a datagram's first fragment (offset 0, M set), its fragment header just before l4_off (frag.h) */
+	/* TCP only, host byte order (conntrack's window check,
+	 * conntrack.h): the sequence number, the acknowledgement number,
+	 * and the sequence number after the segment (its payload, and one
+	 * each for SYN and FIN). */
+	__u32 tcp_seq;
+	__u32 tcp_ack;
+	__u32 tcp_end;
 };
 
 /* parse_l4 reads the TCP or UDP header at l4 (pkt->proto says which) into
- * pkt. l4_len is the IP payload's length. Returns PARSE_OK, PARSE_ERROR
+ * pkt, a TCP header's sequence numbers included. l4_len is the IP payload's length. Returns PARSE_OK, PARSE_ERROR
  * for a header cut short, PARSE_SKIP for other protocols. */
 static __always_inline int parse_l4(const void *l4, const void *data_end, __u32 l4_len, struct packet *pkt)
 {
 	if (pkt->proto == IP_PROTO_TCP) {
 		const struct tcphdr *tcp = l4;
+		__u32 hdr_len;
 
 		if ((void *)(tcp + 1) > data_end || l4_len < sizeof(*tcp))
 			return PARSE_ERROR;
@@ -72,6 +82,13 @@ static __always_inline int parse_l4(const void *l4, const void *data_end, __u32 
 		pkt->sport = tcp->source;
 		pkt->dport = tcp->dest;
 		pkt->tcp_flags = bpf_ntohl(tcp_flag_word(tcp)) >> TCP_FLAGS_SHIFT;
+		pkt->tcp_seq = bpf_ntohl(tcp->seq);
+		pkt->tcp_ack = bpf_ntohl(tcp->ack_seq);
+		/* Options reaching beyond the datagram leave no payload (the
+		 * receiver drops such a segment; it creates no flow). */
+		hdr_len = tcp->doff * TCP_WORD_LEN;
+		pkt->tcp_end = pkt->tcp_seq + (l4_len > hdr_len ? l4_len - hdr_len : 0) +
+			       !!(pkt->tcp_flags & TCP_F_SYN) + !!(pkt->tcp_flags & TCP_F_FIN);
 		return PARSE_OK;
 	}
 	if (pkt->proto == IP_PROTO_UDP) {

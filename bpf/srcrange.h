@@ -33,13 +33,18 @@ static __always_inline void src_range_drop(const struct svc_value *svc)
 		__sync_fetch_and_add(n, 1);
 }
 
+/* src_range_holds reports whether a new flow from key's source may reach
+ * frontend svc; counts nothing. */
+static __always_inline int src_range_holds(const struct svc_value *svc, const struct src_range_key *key)
+{
+	return !(svc->flags & SVC_F_SRC_RANGES) || bpf_map_lookup_elem(&tlb_src_ranges, key);
+}
+
 /* src_range_lookup reports whether a new flow from key's source may
  * reach frontend svc, and counts the refusals. */
 static __always_inline int src_range_lookup(const struct svc_value *svc, const struct src_range_key *key)
 {
-	if (!(svc->flags & SVC_F_SRC_RANGES))
-		return 1;
-	if (bpf_map_lookup_elem(&tlb_src_ranges, key))
+	if (src_range_holds(svc, key))
 		return 1;
 	src_range_drop(svc);
 	return 0;

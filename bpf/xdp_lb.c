@@ -21,7 +21,8 @@
  * passes up untouched (XDP_PASS): ICMPv6 (errors about translated flows
  * are translated there, icmp6_xlate; NDP, router advertisements, MLD and
  * echo are the kernel's), rejects (reject6_prepare reads the quoted
- * datagram with skb helpers), fragments and every packet not ours. A
+ * datagram with skb helpers) and every packet not ours; fragments are
+ * translated here as IPv4's (frag.h). A
  * translated IPv6 frame that cannot leave as its flow says (hop limit
  * expiring, larger than the egress MTU) goes up the stack as IPv4's does;
  * one whose next hop has no MAC yet is handed to tc_uplink

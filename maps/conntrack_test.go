@@ -181,7 +181,8 @@ func TestConntrackLifecycle(t *testing.T) {
 	ack := tcpFrame(client, vipTCP, tcpACK, "data")
 	reply := tcpFrame(beTCP, client, tcpACK, "answer")
 	fin := tcpFrame(client, vipTCP, tcpFIN|tcpACK, "")
-	rstReply := tcpFrame(beTCP, client2, tcpRST|tcpACK, "")
+	// The backend's answer to the SYN (seq 1000) acknowledges it.
+	rstReply := tcpFrame(beTCP, client2, tcpRST|tcpACK, "").withSeq(7000, 1001)
 	flow2 := flowOf(client2, vipTCP, beTCP, protoTCP)
 	syn2 := tcpFrame(client2, vipTCP, tcpSYN, "")
 	ack2 := tcpFrame(client2, vipTCP, tcpACK, "")
@@ -268,6 +269,91 @@ func TestConntrackLifecycle(t *testing.T) {
 	runTable(t, d, rows)
 }
 
+// TestConntrackTCPWindow: a TCP flow's state moves on only for segments
+// in its window (bpf/conntrack.h, ct_tcp_learn). A blind RST or FIN with
+// a random sequence number, from either side, or a spoofed SYN leaves an
+// established flow established, assured and translated; an in-window RST
+// closes it, and a SYN after that opens a new one. A flow of layout 7
+// (tcp_next 0 in both entries) learns from its next packets.
+func TestConntrackTCPWindow(t *testing.T) {
+	d := setupTable(t)
+	tcpFE := fe(vipTCP, TCP)
+	flow := flowOf(client, vipTCP, beTCP, protoTCP)
+	// The client's sequence numbers start at 1000, the backend's at 5000.
+	syn := tcpFrame(client, vipTCP, tcpSYN, "").withSeq(1000, 0)
+	synAck := tcpFrame(beTCP, client, tcpSYN|tcpACK, "").withSeq(5000, 1001)
+	ack := tcpFrame(client, vipTCP, tcpACK, "data").withSeq(1001, 5001)
+	reply := tcpFrame(beTCP, client, tcpACK, "answer").withSeq(5001, 1005)
+	// Half the sequence space away from what each side sent: as far out
+	// of the window as a number gets.
+	blindRST := tcpFrame(client, vipTCP, tcpRST, "").withSeq(1005+1<<31, 0)
+	blindRSTReply := tcpFrame(beTCP, client, tcpRST|tcpACK, "").withSeq(5007+1<<31, 1005)
+	blindFIN := tcpFrame(client, vipTCP, tcpFIN|tcpACK, "").withSeq(1005+1<<31, 5007)
+	spoofedSYN := tcpFrame(client, vipTCP, tcpSYN, "").withSeq(0x7777_0000, 0)
+	// The edge of the window: CT_TCP_WINDOW past what the client sent.
+	edgeRST := tcpFrame(client, vipTCP, tcpRST, "").withSeq(1005+1<<18+1, 0)
+	rst := tcpFrame(client, vipTCP, tcpRST, "").withSeq(1005, 0)
+	ignored := stats{StatConntrackTCPIgnored: 1}
+	layout7 := func(t *testing.T, d *Datapath) {
+		for _, k := range []tcCtKey{flow.fwd, flow.rev} {
+			editCT(t, d, k, func(v *tcCtValue) { v.TcpNext = 0 })
+		}
+	}
+	expectNext := func(k tcCtKey, want uint32) func(t *testing.T, d *Datapath) {
+		return func(t *testing.T, d *Datapath) {
+			t.Helper()
+			if v := readCT(t, d, k); v.TcpNext != want {
+				t.Errorf("entry %s tcp_next %d, want %d", addrPortFromWire(k.Saddr, k.Sport), v.TcpNext, want)
+			}
+		}
+	}
+	established := both(expectState(flow, tcCtStateCT_TCP_ESTABLISHED, TimeoutTCPEstablished), expectTable(flow, true))
+
+	rows := []pktCase{
+		{name: "syn", hook: hookTC, in: syn, out: ptr(syn.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true, stats: newFlowStats(nil),
+			after: both(expectNext(flow.fwd, 1001), expectNext(flow.rev, 0))},
+		{name: "syn_ack", hook: hookTC, in: synAck, out: ptr(synAck.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			after: expectNext(flow.rev, 5001)},
+		{name: "ack_promotes", hook: hookTC, in: ack, out: ptr(ack.withAddrs("", beTCP)), fwd: tcpFE, stats: stats{StatConntrackPromoted: 1},
+			after: both(established, expectNext(flow.fwd, 1005))},
+		{name: "reply", hook: hookTC, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			after: both(established, expectNext(flow.rev, 5007))},
+		{name: "blind_rst_stays_established_and_translated", hook: hookTC, in: blindRST, out: ptr(blindRST.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: ignored, after: both(established, expectNext(flow.fwd, 1005))},
+		{name: "blind_rst_from_the_backend_side", hook: hookTC, in: blindRSTReply, out: ptr(blindRSTReply.withAddrs(vipTCP, "")),
+			stats: stats{StatReverseNAT: 1, StatConntrackTCPIgnored: 1}, after: both(established, expectNext(flow.rev, 5007))},
+		{name: "blind_fin_stays_established", hook: hookTC, in: blindFIN, out: ptr(blindFIN.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: ignored, after: both(established, expectNext(flow.fwd, 1005))},
+		{name: "rst_just_past_the_window", hook: hookTC, in: edgeRST, out: ptr(edgeRST.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: ignored, after: established},
+		{name: "spoofed_syn_does_not_reopen", hook: hookTC, in: spoofedSYN, out: ptr(spoofedSYN.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: ignored, after: both(established, expectNext(flow.fwd, 1005))},
+		{name: "still_translated_both_ways", hook: hookTC, in: reply, out: ptr(reply.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1},
+			after: established},
+		{name: "in_window_rst_closes", hook: hookTC, in: rst, out: ptr(rst.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: stats{StatConntrackDemoted: 1}, after: expectState(flow, tcCtStateCT_TCP_CLOSING, TimeoutTCPClosing)},
+		{name: "syn_after_close_reopens", hook: hookTC, in: spoofedSYN, out: ptr(spoofedSYN.withAddrs("", beTCP)), fwd: tcpFE, newFlow: true,
+			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 2}),
+			after: both(expectState(flow, tcCtStateCT_TCP_SYN_SENT, TimeoutTCPSyn), expectNext(flow.fwd, 0x7777_0001))},
+		// Established again, then as an upgrade from layout 7 leaves it.
+		{name: "syn_ack_again", hook: hookTC, in: synAck.withSeq(5000, 0x7777_0001), out: ptr(synAck.withSeq(5000, 0x7777_0001).withAddrs(vipTCP, "")),
+			stats: stats{StatReverseNAT: 1}},
+		{name: "layout7_flow_learns_from_its_next_packet", hook: hookTC, in: ack.withSeq(0x7777_0001, 5001),
+			out: ptr(ack.withSeq(0x7777_0001, 5001).withAddrs("", beTCP)), fwd: tcpFE, stats: stats{StatConntrackPromoted: 1},
+			before: layout7, after: both(established, expectNext(flow.fwd, 0x7777_0005), expectNext(flow.rev, 0))},
+		{name: "layout7_flow_ignores_a_blind_rst_once_learnt", hook: hookTC, in: blindRST, out: ptr(blindRST.withAddrs("", beTCP)), fwd: tcpFE,
+			stats: ignored, after: established},
+		// The backend's side is still unknown: its RST must acknowledge
+		// what the client sent.
+		{name: "layout7_unknown_side_rst_must_ack_the_peer", hook: hookTC, in: blindRSTReply, out: ptr(blindRSTReply.withAddrs(vipTCP, "")),
+			stats: stats{StatReverseNAT: 1, StatConntrackTCPIgnored: 1}, after: established},
+		{name: "layout7_unknown_side_rst_acking_the_peer_closes", hook: hookTC, in: blindRSTReply.withSeq(1, 0x7777_0005),
+			out: ptr(blindRSTReply.withSeq(1, 0x7777_0005).withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1, StatConntrackDemoted: 1},
+			after: expectState(flow, tcCtStateCT_TCP_CLOSING, TimeoutTCPClosing)},
+	}
+	runTable(t, d, rows)
+}
+
 // srcFor finds a client port whose flow to f hashes to slot want of a
 // table of n slots.
 func srcFor(t *testing.T, ip string, f Frontend, want, n int, from int) string {
@@ -304,7 +390,7 @@ func backendAt(t *testing.T, d *Datapath, f Frontend, i int) string {
 }
 
 // TestBackendStates checks, in each family tc on pod veths translates,
-// what each backend state does to flows pinned to it: draining keeps established flows, a SYN reopening one moves, a
+// what each backend state does to flows pinned to it: draining keeps established flows (a SYN does not reopen one), a SYN reopening a closed one moves, a
 // gone backend's flows are re-balanced (UDP moves, TCP goes to an active
 // backend, which resets it), and a stale generation is never honoured.
 func TestBackendStates(t *testing.T) {
@@ -336,9 +422,15 @@ func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
 	// Flows that hash to a (slot 0 of 2) and, once a is gone, to b.
 	src1 := srcFor(t, client+"5", f, 0, 2, 20000)
 	src2 := srcFor(t, client+"6", f, 0, 2, 20000)
+	src3 := srcFor(t, client+"8", f, 0, 2, 20000)
+	syn3 := tcpFrame(src3, vipTCP, tcpSYN, "")
 	usrc := srcFor(t, client+"7", u, 0, 2, 20000)
 	syn1, ack1 := tcpFrame(src1, vipTCP, tcpSYN, ""), tcpFrame(src1, vipTCP, tcpACK, "more")
 	synAck1 := tcpFrame(a.Addr.String(), src1, tcpSYN|tcpACK, "")
+	// The client's SYN (seq 1000) and ACK (seq 1000, 4 bytes) reached
+	// 1004; a spoofed SYN with another sequence number.
+	spoofedSYN1 := syn1.withSeq(0x5555_0000, 0)
+	rst1 := tcpFrame(src1, vipTCP, tcpRST, "").withSeq(1004, 0)
 	syn2, ack2 := tcpFrame(src2, vipTCP, tcpSYN, ""), tcpFrame(src2, vipTCP, tcpACK, "more")
 	udp1 := udpFrame(usrc, vipUDP, "q")
 
@@ -364,22 +456,33 @@ func testBackendStates(t *testing.T, vip, aAddr, bAddr, client string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n != 2 {
-			t.Errorf("markOutdated marked %d flows, want 2 (the TCP flows moved to b)", n)
+		if n != 3 {
+			t.Errorf("markOutdated marked %d flows, want 3 (the TCP flows moved to b)", n)
 		}
 	}
 	rows := []pktCase{
 		{name: "tcp_flow_to_a", hook: hookTC, in: syn1, out: ptr(syn1.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
 		{name: "tcp_reply_from_a", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 		{name: "second_tcp_flow_to_a", hook: hookTC, in: syn2, out: ptr(syn2.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+		{name: "unanswered_tcp_flow_to_a", hook: hookTC, in: syn3, out: ptr(syn3.withAddrs("", a.Addr.String())), fwd: f, newFlow: true, stats: newFlowStats(nil)},
 		{name: "udp_flow_to_a", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u, newFlow: true, stats: newFlowStats(nil)},
 		{name: "draining_keeps_established_tcp", before: drainA, hook: hookTC, in: ack1, out: ptr(ack1.withAddrs("", a.Addr.String())), fwd: f,
 			stats: stats{StatConntrackPromoted: 1}},
 		{name: "draining_keeps_udp", hook: hookTC, in: udp1, out: ptr(udp1.withAddrs("", ua.Addr.String())), fwd: u},
 		{name: "draining_answers_are_translated", hook: hookTC, in: synAck1, out: ptr(synAck1.withAddrs(vipTCP, "")), stats: stats{StatReverseNAT: 1}},
+		// A handshake nobody answered moves off a draining backend.
+		{name: "unanswered_syn_to_a_draining_backend_moves", hook: hookTC, in: syn3, out: ptr(syn3.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
+			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 2})},
+		// A SYN does not reopen an established flow, draining backend
+		// or not (a spoofed one would reset it): it goes on to a, whose
+		// challenge ACK draws the client's in-window reset.
+		{name: "syn_on_an_established_draining_flow_stays", hook: hookTC, in: spoofedSYN1, out: ptr(spoofedSYN1.withAddrs("", a.Addr.String())), fwd: f,
+			stats: stats{StatConntrackTCPIgnored: 1}},
+		{name: "in_window_rst_closes_the_draining_flow", hook: hookTC, in: rst1, out: ptr(rst1.withAddrs("", a.Addr.String())), fwd: f,
+			stats: stats{StatConntrackDemoted: 1}},
 		// The reopened flow gets a new reverse entry (b's); both old
 		// entries are deleted (a's reply entry must not linger).
-		{name: "syn_reusing_a_draining_flow_moves", hook: hookTC, in: syn1, out: ptr(syn1.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
+		{name: "syn_reusing_a_closed_draining_flow_moves", hook: hookTC, in: syn1, out: ptr(syn1.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
 			stats: newFlowStats(stats{StatConntrackSYNReopen: 1, StatConntrackReplaced: 2})},
 		{name: "gone_backend_tcp_is_rebalanced", before: goneA, hook: hookTC, in: ack2, out: ptr(ack2.withAddrs("", b.Addr.String())), fwd: f, newFlow: true,
 			stats: newFlowStats(stats{StatConntrackStaleBackend: 1, StatConntrackReplaced: 2})},

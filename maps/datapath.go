@@ -28,7 +28,7 @@ var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
 	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops, tcMapTlbFrags,
-	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src,
+	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src, tcMapTlbFrags6,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -83,9 +83,10 @@ type Datapath struct {
 	services, backends, registry, backendStats *ebpf.Map
 	conntrack, affinity, ifaces, stats, meta   *ebpf.Map
 	// ctNew is the unreplied conntrack table (conntrack the established
-	// one), ctSrc the per-source budgets of new flows, frags the ports of
-	// fragmented datagrams' first fragments (bpf/frag.h).
-	ctNew, ctSrc, frags *ebpf.Map
+	// one), ctSrc the per-source budgets of new flows, frags and frags6
+	// the ports of fragmented datagrams' first fragments, IPv4's and
+	// IPv6's (bpf/frag.h).
+	ctNew, ctSrc, frags, frags6 *ebpf.Map
 	// ctSrcSeed keys the hash that picks a source's budget cell
 	// (cfg_ct_src_seed), drawn for each Load and given to every object
 	// it loads.
@@ -350,7 +351,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 	m := d.tcColl.Maps
 	d.services, d.backends, d.registry, d.backendStats = m[tcMapTlbServices], m[tcMapTlbBackends], m[tcMapTlbRegistry], m[tcMapTlbBackendStats]
 	d.conntrack, d.affinity, d.ifaces, d.stats, d.meta = m[tcMapTlbConntrack], m[tcMapTlbAffinity], m[tcMapTlbIfaces], m[tcMapTlbStats], m[tcMapTlbMeta]
-	d.ctNew, d.ctSrc, d.frags = m[tcMapTlbCtNew], m[tcMapTlbCtSrc], m[tcMapTlbFrags]
+	d.ctNew, d.ctSrc, d.frags, d.frags6 = m[tcMapTlbCtNew], m[tcMapTlbCtSrc], m[tcMapTlbFrags], m[tcMapTlbFrags6]
 	d.ct6, d.ct6New = m[tcMapTlbCt6], m[tcMapTlbCt6New]
 	d.srcRanges, d.srcRangeDrops = m[tcMapTlbSrcRanges], m[tcMapTlbSrcRangeDrops]
 	d.tcProg = d.tcColl.Programs[tcProgTcLb]

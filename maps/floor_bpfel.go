@@ -134,7 +134,7 @@ type floorCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -164,6 +164,30 @@ const (
 	floorFloorStepFLOOR_NEW_INSERT    floorFloorStep = 16384
 	floorFloorStepFLOOR_NEW_REWRITE   floorFloorStep = 32768
 )
+
+type floorFrag6Key struct {
+	_     structs.HostLayout
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type floorFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  floorCt6Key
+	Svc floorSvcKey
+	Key floorFrag6Key
+	_   [4]byte
+	V   floorFragValue
+}
 
 type floorFragKey struct {
 	_     structs.HostLayout
@@ -291,7 +315,9 @@ const (
 	floorMapTlbCtScratch       = "tlb_ct_scratch"
 	floorMapTlbCtSrc           = "tlb_ct_src"
 	floorMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	floorMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	floorMapTlbFrags           = "tlb_frags"
+	floorMapTlbFrags6          = "tlb_frags6"
 	floorMapTlbIfaces          = "tlb_ifaces"
 	floorMapTlbMeta            = "tlb_meta"
 	floorMapTlbRegistry        = "tlb_registry"
@@ -393,7 +419,9 @@ type floorMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -463,7 +491,9 @@ type floorMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -492,7 +522,9 @@ func (m *floorMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -291,8 +291,8 @@ func handoffNeigh(ifindex int, nexthop string, flags uint8) *tcFwdMeta {
 }
 
 // expectEntry checks every field of a conntrack entry but its expiry
-// (which must be set) and its counters (runTable checks them, through
-// Counters).
+// (which must be set), its counters (runTable checks them, through
+// Counters) and its sequence number (TestConntrackTCPWindow's).
 func expectEntry(key tcCtKey, want tcCtValue) func(t *testing.T, d *Datapath) {
 	return func(t *testing.T, d *Datapath) {
 		t.Helper()
@@ -300,7 +300,7 @@ func expectEntry(key tcCtKey, want tcCtValue) func(t *testing.T, d *Datapath) {
 		if got.Expires == 0 {
 			t.Errorf("entry %s -> %s: no expiry", addrPortFromWire(key.Saddr, key.Sport), addrPortFromWire(key.Daddr, key.Dport))
 		}
-		got.Expires, got.Packets, got.Bytes = 0, 0, 0
+		got.Expires, got.Packets, got.Bytes, got.TcpNext = 0, 0, 0, 0
 		if got != want {
 			t.Errorf("entry %s -> %s\n got %+v\nwant %+v", addrPortFromWire(key.Saddr, key.Sport), addrPortFromWire(key.Daddr, key.Dport), got, want)
 		}

@@ -47,17 +47,36 @@ func bigPayload(seed byte) []byte {
 // veth, by XDP on the uplink for node2's), reaches the client whole from
 // the Service address. Each datagram from a new socket: a new flow.
 func TestFragmentedTraffic(t *testing.T) {
+	fragmentedTraffic(t, "udp4", "0.0.0.0:0", "10.96.0.20:60", "10.1.1.2:6000", "10.1.2.2:6000", "10.2.1.2:6000")
+}
+
+// TestFragmentedTrafficIPv6 is TestFragmentedTraffic in IPv6, on the
+// testbed's second family: the fragment headers' 32-bit identifications
+// remembered in tlb_frags6, the later fragments' IPv6 headers
+// translated, in both directions.
+func TestFragmentedTrafficIPv6(t *testing.T) {
+	fragmentedTraffic(t, "udp6", "[::]:0", "[fd00:96::20]:60", "[fd00:10:1::2]:6000", "[fd00:10:2::2]:6000", "[fd00:20:1::2]:6000")
+}
+
+// fragmentedTraffic is TestFragmentedTraffic over network (its client's
+// sockets bound to local) to the frontend vip, served by b1 and b2 on
+// node1 and b3 on node2.
+func fragmentedTraffic(t *testing.T, network, local, vip, b1, b2, b3 string) {
 	requirePrivileges(t)
 	tb := newTestbed(t)
+	serve := ":6000"
+	if network == "udp6" {
+		tb.dualStack(t)
+		serve = "[::]:6000"
+	}
 	d := tb.attachNode1(t, filepath.Join(bpffs(t), "topolb"))
 	for name, ns := range map[string]*nettest.NS{"b1": tb.b1, "b2": tb.b2, "b3": tb.b3} {
-		ns.ServeUDP(t, ":6000", bigEcho(name))
+		ns.ServeUDP(t, serve, bigEcho(name))
 	}
-	const vip = "10.96.0.20:60"
 	mustSet(t, d, fe(vip, UDP),
-		Backend{Addr: netip.MustParseAddrPort("10.1.1.2:6000"), NodeLocal: true, ZoneLocal: true},
-		Backend{Addr: netip.MustParseAddrPort("10.1.2.2:6000"), NodeLocal: true, ZoneLocal: true},
-		Backend{Addr: netip.MustParseAddrPort("10.2.1.2:6000"), ZoneLocal: true})
+		Backend{Addr: netip.MustParseAddrPort(b1), NodeLocal: true, ZoneLocal: true},
+		Backend{Addr: netip.MustParseAddrPort(b2), NodeLocal: true, ZoneLocal: true},
+		Backend{Addr: netip.MustParseAddrPort(b3), ZoneLocal: true})
 	for _, x := range []struct {
 		ns     *nettest.NS
 		ifname string
@@ -84,7 +103,7 @@ func TestFragmentedTraffic(t *testing.T) {
 	buf := make([]byte, 65536)
 	for i := range n {
 		payload := bigPayload(byte(i))
-		c, err := tb.client.ListenPacket("udp4", "0.0.0.0:0")
+		c, err := tb.client.ListenPacket(network, local)
 		if err != nil {
 			t.Fatal(err)
 		}

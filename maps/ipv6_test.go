@@ -103,8 +103,9 @@ var destOpts = v6Ext{v6DestOpts, []byte{0, 0, 1, 4, 0, 0, 0, 0}}
 // with IPv6 frontends programmed: what is not a TCP or UDP packet to a
 // frontend is the kernel's on every hook, byte for byte and without a
 // counter: NDP, router advertisements, MLD (behind a hop-by-hop header),
-// echo, fragments, a chain of extension headers longer than the parser
-// walks. A SYN or a datagram to an IPv6 frontend passes tc egress, which
+// echo, a chain of extension headers longer than the parser walks to a
+// port that is no frontend (TestIPv6LongChains has those to frontends;
+// fragments are frag_test.go's). A SYN or a datagram to an IPv6 frontend passes tc egress, which
 // does not translate it; XDP and tc on uplinks pass the datagram to the
 // internal frontend (the SYN to the external one is TestXDPNorthSouth6's
 // and TestTCUplinkNorthSouth6's); on pod veths
@@ -147,9 +148,8 @@ func TestIPv6PassesUntouched(t *testing.T) {
 		{"mld_report_behind_hop_by_hop", ipv6Frame(linkLocal, mldRouters, 1, []v6Ext{routerAlert}, v6ICMP,
 			icmp6(icmp6MLDv2Report, []byte{0, 0, 0, 0}))},
 		{"echo_request_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, v6ICMP, icmp6(icmp6EchoRequest, []byte{0, 1, 0, 1, 'p'}))},
-		{"first_fragment_to_ipv6_frontend", ipv6Frame(client, vip, 64, []v6Ext{fragmentHeader(0, true)}, protoUDP, udp6(41000, 53, "fragment-one"))},
 		{"no_next_header", ipv6Frame(client, vip, 64, nil, v6NoNext, nil)},
-		{"syn_behind_more_extension_headers_than_walked", ipv6Frame(client, vip, 64, tooLong, protoTCP, tcp6(41001, 80, tcpSYN))},
+		{"syn_to_another_port_behind_more_extension_headers_than_walked", ipv6Frame(client, vip, 64, tooLong, protoTCP, tcp6(41001, 81, tcpSYN))},
 	}
 	toFrontend := []row{
 		{"tcp_syn_to_ipv6_frontend", ipv6Frame(client, vip, 64, nil, protoTCP, tcp6(41000, 80, tcpSYN))},
@@ -175,6 +175,48 @@ func TestIPv6PassesUntouched(t *testing.T) {
 	rows = append(rows, pktCase{name: "tc/syn_behind_walked_extension_headers", hook: hookTC, in: syn,
 		out: ptr(ipv6Frame(client, backend, 64, walked, protoTCP, tcp6(41002, 80, tcpSYN))),
 		fwd: Frontend{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP}, newFlow: true, stats: newFlowStats(nil)})
+	runTable(t, d, rows)
+}
+
+// TestIPv6LongChains: a packet to a frontend behind an extension chain
+// longer than the parser walks (5 headers; or 3 of 88 bytes, beyond its
+// 64) cannot be translated, and passed on it would reach the frontend's
+// address untranslated (a cluster IP's towards the node's gateway): every
+// hook that balances drops it and counts it as drop_unparsed. Not to a
+// frontend (another port), it passes untouched; tc egress, which
+// balances nothing, passes it.
+func TestIPv6LongChains(t *testing.T) {
+	d := setupTable(t)
+	vip := netip.MustParseAddr("fd00:96::10")
+	backend := netip.MustParseAddr("fd00:1::1")
+	for _, f := range []Frontend{
+		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP},
+		{Addr: netip.AddrPortFrom(vip, 80), Proto: TCP, Scope: ScopeExternal},
+		{Addr: netip.AddrPortFrom(vip, 53), Proto: UDP},
+		{Addr: netip.AddrPortFrom(vip, 53), Proto: UDP, Scope: ScopeExternal},
+	} {
+		mustSet(t, d, f, Backend{Addr: netip.AddrPortFrom(backend, f.Addr.Port())})
+	}
+	client := netip.MustParseAddr("fd00:2::7")
+	five := []v6Ext{destOpts, destOpts, destOpts, destOpts, destOpts}
+	// A destination options header of 88 bytes: PadN filling it.
+	long := v6Ext{v6DestOpts, append([]byte{0, 10, 1, 84}, make([]byte, 84)...)}
+	three := []v6Ext{routerAlert, long, destOpts}
+	var rows []pktCase
+	for _, h := range []hook{hookTC, hookXDP, hookUplinkTC, hookTCEgress} {
+		dropped, counted := drop, stats{StatDropUnparsed: 1}
+		if h == hookTCEgress {
+			dropped, counted = pass, nil
+		}
+		rows = append(rows,
+			pktCase{name: string(h) + "/syn_to_frontend_behind_5_extension_headers", hook: h,
+				in: ipv6Frame(client, vip, 64, five, protoTCP, tcp6(41001, 80, tcpSYN)), want: dropped, stats: counted},
+			pktCase{name: string(h) + "/udp_to_frontend_behind_136_bytes_of_extension_headers", hook: h,
+				in: ipv6Frame(client, vip, 64, three, protoUDP, udp6(41002, 53, "q")), want: dropped, stats: counted},
+			pktCase{name: string(h) + "/udp_to_another_port_behind_5_extension_headers", hook: h,
+				in: ipv6Frame(client, vip, 64, five, protoUDP, udp6(41003, 54, "q")), want: pass},
+		)
+	}
 	runTable(t, d, rows)
 }
 

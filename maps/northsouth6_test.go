@@ -104,7 +104,7 @@ func (x entry) expect6(key tcCt6Key) func(t *testing.T, d *Datapath) {
 		if got.Ct.Expires == 0 {
 			t.Errorf("entry %s -> %s: no expiry", addrPortOf(key.Saddr, key.Sport), addrPortOf(key.Daddr, key.Dport))
 		}
-		got.Ct.Expires, got.Ct.Packets, got.Ct.Bytes = 0, 0, 0
+		got.Ct.Expires, got.Ct.Packets, got.Ct.Bytes, got.Ct.TcpNext = 0, 0, 0, 0
 		if got != want {
 			t.Errorf("entry %s -> %s\n got %+v\nwant %+v", addrPortOf(key.Saddr, key.Sport), addrPortOf(key.Daddr, key.Dport), got, want)
 		}

@@ -24,14 +24,20 @@ const (
 )
 
 type frame struct {
-	src, dst  netip.AddrPort
-	proto     uint8
-	tcpFlags  uint8
-	payload   []byte
-	ipOptions []byte // multiple of 4 bytes
-	fragOff   uint16 // in 8-byte units
-	moreFrags bool
-	ipID      uint16 // 0: 0x1234
+	src, dst netip.AddrPort
+	proto    uint8
+	tcpFlags uint8
+	// tcpSeq, tcpAck: the TCP sequence and acknowledgement numbers; 0
+	// stands for 1000 and 2000.
+	tcpSeq, tcpAck uint32
+	payload        []byte
+	ipOptions      []byte // multiple of 4 bytes
+	fragOff        uint16 // in 8-byte units
+	moreFrags      bool
+	ipID           uint16 // 0: 0x1234
+	// ipID6 is an IPv6 fragment's 32-bit identification (fragment
+	// header, RFC 8200 4.5); 0: ipID.
+	ipID6 uint32
 	// rawL4: payload is the whole IP payload, no L4 header built (a
 	// later fragment; fragmentsOf).
 	rawL4     bool
@@ -71,6 +77,13 @@ var (
 func tcpFrame(src, dst string, flags uint8, payload string) frame {
 	return frame{src: netip.MustParseAddrPort(src), dst: netip.MustParseAddrPort(dst),
 		proto: protoTCP, tcpFlags: flags, payload: []byte(payload)}
+}
+
+// withSeq is f with TCP sequence number seq and acknowledgement number
+// ack.
+func (f frame) withSeq(seq, ack uint32) frame {
+	f.tcpSeq, f.tcpAck = seq, ack
+	return f
 }
 
 func udpFrame(src, dst string, payload string) frame {
@@ -117,8 +130,15 @@ func (f frame) bytes() []byte {
 		l4 = make([]byte, 20, 20+len(f.payload))
 		binary.BigEndian.PutUint16(l4[0:], f.src.Port())
 		binary.BigEndian.PutUint16(l4[2:], f.dst.Port())
-		binary.BigEndian.PutUint32(l4[4:], 1000)
-		binary.BigEndian.PutUint32(l4[8:], 2000)
+		seq, ack := f.tcpSeq, f.tcpAck
+		if seq == 0 {
+			seq = 1000
+		}
+		if ack == 0 {
+			ack = 2000
+		}
+		binary.BigEndian.PutUint32(l4[4:], seq)
+		binary.BigEndian.PutUint32(l4[8:], ack)
 		l4[12] = 5 << 4
 		l4[13] = f.tcpFlags
 		binary.BigEndian.PutUint16(l4[14:], 65535)
@@ -177,6 +197,23 @@ func (f frame) bytes() []byte {
 		if next == protoICMP {
 			next = v6ICMP
 		}
+		if f.rawL4 {
+			// A fragment (fragmentsOf): its fragment header first.
+			id := f.ipID6
+			if id == 0 {
+				id = uint32(f.ipID)
+			}
+			fh := make([]byte, 8)
+			fh[0] = next
+			fo := f.fragOff << 3
+			if f.moreFrags {
+				fo |= 1
+			}
+			binary.BigEndian.PutUint16(fh[2:], fo)
+			binary.BigEndian.PutUint32(fh[4:], id)
+			b = append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), v6Fragment, len(fh)+len(l4))...)
+			return append(append(b, fh...), l4...)
+		}
 		return append(append(b, ipv6Header(f.src.Addr(), f.dst.Addr(), f.ttlOrDefault(), next, len(l4))...), l4...)
 	}
 	src4, dst4 := f.src.Addr().As4(), f.dst.Addr().As4()
@@ -221,17 +258,23 @@ func (f frame) bytes() []byte {
 	return b
 }
 
-// fragmentsOf splits the datagram f (no IP options) as a sender with a
-// path MTU of 20 + size bytes would: the L4 header and payload, with
-// f's checksum over all of it, in slices of size bytes (a multiple of 8),
-// each a frame with f's addresses and IP id. Only the first carries the
-// L4 header.
+// fragmentsOf splits the datagram f (no IP options, no IPv6 extension
+// headers) as a sender with a path MTU of 20 (IPv4) or 48 (IPv6, with
+// its fragment header) + size bytes would: the L4 header and payload,
+// with f's checksum over all of it, in slices of size bytes (a multiple
+// of 8), each a frame with f's addresses and IP id (IPv6: in a fragment
+// header, the upper-layer protocol its next header, as Linux's
+// ip6_fragment builds it). Only the first carries the L4 header.
 func fragmentsOf(f frame, size int) []frame {
-	l4 := f.bytes()[14+20:]
+	hlen := 20
+	if f.is6() {
+		hlen = 40
+	}
+	l4 := f.bytes()[14+hlen:]
 	var out []frame
 	for off := 0; off < len(l4); off += size {
 		end := min(off+size, len(l4))
-		out = append(out, frame{src: f.src, dst: f.dst, proto: f.proto, ipID: f.ipID, rawL4: true,
+		out = append(out, frame{src: f.src, dst: f.dst, proto: f.proto, ipID: f.ipID, ipID6: f.ipID6, rawL4: true,
 			payload: l4[off:end], fragOff: uint16(off / 8), moreFrags: end < len(l4)})
 	}
 	return out

@@ -134,7 +134,7 @@ type sockCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -142,6 +142,30 @@ type sockCtValue struct {
 type sockFibRoom struct {
 	_    structs.HostLayout
 	Room [64]uint8
+}
+
+type sockFrag6Key struct {
+	_     structs.HostLayout
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type sockFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  sockCt6Key
+	Svc sockSvcKey
+	Key sockFrag6Key
+	_   [4]byte
+	V   sockFragValue
 }
 
 type sockFragKey struct {
@@ -257,7 +281,9 @@ const (
 	sockMapTlbCtScratch       = "tlb_ct_scratch"
 	sockMapTlbCtSrc           = "tlb_ct_src"
 	sockMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	sockMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	sockMapTlbFrags           = "tlb_frags"
+	sockMapTlbFrags6          = "tlb_frags6"
 	sockMapTlbIfaces          = "tlb_ifaces"
 	sockMapTlbMeta            = "tlb_meta"
 	sockMapTlbRegistry        = "tlb_registry"
@@ -361,7 +387,9 @@ type sockMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -427,7 +455,9 @@ type sockMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -452,7 +482,9 @@ func (m *sockMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -18,7 +18,7 @@ const (
 	StatDropRewrite = Stat(tcStatReasonSTAT_DROP_REWRITE)
 	// StatReverseNAT: replies rewritten back to a service address.
 	StatReverseNAT = Stat(tcStatReasonSTAT_REVERSE_NAT)
-	// StatFragment: IPv4 fragments passed untranslated: not to a
+	// StatFragment: fragments passed untranslated (both families): not to a
 	// Service, or a later fragment without its datagram's first (arrived
 	// before it, or more than the timeout after).
 	StatFragment = Stat(tcStatReasonSTAT_FRAGMENT)
@@ -35,7 +35,8 @@ const (
 	// released); re-balanced.
 	StatConntrackStaleBackend = Stat(tcStatReasonSTAT_CT_STALE_BACKEND)
 	// StatConntrackSYNReopen: SYNs reusing the tuple of a closing flow or
-	// of a flow pinned to a draining backend; balanced as new flows.
+	// of an unanswered handshake to a draining backend; balanced as new
+	// flows.
 	StatConntrackSYNReopen = Stat(tcStatReasonSTAT_CT_SYN_REOPEN)
 	// StatTCPMidflowMiss: TCP packets without SYN to a frontend that had
 	// no conntrack entry at all (evicted or swept): a connection silently
@@ -148,6 +149,19 @@ const (
 	// StatFragFollowed: later fragments translated as their datagram's
 	// first was.
 	StatFragFollowed = Stat(tcStatReasonSTAT_FRAG_FOLLOWED)
+	// StatConntrackTCPIgnored: TCP resets and FINs outside their flow's
+	// window, and SYNs to an established flow: translated, the flow's
+	// state left as it was (a blind reset from a spoofed source).
+	StatConntrackTCPIgnored = Stat(tcStatReasonSTAT_CT_TCP_IGNORED)
+	// StatDropLoopback: frames from a pod addressed to or from a
+	// loopback address (127.0.0.0/8, ::1), dropped on the pod's veth: no
+	// pod reaches a node's localhost service, nor a NodePort on
+	// 127.0.0.1, nor poses as a localhost client.
+	StatDropLoopback = Stat(tcStatReasonSTAT_DROP_LOOPBACK)
+	// StatDropUnparsed: packets to a frontend whose L4 header lies beyond
+	// what the parser walks (an IPv6 extension chain longer than it
+	// takes), dropped rather than passed on untranslated.
+	StatDropUnparsed = Stat(tcStatReasonSTAT_DROP_UNPARSED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -196,6 +210,9 @@ var statNames = map[Stat]string{
 	StatDropSourceRange:       "drop_source_range",
 	StatFragFirst:             "fragment_first",
 	StatFragFollowed:          "fragment_followed",
+	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
+	StatDropLoopback:          "drop_loopback",
+	StatDropUnparsed:          "drop_unparsed",
 }
 
 // String returns the counter's stable name.

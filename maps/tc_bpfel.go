@@ -155,6 +155,12 @@ const (
 	tcCtStateCT_UDP             tcCtState = 4
 )
 
+type tcCtTcpLimit uint32
+
+const (
+	tcCtTcpLimitCT_TCP_WINDOW tcCtTcpLimit = 262144
+)
+
 type tcCtTimeout uint32
 
 const (
@@ -184,7 +190,7 @@ type tcCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -192,6 +198,24 @@ type tcCtValue struct {
 type tcFibRoom struct {
 	_    structs.HostLayout
 	Room [64]uint8
+}
+
+type tcFrag6Key struct {
+	_     structs.HostLayout
+	Saddr tcTlbAddr
+	Daddr tcTlbAddr
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type tcFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  tcCt6Key
+	Svc tcSvcKey
+	Key tcFrag6Key
+	_   [4]byte
+	V   tcFragValue
 }
 
 type tcFragKey struct {
@@ -380,7 +404,10 @@ const (
 	tcStatReasonSTAT_DROP_SRC_RANGE       tcStatReason = 39
 	tcStatReasonSTAT_FRAG_FIRST           tcStatReason = 40
 	tcStatReasonSTAT_FRAG_FOLLOWED        tcStatReason = 41
-	tcStatReasonSTAT_MAX                  tcStatReason = 42
+	tcStatReasonSTAT_CT_TCP_IGNORED       tcStatReason = 42
+	tcStatReasonSTAT_DROP_LOOPBACK        tcStatReason = 43
+	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 44
+	tcStatReasonSTAT_MAX                  tcStatReason = 45
 )
 
 type tcSvcFlag uint32
@@ -433,7 +460,9 @@ const (
 	tcMapTlbCtScratch       = "tlb_ct_scratch"
 	tcMapTlbCtSrc           = "tlb_ct_src"
 	tcMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	tcMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	tcMapTlbFrags           = "tlb_frags"
+	tcMapTlbFrags6          = "tlb_frags6"
 	tcMapTlbIfaces          = "tlb_ifaces"
 	tcMapTlbMeta            = "tlb_meta"
 	tcMapTlbRegistry        = "tlb_registry"
@@ -526,7 +555,9 @@ type tcMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -593,7 +624,9 @@ type tcMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -620,7 +653,9 @@ func (m *tcMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

@@ -393,7 +393,7 @@ type Counters struct {
 	Drops Drops
 	// ReverseNAT counts replies rewritten back to a service address.
 	ReverseNAT uint64
-	// Fragments counts IPv4 fragments passed untranslated: not to a
+	// Fragments counts fragments (either family) passed untranslated: not to a
 	// Service, or a later fragment that arrived before its datagram's
 	// first (only the first carries the ports; docs/datapath.md,
 	// "Fragments").

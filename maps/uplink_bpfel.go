@@ -134,7 +134,7 @@ type uplinkCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -142,6 +142,30 @@ type uplinkCtValue struct {
 type uplinkFibRoom struct {
 	_    structs.HostLayout
 	Room [64]uint8
+}
+
+type uplinkFrag6Key struct {
+	_     structs.HostLayout
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type uplinkFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  uplinkCt6Key
+	Svc uplinkSvcKey
+	Key uplinkFrag6Key
+	_   [4]byte
+	V   uplinkFragValue
 }
 
 type uplinkFragKey struct {
@@ -268,7 +292,9 @@ const (
 	uplinkMapTlbCtScratch       = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc           = "tlb_ct_src"
 	uplinkMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	uplinkMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	uplinkMapTlbFrags           = "tlb_frags"
+	uplinkMapTlbFrags6          = "tlb_frags6"
 	uplinkMapTlbIfaces          = "tlb_ifaces"
 	uplinkMapTlbMeta            = "tlb_meta"
 	uplinkMapTlbRegistry        = "tlb_registry"
@@ -361,7 +387,9 @@ type uplinkMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -428,7 +456,9 @@ type uplinkMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -455,7 +485,9 @@ func (m *uplinkMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

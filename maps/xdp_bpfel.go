@@ -134,7 +134,7 @@ type xdpCtValue struct {
 	Ifindex    uint32
 	Smac       [6]uint8
 	Dmac       [6]uint8
-	Pad        uint32
+	TcpNext    uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -142,6 +142,30 @@ type xdpCtValue struct {
 type xdpFibRoom struct {
 	_    structs.HostLayout
 	Room [64]uint8
+}
+
+type xdpFrag6Key struct {
+	_     structs.HostLayout
+	Saddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Daddr struct {
+		_     structs.HostLayout
+		Bytes [16]uint8
+	}
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type xdpFrag6Scratch struct {
+	_   structs.HostLayout
+	Ct  xdpCt6Key
+	Svc xdpSvcKey
+	Key xdpFrag6Key
+	_   [4]byte
+	V   xdpFragValue
 }
 
 type xdpFragKey struct {
@@ -268,7 +292,9 @@ const (
 	xdpMapTlbCtScratch       = "tlb_ct_scratch"
 	xdpMapTlbCtSrc           = "tlb_ct_src"
 	xdpMapTlbFib6Scratch     = "tlb_fib6_scratch"
+	xdpMapTlbFrag6Scratch    = "tlb_frag6_scratch"
 	xdpMapTlbFrags           = "tlb_frags"
+	xdpMapTlbFrags6          = "tlb_frags6"
 	xdpMapTlbIfaces          = "tlb_ifaces"
 	xdpMapTlbMeta            = "tlb_meta"
 	xdpMapTlbRegistry        = "tlb_registry"
@@ -359,7 +385,9 @@ type xdpMapSpecs struct {
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.MapSpec `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.MapSpec `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.MapSpec `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.MapSpec `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.MapSpec `ebpf:"tlb_registry"`
@@ -426,7 +454,9 @@ type xdpMaps struct {
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
+	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
 	TlbFrags         *ebpf.Map `ebpf:"tlb_frags"`
+	TlbFrags6        *ebpf.Map `ebpf:"tlb_frags6"`
 	TlbIfaces        *ebpf.Map `ebpf:"tlb_ifaces"`
 	TlbMeta          *ebpf.Map `ebpf:"tlb_meta"`
 	TlbRegistry      *ebpf.Map `ebpf:"tlb_registry"`
@@ -453,7 +483,9 @@ func (m *xdpMaps) Close() error {
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,
+		m.TlbFrag6Scratch,
 		m.TlbFrags,
+		m.TlbFrags6,
 		m.TlbIfaces,
 		m.TlbMeta,
 		m.TlbRegistry,

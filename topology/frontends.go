@@ -323,14 +323,26 @@ func Claims(node Node, d PortDecision, opts Options) ([]Frontend, []string) {
 // out with a warning. The result is sorted by address, protocol and scope;
 // it includes every protocol (the datapath skips what it cannot balance).
 //
+// A Service over one of opts.Caps claims nothing, with a warning.
+//
 // Every warning starts with the "namespace/name: " of the Service it is
 // about (the one that loses something), so callers can pick a Service's.
 func NodeFrontends(node Node, ds []PortDecision, opts Options) ([]Frontend, []string) {
 	var warnings []string
-	byKey := map[Key][]Frontend{}
+	byService := map[types.NamespacedName][]Frontend{}
 	for _, d := range ds {
 		claims, w := Claims(node, d, opts)
 		warnings = append(warnings, w...)
+		byService[d.Port.Service] = append(byService[d.Port.Service], claims...)
+	}
+	// A Service over a cap claims nothing (Caps), as State.PlanService
+	// plans it for the agent.
+	byKey := map[Key][]Frontend{}
+	for nn, claims := range byService {
+		if r, refused := opts.Caps.Refusal(claims); refused {
+			warnings = append(warnings, fmt.Sprintf("%s: %s", nn, r))
+			continue
+		}
 		for _, c := range claims {
 			byKey[c.Key()] = append(byKey[c.Key()], c)
 		}

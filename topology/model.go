@@ -348,6 +348,10 @@ type Options struct {
 	// --service-node-port-range); a nodePort outside it is not served. The
 	// zero value means DefaultNodePortRange.
 	NodePortRange PortRange
+	// Caps bound what one Service may take of the node's datapath
+	// tables; a Service over one is refused whole (Caps). The zero value
+	// caps nothing.
+	Caps Caps
 }
 
 // PortRange is an inclusive range of port numbers.
@@ -372,7 +376,7 @@ func (o Options) nodePortRange() PortRange {
 
 // DefaultOptions returns the options kube-proxy v1.37 runs with.
 func DefaultOptions() Options {
-	return Options{PreferSameTrafficDistribution: true, NodePortRange: DefaultNodePortRange}
+	return Options{PreferSameTrafficDistribution: true, NodePortRange: DefaultNodePortRange, Caps: DefaultCaps}
 }
 
 // ParseNodePortAddresses parses the CIDRs of --nodeport-addresses (the

@@ -223,6 +223,9 @@ type ServicePlan struct {
 	HealthChecks []HealthCheck
 	// Warnings are the decisions' and the claims' warnings, each once.
 	Warnings []string
+	// Refused, when set, is why the Service is refused on the node
+	// (Caps): Claims and HealthChecks are then nil, and Warnings say so.
+	Refused *Refusal
 }
 
 // Families returns the IP families the plan decides, in Families' order.
@@ -252,6 +255,12 @@ func (s *State) PlanService(node Node, nn types.NamespacedName, opts Options) Se
 		claims, w := Claims(node, d, opts)
 		plan.Claims = append(plan.Claims, claims...)
 		plan.Warnings = append(plan.Warnings, w...)
+	}
+	if r, refused := opts.Caps.Refusal(plan.Claims); refused {
+		plan.Refused, plan.Claims = &r, nil
+		plan.Warnings = append(plan.Warnings, fmt.Sprintf("%s: %s", nn, r))
+		plan.Warnings = dedupe(plan.Warnings)
+		return plan
 	}
 	for _, family := range plan.Families() {
 		if hc, ok := ServiceHealthCheck(svc, s.Slices[nn], node.Name, family); ok {

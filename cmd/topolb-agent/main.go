@@ -63,6 +63,10 @@ type flags struct {
 
 	nodePortAddresses  []string
 	clusterFromOutside bool
+	// maxRangesPerService and maxFrontendsPerService are the per-Service
+	// caps (topology.Caps).
+	maxRangesPerService    int
+	maxFrontendsPerService int
 	nodePortRange      string
 	healthCheckPorts   bool
 	sweepInterval      time.Duration
@@ -149,6 +153,8 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.StringSliceVar(&f.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts (and health check NodePorts) on this node's addresses inside these CIDRs, IPv4 and IPv6, as kube-proxy's flag (default, and for a family without a CIDR here: the Node's InternalIP and ExternalIP addresses of that family); a CIDR holding 127.0.0.1 (127.0.0.0/8, 0.0.0.0/0) also serves IPv4 NodePorts on 127.0.0.1 to the node's own processes, as kube-proxy's iptables mode does")
 	fl.BoolVar(&f.clusterFromOutside, "cluster-ips-from-outside", false, "serve cluster IPs to traffic arriving on the uplinks (a router sending the service CIDR to the nodes), as kube-proxy serves any packet that reaches a node; sent to a backend on another node, it is source-translated to this node's address")
 	fl.StringVar(&f.nodePortRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "serve only nodePorts in this range, the apiserver's --service-node-port-range; others are warned about and not served")
+	fl.IntVar(&f.maxRangesPerService, "max-source-ranges-per-service", topology.DefaultCaps.SourceRanges, "refuse a Service whose load-balancer IPs carry more loadBalancerSourceRanges than this (both families together): none of its frontends is served on this node, with a Warning Event on it, so one Service cannot fill the source-range table (65,536 slots, each range once per load-balancer frontend) for the others; a Service is refused whole rather than served with fewer ranges, which would let in sources its author kept out; 0: no cap")
+	fl.IntVar(&f.maxFrontendsPerService, "max-frontends-per-service", topology.DefaultCaps.Frontends, "refuse a Service that claims more frontends on this node than this (each port in each family on each cluster IP, externalIP, load-balancer IP and NodePort address, once per scope): none of its frontends is served, with a Warning Event on it, so one Service cannot fill the services map (--max-frontends) for the others; 0: no cap")
 	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
 	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
 	fl.DurationVar(&f.verifyInterval, "verify-interval", agent.DefaultVerifyInterval, "how often the kernel maps are compared with what the agent programmed and repaired on drift (also once at start); 0 disables")
@@ -241,6 +247,10 @@ func checkFlags(f flags) (settings, error) {
 		return s, err
 	}
 	s.options.ClusterIPsFromOutside = f.clusterFromOutside
+	if f.maxRangesPerService < 0 || f.maxFrontendsPerService < 0 {
+		return s, errors.New("--max-source-ranges-per-service and --max-frontends-per-service must not be negative")
+	}
+	s.options.Caps = topology.Caps{SourceRanges: f.maxRangesPerService, Frontends: f.maxFrontendsPerService}
 	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
 		return s, fmt.Errorf("--snat-ports: %w", err)
 	}

@@ -119,12 +119,15 @@ type nodePortFlags struct {
 	addresses          []string
 	portRange          string
 	clusterFromOutside bool
+	caps               topology.Caps
 }
 
 func (f *nodePortFlags) addFlags(cmd *cobra.Command) {
 	cmd.Flags().StringSliceVar(&f.addresses, "nodeport-addresses", nil, "serve NodePorts on the node's addresses inside these CIDRs, IPv4 and IPv6, as the agent's flag of that name (default, and for a family without a CIDR here: the Node's InternalIP and ExternalIP of that family; a CIDR holding 127.0.0.1 adds it)")
 	cmd.Flags().BoolVar(&f.clusterFromOutside, "cluster-ips-from-outside", false, "serve cluster IPs to traffic from outside the node, as the agent's flag of that name")
 	cmd.Flags().StringVar(&f.portRange, "service-node-port-range", topology.DefaultNodePortRange.String(), "the valid nodePort range, as the apiserver's flag of that name")
+	cmd.Flags().IntVar(&f.caps.SourceRanges, "max-source-ranges-per-service", topology.DefaultCaps.SourceRanges, "refuse a Service with more loadBalancerSourceRanges on its load-balancer IPs, as the agent's flag of that name (0: no cap)")
+	cmd.Flags().IntVar(&f.caps.Frontends, "max-frontends-per-service", topology.DefaultCaps.Frontends, "refuse a Service that claims more frontends on the node, as the agent's flag of that name (0: no cap)")
 }
 
 // options returns the decision options the flags describe.
@@ -136,6 +139,7 @@ func (f *nodePortFlags) options() (topology.Options, error) {
 	}
 	opts.NodePortRange, err = topology.ParsePortRange(f.portRange)
 	opts.ClusterIPsFromOutside = f.clusterFromOutside
+	opts.Caps = f.caps
 	return opts, err
 }
 

@@ -54,6 +54,8 @@ func TestGolden(t *testing.T) {
 		{name: "explain-frontends-node-a1-json", args: explain("frontends.yaml", "--node", "node-a1", "-o", "json"), report: &topology.Report{}},
 		{name: "explain-frontends-node-b1-table", args: explain("frontends.yaml", "--node", "node-b1")},
 		{name: "explain-frontends-thief-json", args: explain("frontends.yaml", "--node", "node-a1", "--service", "default/thief", "-o", "json"), report: &topology.Report{}},
+		// explain: a Service over a per-Service cap is refused whole, and says why.
+		{name: "explain-frontends-caps", args: explain("frontends.yaml", "--node", "node-a1", "--max-frontends-per-service", "5")},
 		{name: "explain-frontends-nodeport-addresses", args: explain("frontends.yaml", "--node", "node-a1", "--nodeport-addresses", "203.0.113.0/24", "--service-node-port-range", "8000-32767")},
 		// explain: a dual-stack Service and an IPv6-only one, decided per family.
 		{name: "explain-dual-stack-table", args: explain("dual-stack-cluster.yaml", "--node", "node-a1")},

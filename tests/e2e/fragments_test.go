@@ -17,13 +17,17 @@ import (
 )
 
 // bigUDP sends one 4,000-byte datagram from a new socket in ns to target
-// and returns the answer, which must come from target: the testbed's
-// backends answer a datagram that large with a padded answer at least as
-// large (testbed.Answer.Pad), so both directions travel in fragments over
-// the testbed's 1,500-byte MTUs.
+// (of either family) and returns the answer, which must come from
+// target: the testbed's backends answer a datagram that large with a
+// padded answer at least as large (testbed.Answer.Pad), so both
+// directions travel in fragments over the testbed's 1,500-byte MTUs.
 func bigUDP(ctx context.Context, ns *testbed.NS, target netip.AddrPort) (testbed.Answer, error) {
 	const size = 4000
-	c, err := ns.ListenPacket("udp4", "0.0.0.0:0")
+	network, local := "udp4", "0.0.0.0:0"
+	if target.Addr().Is6() {
+		network, local = "udp6", "[::]:0"
+	}
+	c, err := ns.ListenPacket(network, local)
 	if err != nil {
 		return testbed.Answer{}, err
 	}
@@ -136,6 +140,81 @@ func TestFragmentedUDP(t *testing.T) {
 	t.Logf("node-a1: fragment_first %d, fragment_followed %d, fragment %d", first, followed, passed)
 	if first < 120 || followed < 240 || passed != 0 {
 		t.Errorf("node-a1's fragment counters: first %d (want at least 120), followed %d (at least 240), passed untranslated %d (want 0)", first, followed, passed)
+	}
+	noChecksumErrors(t, tb)
+}
+
+// TestFragmentedUDP6 is TestFragmentedUDP in IPv6, on a dual-stack
+// testbed with an IPv6-only Service: 4,000-byte datagrams from the
+// client pod to its IPv6 cluster IP, and from the outside client to its
+// IPv6 load-balancer IP and to node-a1's IPv6 NodePort, each fragmented
+// by its sender behind fragment headers. Before IPv6 fragments were
+// translated none was answered, and the pod's left node-a1 untranslated
+// towards its gateway. Every datagram reaches a backend whole and its
+// fragmented answer the client from the address it asked; node-a1
+// counts followed fragments, none passed untranslated and none dropped
+// as unparsed.
+func TestFragmentedUDP6(t *testing.T) {
+	requireRoot(t)
+	spec, err := testbed.ParseSpec(append(testbed.DemoYAML(), "\ndualStack: true\noutside: {ingressNode: node-a1, clients: [{name: ext1}]}\nkubeProxy: none\n"...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := newTestbed(t, spec)
+	withAgents.start(t, tb)
+	lbIP := netip.MustParseAddr("fd00:198:51:100::9")
+	svcs := []testbed.ServiceSpec{{Name: "big6", Type: v1.ServiceTypeLoadBalancer, IPFamilies: []v1.IPFamily{v1.IPv6Protocol},
+		LoadBalancerIPs: []string{lbIP.String()},
+		Ports:           []testbed.PortSpec{{Name: "echo", Protocol: v1.ProtocolUDP, Port: 53}},
+		Endpoints:       []testbed.EndpointSpec{{Pod: "web-a1"}, {Pod: "web-b1"}}}}
+	apply(t, tb, svcs)
+	if err := tb.CheckNoKubeProxy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := tb.Current()
+	ds, _ := tb.Decide(objs, "node-a1")
+	d := testbed.FindDecisionOf(ds, "big6", v1.ProtocolUDP, v1.IPv6Protocol)
+	if d == nil || !d.NodePort.IsValid() {
+		t.Fatalf("no IPv6 decision with a NodePort for big6: %+v", d)
+	}
+	cases := []struct {
+		name   string
+		ns     *testbed.NS
+		target netip.AddrPort
+	}{
+		{"client pod to the cluster IP", tb.Pod("client").NS, d.Frontend},
+		{"outside client to the load-balancer IP", tb.External("ext1").NS, netip.AddrPortFrom(lbIP, 53)},
+		{"outside client to node-a1's NodePort", tb.External("ext1").NS, d.NodePort},
+	}
+	for _, c := range cases {
+		landed := map[string]int{}
+		for i := range 30 {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			a, err := bigUDP(ctx, c.ns, c.target)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s %s, datagram %d: %v", c.name, c.target, i, err)
+			}
+			landed[a.Pod]++
+		}
+		if landed["web-a1"] == 0 || landed["web-b1"] == 0 {
+			t.Errorf("%s %s: answered by %v, want web-a1 and web-b1", c.name, c.target, landed)
+		}
+		t.Logf("%s %s: %v", c.name, c.target, landed)
+	}
+	metrics, err := tb.Agent("node-a1").Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 90 datagrams, each with a fragmented answer (TestFragmentedUDP says
+	// why node-a1 sees both).
+	n := uint64(len(cases) * 30)
+	first, followed := eventCount(t, metrics, "fragment_first"), eventCount(t, metrics, "fragment_followed")
+	passed, unparsed := eventCount(t, metrics, "fragment"), eventCount(t, metrics, "drop_unparsed")
+	t.Logf("node-a1: fragment_first %d, fragment_followed %d, fragment %d, drop_unparsed %d", first, followed, passed, unparsed)
+	if first < 2*n || followed < 4*n || passed != 0 || unparsed != 0 {
+		t.Errorf("node-a1's fragment counters: first %d (want at least %d), followed %d (at least %d), passed untranslated %d, dropped unparsed %d (want 0)",
+			first, 2*n, followed, 4*n, passed, unparsed)
 	}
 	noChecksumErrors(t, tb)
 }

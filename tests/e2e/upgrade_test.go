@@ -16,9 +16,9 @@ import (
 	"github.com/topolb/topolb/tools/testbed"
 )
 
-// previousLayoutCommit is the last commit of map layout 6, whose agent an
-// agent of this tree upgrades from (maps/layout6.go).
-const previousLayoutCommit = "1a4cb88"
+// previousLayoutCommit is the last commit of map layout 7, whose agent an
+// agent of this tree upgrades from (maps/layout7.go).
+const previousLayoutCommit = "b133b56"
 
 // buildPreviousAgent builds cmd/topolb-agent of previousLayoutCommit into
 // the test's temporary directory, from `git archive` (the repository is
