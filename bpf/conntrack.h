@@ -159,6 +159,33 @@ static __always_inline void ct_tcp_learn(struct ct_value *ct, const struct packe
 		ct->tcp_next = pkt->tcp_end;
 }
 
+/* ct_iif_plausible reports whether a packet of ct's direction that
+ * arrived on iif comes from where that direction's packets come from
+ * (ct->iif), as strict rp_filter would have it, but by the interface the
+ * flow was seen on rather than by a route: a reply must arrive where its
+ * backend is, on the backend's pod veth for a local one, on an uplink
+ * for a remote one. Not where a pod forging the backend's address sits,
+ * nor on an uplink for a local backend. Passes:
+ *   - the interface itself (the hit path's one compare, its caller's);
+ *   - either unknown (0: the node's own stack, or an entry converted
+ *     from layout 7, which predates the field);
+ *   - another interface where neither is a pod's veth (tlb_ifaces): a
+ *     path that moved between uplinks, a bond's member, an interface
+ *     topolb does not attach to. Only a pod's veth tells who sent a
+ *     packet; an uplink carries anyone's.
+ * Rare path: two lookups, only for a packet on another interface. */
+static __always_inline int ct_iif_plausible(const struct ct_value *ct, __u32 iif)
+{
+	__u32 want = ct->iif;
+	struct iface_value *a, *b;
+
+	if (want == iif || !want || !iif)
+		return 1;
+	a = bpf_map_lookup_elem(&tlb_ifaces, &want);
+	b = bpf_map_lookup_elem(&tlb_ifaces, &iif);
+	return !(a && a->kind == IFACE_POD) && !(b && b->kind == IFACE_POD);
+}
+
 /* ct_peer_key fills the key of the other direction's entry of the flow
  * that pkt matched as ct. The agent's sweep mirrors it (ctPeerKey in
  * maps/conntrack.go): change both together. */

@@ -134,7 +134,9 @@ enum stat_reason {
 	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
 	STAT_DROP_LOOPBACK = 43,      /* frames from a pod to or from a loopback address (127.0.0.0/8, ::1): dropped (tc_lb.c) */
 	STAT_DROP_UNPARSED = 44,      /* packets to a frontend whose L4 header lies beyond what the parser walks (an IPv6 extension chain longer than IP6_MAX_EXT headers or IP6_MAX_EXT_LEN bytes): dropped, never passed on untranslated (lb.h) */
-	STAT_MAX = 45,
+	/* 45: issue 32 item 1 (46, 47: other branches). */
+	STAT_DROP_REPLY_IFACE = 45,   /* replies, and ICMP errors about a flow, that arrived on another interface than the flow's packets of that direction come in on (a pod's veth where the backend is elsewhere, or another pod's): forged, dropped (conntrack.h, ct_iif_plausible) */
+	STAT_MAX = 46,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send

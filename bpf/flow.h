@@ -124,6 +124,11 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		    0, 0, &to_client);
 	fwd_to_ct(fwd, &to_backend);
 	fwd_to_ct(rev, &to_client);
+	/* Where each direction's packets come from (ct_iif_plausible): the
+	 * client's from where this one came, the backend's from where they
+	 * are sent to it. */
+	fwd->iif = iif;
+	rev->iif = to_backend.ifindex;
 
 	/* Reverse first: a forward entry without its reverse would leak
 	 * backend addresses to the client. */

@@ -71,6 +71,9 @@ static __always_inline int flow6_create(void *ctx, __u32 iif, const struct packe
 		return -1;
 	}
 	fwd_to_ct(&fwd->ct, &nat->fwd);
+	/* Where each direction's packets come from (flow_create). */
+	fwd->ct.iif = iif;
+	rev->ct.iif = fwd->ct.ifindex;
 	/* Replies arrive where the forward packets leave. */
 	fwd_resolve6(ctx, fwd->ct.ifindex ? fwd->ct.ifindex : iif, &p6->daddr, &p6->saddr, pkt->proto, 0, &nat->fwd,
 		     NULL);

@@ -147,11 +147,16 @@ static __always_inline void icmp_flow_rewrite(const struct ct_value *ct, struct 
 }
 
 /* icmp_xlate translates, in place, an ICMP error about a translated flow.
- * pkt is the error as parse_packet read it (PARSE_ICMP); [data, data_end)
- * must hold its headers up to ICMP_PARSE_LEN where the frame has them.
- * Returns LB_REWRITE when it translated the error, LB_PASS otherwise (not
- * an error, not about a translated flow, or not quoting enough). */
-static __always_inline int icmp_xlate(void *data, void *data_end, const struct packet *pkt)
+ * pkt is the error as parse_packet read it (PARSE_ICMP), arrived on iif
+ * (0: sent by the node's own stack); [data, data_end) must hold its
+ * headers up to ICMP_PARSE_LEN where the frame has them.
+ * Returns LB_REWRITE when it translated the error, LB_DROP (counted)
+ * when it arrived elsewhere than the packets of the direction it travels
+ * do (ct_iif_plausible: a forged "fragmentation needed" from a pod or
+ * from outside, quoting a flow whose replies come from elsewhere, would
+ * lower the client's path MTU), LB_PASS otherwise (not an error, not
+ * about a translated flow, or not quoting enough). */
+static __always_inline int icmp_xlate(void *data, void *data_end, const struct packet *pkt, __u32 iif)
 {
 	__u32 icmp_off = pkt->l4_off & L4_OFF_MASK;
 	struct iphdr *ip = data + ETH_HLEN;
@@ -199,6 +204,10 @@ static __always_inline int icmp_xlate(void *data, void *data_end, const struct p
 	ct = ct_find(&key);
 	if (!ct || compat_now() > ct->expires)
 		return LB_PASS;
+	if (!ct_iif_plausible(ct, iif)) {
+		stat_inc(STAT_DROP_REPLY_IFACE);
+		return LB_DROP;
+	}
 	icmp_flow_rewrite(ct, &src, &dst);
 
 	if (in->protocol == IP_PROTO_UDP) {
@@ -265,11 +274,11 @@ static __always_inline const __u32 *icmp6_end_addr(__u8 from, const struct ct6_v
 }
 
 /* icmp6_xlate is icmp_xlate for an ICMPv6 message (pkt a struct packet6,
- * PARSE_ICMP); [data, data_end) must hold its headers up to
+ * PARSE_ICMP), arrived on iif; [data, data_end) must hold its headers up to
  * ICMP6_PARSE_LEN where the frame has them. The new addresses are read
  * from the flow's entry and the old ones from the packet, every checksum
  * change computed before the address it follows is written. */
-static __always_inline int icmp6_xlate(void *data, void *data_end, const struct packet *pkt)
+static __always_inline int icmp6_xlate(void *data, void *data_end, const struct packet *pkt, __u32 iif)
 {
 	__u32 icmp_off = pkt->l4_off & L4_OFF_MASK;
 	struct ipv6hdr *ip = data + ETH_HLEN;
@@ -319,6 +328,10 @@ static __always_inline int icmp6_xlate(void *data, void *data_end, const struct 
 	ct = ct_find_fam(PKT_IPV6, &key);
 	if (!ct || compat_now() > ct->expires)
 		return LB_PASS;
+	if (!ct_iif_plausible(ct, iif)) {
+		stat_inc(STAT_DROP_REPLY_IFACE);
+		return LB_DROP;
+	}
 	v = ct6_of(ct);
 	icmp_flow_plan(ct, &src_from, &dst_from);
 	src_new = icmp6_end_addr(src_from, v, src);

@@ -183,7 +183,8 @@ static __always_inline int lb_new_flow(int fam, void *ctx, __u32 iif, const stru
 /* lb_process decides what happens to a parsed TCP/UDP packet of family
  * fam (a constant; an IPv6 packet is a struct packet6, its nat a struct
  * nat6) that arrived on iif: pass, drop, or rewrite as nat says and
- * forward along nat->fwd. */
+ * forward along nat->fwd. A reply that arrived elsewhere than its flow's
+ * replies do (ct_iif_plausible) is dropped and counted. */
 static __always_inline int lb_process(int fam, void *ctx, __u32 iif, const struct packet *pkt, struct nat *nat)
 {
 	struct ct_key key4 = {};
@@ -195,9 +196,15 @@ static __always_inline int lb_process(int fam, void *ctx, __u32 iif, const struc
 	ct = ct_find_fam(fam, key);
 	if (!ct)
 		return lb_new_flow(fam, ctx, iif, pkt, 0, nat);
-	if (ct->dir == CT_REVERSE)
+	if (ct->dir == CT_REVERSE) {
+		/* A reply is translated only from where its backend is: one
+		 * compare on the hit path. */
+		if (ct->iif != iif && !ct_iif_plausible(ct, iif)) {
+			stat_inc(STAT_DROP_REPLY_IFACE);
+			return LB_DROP;
+		}
 		ret = ct_reverse_hit(fam, pkt, key, ct, nat);
-	else
+	} else
 		ret = ct_forward_hit(fam, pkt, key, ct, nat);
 	if (ret != LB_CONTINUE)
 		return ret;

@@ -42,6 +42,12 @@
  * the default and why). Set at load time from the agent's --snat-ports. */
 volatile const __u16 cfg_snat_port_min = SNAT_PORT_MIN_DEFAULT;
 volatile const __u16 cfg_snat_port_max = SNAT_PORT_MAX_DEFAULT;
+/* cfg_snat_port_seeded: 1 starts a new flow's port walk (snat_claim) at
+ * its flow hash, so the same flow is offered the same ports (maps' tests
+ * predict them); 0, what the agent loads, at a random point, so nobody
+ * can predict the port a flow from outside gets and aim forged replies
+ * at it. */
+volatile const __u8 cfg_snat_port_seeded = 0;
 
 #define UDP_CSUM_ALL_ONES 0xffff
 /* EEXIST (asm-generic/errno-base.h): what BPF_NOEXIST fails with. */
@@ -129,8 +135,7 @@ static __always_inline __u32 fmix32(__u32 h)
 }
 
 /* snat_port is the try-th port (host byte order) offered to a flow whose
- * hash is h: a pseudo-random walk over the configured range, the same for
- * the same flow. */
+ * walk starts at h: a pseudo-random walk over the configured range. */
 static __always_inline __u16 snat_port(__u32 h, __u32 try)
 {
 	__u32 n = (__u32)cfg_snat_port_max - cfg_snat_port_min + 1;
@@ -201,14 +206,17 @@ static __always_inline int snat_claim_in(int fam, __u32 h, void *key, const stru
 	return -1;
 }
 
-/* snat_claim is snat_claim_in for fam, a constant of each caller. The
- * family is branched on once, outside the walk: each walk keeps only
+/* snat_claim is snat_claim_in for fam, a constant of each caller, whose
+ * walk starts at h, the flow's hash, or at random (cfg_snat_port_seeded).
+ * The family is branched on once, outside the walk: each walk keeps only
  * its own values across the helper calls, so the subprogram's frame stays
  * what IPv4's alone needed (tc_lb6's stack and this frame add up to the
  * 512-byte limit). */
 static __noinline __attribute__((unused)) int snat_claim(int fam, __u32 h, void *key, const struct ct_value *rev,
 							 __u64 now)
 {
+	if (!cfg_snat_port_seeded)
+		h = bpf_get_prandom_u32();
 	if (fam == PKT_IPV6)
 		return snat_claim_in(PKT_IPV6, h, key, rev, now);
 	return snat_claim_in(PKT_IPV4, h, key, rev, now);

@@ -17,7 +17,11 @@
  * pod veths SCOPE_INTERNAL, XDP on uplinks SCOPE_EXTERNAL. */
 volatile const __u8 cfg_scope = LB_SCOPE_DEFAULT;
 /* cfg_hash_seed seeds the flow hash; must match on every program of a node
- * so every hook would pick the same slot. */
+ * so every hook would pick the same slot. The agent draws it at random
+ * when it creates the node's maps and keeps it in tlb_meta (struct meta),
+ * so a restart or an upgrade moves no flow or affinity, and nobody
+ * outside can predict which backend or SNAT port a flow gets. The default
+ * is the constant of layout 7, which an upgrade from it keeps. */
 volatile const __u32 cfg_hash_seed = 0x746c6221;
 /* cfg_ct_src_interval and cfg_ct_src_burst are the per-source budget of
  * new flows (enum ct_src_limit): one flow every interval ns, bursts of

@@ -100,7 +100,7 @@ struct ct_key {
 	__u8 pad[3];  /* zero */
 };
 
-/* tlb_conntrack and tlb_ct_new value, one per direction. 72 bytes. What the hit path
+/* tlb_conntrack and tlb_ct_new value, one per direction. 80 bytes. What the hit path
  * reads comes first (one cache line with the key in most placements);
  * what only the rare paths and the forwarding step read follows.
  * CT_FORWARD: addr:port is the destination to write (the backend);
@@ -127,6 +127,11 @@ struct ct_value {
 	__u32 tcp_next;     /* host byte order; TCP: the sequence number after the last segment this direction sent
 			     * (conntrack.h, ct_tcp_learn); 0 while unknown (no packet of this direction yet, or an entry of
 			     * layout 7, whose field here was padding) */
+	__u32 iif;          /* host byte order; the interface this direction's packets arrive on (conntrack.h,
+			     * ct_iif_plausible): CT_REVERSE, the one the forward packets leave through towards the
+			     * backend (its pod veth, or an uplink); CT_FORWARD, the one the flow's first packet came in
+			     * on. 0: unknown (the node's own stack, or an entry converted from layout 7) */
+	__u32 pad;          /* zero */
 	__u64 packets;      /* host byte order; CT_FORWARD: the flow's forward packets (per flow, not per CPU) */
 	__u64 bytes;        /* host byte order; CT_FORWARD: their L3 bytes */
 };
@@ -146,7 +151,7 @@ struct ct6_key {
 /* tlb_ct6 and tlb_ct6_new value: ct_value, whose state, flags, counters
  * and forwarding target every helper shares with IPv4, and the flow's
  * IPv6 addresses in place of ct.addr and ct.nat_addr (always zero here).
- * ct comes first: a pointer to it is a pointer to this. 104 bytes. */
+ * ct comes first: a pointer to it is a pointer to this. 112 bytes. */
 struct ct6_value {
 	struct ct_value ct;
 	union tlb_addr addr;     /* as ct_value.addr */
@@ -240,7 +245,9 @@ struct frag_value {
 /* tlb_meta value (single entry). Written by the loader only. 16 bytes. */
 struct meta {
 	__u32 layout_version; /* host byte order; 0 = not yet initialised */
-	__u32 pad;            /* zero */
+	__u32 hash_seed;      /* host byte order; the node's cfg_hash_seed (node.h), drawn at random when the maps
+			       * were created, kept across restarts; 0 (layout 7's padding): 0x746c6221, the constant
+			       * of layout 7 (maps/datapath.go, hashSeedOf) */
 	__u64 fingerprint;    /* host byte order; maps/layout.go, of the BTF of every key and value */
 };
 

@@ -47,18 +47,22 @@ static __always_inline int tc_tagged(const struct __sk_buff *skb)
 }
 
 /* tc_icmp translates an ICMP or ICMPv6 error (fam, a constant) about a
- * translated flow (icmp.h). ICMP always passes: an error about a flow we
- * do not know is not ours, nor are informational messages. */
+ * translated flow (icmp.h). ICMP passes but for an error about a flow
+ * that arrived where that flow's packets do not come from (dropped): an
+ * error about a flow we do not know is not ours, nor are informational
+ * messages. */
 static __always_inline int tc_icmp(int fam, struct __sk_buff *skb, const struct packet *pkt)
 {
+	int ret;
+
 	if (fam == PKT_IPV6) {
 		tc_pull(skb, ICMP6_PARSE_LEN);
-		icmp6_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+		ret = icmp6_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, skb->ingress_ifindex);
 	} else {
 		tc_pull(skb, ICMP_PARSE_LEN);
-		icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt);
+		ret = icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, skb->ingress_ifindex);
 	}
-	return TC_PASS;
+	return ret == LB_DROP ? TC_ACT_SHOT : TC_PASS;
 }
 
 /* tc_reject answers pkt, of family fam (a constant), to an empty reject

@@ -84,7 +84,8 @@ static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *p
 }
 
 /* xdp_icmp translates an ICMP error about a translated flow (icmp.h) in
- * place, and passes it up. A global function, verified once on its own:
+ * place, and passes it up; one that arrived where its flow's packets do
+ * not come from is dropped. A global function, verified once on its own:
  * with only the context to go by, it parses the frame again, which only
  * ICMP messages pay. Inlined into xdp_lb4, the verifier walked it once
  * for each state the parser left, about 440,000 of xdp_lb's
@@ -96,8 +97,9 @@ __noinline int xdp_icmp(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct packet pkt = {};
 
-	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_ICMP)
-		icmp_xlate(data, data_end, &pkt);
+	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_ICMP &&
+	    icmp_xlate(data, data_end, &pkt, ctx->ingress_ifindex) == LB_DROP)
+		return XDP_DROP;
 	return XDP_PASS;
 }
 

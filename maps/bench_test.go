@@ -507,7 +507,7 @@ func loadFloorVariant(b *testing.B, d *Datapath, mask floorFloorStep, flows *ebp
 	sizeMaps(spec, d.opts)
 	spec.Maps[floorMapFloorFlows].MaxEntries = d.opts.MaxConntrack
 	spec.Maps[floorMapFloorFlows6].MaxEntries = d.opts.MaxConntrack
-	if err := configure(spec, d.opts, d.compat, d.ctSrcSeed); err != nil {
+	if err := configure(spec, d.opts, d.compat, d.ctSrcSeed, d.hashSeed); err != nil {
 		b.Fatal(err)
 	}
 	if err := spec.Variables[floorVarCfgFloorSteps].Set(mask); err != nil {

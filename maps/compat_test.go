@@ -336,7 +336,7 @@ func TestVerifierEveryConfig(t *testing.T) {
 				spec, err := load()
 				must(t, err)
 				sizeMaps(spec, opts)
-				if err := configure(spec, opts, c, 0); err != nil {
+				if err := configure(spec, opts, c, 0, 0); err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
 				coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats}})

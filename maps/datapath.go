@@ -91,6 +91,9 @@ type Datapath struct {
 	// (cfg_ct_src_seed), drawn for each Load and given to every object
 	// it loads.
 	ctSrcSeed uint32
+	// hashSeed seeds the flow hash (cfg_hash_seed): the node's, kept in
+	// tlb_meta across restarts (hashSeedOf).
+	hashSeed uint32
 	// ct6 and ct6New are the IPv6 conntrack tables, conntrack's and
 	// ctNew's twins (keys tcCt6Key, values tcCt6Value): counted, swept
 	// (expiry only) and marked stale as the IPv4 ones.
@@ -205,9 +208,13 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, fmt.Errorf("layout fingerprint: %w", err)
 	}
 	previous := false
-	if err := checkPinnedLayout(opts.PinPath, fingerprint); errors.Is(err, errPreviousLayout) {
+	pinnedMeta, err := checkPinnedLayout(opts.PinPath, fingerprint)
+	if errors.Is(err, errPreviousLayout) {
 		previous = true
 	} else if err != nil {
+		return nil, err
+	}
+	if d.hashSeed, err = hashSeedOf(pinnedMeta); err != nil {
 		return nil, err
 	}
 	if d.kernel, err = probeDatapathKernel(tcSpec); err != nil {
@@ -303,7 +310,7 @@ func lockDir(dir string) (*os.File, error) {
 // created for it instead of the pinned ones of those names.
 func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) (err error) {
 	sizeMaps(tcSpec, d.opts)
-	if err := configure(tcSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
+	if err := configure(tcSpec, d.opts, d.compat, d.ctSrcSeed, d.hashSeed); err != nil {
 		return err
 	}
 	for _, name := range sharedMaps {
@@ -324,7 +331,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 		return err
 	}
 	sizeMaps(xdpSpec, d.opts)
-	if err := configure(xdpSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
+	if err := configure(xdpSpec, d.opts, d.compat, d.ctSrcSeed, d.hashSeed); err != nil {
 		return err
 	}
 	d.xdpColl, err = ebpf.NewCollectionWithOptions(xdpSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -336,7 +343,7 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 		return err
 	}
 	sizeMaps(uplinkSpec, d.opts)
-	if err := configure(uplinkSpec, d.opts, d.compat, d.ctSrcSeed); err != nil {
+	if err := configure(uplinkSpec, d.opts, d.compat, d.ctSrcSeed, d.hashSeed); err != nil {
 		return err
 	}
 	d.uplinkColl, err = ebpf.NewCollectionWithOptions(uplinkSpec, ebpf.CollectionOptions{MapReplacements: d.sharedMapSet()})
@@ -363,9 +370,10 @@ func (d *Datapath) loadObjects(tcSpec *ebpf.CollectionSpec, replacements map[str
 }
 
 // configure sets the load-time constants of an object that has them: the
-// SNAT port range, the per-source budget of new flows and the seed of its
-// cells' hash, and the fallbacks for what the kernel lacks (bpf/compat.h).
-func configure(spec *ebpf.CollectionSpec, opts Options, c compat, srcSeed uint32) error {
+// SNAT port range and where its walk starts, the per-source budget of new
+// flows and the seed of its cells' hash, the flow hash's seed, and the
+// fallbacks for what the kernel lacks (bpf/compat.h).
+func configure(spec *ebpf.CollectionSpec, opts Options, c compat, srcSeed, hashSeed uint32) error {
 	interval, burst := uint64(0), uint32(0)
 	if opts.NewFlowsPerSource != NoSourceLimit {
 		interval, burst = uint64(time.Second)/uint64(opts.NewFlowsPerSource), opts.NewFlowsPerSource
@@ -373,6 +381,7 @@ func configure(spec *ebpf.CollectionSpec, opts Options, c compat, srcSeed uint32
 	vars := map[string]any{
 		xdpVarCfgSnatPortMin: opts.SNATPorts.Min, xdpVarCfgSnatPortMax: opts.SNATPorts.Max,
 		tcVarCfgCtSrcInterval: interval, tcVarCfgCtSrcBurst: burst, tcVarCfgCtSrcSeed: srcSeed,
+		tcVarCfgHashSeed: hashSeed, tcVarCfgSnatPortSeeded: boolByte(testSeeded),
 	}
 	maps.Copy(vars, c.knobs)
 	if !c.cmpXchg {
@@ -412,7 +421,7 @@ func (d *Datapath) initMeta(fingerprint uint64) error {
 	if meta.LayoutVersion != 0 {
 		return nil
 	}
-	meta = tcMeta{LayoutVersion: layoutVersion, Fingerprint: fingerprint}
+	meta = tcMeta{LayoutVersion: layoutVersion, HashSeed: d.hashSeed, Fingerprint: fingerprint}
 	if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write layout version: %w", err)
 	}
@@ -454,34 +463,80 @@ func checkBPFFS(path string) error {
 var errPreviousLayout = errors.New("previous layout, upgraded by starting the agent")
 
 // checkPinnedLayout compares the layout version and fingerprint of a
-// pinned meta map, if any, before anything else is adopted.
-func checkPinnedLayout(pinPath string, fingerprint uint64) error {
+// pinned meta map, if any, before anything else is adopted. It returns
+// the pinned record (the zero record when there is none, or it was never
+// stamped), also with errPreviousLayout.
+func checkPinnedLayout(pinPath string, fingerprint uint64) (tcMeta, error) {
+	var meta tcMeta
 	path := filepath.Join(pinPath, tcMapTlbMeta)
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return meta, nil
 	}
 	if err != nil {
-		return fmt.Errorf("open pinned %s: %w", path, err)
+		return meta, fmt.Errorf("open pinned %s: %w", path, err)
 	}
 	defer m.Close()
-	var meta tcMeta
 	if err := m.Lookup(uint32(0), &meta); err != nil {
-		return fmt.Errorf("read pinned layout version: %w: %w", ErrLayoutMismatch, err)
+		return meta, fmt.Errorf("read pinned layout version: %w: %w", ErrLayoutMismatch, err)
 	}
 	switch {
 	case meta.LayoutVersion == 0:
-		return nil
+		return meta, nil
 	case meta.LayoutVersion == migrateFrom && meta.Fingerprint == prevLayoutFingerprint:
-		return fmt.Errorf("maps at %s have layout version %d: %w: %w", pinPath, migrateFrom, errPreviousLayout, ErrLayoutMismatch)
+		return meta, fmt.Errorf("maps at %s have layout version %d: %w: %w", pinPath, migrateFrom, errPreviousLayout, ErrLayoutMismatch)
 	case meta.LayoutVersion != layoutVersion:
-		return fmt.Errorf("maps at %s have layout version %d, this datapath uses %d: %w",
+		return meta, fmt.Errorf("maps at %s have layout version %d, this datapath uses %d: %w",
 			pinPath, meta.LayoutVersion, layoutVersion, ErrLayoutMismatch)
 	case meta.Fingerprint != fingerprint:
-		return fmt.Errorf("maps at %s have layout fingerprint %#x, this datapath %#x (same version %d: a layout change without a version bump): %w",
+		return meta, fmt.Errorf("maps at %s have layout fingerprint %#x, this datapath %#x (same version %d: a layout change without a version bump): %w",
 			pinPath, meta.Fingerprint, fingerprint, layoutVersion, ErrLayoutMismatch)
 	}
-	return nil
+	return meta, nil
+}
+
+// layout7HashSeed is the flow hash's seed of layout 7 and before, a
+// constant on every node (bpf/node.h's default): maps of those layouts
+// keep it, so an upgrade moves no flow, affinity or SNAT port.
+const layout7HashSeed = 0x746c6221
+
+// testSeeded, set by the package's tests only, makes Load predictable
+// where they predict what the datapath picks: fresh maps get
+// layout7HashSeed instead of a random seed, and the SNAT port walk starts
+// at the flow's hash instead of at random (cfg_snat_port_seeded).
+var testSeeded bool
+
+// hashSeedOf is the flow hash's seed for maps whose pinned tlb_meta
+// record is meta (checkPinnedLayout): the record's own, once stamped;
+// layout7HashSeed for maps of layout 7, whose record has none (its field
+// was padding, always zero); for fresh maps, a new one drawn at random
+// (never 0, which stands for layout 7's), which initMeta stamps. Drawn
+// per node, an outsider cannot predict which backend or SNAT port a flow
+// of its choosing gets.
+func hashSeedOf(meta tcMeta) (uint32, error) {
+	switch {
+	case meta.LayoutVersion != 0 && meta.HashSeed != 0:
+		return meta.HashSeed, nil
+	case meta.LayoutVersion != 0, testSeeded:
+		return layout7HashSeed, nil
+	}
+	for {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, fmt.Errorf("seed of the flow hash: %w", err)
+		}
+		if seed := binary.LittleEndian.Uint32(b[:]); seed != 0 {
+			return seed, nil
+		}
+	}
+}
+
+// boolByte is b as a C flag.
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Close releases the programs, the map file descriptors and the lock on

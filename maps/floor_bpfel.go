@@ -135,6 +135,8 @@ type floorCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	TcpNext    uint32
+	Iif        uint32
+	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -216,7 +218,7 @@ type floorIfaceValue struct {
 type floorMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
-	Pad           uint32
+	HashSeed      uint32
 	Fingerprint   uint64
 }
 
@@ -345,6 +347,7 @@ const (
 	floorVarCfgScope           = "cfg_scope"
 	floorVarCfgSnatPortMax     = "cfg_snat_port_max"
 	floorVarCfgSnatPortMin     = "cfg_snat_port_min"
+	floorVarCfgSnatPortSeeded  = "cfg_snat_port_seeded"
 	floorVarCfgSrcAddr         = "cfg_src_addr"
 	floorVarCfgSrcAddr6        = "cfg_src_addr6"
 	floorVarCfgSrcIfindex      = "cfg_src_ifindex"
@@ -450,6 +453,7 @@ type floorVariableSpecs struct {
 	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.VariableSpec `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
@@ -554,6 +558,7 @@ type floorVariables struct {
 	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.Variable `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`

@@ -310,12 +310,16 @@ func expectEntry(key tcCtKey, want tcCtValue) func(t *testing.T, d *Datapath) {
 // entry builds the expected value of a conntrack entry (without ids,
 // generations and expiry, filled by idsOf).
 type entry struct {
-	dir         tcCtDir
-	state       tcCtState
-	addr        string // addr:port to write
-	nat         string // second pair, with SNAT
-	redirect    tcCtRedirect
-	ifindex     int
+	dir      tcCtDir
+	state    tcCtState
+	addr     string // addr:port to write
+	nat      string // second pair, with SNAT
+	redirect tcCtRedirect
+	ifindex  int
+	// iif is the interface the direction's packets come in on (ct_value
+	// iif): for a forward entry the first packet's, for a reply entry the
+	// one its forward packets leave through; 0 unknown.
+	iif         int
 	smac, dmac  [6]byte
 	svc         Frontend // for ids: the frontend and ...
 	backendAddr string   // ... its backend
@@ -331,7 +335,7 @@ func (x entry) value(t *testing.T, d *Datapath) tcCtValue {
 	t.Helper()
 	ap := netip.MustParseAddrPort(x.addr)
 	v := tcCtValue{Addr: be32(ap.Addr()), Port: be16(ap.Port()), Dir: uint8(x.dir), State: uint8(x.state),
-		Redirect: uint8(x.redirect), Ifindex: uint32(x.ifindex), Smac: x.smac, Dmac: x.dmac}
+		Redirect: uint8(x.redirect), Ifindex: uint32(x.ifindex), Smac: x.smac, Dmac: x.dmac, Iif: uint32(x.iif)}
 	v.Flags = uint8(x.flags)
 	if x.nat != "" {
 		n := netip.MustParseAddrPort(x.nat)
@@ -431,9 +435,9 @@ func (f snatFlows) rows(e *fwdEnv, h hook, same, other uint32) []pktCase {
 func (e *fwdEnv) etpLocalEntries(fe Frontend, client string) func(t *testing.T, d *Datapath) {
 	return both(
 		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(pod1, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-			ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
+			ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], iif: e.idx["up0"], svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
 		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
-			ifindex: e.idx["up0"], smac: e.mac["up0"], dmac: macRouter, svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), client, protoTCP)),
+			ifindex: e.idx["up0"], smac: e.mac["up0"], dmac: macRouter, iif: e.idx["hp1"], svc: fe, backendAddr: ap(pod1, 8080)}.expect(ctKey(ap(pod1, 8080), client, protoTCP)),
 	)
 }
 
@@ -443,9 +447,9 @@ func (e *fwdEnv) snatEntries(fe Frontend, client, snatSrc string) func(t *testin
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
 	return both(
 		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode2, 8080), nat: snatSrc, redirect: tcCtRedirectCT_REDIRECT_XDP,
-			ifindex: up0, smac: upMAC0, dmac: macNode2, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
+			ifindex: up0, smac: upMAC0, dmac: macNode2, iif: up0, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(client, fe.Addr.String(), protoTCP)),
 		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), nat: client, redirect: tcCtRedirectCT_REDIRECT_XDP,
-			ifindex: up0, smac: upMAC0, dmac: macRouter, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
+			ifindex: up0, smac: upMAC0, dmac: macRouter, iif: up0, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP)),
 	)
 }
 
@@ -454,7 +458,7 @@ func (e *fwdEnv) snatEntries(fe Frontend, client, snatSrc string) func(t *testin
 // of up1.
 func (e *fwdEnv) up1ReplyEntry(fe Frontend, client, snatSrc string) func(t *testing.T, d *Datapath) {
 	return entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: fe.Addr.String(), nat: client, redirect: tcCtRedirectCT_REDIRECT_XDP,
-		ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP))
+		ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, iif: e.idx["up0"], svc: fe, backendAddr: ap(beNode2, 8080)}.expect(ctKey(ap(beNode2, 8080), snatSrc, protoTCP))
 }
 
 func extFrontend(addr string, proto Protocol) Frontend {
@@ -594,7 +598,7 @@ func TestXDPNorthSouth(t *testing.T) {
 			out:    ptr(neighAck.withAddrs(ap(nodeAddr, int(neighPort)), ap(beNode3, 8080)).forwarded(upMAC0, macNode3)), ret: xdpTX,
 			fwd: feNeigh,
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode3, 8080), nat: ap(nodeAddr, int(neighPort)),
-				redirect: tcCtRedirectCT_REDIRECT_XDP, ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap(beNode3, 8080)}.expect(ctKey(cNeigh, feNeigh.Addr.String(), protoTCP))},
+				redirect: tcCtRedirectCT_REDIRECT_XDP, ifindex: up0, smac: upMAC0, dmac: macNode3, iif: up0, svc: feNeigh, backendAddr: ap(beNode3, 8080)}.expect(ctKey(cNeigh, feNeigh.Addr.String(), protoTCP))},
 		{name: "snat_through_an_interface_topolb_does_not_own", hook: hookXDP, env: e, iif: "up0", in: otherSyn,
 			out: ptr(otherSyn.withAddrs(ap(otherAddr, int(otherPort)), ap(beOther, 8080))), ret: xdpPass,
 			meta: handoffNeigh(e.idx["other0"], beOther, uint8(tcFwdMetaFlagFWD_META_F_NO_STACK)),
@@ -614,7 +618,7 @@ func TestXDPNorthSouth(t *testing.T) {
 		{name: "snat_route_gone_dropped_not_a_martian", hook: hookXDP, env: e, iif: "up0", in: goneAck, before: removeNode5Route,
 			ret: xdpDrop, fwd: feGone, stats: stats{StatDropSNATFallback: 1},
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap(beNode5, 8080), nat: ap(nodeAddr, int(gonePort)),
-				redirect: tcCtRedirectCT_REDIRECT_STACK, svc: feGone, backendAddr: ap(beNode5, 8080)}.expect(ctKey(cGone, feGone.Addr.String(), protoTCP))},
+				redirect: tcCtRedirectCT_REDIRECT_STACK, iif: up0, svc: feGone, backendAddr: ap(beNode5, 8080)}.expect(ctKey(cGone, feGone.Addr.String(), protoTCP))},
 	}...)
 	runTable(t, d, rows)
 }
@@ -790,9 +794,9 @@ func tcForwardingRows(t *testing.T, e *fwdEnv, f fwdFamily) []pktCase {
 			fwd: vipLocal, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdPeer: 2},
 			after: both(
 				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: backend1}.expectFlow(c1, vipLocal.Addr.String(), protoTCP),
+					ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], iif: hc, svc: vipLocal, backendAddr: backend1}.expectFlow(c1, vipLocal.Addr.String(), protoTCP),
 				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: backend1}.expectFlow(backend1, c1, protoTCP),
+					ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], iif: hp1, svc: vipLocal, backendAddr: backend1}.expectFlow(backend1, c1, protoTCP),
 			)},
 		{name: "local_reply_into_the_client_pod", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(vipLocal.Addr.String(), "").forwarded(e.mac["hc"], e.mac[podClient])), ret: tcRedirect,
@@ -801,7 +805,7 @@ func tcForwardingRows(t *testing.T, e *fwdEnv, f fwdFamily) []pktCase {
 			out: ptr(localAck.withAddrs("", backend1).forwarded(e.mac["hp1"], e.mac[pod1])), ret: tcRedirect, fwd: vipLocal,
 			stats: stats{StatConntrackPromoted: 1},
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expectFlow(c1, vipLocal.Addr.String(), protoTCP)},
+				ifindex: hp1, smac: e.mac["hp1"], dmac: e.mac[pod1], iif: hc, svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expectFlow(c1, vipLocal.Addr.String(), protoTCP)},
 		{name: "pod_to_remote_backend_redirect_with_macs", hook: hookTC, env: e, iif: "hc", in: toRemote,
 			out: ptr(toRemote.withAddrs("", ap6(f.beNode2, 8080)).forwarded(e.mac["up0"], macNode2)), ret: tcRedirect,
 			fwd: vipRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatFwdL2: 1, StatFwdPeer: 1}},
@@ -834,9 +838,9 @@ func tcForwardingRows(t *testing.T, e *fwdEnv, f fwdFamily) []pktCase {
 		out: ptr(localAck.withAddrs("", backend1).forwarded(e.mac["hp1"], macPod1b)), ret: tcRedirect, fwd: vipLocal,
 		after: both(
 			entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: backend1, redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.fwd),
+				ifindex: hp1, smac: e.mac["hp1"], dmac: macPod1b, iif: hc, svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.fwd),
 			// The reply's entry resolves again on its next packet.
 			entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_ESTABLISHED, addr: vipLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_NEIGH,
-				ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.rev),
+				ifindex: hc, smac: e.mac["hc"], dmac: e.mac[podClient], iif: hp1, svc: vipLocal, backendAddr: backend1, flags: assuredFlags}.expect(flow1.rev),
 		)})
 }

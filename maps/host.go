@@ -58,7 +58,7 @@ func (d *Datapath) loadSockObject() (*ebpf.Collection, error) {
 		return nil, err
 	}
 	sizeMaps(spec, d.opts)
-	if err := configure(spec, d.opts, d.compat, d.ctSrcSeed); err != nil {
+	if err := configure(spec, d.opts, d.compat, d.ctSrcSeed, d.hashSeed); err != nil {
 		return nil, err
 	}
 	var cookie uint64 // without SO_NETNS_COOKIE, 0: the hooks act on no socket

@@ -94,7 +94,7 @@ func TestLayoutFingerprintSeesChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"struct ct_value(72)", "expires@128", "BACKEND_DRAINING=2", "map tlb_stats"} {
+	for _, want := range []string{"struct ct_value(80)", "expires@128", "BACKEND_DRAINING=2", "map tlb_stats"} {
 		if !strings.Contains(desc, want) {
 			t.Errorf("layout description lacks %q", want)
 		}

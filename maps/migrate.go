@@ -239,7 +239,7 @@ func (mg *migration) commit(d *Datapath, fingerprint uint64) error {
 			return err
 		}
 	}
-	meta := tcMeta{LayoutVersion: layoutVersion, Fingerprint: fingerprint}
+	meta := tcMeta{LayoutVersion: layoutVersion, HashSeed: d.hashSeed, Fingerprint: fingerprint}
 	if err := d.meta.Update(uint32(0), &meta, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("stamp layout %d: %w", layoutVersion, err)
 	}

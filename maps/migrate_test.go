@@ -70,11 +70,43 @@ func readUpgradeState(t *testing.T, dir string) upgradeState {
 	return s
 }
 
+// downConvert turns the entries of this layout's map cur (a reshaped
+// one of prevMaps) into the previous layout's in old, where downgrade
+// keeps them: the conntrack tables, with the flows the test made.
+var downConvert = map[string]func(cur, old *ebpf.Map) (int, error){
+	tcMapTlbConntrack: downCt, tcMapTlbCtNew: downCt, tcMapTlbCt6: downCt6, tcMapTlbCt6New: downCt6,
+}
+
+// ctValueTo7 is the inverse of ctValueFrom7: what layout 7 wrote for a
+// flow (iif did not exist; tcp_next was its padding, and is kept so the
+// flow reads back the same).
+func ctValueTo7(v tcCtValue) ctValue7 {
+	return ctValue7{
+		Addr: v.Addr, Port: v.Port, Dir: v.Dir, State: v.State, BackendId: v.BackendId, BackendGen: v.BackendGen,
+		Expires: v.Expires, Flags: v.Flags, Redirect: v.Redirect, NatPort: v.NatPort, NatAddr: v.NatAddr,
+		SvcId: v.SvcId, Ifindex: v.Ifindex, Smac: v.Smac, Dmac: v.Dmac, Pad: v.TcpNext,
+		Packets: v.Packets, Bytes: v.Bytes,
+	}
+}
+
+func downCt(cur, old *ebpf.Map) (int, error) {
+	return convertEntries(cur, old, ebpf.UpdateAny, func(k ctKey7, v tcCtValue) (ctKey7, ctValue7) {
+		return k, ctValueTo7(v)
+	})
+}
+
+func downCt6(cur, old *ebpf.Map) (int, error) {
+	return convertEntries(cur, old, ebpf.UpdateAny, func(k ct6Key7, v tcCt6Value) (ct6Key7, ct6Value7) {
+		return k, ct6Value7{Ct: ctValueTo7(v.Ct), Addr: v.Addr.Bytes, NatAddr: v.NatAddr.Bytes}
+	})
+}
+
 // downgrade turns the maps pinned in dir into what an agent of the
 // previous layout pinned: the maps this layout added unpinned, the ones it
 // reshaped (prevMaps) pinned as the previous layout made them (its type,
-// key and value, one entry each), tlb_meta stamped with its version and
-// fingerprint. For building the test's input only.
+// key and value; their entries converted back where downConvert can,
+// one zero entry otherwise), tlb_meta stamped with its version and
+// fingerprint (and no hash seed). For building the test's input only.
 func downgrade(t *testing.T, dir string) {
 	t.Helper()
 	for _, lm := range prevMaps {
@@ -85,14 +117,18 @@ func downgrade(t *testing.T, dir string) {
 		}
 		cur, err := ebpf.LoadPinnedMap(path, nil)
 		must(t, err)
-		size := cur.MaxEntries()
-		must(t, cur.Close())
+		defer cur.Close()
 		must(t, os.Remove(path))
 		old, err := ebpf.NewMap(&ebpf.MapSpec{Type: lm.typ, KeySize: uint32(binary.Size(lm.key)),
-			ValueSize: uint32(binary.Size(lm.value)), MaxEntries: size})
+			ValueSize: uint32(binary.Size(lm.value)), MaxEntries: cur.MaxEntries(), Flags: cur.Flags()})
 		must(t, err)
 		defer old.Close()
-		must(t, old.Update(make([]byte, old.KeySize()), make([]byte, old.ValueSize()), ebpf.UpdateAny))
+		if conv := downConvert[lm.name]; conv != nil {
+			_, err = conv(cur, old)
+			must(t, err)
+		} else {
+			must(t, old.Update(make([]byte, old.KeySize()), make([]byte, old.ValueSize()), ebpf.UpdateAny))
+		}
 		must(t, old.Pin(path))
 	}
 	meta, err := ebpf.LoadPinnedMap(filepath.Join(dir, tcMapTlbMeta), nil)

@@ -152,9 +152,9 @@ func (f ns6Flows) remoteEntries(e *fwdEnv) func(t *testing.T, d *Datapath) {
 	up0, upMAC0 := e.idx["up0"], e.mac["up0"]
 	return both(
 		entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode26, 8080), nat: f.snatRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-			ifindex: up0, smac: upMAC0, dmac: macNode2, svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(f.cRemote, f.feRemote.Addr.String(), protoTCP)),
+			ifindex: up0, smac: upMAC0, dmac: macNode2, iif: e.idx["up0"], svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(f.cRemote, f.feRemote.Addr.String(), protoTCP)),
 		entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: f.feRemote.Addr.String(), nat: f.cRemote, redirect: tcCtRedirectCT_REDIRECT_XDP,
-			ifindex: up0, smac: upMAC0, dmac: macRouter, svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), f.snatRemote, protoTCP)),
+			ifindex: up0, smac: upMAC0, dmac: macRouter, iif: e.idx["up0"], svc: f.feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), f.snatRemote, protoTCP)),
 	)
 }
 
@@ -230,9 +230,9 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			fwd: feLocal, newFlow: true, stats: intoPod1,
 			after: both(
 				entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(pod16, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP)),
+					ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], iif: e.idx["up0"], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP)),
 				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feLocal.Addr.String(), redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(ap6(pod16, 8080), cLocal, protoTCP)),
+					ifindex: up0, smac: upMAC0, dmac: macRouter, iif: e.idx["hp1"], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(ap6(pod16, 8080), cLocal, protoTCP)),
 			)},
 		{name: "etp_local_reply_from_the_pod_out_of_the_uplink", hook: hookTC, env: e, iif: "hp1", in: localReply,
 			out: ptr(localReply.withAddrs(feLocal.Addr.String(), cLocal).forwarded(upMAC0, macRouter)), ret: tcRedirect,
@@ -250,7 +250,7 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			out: ptr(up1Syn.withAddrs(snatUp1, ap6(beNode26, 8080)).forwarded(upMAC0, macNode2)), ret: tcRedirect,
 			fwd: feRemote, newFlow: true, stats: newSNAT,
 			after: entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cUp1, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatUp1, protoTCP))},
+				ifindex: e.idx["up1"], smac: e.mac["up1"], dmac: macNode4, iif: e.idx["up0"], svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatUp1, protoTCP))},
 		{name: "snat_next_hop_unknown_redirect_neigh", hook: hookUplinkTC, env: e, iif: "up0", in: neighSyn,
 			out: ptr(neighSyn.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(macA, macB)), ret: tcRedirect,
 			fwd: feNeigh, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdNeigh: 1, StatFwdL2: 1}},
@@ -258,7 +258,7 @@ func TestTCUplinkNorthSouth6(t *testing.T) {
 			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "fd00:250::3", macNode3) },
 			out:    ptr(neighAck.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(upMAC0, macNode3)), ret: tcRedirect, fwd: feNeigh,
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode36, 8080), nat: snatNeigh, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
+				ifindex: up0, smac: upMAC0, dmac: macNode3, iif: e.idx["up0"], svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
 		{name: "snat_hop_limit_expiring_dropped_not_a_martian", hook: hookUplinkTC, env: e, iif: "up0", in: hopLimit1, ret: tcShot,
 			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1}},
 		{name: "lb_ip_from_a_source_range_into_the_pod", hook: hookUplinkTC, env: e, iif: "up0", in: lbSyn,
@@ -320,7 +320,7 @@ func TestXDPNorthSouth6(t *testing.T) {
 			out: ptr(localSyn.withAddrs("", ap6(pod16, 8080))), ret: xdpPass, meta: toPod1,
 			fwd: feLocal, newFlow: true, stats: intoPod1,
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(pod16, 8080), redirect: tcCtRedirectCT_REDIRECT_PEER,
-				ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP))},
+				ifindex: e.idx["hp1"], smac: e.mac["hp1"], dmac: e.mac[pod1], iif: e.idx["up0"], svc: feLocal, backendAddr: ap6(pod16, 8080)}.expect6(ct6Key(cLocal, feLocal.Addr.String(), protoTCP))},
 		{name: "etp_local_established_hit_through_tc_uplink", hook: hookXDP, env: e, iif: "up0", in: localAck,
 			out: ptr(localAck.withAddrs("", ap6(pod16, 8080))), ret: xdpPass, meta: toPod1, fwd: feLocal},
 		{name: "etp_local_hop_limit_expiring_goes_up_the_stack", hook: hookXDP, env: e, iif: "up0", in: localTTL,
@@ -335,7 +335,7 @@ func TestXDPNorthSouth6(t *testing.T) {
 			stats: stats{StatReverseNAT: 1},
 			before: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_ESTABLISHED, addr: ap6(beNode26, 8080), nat: snatRemote,
 				flags: tcCtFlagCT_F_SNAT | tcCtFlagCT_F_REPLIED | tcCtFlagCT_F_ASSURED, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: up0, smac: upMAC0, dmac: macNode2, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP))},
+				ifindex: up0, smac: upMAC0, dmac: macNode2, iif: e.idx["up0"], svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(cRemote, feRemote.Addr.String(), protoTCP))},
 		{name: "udp_snat", hook: hookXDP, env: e, iif: "up0", in: udpQ,
 			out: ptr(udpQ.withAddrs(snatUDP, ap6(beNode26, 5353)).forwarded(upMAC0, macNode2)), ret: xdpTX,
 			fwd: feUDP, newFlow: true, stats: newSNAT},
@@ -356,12 +356,12 @@ func TestXDPNorthSouth6(t *testing.T) {
 			before: func(t *testing.T, d *Datapath) { e.neigh(t, "up0", "fd00:250::3", macNode3) },
 			out:    ptr(neighAck.withAddrs(snatNeigh, ap6(beNode36, 8080)).forwarded(upMAC0, macNode3)), ret: xdpTX, fwd: feNeigh,
 			after: entry{dir: tcCtDirCT_FORWARD, state: tcCtStateCT_TCP_SYN_SENT, addr: ap6(beNode36, 8080), nat: snatNeigh, redirect: tcCtRedirectCT_REDIRECT_XDP,
-				ifindex: up0, smac: upMAC0, dmac: macNode3, svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
+				ifindex: up0, smac: upMAC0, dmac: macNode3, iif: e.idx["up0"], svc: feNeigh, backendAddr: ap6(beNode36, 8080)}.expect6(ct6Key(cNeigh, feNeigh.Addr.String(), protoTCP))},
 		{name: "snat_hop_limit_expiring_dropped_not_a_martian", hook: hookXDP, env: e, iif: "up0", in: hopLimit1, ret: xdpDrop,
 			fwd: feRemote, newFlow: true, stats: stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2, StatDropSNATFallback: 1},
 			after: func(t *testing.T, d *Datapath) {
 				entry{dir: tcCtDirCT_REVERSE, state: tcCtStateCT_TCP_SYN_SENT, addr: feRemote.Addr.String(), nat: cTTL, redirect: tcCtRedirectCT_REDIRECT_XDP,
-					ifindex: up0, smac: upMAC0, dmac: macRouter, svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatTTL, protoTCP))(t, d)
+					ifindex: up0, smac: upMAC0, dmac: macRouter, iif: e.idx["up0"], svc: feRemote, backendAddr: ap6(beNode26, 8080)}.expect6(ct6Key(ap6(beNode26, 8080), snatTTL, protoTCP))(t, d)
 			}},
 		{name: "lb_ip_from_outside_its_source_ranges_dropped", hook: hookXDP, env: e, iif: "up0", in: lbDenied, ret: xdpDrop,
 			stats: stats{StatDropSourceRange: 1}},

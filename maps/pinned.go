@@ -44,7 +44,7 @@ func OpenPinned(dir string) (_ *Pinned, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("layout fingerprint: %w", err)
 	}
-	if err := checkPinnedLayout(dir, fingerprint); err != nil {
+	if _, err := checkPinnedLayout(dir, fingerprint); err != nil {
 		return nil, err
 	}
 	ncpu, err := ebpf.PossibleCPU()

@@ -135,6 +135,8 @@ type sockCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	TcpNext    uint32
+	Iif        uint32
+	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -195,7 +197,7 @@ type sockIfaceValue struct {
 type sockMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
-	Pad           uint32
+	HashSeed      uint32
 	Fingerprint   uint64
 }
 
@@ -313,6 +315,7 @@ const (
 	sockVarCfgScope           = "cfg_scope"
 	sockVarCfgSnatPortMax     = "cfg_snat_port_max"
 	sockVarCfgSnatPortMin     = "cfg_snat_port_min"
+	sockVarCfgSnatPortSeeded  = "cfg_snat_port_seeded"
 	sockVarCfgSrcAddr         = "cfg_src_addr"
 	sockVarCfgSrcAddr6        = "cfg_src_addr6"
 	sockVarCfgSrcIfindex      = "cfg_src_ifindex"
@@ -417,6 +420,7 @@ type sockVariableSpecs struct {
 	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.VariableSpec `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
@@ -513,6 +517,7 @@ type sockVariables struct {
 	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.Variable `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`

@@ -162,6 +162,12 @@ const (
 	// what the parser walks (an IPv6 extension chain longer than it
 	// takes), dropped rather than passed on untranslated.
 	StatDropUnparsed = Stat(tcStatReasonSTAT_DROP_UNPARSED)
+	// StatDropReplyIface: replies, and ICMP errors about a flow, that
+	// arrived on another interface than that flow's packets of their
+	// direction do (a pod's veth where the backend is elsewhere, or
+	// another pod's, or an uplink where the backend is a local pod):
+	// forged, dropped rather than translated.
+	StatDropReplyIface = Stat(tcStatReasonSTAT_DROP_REPLY_IFACE)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -213,6 +219,7 @@ var statNames = map[Stat]string{
 	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
 	StatDropLoopback:          "drop_loopback",
 	StatDropUnparsed:          "drop_unparsed",
+	StatDropReplyIface:        "drop_reply_iface",
 }
 
 // String returns the counter's stable name.

@@ -191,6 +191,8 @@ type tcCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	TcpNext    uint32
+	Iif        uint32
+	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -291,7 +293,7 @@ const (
 type tcMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
-	Pad           uint32
+	HashSeed      uint32
 	Fingerprint   uint64
 }
 
@@ -407,7 +409,8 @@ const (
 	tcStatReasonSTAT_CT_TCP_IGNORED       tcStatReason = 42
 	tcStatReasonSTAT_DROP_LOOPBACK        tcStatReason = 43
 	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 44
-	tcStatReasonSTAT_MAX                  tcStatReason = 45
+	tcStatReasonSTAT_DROP_REPLY_IFACE     tcStatReason = 45
+	tcStatReasonSTAT_MAX                  tcStatReason = 46
 )
 
 type tcSvcFlag uint32
@@ -486,6 +489,7 @@ const (
 	tcVarCfgScope           = "cfg_scope"
 	tcVarCfgSnatPortMax     = "cfg_snat_port_max"
 	tcVarCfgSnatPortMin     = "cfg_snat_port_min"
+	tcVarCfgSnatPortSeeded  = "cfg_snat_port_seeded"
 	tcVarCfgSrcAddr         = "cfg_src_addr"
 	tcVarCfgSrcAddr6        = "cfg_src_addr6"
 	tcVarCfgSrcIfindex      = "cfg_src_ifindex"
@@ -585,6 +589,7 @@ type tcVariableSpecs struct {
 	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.VariableSpec `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
@@ -684,6 +689,7 @@ type tcVariables struct {
 	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.Variable `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`

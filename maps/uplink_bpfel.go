@@ -135,6 +135,8 @@ type uplinkCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	TcpNext    uint32
+	Iif        uint32
+	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -195,7 +197,7 @@ type uplinkIfaceValue struct {
 type uplinkMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
-	Pad           uint32
+	HashSeed      uint32
 	Fingerprint   uint64
 }
 
@@ -318,6 +320,7 @@ const (
 	uplinkVarCfgScope           = "cfg_scope"
 	uplinkVarCfgSnatPortMax     = "cfg_snat_port_max"
 	uplinkVarCfgSnatPortMin     = "cfg_snat_port_min"
+	uplinkVarCfgSnatPortSeeded  = "cfg_snat_port_seeded"
 	uplinkVarCfgSrcAddr         = "cfg_src_addr"
 	uplinkVarCfgSrcAddr6        = "cfg_src_addr6"
 	uplinkVarCfgSrcIfindex      = "cfg_src_ifindex"
@@ -417,6 +420,7 @@ type uplinkVariableSpecs struct {
 	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.VariableSpec `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
@@ -516,6 +520,7 @@ type uplinkVariables struct {
 	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.Variable `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`

@@ -135,6 +135,8 @@ type xdpCtValue struct {
 	Smac       [6]uint8
 	Dmac       [6]uint8
 	TcpNext    uint32
+	Iif        uint32
+	Pad        uint32
 	Packets    uint64
 	Bytes      uint64
 }
@@ -195,7 +197,7 @@ type xdpIfaceValue struct {
 type xdpMeta struct {
 	_             structs.HostLayout
 	LayoutVersion uint32
-	Pad           uint32
+	HashSeed      uint32
 	Fingerprint   uint64
 }
 
@@ -317,6 +319,7 @@ const (
 	xdpVarCfgScope           = "cfg_scope"
 	xdpVarCfgSnatPortMax     = "cfg_snat_port_max"
 	xdpVarCfgSnatPortMin     = "cfg_snat_port_min"
+	xdpVarCfgSnatPortSeeded  = "cfg_snat_port_seeded"
 	xdpVarCfgSrcAddr         = "cfg_src_addr"
 	xdpVarCfgSrcAddr6        = "cfg_src_addr6"
 	xdpVarCfgSrcIfindex      = "cfg_src_ifindex"
@@ -415,6 +418,7 @@ type xdpVariableSpecs struct {
 	CfgScope           *ebpf.VariableSpec `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.VariableSpec `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.VariableSpec `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.VariableSpec `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.VariableSpec `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.VariableSpec `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.VariableSpec `ebpf:"cfg_src_ifindex"`
@@ -514,6 +518,7 @@ type xdpVariables struct {
 	CfgScope           *ebpf.Variable `ebpf:"cfg_scope"`
 	CfgSnatPortMax     *ebpf.Variable `ebpf:"cfg_snat_port_max"`
 	CfgSnatPortMin     *ebpf.Variable `ebpf:"cfg_snat_port_min"`
+	CfgSnatPortSeeded  *ebpf.Variable `ebpf:"cfg_snat_port_seeded"`
 	CfgSrcAddr         *ebpf.Variable `ebpf:"cfg_src_addr"`
 	CfgSrcAddr6        *ebpf.Variable `ebpf:"cfg_src_addr6"`
 	CfgSrcIfindex      *ebpf.Variable `ebpf:"cfg_src_ifindex"`
