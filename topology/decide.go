@@ -30,6 +30,10 @@ type Input struct {
 	// (Summary.Lacks): the policy is not applied on guesses, the port is
 	// decided by hints until the summary has it, and the reason says so.
 	Lacking string
+	// SummaryNote, when not "", says why the summary Nodes comes from may
+	// be out of date (its writer is down): a policy that reads other nodes
+	// decides from its last known inputs and its reason says so.
+	SummaryNote string
 }
 
 // Decide returns, for one node and one service port, the policy and mode that
@@ -212,6 +216,9 @@ func chooseCluster(in Input, opts Options) (Policy, Mode, string, weighted) {
 	if in.Lacking != "" && (policy == PolicyTopologyKeys || policy == PolicyZoneWeighted) {
 		notes = append(notes, fmt.Sprintf("%s needs data of other nodes, but %s: deciding by hints until it has it", policy, in.Lacking))
 		policy = PolicyHints
+	}
+	if in.SummaryNote != "" && (policy == PolicyTopologyKeys || policy == PolicyZoneWeighted) {
+		notes = append(notes, in.SummaryNote+": deciding from its last known inputs")
 	}
 	var mode Mode
 	var reason string

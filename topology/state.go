@@ -25,6 +25,9 @@ type State struct {
 	// none read yet) is then decided by hints and says so (Input.Lacking).
 	FromSummary bool
 	Summary     *Summary
+	// SummaryNote, when not "", says why Summary may be out of date
+	// (Input.SummaryNote).
+	SummaryNote string
 	// Services holds every Service by namespace and name.
 	Services map[types.NamespacedName]*v1.Service
 	// Slices holds the EndpointSlices of each Service, by the Service's
@@ -309,7 +312,7 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, 
 		}
 		in := Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps, Demand: demand}
 		if s.FromSummary {
-			in.Lacking = s.Summary.Lacks(p)
+			in.Lacking, in.SummaryNote = s.Summary.Lacks(p), s.SummaryNote
 		}
 		d := Decide(in, opts)
 		out = append(out, PortDecision{Port: p, Endpoints: eps, Decision: d})

@@ -196,6 +196,12 @@ func (s *Summary) SameInputs(o *Summary) bool {
 	return err1 == nil && err2 == nil && string(ae) == string(be)
 }
 
+// LabelKeys returns the label keys the summary was built for, sorted:
+// those it covers and those it Omitted.
+func (s *Summary) LabelKeys() []string {
+	return slices.Sorted(slices.Values(append(slices.Collect(maps.Keys(s.Labels)), s.Omitted...)))
+}
+
 // Nodes returns the nodes the summary stands for, as decisions read them:
 // a counted node has its zone label, its allocatable CPU and no Ready
 // condition; a node not counted has a Ready condition False; both carry
