@@ -124,7 +124,7 @@ func TestDualStackAgainstAPIServer(t *testing.T) {
 			runCtx, cancel := context.WithCancel(ctx)
 			tr := kube.NewTracker()
 			watched, stopped := make(chan error, 1), make(chan struct{})
-			go func() { watched <- kube.Watch(runCtx, c, tr) }()
+			go func() { watched <- kube.Watch(runCtx, c, tr, kube.WatchOptions{Nodes: kube.NodeWatchAll}) }()
 			go func() {
 				defer close(stopped)
 				a.Run(runCtx, tr, 2*time.Millisecond, 200*time.Millisecond)

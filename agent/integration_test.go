@@ -101,7 +101,7 @@ func (it *integration) run() {
 	it.agent = New(Config{NodeName: "a1", Options: topology.DefaultOptions(), Logger: log, Events: NewKubeEvents(it.client, "a1")}, it.dp)
 	tr := kube.NewTracker()
 	go func() {
-		if err := kube.Watch(ctx, it.client, tr); err != nil && ctx.Err() == nil {
+		if err := kube.Watch(ctx, it.client, tr, kube.WatchOptions{Nodes: kube.NodeWatchAll}); err != nil && ctx.Err() == nil {
 			it.t.Errorf("watch: %v", err)
 		}
 	}()

@@ -2,7 +2,9 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -15,9 +17,41 @@ import (
 	"github.com/topolb/topolb/topology"
 )
 
-// Watch starts shared informers for Services, EndpointSlices and Nodes that
-// feed t, waits until t has received their initial lists, then asks t for
-// a full resync.
+// NodeWatch says which Nodes an agent watches.
+type NodeWatch string
+
+const (
+	// NodeWatchOwn watches this node's Node only (a metadata.name field
+	// selector, as kube-proxy), and reads what decisions need of the
+	// others from the topology summary (SummaryName).
+	NodeWatchOwn NodeWatch = "own"
+	// NodeWatchAll watches every Node.
+	NodeWatchAll NodeWatch = "all"
+)
+
+// ParseNodeWatch parses --node-watch.
+func ParseNodeWatch(s string) (NodeWatch, error) {
+	switch w := NodeWatch(s); w {
+	case NodeWatchOwn, NodeWatchAll:
+		return w, nil
+	}
+	return "", fmt.Errorf("--node-watch %q: want %s or %s", s, NodeWatchOwn, NodeWatchAll)
+}
+
+// WatchOptions say what Watch watches beyond Services and EndpointSlices.
+type WatchOptions struct {
+	// Nodes is which Nodes to watch; "" is NodeWatchAll.
+	Nodes NodeWatch
+	// NodeName is this node, the one Node NodeWatchOwn watches.
+	NodeName string
+	// SummaryNamespace is where NodeWatchOwn reads the topology summary.
+	SummaryNamespace string
+}
+
+// Watch starts shared informers for Services, EndpointSlices and Nodes
+// (all of them, or this node's only with the topology summary, opts.Nodes)
+// that feed t, waits until t has received their initial lists, then asks t
+// for a full resync.
 // The informers stop when ctx is done.
 //
 // Like kube-proxy, it does not watch the Services it never proxies, nor
@@ -27,7 +61,11 @@ import (
 // endpointslice controller's mark on a headless Service's slices). A
 // Service that gains the label, so, is deleted from t. The decision engine
 // skips the same Services (topology.SkipReason) for manifests and explain.
-func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
+func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker, opts WatchOptions) error {
+	own := opts.Nodes == NodeWatchOwn
+	if own && (opts.NodeName == "" || opts.SummaryNamespace == "") {
+		return errors.New("watch own node: node name and summary namespace are required")
+	}
 	sf := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector, o.FieldSelector = ServiceSelectors()
 	}))
@@ -35,12 +73,26 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 		o.LabelSelector = SliceSelector()
 	}))
 	nf := informers.NewSharedInformerFactory(c, 0)
+	if own {
+		nf = informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", opts.NodeName).String()
+		}))
+	}
+	factories := []informers.SharedInformerFactory{sf, ef, nf}
 	svc := sf.Core().V1().Services().Informer()
 	es := ef.Discovery().V1().EndpointSlices().Informer()
 	nodes := nf.Core().V1().Nodes().Informer()
+	informed := []cache.SharedIndexInformer{svc, es, nodes}
+	var summary cache.SharedIndexInformer
+	if own {
+		cf := SummaryInformerFactory(c, opts.SummaryNamespace)
+		factories = append(factories, cf)
+		summary = cf.Core().V1().ConfigMaps().Informer()
+		informed = append(informed, summary)
+	}
 	// Keep only what decisions read, so 100,000 endpoints' managedFields
 	// and node statuses do not stay in memory.
-	for _, inf := range []cache.SharedIndexInformer{svc, es, nodes} {
+	for _, inf := range informed {
 		if err := inf.SetTransform(trim); err != nil {
 			return fmt.Errorf("set informer transform: %w", err)
 		}
@@ -57,10 +109,19 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 	if err != nil {
 		return fmt.Errorf("watch nodes: %w", err)
 	}
-	for _, f := range []informers.SharedInformerFactory{sf, ef, nf} {
+	regs := []cache.InformerSynced{svcReg.HasSynced, esReg.HasSynced, nodeReg.HasSynced}
+	if summary != nil {
+		sumReg, err := summary.AddEventHandler(handler(t.SummaryChanged))
+		if err != nil {
+			return fmt.Errorf("watch topology summary: %w", err)
+		}
+		regs = append(regs, sumReg.HasSynced)
+		go checkSummaryAge(ctx, t)
+	}
+	for _, f := range factories {
 		f.Start(ctx.Done())
 	}
-	for _, f := range []informers.SharedInformerFactory{sf, ef, nf} {
+	for _, f := range factories {
 		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return fmt.Errorf("informer cache for %v did not sync: %w", typ, ctx.Err())
@@ -71,11 +132,26 @@ func Watch(ctx context.Context, c kubernetes.Interface, t *Tracker) error {
 	// initial lists after the caches hold them. The resync must follow
 	// every initial object into t, or the first full sync would decide a
 	// Service without its EndpointSlices.
-	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, esReg.HasSynced, nodeReg.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), regs...) {
 		return fmt.Errorf("informer handlers did not receive the initial lists: %w", ctx.Err())
 	}
 	t.Resync()
 	return nil
+}
+
+// checkSummaryAge has t note when the summary grows older than
+// SummaryStaleAfter, until ctx is done.
+func checkSummaryAge(ctx context.Context, t *Tracker) {
+	tick := time.NewTicker(SummaryStaleAfter / 30)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			t.CheckSummaryAge(now, SummaryStaleAfter)
+		}
+	}
 }
 
 // ServiceSelectors are the label and field selectors of the Service watch,
@@ -107,6 +183,9 @@ func trim(obj any) (any, error) {
 		return o, nil
 	case *discovery.EndpointSlice:
 		o.ObjectMeta = trimMeta(o.ObjectMeta, true)
+		return o, nil
+	case *v1.ConfigMap:
+		o.ObjectMeta = trimMeta(o.ObjectMeta, false)
 		return o, nil
 	}
 	return obj, nil

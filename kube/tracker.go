@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"sync"
@@ -31,10 +32,14 @@ type Tracker struct {
 	services map[types.NamespacedName]*change[*v1.Service]
 	slices   map[types.NamespacedName]*change[*discovery.EndpointSlice]
 	nodes    map[string]*change[*v1.Node]
-	resync   bool
-	since    time.Time
-	notify   chan struct{}
-	now      func() time.Time
+	// summary is the topology summary's latest state; summaryChanged says
+	// it changed since the last drain.
+	summary        SummaryChange
+	summaryChanged bool
+	resync         bool
+	since          time.Time
+	notify         chan struct{}
+	now            func() time.Time
 }
 
 // NewTracker returns an empty tracker.
@@ -54,6 +59,9 @@ type Batch struct {
 	Services map[types.NamespacedName]*v1.Service
 	Slices   map[types.NamespacedName]*discovery.EndpointSlice
 	Nodes    map[string]*v1.Node
+	// Summary is the topology summary's state when it changed since the
+	// last drain, nil when it did not.
+	Summary *SummaryChange
 	// Resync asks for every service to be decided again.
 	Resync bool
 	// Since is when the oldest change in the batch was observed.
@@ -62,7 +70,7 @@ type Batch struct {
 
 // Empty reports whether the batch holds nothing to do.
 func (b Batch) Empty() bool {
-	return !b.Resync && len(b.Services) == 0 && len(b.Slices) == 0 && len(b.Nodes) == 0
+	return !b.Resync && len(b.Services) == 0 && len(b.Slices) == 0 && len(b.Nodes) == 0 && b.Summary == nil
 }
 
 // Notify returns a channel that receives a value when a sync is needed.
@@ -87,6 +95,59 @@ func (t *Tracker) NodeChanged(prev, cur *v1.Node) {
 	if obj := either(prev, cur); obj != nil {
 		record(t, t.nodes, obj.Name, prev, cur, nodeEqual)
 	}
+}
+
+// SummaryChange is the state of the topology summary an agent with
+// --node-watch=own reads the other nodes from.
+type SummaryChange struct {
+	// Summary is the last summary read, nil when none has been: a summary
+	// that is deleted, or replaced by one that cannot be read, leaves the
+	// last good one in force.
+	Summary *topology.Summary
+	// Note, when not "", says why Summary may be out of date: its
+	// ConfigMap was deleted or cannot be read, or its writer has not
+	// refreshed it in time (CheckSummaryAge).
+	Note string
+}
+
+// SummaryChanged records an add, update or delete of the topology
+// summary's ConfigMap (SummaryName). A delete, or data that cannot be
+// decoded, keeps the last summary read and notes why.
+func (t *Tracker) SummaryChanged(_, cur *v1.ConfigMap) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := SummaryChange{Summary: t.summary.Summary}
+	if cur == nil {
+		next.Note = fmt.Sprintf("the topology summary %s was deleted", SummaryName)
+	} else if s, err := topology.DecodeSummary([]byte(cur.Data[topology.SummaryDataKey])); err != nil {
+		next.Note = fmt.Sprintf("the topology summary %s cannot be read (%v)", SummaryName, err)
+	} else {
+		next.Summary = s
+	}
+	t.setSummaryLocked(next)
+}
+
+// CheckSummaryAge notes, once, that the summary was written longer than
+// staleAfter before now: its writer is down, or cannot write.
+func (t *Tracker) CheckSummaryAge(now time.Time, staleAfter time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.summary.Summary
+	if s == nil || t.summary.Note != "" || now.Sub(s.Written) <= staleAfter {
+		return
+	}
+	t.setSummaryLocked(SummaryChange{Summary: s, Note: fmt.Sprintf("the topology summary was last written %s ago (at %s; its writer refreshes it every %s)",
+		now.Sub(s.Written).Round(time.Second), s.Written.UTC().Format(time.RFC3339), SummaryRefresh)})
+}
+
+func (t *Tracker) setSummaryLocked(next SummaryChange) {
+	cur := t.summary
+	if next.Note == cur.Note && next.Summary.SameInputs(cur.Summary) &&
+		(next.Summary == nil || next.Summary.Written.Equal(cur.Summary.Written)) {
+		return
+	}
+	t.summary, t.summaryChanged = next, true
+	t.signalLocked()
 }
 
 // either returns the current object, or the previous one of a delete.
@@ -146,7 +207,7 @@ func (t *Tracker) OldestPending() time.Time {
 }
 
 func (t *Tracker) emptyLocked() bool {
-	return !t.resync && len(t.services) == 0 && len(t.slices) == 0 && len(t.nodes) == 0
+	return !t.resync && len(t.services) == 0 && len(t.slices) == 0 && len(t.nodes) == 0 && !t.summaryChanged
 }
 
 // Drain returns the pending changes and starts a new batch.
@@ -169,6 +230,11 @@ func (t *Tracker) Drain() Batch {
 	for k, c := range t.nodes {
 		b.Nodes[k] = c.current
 	}
+	if t.summaryChanged {
+		sc := t.summary
+		b.Summary = &sc
+	}
+	t.summaryChanged = false
 	clear(t.services)
 	clear(t.slices)
 	clear(t.nodes)

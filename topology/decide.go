@@ -25,6 +25,15 @@ type Input struct {
 	// nil means Decide computes it. Callers deciding many ports on one
 	// snapshot of the nodes pass it to save the work.
 	Demand *Demand
+	// Lacking, when not "", says that Nodes comes from a topology summary
+	// that lacks what the port's policy reads of other nodes
+	// (Summary.Lacks): the policy is not applied on guesses, the port is
+	// decided by hints until the summary has it, and the reason says so.
+	Lacking string
+	// SummaryNote, when not "", says why the summary Nodes comes from may
+	// be out of date (its writer is down): a policy that reads other nodes
+	// decides from its last known inputs and its reason says so.
+	SummaryNote string
 }
 
 // Decide returns, for one node and one service port, the policy and mode that
@@ -204,6 +213,13 @@ func ParseZoneThreshold(v string) (int, error) {
 // for a port that uses cluster endpoints.
 func chooseCluster(in Input, opts Options) (Policy, Mode, string, weighted) {
 	policy, choice, notes := choosePolicy(in.Port.Annotations)
+	if in.Lacking != "" && (policy == PolicyTopologyKeys || policy == PolicyZoneWeighted) {
+		notes = append(notes, fmt.Sprintf("%s needs data of other nodes, but %s: deciding by hints until it has it", policy, in.Lacking))
+		policy = PolicyHints
+	}
+	if in.SummaryNote != "" && (policy == PolicyTopologyKeys || policy == PolicyZoneWeighted) {
+		notes = append(notes, in.SummaryNote+": deciding from its last known inputs")
+	}
 	var mode Mode
 	var reason string
 	var eps []Endpoint

@@ -19,6 +19,15 @@ import (
 type State struct {
 	// Nodes holds every node by name.
 	Nodes map[string]Node
+	// FromSummary says that Nodes holds, besides the deciding node, only
+	// what Summary stands for (Summary.Nodes): an agent that watches its
+	// own Node only. A port whose policy reads what Summary lacks (nil:
+	// none read yet) is then decided by hints and says so (Input.Lacking).
+	FromSummary bool
+	Summary     *Summary
+	// SummaryNote, when not "", says why Summary may be out of date
+	// (Input.SummaryNote).
+	SummaryNote string
 	// Services holds every Service by namespace and name.
 	Services map[types.NamespacedName]*v1.Service
 	// Slices holds the EndpointSlices of each Service, by the Service's
@@ -301,7 +310,11 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, 
 				warnings = append(warnings, fmt.Sprintf("%s: endpoint %s is on node %s, which is not known", nn, ep.Addr, ep.NodeName))
 			}
 		}
-		d := Decide(Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps, Demand: demand}, opts)
+		in := Input{Node: node, Nodes: s.Nodes, Port: p, Endpoints: eps, Demand: demand}
+		if s.FromSummary {
+			in.Lacking, in.SummaryNote = s.Summary.Lacks(p), s.SummaryNote
+		}
+		d := Decide(in, opts)
 		out = append(out, PortDecision{Port: p, Endpoints: eps, Decision: d})
 	}
 	return out, warnings

@@ -420,7 +420,7 @@ func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthA
 func watchState(ctx context.Context, log *slog.Logger, f flags, client kubernetes.Interface, tracker *kube.Tracker) {
 	if f.fromFile == "" {
 		go func() {
-			if err := kube.Watch(ctx, client, tracker); err != nil {
+			if err := kube.Watch(ctx, client, tracker, kube.WatchOptions{Nodes: kube.NodeWatchAll}); err != nil {
 				log.Error("watch cluster", "err", err)
 			}
 		}()
