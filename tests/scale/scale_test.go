@@ -136,6 +136,7 @@ type proc struct {
 	proxy   *countingProxy
 	metrics func(ctx context.Context) (metrics, error)
 	logPath string
+	ns      *netns.NS // kube-proxy's, deleted by stop; nil for agents
 }
 
 func (p *proc) stop() {
@@ -153,6 +154,9 @@ func (p *proc) stop() {
 	if p.proxy != nil {
 		p.proxy.Close()
 	}
+	if p.ns != nil {
+		_ = p.ns.Delete() // a stale name is removed by the next run's RemoveStale
+	}
 }
 
 // snapshot is what is read at each end of the phase.
@@ -167,7 +171,17 @@ type snapshot struct {
 // runConfig measures one Node count.
 func runConfig(b *testing.B, agentBin string, nodes int) ([]row, []string, error) {
 	ctx := b.Context()
-	c := kubetest.Start(b, kubetest.WithAPIServerFlags("--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"))
+	// Run, not Start: each configuration's cluster goes before the next
+	// one starts.
+	c, err := kubetest.Run(ctx, kubetest.WithAPIServerFlags("--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err := c.Close(); err != nil {
+			b.Errorf("nodes=%d: %v", nodes, err)
+		}
+	}()
 	cfg := rest.CopyConfig(c.Config)
 	cfg.QPS, cfg.Burst = 5000, 10000
 	client, err := kubernetes.NewForConfig(cfg)
@@ -463,16 +477,11 @@ func startKubeProxy(b *testing.B, c *kubetest.Cluster, apiHost, node string) (*p
 	if err != nil {
 		return nil, err
 	}
-	b.Cleanup(func() {
-		if err := ns.Delete(); err != nil {
-			b.Errorf("delete namespace: %v", err)
-		}
-	})
 	ln, err := ns.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, ns.Delete())
 	}
-	p := &proc{name: "kube-proxy", proxy: newCountingProxy(ln, apiHost), logPath: filepath.Join(c.Dir, "kube-proxy.log")}
+	p := &proc{name: "kube-proxy", proxy: newCountingProxy(ln, apiHost), logPath: filepath.Join(c.Dir, "kube-proxy.log"), ns: ns}
 	kc, err := kubeconfigVia(c, c.Dir, "kube-proxy", p.proxy.Addr())
 	if err != nil {
 		p.stop()
