@@ -286,8 +286,8 @@ func runConfig(b *testing.B, agentBin string, nodes int) ([]row, []string, error
 		return nil, nil, err
 	}
 	for _, p := range procs {
-		if p.child.ProcessState != nil {
-			return nil, nil, fmt.Errorf("%s exited during the phase; log %s", p.name, p.logPath)
+		if p.child.Exited() {
+			return nil, nil, fmt.Errorf("%s exited during the phase: %w; its log ends:\n%s", p.name, p.child.Wait(), logTail(p.logPath))
 		}
 	}
 	secs := after.at.Sub(before.at).Seconds()
@@ -519,12 +519,12 @@ func waitSynced(ctx context.Context, procs []*proc) error {
 					break
 				}
 			}
-			if p.child.ProcessState != nil {
-				return fmt.Errorf("%s exited before it synced; log %s", p.name, p.logPath)
+			if p.child.Exited() {
+				return fmt.Errorf("%s exited before it synced: %w; its log ends:\n%s", p.name, p.child.Wait(), logTail(p.logPath))
 			}
 			select {
 			case <-ctx.Done():
-				return errors.Join(fmt.Errorf("%s not synced (log %s): %w", p.name, p.logPath, ctx.Err()), err)
+				return errors.Join(fmt.Errorf("%s not synced: %w; its log ends:\n%s", p.name, ctx.Err(), logTail(p.logPath)), err)
 			case <-time.After(500 * time.Millisecond):
 			}
 		}
@@ -532,3 +532,14 @@ func waitSynced(ctx context.Context, procs []*proc) error {
 	return nil
 }
 
+
+// logTail is the end of a process's log, for errors: the cluster's
+// directory, which holds it, goes with the cluster.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+}
