@@ -25,7 +25,7 @@ export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
 export TOPOLB_HELM_BINS := $(HELM_BINS)
 
-.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e kube-bins vet clean image test-northsouth-plain \
+.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e bench-scale kube-bins vet clean image test-northsouth-plain \
 	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags helm-bin test-kernels
 
 all: build
@@ -120,6 +120,17 @@ bench-datapath:
 # second. Exits non-zero when a goal is not met in any row.
 bench-agent:
 	$(GO) test -run '^$$' -bench BenchmarkAgentChurn -benchtime 1x ./agent/
+
+# Cluster scale (issue 33): a real apiserver with 500, 1,000 and 5,000
+# simulated Nodes, 10,000 Services, K=3 agents without a datapath
+# (--datapath=none) beside one kube-proxy (nftables); prints BENCH scale
+# lines and the goals' verdicts, and exits non-zero when one is not met at
+# 5,000 Nodes. BENCH_SCALE_ARGS passes the test's flags, for example
+# BENCH_SCALE_ARGS='-bench-scale-nodes 500 -bench-scale-phase 20s
+# -bench-scale-agent-args=--node-watch=own' (BENCHMARKS.md, "Scale").
+BENCH_SCALE_ARGS ?=
+bench-scale: deps kube-bins
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkScale -benchtime 1x -timeout 120m ./tests/scale/ -args $(BENCH_SCALE_ARGS)
 
 # topolb vs kube-proxy (nftables, iptables) on the testbed with a real
 # apiserver, at 10, 1,000 and 10,000 services; prints BENCH e2e lines.

@@ -38,11 +38,16 @@ func TestMetricsListenAddress(t *testing.T) {
 }
 
 // TestChoiceFlags: --uplink-path takes auto, xdp or tc, --tc-attach
-// auto, tcx or tc; anything else is refused naming the flag.
+// auto, tcx or tc, --datapath bpf or none; anything else is refused
+// naming the flag.
 func TestChoiceFlags(t *testing.T) {
-	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto"}
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto", datapath: datapathBPF}
 	uplinkPath := func(f *flags) *string { return &f.uplinkPath }
 	tcAttach := func(f *flags) *string { return &f.tcAttach }
+	datapath := func(f *flags) *string { return &f.datapath }
+	// --datapath is read from flags, not settings: accepted is all a row
+	// can check.
+	accepted := func(settings) string { return "accepted" }
 	for _, tt := range []struct {
 		flag    func(*flags) *string
 		got     func(settings) string
@@ -60,6 +65,9 @@ func TestChoiceFlags(t *testing.T) {
 		{tcAttach, func(s settings) string { return string(s.tcAttach) }, "tc", "tc", ""},
 		{tcAttach, nil, "clsact", "", `--tc-attach: tc attach mode "clsact": want auto, tcx or tc`},
 		{tcAttach, nil, "", "", "--tc-attach"},
+		{datapath, accepted, datapathBPF, "accepted", ""},
+		{datapath, accepted, datapathNone, "accepted", ""},
+		{datapath, nil, "off", "", `--datapath "off": want "bpf" or "none"`},
 	} {
 		f := base
 		*tt.flag(&f) = tt.value

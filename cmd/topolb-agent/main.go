@@ -71,7 +71,15 @@ type flags struct {
 	healthCheckPorts   bool
 	sweepInterval      time.Duration
 	verifyInterval     time.Duration
+	// datapath is "bpf" or "none" (datapathNone).
+	datapath string
 }
+
+// datapathBPF and datapathNone are the values of --datapath.
+const (
+	datapathBPF  = "bpf"
+	datapathNone = "none"
+)
 
 func main() {
 	var f flags
@@ -157,6 +165,7 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.IntVar(&f.maxFrontendsPerService, "max-frontends-per-service", topology.DefaultCaps.Frontends, "refuse a Service that claims more frontends on this node than this (each port in each family on each cluster IP, externalIP, load-balancer IP and NodePort address, once per scope): none of its frontends is served, with a Warning Event on it, so one Service cannot fill the services map (--max-frontends) for the others; 0: no cap")
 	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
 	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
+	fl.StringVar(&f.datapath, "datapath", datapathBPF, `"bpf": load, attach and program the eBPF datapath; "none": the control plane alone, without privileges: watch, decide and keep the result in memory (/debug/state, /metrics), balancing nothing (benchmarks of the watch and sync cost, such as make bench-scale)`)
 	fl.DurationVar(&f.verifyInterval, "verify-interval", agent.DefaultVerifyInterval, "how often the kernel maps are compared with what the agent programmed and repaired on drift (also once at start); 0 disables")
 	return cmd
 }
@@ -182,6 +191,9 @@ func run(ctx context.Context, f flags) error {
 			return err
 		}
 	}
+	if f.datapath == datapathNone {
+		return runControlPlane(ctx, log, f, s, client)
+	}
 	checkSNATPorts(log, s.snatPorts, s.options.NodePortRange)
 	dp, err := loadDatapath(log, f, s)
 	if err != nil {
@@ -196,6 +208,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	a, reg, closeAgent := newAgent(log, f, s.options, client, dp)
 	defer closeAgent()
+	reg.MustRegister(agent.NewDatapathCollector(dp, a))
 	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, f.proxyHealth, reg, a); err != nil {
 		return err
 	}
@@ -205,6 +218,23 @@ func run(ctx context.Context, f flags) error {
 	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping; the datapath stays pinned and keeps serving")
+	return nil
+}
+
+// runControlPlane is run with --datapath=none: the agent watches and
+// decides as always and keeps its results in an agent.MemoryDatapath;
+// nothing is loaded, attached or pinned, and there is no upkeep.
+func runControlPlane(ctx context.Context, log *slog.Logger, f flags, s settings, client kubernetes.Interface) error {
+	a, reg, closeAgent := newAgent(log, f, s.options, client, agent.NewMemoryDatapath())
+	defer closeAgent()
+	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, f.proxyHealth, reg, a); err != nil {
+		return err
+	}
+	tracker := kube.NewTracker()
+	watchState(ctx, log, f, client, tracker)
+	log.Info("agent started without a datapath (--datapath=none): nothing is balanced", "node", f.nodeName)
+	a.Run(ctx, tracker, f.coalesce, f.retry)
+	log.Info("agent stopping")
 	return nil
 }
 
@@ -231,6 +261,9 @@ func checkFlags(f flags) (settings, error) {
 	}
 	if f.fromFile != "" && f.kubeconfig != "" {
 		return s, errors.New("--from-file and --kubeconfig are mutually exclusive")
+	}
+	if f.datapath != datapathBPF && f.datapath != datapathNone {
+		return s, fmt.Errorf("--datapath %q: want %q or %q", f.datapath, datapathBPF, datapathNone)
 	}
 	if f.allowEmpty && f.fromFile == "" {
 		return s, errors.New("--allow-empty-cluster applies to --from-file only")
@@ -354,9 +387,10 @@ func attachDatapath(ctx context.Context, log *slog.Logger, dp *maps.Datapath, f 
 
 // newAgent builds the agent on dp with its metrics, health check servers
 // (--health-check-node-ports) and Kubernetes events (--events, with a
-// client), and returns it, the metrics registry, and a close function that
-// stops the events and the health check servers.
-func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernetes.Interface, dp *maps.Datapath) (*agent.Agent, *prometheus.Registry, func()) {
+// client), and returns it, the metrics registry (without the datapath's
+// collector: the caller adds it where there is a datapath), and a close
+// function that stops the events and the health check servers.
+func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernetes.Interface, dp agent.Datapath) (*agent.Agent, *prometheus.Registry, func()) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := agent.Config{
@@ -377,7 +411,6 @@ func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernete
 	if hcs != nil {
 		hcs.Healthy = func() bool { return a.Health().Healthy }
 	}
-	reg.MustRegister(agent.NewDatapathCollector(dp, a))
 	closeAll := func() {
 		if ev != nil {
 			ev.Shutdown(context.Background())

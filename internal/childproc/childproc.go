@@ -52,6 +52,17 @@ func Start(cmd *exec.Cmd) (*Child, error) {
 	return c, nil
 }
 
+// Exited reports whether the child has exited (and Wait would return at
+// once).
+func (c *Child) Exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Wait waits for the child to exit and returns exec.Cmd.Wait's result.
 func (c *Child) Wait() error {
 	<-c.done
