@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -176,10 +177,17 @@ func (m *Metrics) programErrors(err error) {
 	m.ProgramErrors.WithLabelValues(reason).Inc()
 }
 
+// trafficMaxAge is how old the per-frontend and per-backend traffic a
+// scrape exports may be (maps.Datapath.CachedCounters): those figures
+// walk every conntrack entry, about 0.3 s of CPU at a quarter-million,
+// which a scrape every second would spend every second (issue 38).
+// topolb_datapath_traffic_age_seconds says how old they are.
+const trafficMaxAge = 10 * time.Second
+
 // DatapathReader is what the collector reads of the datapath at scrape
 // time: maps.Datapath implements it.
 type DatapathReader interface {
-	Counters() (maps.Counters, error)
+	CachedCounters(maxAge time.Duration) (maps.Counters, time.Time, error)
 	Usage() maps.Usage
 	Uplinks() ([]maps.UplinkStatus, error)
 	Kernel() maps.KernelReport
@@ -198,7 +206,7 @@ type DatapathCollector struct {
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 	uplinkPath                                                              *prometheus.Desc
 	kernelFeature, datapathPath                                             *prometheus.Desc
-	sourceRangeDrops                                                        *prometheus.Desc
+	sourceRangeDrops, trafficAge                                            *prometheus.Desc
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -236,6 +244,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		uplinkPath:       d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
 		zoneShare:        d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
 		sourceRangeDrops: d("topolb_source_range_drops_total", "New flows to a load-balancer IP refused for coming from outside its loadBalancerSourceRanges, by frontend.", "frontend"),
+		trafficAge:       d("topolb_datapath_traffic_age_seconds", fmt.Sprintf("How long ago the per-frontend and per-backend traffic exported (packets, bytes, flows, backend packets, zone shares) was read from the maps: a walk of conntrack, at most every %s; the other datapath counters are read at each scrape.", trafficMaxAge)),
 	}
 }
 
@@ -243,7 +252,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.datapathPath, c.sourceRangeDrops} {
+		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.datapathPath, c.sourceRangeDrops, c.trafficAge} {
 		ch <- d
 	}
 }
@@ -287,11 +296,12 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	cnt, err := c.DP.Counters()
+	cnt, at, err := c.DP.CachedCounters(trafficMaxAge)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.drops, err)
 		return
 	}
+	gauge(c.trafficAge, time.Since(at).Seconds())
 	for f, t := range cnt.Frontends {
 		counter(c.packets, float64(t.Packets), f.String())
 		counter(c.bytes, float64(t.Bytes), f.String())
