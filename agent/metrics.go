@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,6 +208,14 @@ type DatapathCollector struct {
 	uplinkPath                                                              *prometheus.Desc
 	kernelFeature, datapathPath                                             *prometheus.Desc
 	sourceRangeDrops, trafficAge                                            *prometheus.Desc
+
+	// zones is the agent's backend zones (Agent.BackendZones, a map of
+	// every backend address) as of the traffic read at zonesAt: read
+	// again only when the traffic is, so a scrape that reuses the
+	// traffic does not build it again (issue 38); zonesMu guards both.
+	zonesMu sync.Mutex
+	zonesAt time.Time
+	zones   map[string]string
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -307,7 +316,7 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bytes, float64(t.Bytes), f.String())
 		counter(c.flows, float64(t.Flows), f.String())
 	}
-	zones := c.Agent.BackendZones()
+	zones := c.backendZones(at)
 	byZone := map[string]uint64{}
 	for _, bes := range cnt.Backends {
 		for addr, n := range bes {
@@ -331,6 +340,17 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.events, float64(n), st.String())
 	}
 	c.collectShares(gauge, cnt, zones)
+}
+
+// backendZones returns the agent's backend zones, read again when the
+// traffic figures were (at) since the last call.
+func (c *DatapathCollector) backendZones(at time.Time) map[string]string {
+	c.zonesMu.Lock()
+	defer c.zonesMu.Unlock()
+	if c.zones == nil || !c.zonesAt.Equal(at) {
+		c.zones, c.zonesAt = c.Agent.BackendZones(), at
+	}
+	return c.zones
 }
 
 // collectUpkeep exports what the last sweep and verification found.
