@@ -209,13 +209,22 @@ type DatapathCollector struct {
 	kernelFeature, datapathPath                                             *prometheus.Desc
 	sourceRangeDrops, trafficAge                                            *prometheus.Desc
 
-	// zones is the agent's backend zones (Agent.BackendZones, a map of
-	// every backend address) as of the traffic read at zonesAt: read
-	// again only when the traffic is, so a scrape that reuses the
-	// traffic does not build it again (issue 38); zonesMu guards both.
+	// byZone is what the traffic read at zonesAt gives by backend zone,
+	// reckoned once per read: the zones (Agent.BackendZones) are a map of
+	// every backend address, too big to build at every scrape or to keep
+	// (issue 38); zonesMu guards it.
 	zonesMu sync.Mutex
 	zonesAt time.Time
-	zones   map[string]string
+	byZone  zoneTraffic
+}
+
+// zoneTraffic is one traffic read by backend zone.
+type zoneTraffic struct {
+	// packets are the forward packets by backend zone.
+	packets map[string]uint64
+	// flows are the flows by backend zone of each frontend with unequal
+	// weights (Agent.ZoneShares) at the read.
+	flows map[maps.Frontend]map[string]uint64
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -316,14 +325,8 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bytes, float64(t.Bytes), f.String())
 		counter(c.flows, float64(t.Flows), f.String())
 	}
-	zones := c.backendZones(at)
-	byZone := map[string]uint64{}
-	for _, bes := range cnt.Backends {
-		for addr, n := range bes {
-			byZone[zones[addr.Addr().String()]] += n
-		}
-	}
-	for z, n := range byZone {
+	byZone := c.zoneTraffic(cnt, at)
+	for z, n := range byZone.packets {
 		counter(c.backendPackets, float64(n), z)
 	}
 	for reason, n := range map[string]uint64{
@@ -339,18 +342,35 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for st, n := range cnt.Stats {
 		counter(c.events, float64(n), st.String())
 	}
-	c.collectShares(gauge, cnt, zones)
+	c.collectShares(gauge, byZone)
 }
 
-// backendZones returns the agent's backend zones, read again when the
-// traffic figures were (at) since the last call.
-func (c *DatapathCollector) backendZones(at time.Time) map[string]string {
+// zoneTraffic returns the traffic of cnt, read at at, by backend zone:
+// reckoned from cnt's per-backend figures when the read is new, else the
+// last call's (cnt then reuses an earlier read and has none:
+// maps.Datapath.CachedCounters).
+func (c *DatapathCollector) zoneTraffic(cnt maps.Counters, at time.Time) zoneTraffic {
 	c.zonesMu.Lock()
 	defer c.zonesMu.Unlock()
-	if c.zones == nil || !c.zonesAt.Equal(at) {
-		c.zones, c.zonesAt = c.Agent.BackendZones(), at
+	if c.byZone.packets != nil && c.zonesAt.Equal(at) {
+		return c.byZone
 	}
-	return c.zones
+	zones := c.Agent.BackendZones()
+	zt := zoneTraffic{packets: map[string]uint64{}, flows: map[maps.Frontend]map[string]uint64{}}
+	for _, bes := range cnt.Backends {
+		for addr, n := range bes {
+			zt.packets[zones[addr.Addr().String()]] += n
+		}
+	}
+	for fe := range c.Agent.ZoneShares() {
+		measured := map[string]uint64{}
+		for addr, t := range cnt.BackendTraffic[fe] {
+			measured[zones[addr.Addr().String()]] += t.Flows
+		}
+		zt.flows[fe] = measured
+	}
+	c.byZone, c.zonesAt = zt, at
+	return zt
 }
 
 // collectUpkeep exports what the last sweep and verification found.
@@ -392,13 +412,12 @@ func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, 
 
 // collectShares exports, for every frontend with unequal weights, the
 // intended and the measured share of new flows per backend zone.
-func (c *DatapathCollector) collectShares(gauge func(*prometheus.Desc, float64, ...string), cnt maps.Counters, zones map[string]string) {
+func (c *DatapathCollector) collectShares(gauge func(*prometheus.Desc, float64, ...string), byZone zoneTraffic) {
 	for fe, intended := range c.Agent.ZoneShares() {
 		var total uint64
-		measured := map[string]uint64{}
-		for addr, t := range cnt.BackendTraffic[fe] {
-			measured[zones[addr.Addr().String()]] += t.Flows
-			total += t.Flows
+		measured := byZone.flows[fe]
+		for _, n := range measured {
+			total += n
 		}
 		for zone, share := range intended {
 			gauge(c.zoneShare, share, fe.String(), zone, "intended")

@@ -5,20 +5,24 @@ import (
 	"time"
 )
 
-// trafficCache holds the traffic figures of the last Counters call that
-// walked conntrack, for CachedCounters.
+// trafficCache holds the per-frontend traffic of the last Counters call
+// that walked conntrack, for CachedCounters.
 type trafficCache struct {
 	mu sync.Mutex
-	// c is that call's result; at when it began, zero before the first.
-	c  Counters
-	at time.Time
+	// frontends is that call's Frontends; at when it began, zero before
+	// the first.
+	frontends map[Frontend]Traffic
+	at        time.Time
 }
 
-// CachedCounters is Counters with the traffic figures (Frontends,
-// Backends, BackendTraffic: the ones that walk conntrack and read every
-// backend's record) of a call that began at most maxAge ago, and when
-// that was; the named counters (Stats, Drops, ReverseNAT, Fragments,
-// SourceRangeDrops) are read now. A metrics scrape every second then
+// CachedCounters is Counters with the traffic figures (the ones that
+// walk conntrack and read every backend's record) of a call that began
+// at most maxAge ago, and when that was; the named counters (Stats,
+// Drops, ReverseNAT, Fragments, SourceRangeDrops) are read now. A call
+// that walks (its time is new) returns that walk's Frontends, Backends
+// and BackendTraffic; a call that reuses it, its Frontends only
+// (Backends and BackendTraffic nil: a map per frontend, too big to keep
+// for a reader that reckons what it needs of them once per walk). A metrics scrape every second then
 // walks a quarter-million entries once per maxAge, not every second
 // (issue 38: about 0.3 s of CPU per walk, which the agent's syncs went
 // without). The figures still come from the kernel's maps, at most
@@ -35,14 +39,14 @@ func (d *Datapath) CachedCounters(maxAge time.Duration) (Counters, time.Time, er
 		if err != nil {
 			return Counters{}, time.Time{}, err
 		}
-		tc.c, tc.at = c, at
+		tc.frontends, tc.at = c.Frontends, at
 		return c, at, nil
 	}
 	c, err := d.namedCounters()
 	if err != nil {
 		return Counters{}, time.Time{}, err
 	}
-	c.Frontends, c.Backends, c.BackendTraffic = tc.c.Frontends, tc.c.Backends, tc.c.BackendTraffic
+	c.Frontends = tc.frontends
 	return c, tc.at, nil
 }
 
