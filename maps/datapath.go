@@ -492,6 +492,7 @@ func checkPinnedLayout(pinPath string, fingerprint uint64) error {
 // without the process.
 func (d *Datapath) Close() error {
 	d.staleQ.stop()
+	d.staleQ.closeWalker()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.sockColl != nil {

@@ -171,6 +171,8 @@ type staleQueue struct {
 	// (staleGap), under mu.
 	lastEnd  time.Time
 	lastTook time.Duration
+	// walker is the kernel walk, under walking (loadWalker).
+	walker *staleWalker
 }
 
 // queueStale schedules the walk that marks the flows of released (id ->

@@ -31,9 +31,15 @@ const staleRunMax = 1024
 // mark is idempotent, and the counts are the second walk's).
 func (d *Datapath) markReleased(fs ctFamilies, released map[uint32]uint32, want map[idGen]bool) (int, map[idGen]Traffic, error) {
 	if d.compat.forEachMapElem {
-		n, flows, err := markReleasedInKernel(fs, released, want)
+		w, err := d.staleQ.loadWalker(fs)
 		if err == nil {
-			return n, flows, nil
+			var (
+				n     int
+				flows map[idGen]Traffic
+			)
+			if n, flows, err = w.markReleased(released, want); err == nil {
+				return n, flows, nil
+			}
 		}
 		d.log.Error("the stale walk in the kernel failed; walking in the agent", "err", err)
 	}
@@ -66,9 +72,35 @@ type staleWalker struct {
 	Finals *ebpf.Map     `ebpf:"tlb_stale_finals"`
 }
 
-// loadStaleWalker loads ct_mark_stale over the tables fs. Loaded for each
-// walk (a small program, verified in about a millisecond), so it always
-// walks the tables the Datapath has now.
+// loadWalker returns ct_mark_stale loaded over the tables fs (copies of
+// the Datapath's handles: the program keeps its own references), loaded
+// at the first walk and kept until the Datapath closes (a load parses and
+// hands the kernel the object's BTF: garbage for every walk, which the
+// agent's syncs paid for). Under q.walking; the Datapath's tables never
+// change after Load.
+func (q *staleQueue) loadWalker(fs ctFamilies) (*staleWalker, error) {
+	if q.walker == nil {
+		w, err := loadStaleWalker(fs)
+		if err != nil {
+			return nil, fmt.Errorf("load the stale walk: %w", err)
+		}
+		q.walker = w
+	}
+	return q.walker, nil
+}
+
+// closeWalker closes the walker loadWalker kept, once the walk under way
+// (if any) has ended.
+func (q *staleQueue) closeWalker() {
+	q.walking.Lock()
+	defer q.walking.Unlock()
+	if q.walker != nil {
+		q.walker.close()
+		q.walker = nil
+	}
+}
+
+// loadStaleWalker loads ct_mark_stale over the tables fs.
 func loadStaleWalker(fs ctFamilies) (*staleWalker, error) {
 	parsed, err := ctStaleSpec()
 	if err != nil {
@@ -101,19 +133,22 @@ func (w *staleWalker) close() {
 // reads none of it: a tc program's run needs an Ethernet header's length.
 var staleRunData = make([]byte, 14)
 
-// markReleasedInKernel is markReleased by ct_mark_stale: one run per
-// staleRunMax ids and finals, each a walk of the four tables in the
-// kernel.
+// markReleasedInKernel is markReleased by ct_mark_stale, loaded over fs
+// for this one walk.
 func markReleasedInKernel(fs ctFamilies, released map[uint32]uint32, want map[idGen]bool) (int, map[idGen]Traffic, error) {
-	flows := make(map[idGen]Traffic, len(want))
-	if len(released) == 0 && len(want) == 0 {
-		return 0, flows, nil
-	}
 	w, err := loadStaleWalker(fs)
 	if err != nil {
 		return 0, nil, fmt.Errorf("load the stale walk: %w", err)
 	}
 	defer w.close()
+	return w.markReleased(released, want)
+}
+
+// markReleased is markReleased by w: one run of ct_mark_stale per
+// staleRunMax ids and finals, each a walk of the four tables in the
+// kernel.
+func (w *staleWalker) markReleased(released map[uint32]uint32, want map[idGen]bool) (int, map[idGen]Traffic, error) {
+	flows := make(map[idGen]Traffic, len(want))
 	ids := make([]uint32, 0, len(released))
 	for id := range released {
 		ids = append(ids, id)
