@@ -34,6 +34,7 @@ var (
 	churnFlows     = flag.Int("churn-flows", 125_000, "established flows (two conntrack entries each) in the rows with a full conntrack table")
 	churnScrape    = flag.Duration("churn-scrape", time.Second, "metrics scrape interval in the row with scrapes")
 	churnRows      = flag.String("churn-rows", "idle,conntrack,conntrack+scrape", "rows of BenchmarkAgentChurn to run, comma-separated")
+	churnFallbacks = flag.String("churn-force-fallbacks", "", "kernel features (maps.KernelFeature names, comma-separated) whose fallbacks the rows' datapaths force, to compare paths")
 )
 
 // churnRow is one condition BenchmarkAgentChurn measures the agent in:
@@ -149,6 +150,14 @@ func BenchmarkAgentChurn(b *testing.B) {
 	}
 }
 
+// forcedFallbacks is -churn-force-fallbacks as a list (nil: none).
+func forcedFallbacks() []string {
+	if *churnFallbacks == "" {
+		return nil
+	}
+	return strings.Split(*churnFallbacks, ",")
+}
+
 // churn measures one row and returns the goals it did not meet.
 func churn(b *testing.B, row churnRow) []string {
 	dir := b.TempDir()
@@ -157,7 +166,7 @@ func churn(b *testing.B, row churnRow) []string {
 	}
 	defer unix.Unmount(dir, unix.MNT_DETACH)
 	nSvc, perSvc := *churnServices, *churnEndpoints
-	dp, err := dpmaps.Load(dpmaps.Options{PinPath: filepath.Join(dir, "topolb"), MaxFrontends: uint32(nSvc + 16), MaxBackends: uint32(nSvc*perSvc + 1024)})
+	dp, err := dpmaps.Load(dpmaps.Options{PinPath: filepath.Join(dir, "topolb"), MaxFrontends: uint32(nSvc + 16), MaxBackends: uint32(nSvc*perSvc + 1024), ForceFallbacks: forcedFallbacks()})
 	if err != nil {
 		b.Fatalf("load datapath: %v", err)
 	}

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -176,10 +178,17 @@ func (m *Metrics) programErrors(err error) {
 	m.ProgramErrors.WithLabelValues(reason).Inc()
 }
 
+// trafficMaxAge is how old the per-frontend and per-backend traffic a
+// scrape exports may be (maps.Datapath.CachedCounters): those figures
+// walk every conntrack entry, about 0.3 s of CPU at a quarter-million,
+// which a scrape every second would spend every second (issue 38).
+// topolb_datapath_traffic_age_seconds says how old they are.
+const trafficMaxAge = 10 * time.Second
+
 // DatapathReader is what the collector reads of the datapath at scrape
 // time: maps.Datapath implements it.
 type DatapathReader interface {
-	Counters() (maps.Counters, error)
+	CachedCounters(maxAge time.Duration) (maps.Counters, time.Time, error)
 	Usage() maps.Usage
 	Uplinks() ([]maps.UplinkStatus, error)
 	Kernel() maps.KernelReport
@@ -198,7 +207,24 @@ type DatapathCollector struct {
 	driftRepaired, driftRemaining, upkeepErrors, zoneShare, pendingCleanups *prometheus.Desc
 	uplinkPath                                                              *prometheus.Desc
 	kernelFeature, datapathPath                                             *prometheus.Desc
-	sourceRangeDrops                                                        *prometheus.Desc
+	sourceRangeDrops, trafficAge                                            *prometheus.Desc
+
+	// byZone is what the traffic read at zonesAt gives by backend zone,
+	// reckoned once per read: the zones (Agent.BackendZones) are a map of
+	// every backend address, too big to build at every scrape or to keep
+	// (issue 38); zonesMu guards it.
+	zonesMu sync.Mutex
+	zonesAt time.Time
+	byZone  zoneTraffic
+}
+
+// zoneTraffic is one traffic read by backend zone.
+type zoneTraffic struct {
+	// packets are the forward packets by backend zone.
+	packets map[string]uint64
+	// flows are the flows by backend zone of each frontend with unequal
+	// weights (Agent.ZoneShares) at the read.
+	flows map[maps.Frontend]map[string]uint64
 }
 
 // NewDatapathCollector returns a collector over dp and a's decisions and
@@ -236,6 +262,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 		uplinkPath:       d("topolb_uplink_path", "The path each uplink balances external traffic on (xdp, xdp-generic, tc, incomplete), read back from the programs attached to it; always 1.", "interface", "path"),
 		zoneShare:        d("topolb_zone_flow_share", "For frontends with unequal (zone-weighted) weights: the share of this node's new flows per backend zone, as intended by the decision and as measured by the datapath since the frontend was programmed.", "frontend", "zone", "source"),
 		sourceRangeDrops: d("topolb_source_range_drops_total", "New flows to a load-balancer IP refused for coming from outside its loadBalancerSourceRanges, by frontend.", "frontend"),
+		trafficAge:       d("topolb_datapath_traffic_age_seconds", fmt.Sprintf("How long ago the per-frontend and per-backend traffic exported (packets, bytes, flows, backend packets, zone shares) was read from the maps: a walk of conntrack, at most every %s; the other datapath counters are read at each scrape.", trafficMaxAge)),
 	}
 }
 
@@ -243,7 +270,7 @@ func NewDatapathCollector(dp DatapathReader, a *Agent) *DatapathCollector {
 func (c *DatapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.flows, c.backendPackets, c.drops, c.reverse, c.events,
 		c.entries, c.capacity, c.ctEntries, c.ctCreated, c.ctExpired, c.ctEvicted, c.ctTable, c.ctTableCap, c.snatPorts,
-		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.datapathPath, c.sourceRangeDrops} {
+		c.snatPortsCap, c.nodeInfo, c.driftRepaired, c.driftRemaining, c.upkeepErrors, c.pendingCleanups, c.zoneShare, c.uplinkPath, c.kernelFeature, c.datapathPath, c.sourceRangeDrops, c.trafficAge} {
 		ch <- d
 	}
 }
@@ -287,24 +314,19 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	cnt, err := c.DP.Counters()
+	cnt, at, err := c.DP.CachedCounters(trafficMaxAge)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.drops, err)
 		return
 	}
+	gauge(c.trafficAge, time.Since(at).Seconds())
 	for f, t := range cnt.Frontends {
 		counter(c.packets, float64(t.Packets), f.String())
 		counter(c.bytes, float64(t.Bytes), f.String())
 		counter(c.flows, float64(t.Flows), f.String())
 	}
-	zones := c.Agent.BackendZones()
-	byZone := map[string]uint64{}
-	for _, bes := range cnt.Backends {
-		for addr, n := range bes {
-			byZone[zones[addr.Addr().String()]] += n
-		}
-	}
-	for z, n := range byZone {
+	byZone := c.zoneTraffic(cnt, at)
+	for z, n := range byZone.packets {
 		counter(c.backendPackets, float64(n), z)
 	}
 	for reason, n := range map[string]uint64{
@@ -320,7 +342,35 @@ func (c *DatapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for st, n := range cnt.Stats {
 		counter(c.events, float64(n), st.String())
 	}
-	c.collectShares(gauge, cnt, zones)
+	c.collectShares(gauge, byZone)
+}
+
+// zoneTraffic returns the traffic of cnt, read at at, by backend zone:
+// reckoned from cnt's per-backend figures when the read is new, else the
+// last call's (cnt then reuses an earlier read and has none:
+// maps.Datapath.CachedCounters).
+func (c *DatapathCollector) zoneTraffic(cnt maps.Counters, at time.Time) zoneTraffic {
+	c.zonesMu.Lock()
+	defer c.zonesMu.Unlock()
+	if c.byZone.packets != nil && c.zonesAt.Equal(at) {
+		return c.byZone
+	}
+	zones := c.Agent.BackendZones()
+	zt := zoneTraffic{packets: map[string]uint64{}, flows: map[maps.Frontend]map[string]uint64{}}
+	for _, bes := range cnt.Backends {
+		for addr, n := range bes {
+			zt.packets[zones[addr.Addr().String()]] += n
+		}
+	}
+	for fe := range c.Agent.ZoneShares() {
+		measured := map[string]uint64{}
+		for addr, t := range cnt.BackendTraffic[fe] {
+			measured[zones[addr.Addr().String()]] += t.Flows
+		}
+		zt.flows[fe] = measured
+	}
+	c.byZone, c.zonesAt = zt, at
+	return zt
 }
 
 // collectUpkeep exports what the last sweep and verification found.
@@ -362,13 +412,12 @@ func (c *DatapathCollector) collectUpkeep(gauge, counter func(*prometheus.Desc, 
 
 // collectShares exports, for every frontend with unequal weights, the
 // intended and the measured share of new flows per backend zone.
-func (c *DatapathCollector) collectShares(gauge func(*prometheus.Desc, float64, ...string), cnt maps.Counters, zones map[string]string) {
+func (c *DatapathCollector) collectShares(gauge func(*prometheus.Desc, float64, ...string), byZone zoneTraffic) {
 	for fe, intended := range c.Agent.ZoneShares() {
 		var total uint64
-		measured := map[string]uint64{}
-		for addr, t := range cnt.BackendTraffic[fe] {
-			measured[zones[addr.Addr().String()]] += t.Flows
-			total += t.Flows
+		measured := byZone.flows[fe]
+		for _, n := range measured {
+			total += n
 		}
 		for zone, share := range intended {
 			gauge(c.zoneShare, share, fe.String(), zone, "intended")

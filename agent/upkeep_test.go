@@ -181,7 +181,9 @@ func TestUpkeepErrorsCounted(t *testing.T) {
 // emptyReader is a DatapathReader with no counters and no usage.
 type emptyReader struct{}
 
-func (emptyReader) Counters() (dpmaps.Counters, error)      { return dpmaps.Counters{}, nil }
+func (emptyReader) CachedCounters(time.Duration) (dpmaps.Counters, time.Time, error) {
+	return dpmaps.Counters{}, time.Now(), nil
+}
 func (emptyReader) Usage() dpmaps.Usage                     { return dpmaps.Usage{} }
 func (emptyReader) Uplinks() ([]dpmaps.UplinkStatus, error) { return nil, nil }
 func (emptyReader) Kernel() dpmaps.KernelReport             { return dpmaps.KernelReport{} }

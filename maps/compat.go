@@ -49,6 +49,10 @@ const (
 	featureLookupAndDelete = "lookup-and-delete on hash maps"
 	featureNetnsCookie     = "SO_NETNS_COOKIE"
 	featureCmpXchg         = "BPF atomic compare-and-exchange"
+	// featureForEachMapElem is a helper, but of the agent's own program
+	// (ct_mark_stale, run with BPF_PROG_TEST_RUN), not the datapath's:
+	// no program of the datapath calls it, so it has no knob.
+	featureForEachMapElem = "helper bpf_for_each_map_elem"
 )
 
 // compatFeatures are the features besides helpers and tcx links that
@@ -61,6 +65,7 @@ var compatFeatures = []struct {
 	{featureLookupAndDelete, "5.14", lookupAndDeleteWithout, probeLookupAndDelete},
 	{featureCmpXchg, "5.12", cmpXchgWithout, probeCmpXchg},
 	{featureNetnsCookie, "5.14", netnsCookieWithout, probeNetnsCookie},
+	{featureForEachMapElem, "5.13", forEachMapElemWithout, probeForEachMapElem},
 }
 
 // compatSrcMax is COMPAT_SRC_MAX in bpf/compat.h: how many interfaces'
@@ -74,6 +79,7 @@ var fibLookupSrcWithout = fmt.Sprintf("the source address of a flow source-NATed
 const (
 	cmpXchgWithout         = "a new flow takes over an expired conntrack entry with a plain store (the programs' compare-and-exchange rewritten at load): two CPUs taking over the same expired entry in the same instant both win, and the later one's flow keeps it"
 	lookupAndDeleteWithout = "the conntrack sweep reads, checks and deletes each entry: a flow reopened on the same tuple between its read and its delete (microseconds) loses its fresh entries, and its next packet starts it anew"
+	forEachMapElemWithout  = "the walk that marks a released backend's flows stale copies the conntrack tables to the agent (about 0.1 s of CPU per quarter-million entries) instead of running in the kernel"
 	netnsCookieWithout     = "the socket hooks act on no socket (they cannot tell the node's sockets from pods'): the node's own processes reach frontends only through the stack"
 )
 
@@ -121,6 +127,9 @@ type compat struct {
 	// cmpXchg says the kernel has BPF's compare-and-exchange; without it
 	// configure rewrites it (withoutCmpXchg).
 	cmpXchg bool
+	// forEachMapElem says the stale walk runs in the kernel
+	// (markReleasedInKernel), else in the agent (markReleasedInUser).
+	forEachMapElem bool
 }
 
 // newCompat derives the fallbacks from r. srcs are the interfaces' source
@@ -133,6 +142,7 @@ func newCompat(r KernelReport, srcs []ifaceAddr) compat {
 		lookupAndDelete: r.has(featureLookupAndDelete),
 		netnsCookie:     r.has(featureNetnsCookie),
 		cmpXchg:         r.has(featureCmpXchg),
+		forEachMapElem:  r.has(featureForEachMapElem),
 	}
 	flag := func(b bool) uint8 {
 		if b {
@@ -315,6 +325,16 @@ func probeLookupAndDelete() (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("probe lookup-and-delete: %w", err)
+}
+
+// probeForEachMapElem says whether tc programs may call
+// bpf_for_each_map_elem (Linux 5.13), as ct_mark_stale does.
+func probeForEachMapElem() (bool, error) {
+	err := features.HaveProgramHelper(ebpf.SchedCLS, asm.FnForEachMapElem)
+	if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return false, fmt.Errorf("probe helper bpf_for_each_map_elem: %w", err)
+	}
+	return err == nil, nil
 }
 
 // probeNetnsCookie says whether SO_NETNS_COOKIE reads a network

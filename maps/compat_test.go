@@ -159,13 +159,15 @@ func TestFallbackClock(t *testing.T) {
 // MTU checks by FIB lookup (forwarding), XDP replies written byte by byte
 // (rejects), socket hooks refusing with EPERM (real rejects), source NAT
 // addresses from the agent (north-south: XDP's and tc's, both families, in
-// tables and with real traffic), and the read-check-delete sweep.
+// tables and with real traffic), the read-check-delete sweep, and the
+// stale walk in user space (released backends' flows).
 var fallbackTests = []string{
 	"TestConntrackLifecycle", "TestFragmentTimeout",
 	"TestXDPNorthSouth", "TestXDPNorthSouth6", "TestTCForwarding", "TestSNATHandoffBeyondMTU",
 	"TestTCUplinkNorthSouth6", "TestUplinkDeliversIPv6",
 	"TestRejects", "TestRejectRealTraffic",
 	"TestSweepConntrack", "TestSweepDeletesOrphans", "TestSweepTakesStaleFlowsWhole",
+	"TestBackendStates", "TestConntrackFollowsBackendState", "TestMarkReleasedPaths",
 }
 
 // TestFallbacks runs fallbackTests again in a child process with every

@@ -46,6 +46,9 @@ type Datapath struct {
 	// Counters hands them to their members (stale.go); sweptMu guards it.
 	sweptMu sync.Mutex
 	swept   map[idGen]Traffic
+	// traffic is the last walk's traffic figures, for CachedCounters
+	// (trafficcache.go).
+	traffic trafficCache
 	// staleQ holds the ids released since the last walk that marks their
 	// flows stale (stale.go).
 	staleQ staleQueue
@@ -544,6 +547,7 @@ func boolByte(b bool) uint8 {
 // without the process.
 func (d *Datapath) Close() error {
 	d.staleQ.stop()
+	d.staleQ.closeWalker()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.sockColl != nil {

@@ -12,3 +12,4 @@ package maps
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" baseline ../bpf/baseline.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" floor ../bpf/floor.c
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" sock ../bpf/sock_lb.c
+//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I../bpf/include" -type stale_id_gen -type stale_traffic ctstale ../bpf/ct_stale.c

@@ -78,7 +78,7 @@ func TestProbeKernel(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"tcx links", "BPF_FIB_LOOKUP_SRC", "helper bpf_ktime_get_coarse_ns", "helper bpf_fib_lookup", "helper bpf_set_retval",
-		"helper bpf_ktime_get_ns", featureLookupAndDelete, featureNetnsCookie, featureCmpXchg} {
+		"helper bpf_ktime_get_ns", featureLookupAndDelete, featureNetnsCookie, featureCmpXchg, featureForEachMapElem} {
 		if !names[want] {
 			t.Errorf("no feature %q in %v", want, r.LogArgs())
 		}

@@ -347,27 +347,13 @@ func (d *Datapath) countersBeforeWalk() (Counters, countersInput, error) {
 	if d.closed() {
 		return Counters{}, in, ErrClosed
 	}
-	stats, err := d.readStats()
+	c, err := d.namedCountersLocked()
 	if err != nil {
 		return Counters{}, in, err
 	}
-	c := Counters{
-		Frontends:      make(map[Frontend]Traffic, len(d.fes)),
-		Backends:       make(map[Frontend]map[netip.AddrPort]uint64, len(d.fes)),
-		BackendTraffic: make(map[Frontend]map[netip.AddrPort]Traffic, len(d.fes)),
-		Stats:          stats,
-		Drops: Drops{
-			NoBackend:    stats[StatDropNoBackend],
-			MapFull:      stats[StatDropMapFull],
-			ParseError:   stats[StatDropParseError],
-			RewriteError: stats[StatDropRewrite],
-		},
-		ReverseNAT: stats[StatReverseNAT],
-		Fragments:  stats[StatFragment],
-	}
-	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
-		return Counters{}, in, err
-	}
+	c.Frontends = make(map[Frontend]Traffic, len(d.fes))
+	c.Backends = make(map[Frontend]map[netip.AddrPort]uint64, len(d.fes))
+	c.BackendTraffic = make(map[Frontend]map[netip.AddrPort]Traffic, len(d.fes))
 	in.swept = d.takeSwept()
 	in.fes = make([]Frontend, 0, len(d.fes))
 	for fe, s := range d.fes {
@@ -388,6 +374,30 @@ func (d *Datapath) countersBeforeWalk() (Counters, countersInput, error) {
 		return Counters{}, countersInput{}, fmt.Errorf("read conntrack: %w", err)
 	}
 	return c, in, nil
+}
+
+// namedCountersLocked is namedCounters, under d.mu: the Counters
+// without traffic figures.
+func (d *Datapath) namedCountersLocked() (Counters, error) {
+	stats, err := d.readStats()
+	if err != nil {
+		return Counters{}, err
+	}
+	c := Counters{
+		Stats: stats,
+		Drops: Drops{
+			NoBackend:    stats[StatDropNoBackend],
+			MapFull:      stats[StatDropMapFull],
+			ParseError:   stats[StatDropParseError],
+			RewriteError: stats[StatDropRewrite],
+		},
+		ReverseNAT: stats[StatReverseNAT],
+		Fragments:  stats[StatFragment],
+	}
+	if c.SourceRangeDrops, err = d.sourceRangeDrops(); err != nil {
+		return Counters{}, err
+	}
+	return c, nil
 }
 
 // readStats reads every named counter of tlb_stats.

@@ -171,6 +171,8 @@ type staleQueue struct {
 	// (staleGap), under mu.
 	lastEnd  time.Time
 	lastTook time.Duration
+	// walker is the kernel walk, under walking (loadWalker).
+	walker *staleWalker
 }
 
 // queueStale schedules the walk that marks the flows of released (id ->
@@ -209,7 +211,8 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 // frontends' released totals. It walks copies of the conntrack tables'
 // handles without holding the Datapath's lock, so changes and scrapes go
 // on meanwhile; only the totals are added under it. A change never waits
-// for a walk (issue 38): the writer queues, this walks. (Not at a lower
+// for a walk (issue 38): the writer queues, this walks, in the kernel
+// where it can (markReleased). (Not at a lower
 // CPU priority: a thread of nice 19 that runs Go code holds one of the
 // runtime's Ps, and a garbage collection's stop-the-world then waits for
 // it; measured, a change's worst case went from 37 ms to 441 ms.)
@@ -250,15 +253,7 @@ func (d *Datapath) flushStale() error {
 	for _, fc := range finals {
 		want[fc.ig] = true
 	}
-	flows := make(map[idGen]Traffic, len(finals))
-	n, err := tables.markStale(func(ig idGen) bool {
-		gen, ok := released[ig.id]
-		return ok && gen != ig.gen
-	}, func(ig idGen, tr Traffic) {
-		if want[ig] {
-			flows[ig] = flows[ig].plus(tr)
-		}
-	})
+	n, flows, err := d.markReleased(tables, released, want)
 	q.mu.Lock()
 	q.lastEnd = time.Now()
 	q.lastTook = q.lastEnd.Sub(start)
