@@ -28,7 +28,7 @@ var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
 	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops, tcMapTlbFrags,
-	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src, tcMapTlbFrags6,
+	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src, tcMapTlbFrags6, tcMapTlbCtProven,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the

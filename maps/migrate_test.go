@@ -19,11 +19,11 @@ import (
 	"github.com/topolb/topolb/internal/nettest"
 )
 
-// TestMigrationFollowsLayout keeps layout7.go the previous layout: a
+// TestMigrationFollowsLayout keeps layout8.go the previous layout: a
 // layout bump must freeze the one it leaves there.
 func TestMigrationFollowsLayout(t *testing.T) {
 	if layoutVersion != migrateFrom+1 {
-		t.Fatalf("layoutVersion %d: freeze layout %d in layout7.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
+		t.Fatalf("layoutVersion %d: freeze layout %d in layout8.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
 	}
 }
 

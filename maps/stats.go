@@ -162,6 +162,11 @@ const (
 	// what the parser walks (an IPv6 extension chain longer than it
 	// takes), dropped rather than passed on untranslated.
 	StatDropUnparsed = Stat(tcStatReasonSTAT_DROP_UNPARSED)
+	// StatSourceProven: new flows taken from a proven source's own
+	// budget (a client that completed a TCP handshake in the last five
+	// minutes) instead of the cell it shares with unproven sources,
+	// which a flood spoofing its address may have spent.
+	StatSourceProven = Stat(tcStatReasonSTAT_CT_SRC_PROVEN)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -213,6 +218,7 @@ var statNames = map[Stat]string{
 	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
 	StatDropLoopback:          "drop_loopback",
 	StatDropUnparsed:          "drop_unparsed",
+	StatSourceProven:          "source_proven",
 }
 
 // String returns the counter's stable name.
