@@ -92,7 +92,9 @@ func TestAgentRefusesServiceOverCaps(t *testing.T) {
 		t.Errorf("topolb_services_refused{cap=source_ranges} = %v, want 1", got)
 	}
 	// explain --agent shows why (the agent's /debug/state).
-	if w := a.State().Report.Warnings; !slices.ContainsFunc(w, func(s string) bool { return strings.HasPrefix(s, "default/hostile: refused: 5 loadBalancerSourceRanges") }) {
+	if w := a.State().Report.Warnings; !slices.ContainsFunc(w, func(s string) bool {
+		return strings.HasPrefix(s, "default/hostile: refused: 5 loadBalancerSourceRanges")
+	}) {
 		t.Errorf("/debug/state warnings %q: none says why default/hostile is refused", w)
 	}
 

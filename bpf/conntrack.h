@@ -11,6 +11,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "addr.h"
 #include "compat.h"
 #include "consts.h"
 #include "conntrack6.h"
@@ -342,15 +343,91 @@ static __always_inline struct ct_src *ct_src_budget(int fam, const void *src)
 	return bpf_map_lookup_elem(&tlb_ct_src, &cell);
 }
 
-/* ct_src_take takes one new flow from the budget of src, a source of
- * family fam (ct_src_budget). Returns 0 when it is spent. A cell never
- * taken from (or not for a burst's time) holds a full budget. */
-static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
+/* ct_proven_key is src, a source of family fam (an IPv4 address, or a
+ * union tlb_addr), as tlb_ct_proven's key: the exact address. */
+static __always_inline union tlb_addr ct_proven_key(int fam, const void *src)
+{
+	if (fam == PKT_IPV6)
+		return *(const union tlb_addr *)src;
+	return addr_from4(*(const __be32 *)src);
+}
+
+/* ct_proven_find is the own budget of src, a source of family fam, when
+ * it is proven at now (tlb_ct_proven), or NULL. */
+static __always_inline struct ct_proven *ct_proven_find(int fam, const void *src, __u64 now)
+{
+	union tlb_addr k = ct_proven_key(fam, src);
+	struct ct_proven *p = bpf_map_lookup_elem(&tlb_ct_proven, &k);
+
+	return p && now <= p->expires ? p : NULL;
+}
+
+/* ct_src_give gives src, a source of family fam, back the share of a
+ * flow that got promoted in its cell: a client whose handshakes
+ * complete never runs out. */
+static __always_inline void ct_src_give(int fam, const void *src)
 {
 	struct ct_src *b;
 
 	if (!cfg_ct_src_interval)
+		return;
+	b = ct_src_budget(fam, src);
+	if (b)
+		gcra_give(&b->tat, cfg_ct_src_interval);
+}
+
+/* ct_proven_mark records the client of the flow pkt matched as ct, whose
+ * handshake just completed, as proven until CT_TIMEOUT_PROVEN from now,
+ * and gives back the share of the flow to the budget it took it from
+ * (ct_src_take): its own when it was proven already, its cell's
+ * otherwise. Promotions only: not on the established path. */
+static __always_inline void ct_proven_mark(int fam, const struct packet *pkt, const struct ct_value *ct, __u64 now)
+{
+	struct ct_proven fresh = { .expires = now + CT_TIMEOUT_PROVEN * NSEC_PER_SEC };
+	const void *src;
+	union tlb_addr k;
+	struct ct_proven *p;
+	__be32 src4;
+
+	if (fam == PKT_IPV6) {
+		src = ct6_client(pkt, ct);
+	} else {
+		src4 = ct_client(pkt, ct);
+		src = &src4;
+	}
+	p = ct_proven_find(fam, src, now);
+	if (p) {
+		p->expires = fresh.expires;
+		if (cfg_ct_src_interval)
+			gcra_give(&p->tat, cfg_ct_src_interval / CT_PROVEN_SHARE);
+		return;
+	}
+	ct_src_give(fam, src);
+	k = ct_proven_key(fam, src);
+	bpf_map_update_elem(&tlb_ct_proven, &k, &fresh, BPF_ANY);
+}
+
+/* ct_src_take takes one new flow from the budget of src, a source of
+ * family fam: its own when it is proven (tlb_ct_proven: CT_PROVEN_SHARE
+ * times a cell's rate and burst, counted), its cell's otherwise
+ * (ct_src_budget). Returns 0 when it is spent. A cell never taken from
+ * (or not for a burst's time) holds a full budget, as does a source just
+ * proven. */
+static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
+{
+	struct ct_proven *p;
+	struct ct_src *b;
+
+	if (!cfg_ct_src_interval)
 		return 1;
+	p = ct_proven_find(fam, src, now);
+	if (p) {
+		if (!gcra_take(&p->tat, now, cfg_ct_src_interval / CT_PROVEN_SHARE,
+			       (__u64)cfg_ct_src_burst * CT_PROVEN_SHARE))
+			return 0;
+		stat_inc(STAT_CT_SRC_PROVEN);
+		return 1;
+	}
 	b = ct_src_budget(fam, src);
 	if (!b)
 		return 1;
@@ -361,32 +438,39 @@ static __always_inline int ct_src_take(int fam, const void *src, __u64 now)
  * at now, without taking it (frag.h asks before the core takes). */
 static __always_inline int ct_src_has(int fam, const void *src, __u64 now)
 {
+	struct ct_proven *p;
 	struct ct_src *b;
 
 	if (!cfg_ct_src_interval)
 		return 1;
+	p = ct_proven_find(fam, src, now);
+	if (p)
+		return gcra_has(p->tat, now, cfg_ct_src_interval / CT_PROVEN_SHARE,
+				(__u64)cfg_ct_src_burst * CT_PROVEN_SHARE);
 	b = ct_src_budget(fam, src);
 	return !b || gcra_has(b->tat, now, cfg_ct_src_interval, cfg_ct_src_burst);
 }
 
-/* ct_src_give gives the client of the flow pkt matched as ct back the
- * share of a flow that got promoted: a client whose handshakes complete
- * never runs out. */
-static __always_inline void ct_src_give(int fam, const struct packet *pkt, const struct ct_value *ct)
+/* ct_src_promoted gives the client of the flow pkt matched as ct, just
+ * promoted, its share back; a TCP client also proves its address
+ * (ct_proven_mark). A UDP flow proves nothing: its first reply promotes
+ * it, whoever sent the datagram. */
+static __always_inline void ct_src_promoted(int fam, const struct packet *pkt, const struct ct_value *ct, __u64 now)
 {
-	struct ct_src *b;
-	__be32 src;
+	const void *src;
+	__be32 src4;
 
-	if (!cfg_ct_src_interval)
+	if (pkt->proto == IP_PROTO_TCP) {
+		ct_proven_mark(fam, pkt, ct, now);
 		return;
-	if (fam == PKT_IPV6) {
-		b = ct_src_budget(fam, ct6_client(pkt, ct));
-	} else {
-		src = ct_client(pkt, ct);
-		b = ct_src_budget(fam, &src);
 	}
-	if (b)
-		gcra_give(&b->tat, cfg_ct_src_interval);
+	if (fam == PKT_IPV6) {
+		src = ct6_client(pkt, ct);
+	} else {
+		src4 = ct_client(pkt, ct);
+		src = &src4;
+	}
+	ct_src_give(fam, src);
 }
 
 /* ct_move writes both entries of a flow, a (under key) and b (under
@@ -546,7 +630,7 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 			if (promote) {
 				stat_inc(STAT_CT_PROMOTED);
 				/* From the copy: ct's element is freed. */
-				ct_src_give(fam, pkt, a);
+				ct_src_promoted(fam, pkt, a, now);
 			} else {
 				stat_inc(STAT_CT_DEMOTED);
 			}

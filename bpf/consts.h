@@ -38,6 +38,7 @@ enum map_size {
 	DEFAULT_MAX_BACKENDS = 1000000,
 	DEFAULT_MAX_CONNTRACK = 262144, /* tlb_conntrack, established flows (2 entries each) */
 	CT_SRC_CELLS = 65536,           /* tlb_ct_src, tlb_ct6_src: budgets of new flows, fixed (a power of two: ct_src_budget masks) */
+	CT_PROVEN_SOURCES = 65536,      /* tlb_ct_proven: sources with a budget of their own, fixed */
 	DEFAULT_MAX_AFFINITY = 65536,
 	DEFAULT_MAX_IFACES = 4096,
 	DEFAULT_MAX_SRC_RANGES = 65536,
@@ -62,6 +63,10 @@ enum ct_timeout {
 	CT_TIMEOUT_UDP = 60,
 	CT_TIMEOUT_SNAT_UNREPLIED = 10,
 	CT_REFRESH_INTERVAL = 1,
+	/* How long a source stays proven (tlb_ct_proven) after its last
+	 * completed handshake: a client that opens connections now and then
+	 * keeps its own budget between them. */
+	CT_TIMEOUT_PROVEN = 300,
 	/* How long the L4 tuple of a datagram's first fragment is remembered
 	 * for the later ones (frag.h): reordering takes milliseconds; the
 	 * kernel's reassembly waits up to 30 s (net.ipv4.ipfrag_time), but a
@@ -134,9 +139,9 @@ enum stat_reason {
 	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
 	STAT_DROP_LOOPBACK = 43,      /* frames from a pod to or from a loopback address (127.0.0.0/8, ::1): dropped (tc_lb.c) */
 	STAT_DROP_UNPARSED = 44,      /* packets to a frontend whose L4 header lies beyond what the parser walks (an IPv6 extension chain longer than IP6_MAX_EXT headers or IP6_MAX_EXT_LEN bytes): dropped, never passed on untranslated (lb.h) */
-	/* 45: issue 32 item 1 (46, 47: other branches). */
 	STAT_DROP_REPLY_IFACE = 45,   /* replies, and ICMP errors about a flow, that arrived on another interface than the flow's packets of that direction come in on (a pod's veth where the backend is elsewhere, or another pod's): forged, dropped (conntrack.h, ct_iif_plausible) */
-	STAT_MAX = 46,
+	STAT_CT_SRC_PROVEN = 46,      /* new flows taken from a proven source's own budget (tlb_ct_proven), not its shared cell's (conntrack.h) */
+	STAT_MAX = 47,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -212,9 +217,16 @@ enum ct_flag {
  * its share back, so
  * clients whose handshakes complete are never limited, and one source
  * flooding SYNs or one-way datagrams cannot churn everyone's unreplied
- * flows out of tlb_ct_new. 0 disables the limit. */
+ * flows out of tlb_ct_new. 0 disables the limit.
+ * The cells are charged before a source proves anything: a flood spoofing
+ * a client's address (or addresses of its IPv6 /64) spends the client's
+ * cell. A source that completed a TCP handshake (tlb_ct_proven) is
+ * charged against a budget of its own instead, CT_PROVEN_SHARE times the
+ * cell's rate and burst: a flood spoofing it must outrun that, and
+ * unproven sources (spoofers, UDP-only clients) keep sharing cells. */
 enum ct_src_limit {
 	CT_SRC_RATE_DEFAULT = 10000,
+	CT_PROVEN_SHARE = 8,
 };
 
 /* ct_value.redirect: where the translated packets of one direction of a

@@ -96,6 +96,22 @@ struct {
 	__type(value, struct ct_src);
 } tlb_ct_src SEC(".maps");
 
+/* tlb_ct_proven: sources that proved their address (a TCP client that
+ * answered our reply: ct_touch's promotion), by exact address, both
+ * families (IPv4-mapped), each with its own budget of new flows
+ * (conntrack.h, ct_src_take). A proven source is charged there instead of
+ * in its tlb_ct_src cell, which a flood spoofing its address (or, for
+ * IPv6, addresses of its /64) exhausts. LRU: written on promotions only,
+ * which a spoofer cannot make; a flood of real handshakes from more than
+ * CT_PROVEN_SOURCES sources evicts the oldest, which then share cells
+ * again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CT_PROVEN_SOURCES);
+	__type(key, union tlb_addr);
+	__type(value, struct ct_proven);
+} tlb_ct_proven SEC(".maps");
+
 /* Room for the two entries of a flow: written from when it moves between
  * the conntrack tables (ct_touch), built in when it is created
  * (flow_create): 144 bytes the hooks' 512-byte stacks do not have. One

@@ -165,6 +165,14 @@ struct ct_src {
 	__u64 tat; /* host byte order; CLOCK_MONOTONIC(_COARSE) ns */
 };
 
+/* tlb_ct_proven value: a source that completed a TCP handshake (the
+ * client answered our reply, so it receives what is sent to its address)
+ * and its own budget of new flows (conntrack.h, ct_src_take). 16 bytes. */
+struct ct_proven {
+	__u64 tat;     /* host byte order; CLOCK_MONOTONIC(_COARSE) ns: its budget's theoretical arrival time */
+	__u64 expires; /* host byte order; CLOCK_MONOTONIC(_COARSE) ns: proven until then (CT_TIMEOUT_PROVEN after its last proof) */
+};
+
 /* tlb_affinity key: a client of one frontend. 20 bytes. */
 struct affinity_key {
 	union tlb_addr client;

@@ -15,11 +15,8 @@ import (
 
 type ctstaleAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client ctstaleTlbAddr
+	SvcId  uint32
 }
 
 type ctstaleAffinityValue struct {
@@ -47,11 +44,8 @@ type ctstaleBackendStats struct {
 }
 
 type ctstaleBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  ctstaleTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -61,14 +55,8 @@ type ctstaleBackendValue struct {
 
 type ctstaleCt6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr ctstaleTlbAddr
+	Daddr ctstaleTlbAddr
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -84,16 +72,10 @@ type ctstaleCt6Pair struct {
 }
 
 type ctstaleCt6Value struct {
-	_    structs.HostLayout
-	Ct   ctstaleCtValue
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	NatAddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_       structs.HostLayout
+	Ct      ctstaleCtValue
+	Addr    ctstaleTlbAddr
+	NatAddr ctstaleTlbAddr
 }
 
 type ctstaleCtKey struct {
@@ -110,6 +92,12 @@ type ctstaleCtPair struct {
 	_ structs.HostLayout
 	A ctstaleCtValue
 	B ctstaleCtValue
+}
+
+type ctstaleCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
 }
 
 type ctstaleCtSrc struct {
@@ -143,14 +131,8 @@ type ctstaleCtValue struct {
 
 type ctstaleFrag6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr ctstaleTlbAddr
+	Daddr ctstaleTlbAddr
 	Id    uint32
 	Proto uint8
 	Pad   [3]uint8
@@ -199,10 +181,7 @@ type ctstaleMeta struct {
 type ctstaleRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  ctstaleTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -212,20 +191,14 @@ type ctstaleRegistryValue struct {
 type ctstaleSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   ctstaleTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type ctstaleSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr ctstaleTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -234,10 +207,7 @@ type ctstaleSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      ctstaleTlbAddr
 }
 
 type ctstaleStaleIdGen struct {
@@ -254,11 +224,8 @@ type ctstaleStaleTraffic struct {
 }
 
 type ctstaleSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   ctstaleTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -275,6 +242,11 @@ type ctstaleSvcValue struct {
 	Pad             uint16
 }
 
+type ctstaleTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -288,6 +260,7 @@ const (
 	ctstaleMapTlbCt6Scratch    = "tlb_ct6_scratch"
 	ctstaleMapTlbCt6Src        = "tlb_ct6_src"
 	ctstaleMapTlbCtNew         = "tlb_ct_new"
+	ctstaleMapTlbCtProven      = "tlb_ct_proven"
 	ctstaleMapTlbCtScratch     = "tlb_ct_scratch"
 	ctstaleMapTlbCtSrc         = "tlb_ct_src"
 	ctstaleMapTlbFrag6Scratch  = "tlb_frag6_scratch"
@@ -364,6 +337,7 @@ type ctstaleMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFrag6Scratch  *ebpf.MapSpec `ebpf:"tlb_frag6_scratch"`
@@ -416,6 +390,7 @@ type ctstaleMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFrag6Scratch  *ebpf.Map `ebpf:"tlb_frag6_scratch"`
@@ -444,6 +419,7 @@ func (m *ctstaleMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFrag6Scratch,

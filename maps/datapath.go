@@ -28,7 +28,7 @@ var sharedMaps = []string{
 	tcMapTlbServices, tcMapTlbBackends, tcMapTlbRegistry, tcMapTlbBackendStats,
 	tcMapTlbConntrack, tcMapTlbCtNew, tcMapTlbCtSrc, tcMapTlbAffinity, tcMapTlbIfaces, tcMapTlbSockRevnat,
 	tcMapTlbStats, tcMapTlbMeta, tcMapTlbSrcRanges, tcMapTlbSrcRangeDrops, tcMapTlbFrags,
-	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src, tcMapTlbFrags6,
+	tcMapTlbCt6, tcMapTlbCt6New, tcMapTlbCt6Src, tcMapTlbFrags6, tcMapTlbCtProven,
 }
 
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
@@ -510,10 +510,12 @@ const layout7HashSeed = 0x746c6221
 var testSeeded bool
 
 // hashSeedOf is the flow hash's seed for maps whose pinned tlb_meta
-// record is meta (checkPinnedLayout): the record's own, once stamped;
-// layout7HashSeed for maps of layout 7, whose record has none (its field
-// was padding, always zero); for fresh maps, a new one drawn at random
-// (never 0, which stands for layout 7's), which initMeta stamps. Drawn
+// record is meta (checkPinnedLayout): the record's own, once stamped
+// (maps upgraded to layout 8 from layout 7 carry layout7HashSeed there);
+// layout7HashSeed for a stamped record without one (layout 7's field was
+// padding, always zero; such maps are no longer migrated) and in tests
+// (testSeeded); for fresh maps, a new one drawn at random (never 0, which
+// stands for none), which initMeta stamps. Drawn
 // per node, an outsider cannot predict which backend or SNAT port a flow
 // of its choosing gets.
 func hashSeedOf(meta tcMeta) (uint32, error) {

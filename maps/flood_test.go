@@ -152,7 +152,8 @@ func TestConntrackPromoteFull(t *testing.T) {
 // not, sources whose hashes meet the first's share its cell's budget
 // (so all sources together never start more than the cells' budgets
 // allow: each is in one cell), and a flow of the first source that gets
-// established gives its share back. In each family tc translates: an
+// established gives its share back and proves the source, whose next new
+// flows take from a budget of its own (tlb_ct_proven). In each family tc translates: an
 // IPv6 source on a pod veth is its full address, so its /64 neighbour in
 // another cell has its own budget.
 func TestConntrackSourceLimit(t *testing.T) {
@@ -171,6 +172,7 @@ func TestConntrackSourceLimit(t *testing.T) {
 			sharer1 := sourceNear(t, d, clientAP.Addr().Next(), func(c uint32) bool { return c == cell })
 			sharer2 := sourceNear(t, d, sharer1.Next(), func(c uint32) bool { return c == cell })
 			synA, synB := tcpFrame(at(clientAP.Addr(), 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(clientAP.Addr(), 1001), a.vipTCP, tcpSYN, "")
+			synC := tcpFrame(at(clientAP.Addr(), 1002), a.vipTCP, tcpSYN, "")
 			otherSyn := tcpFrame(at(other, 1000), a.vipTCP, tcpSYN, "")
 			shareSyn1, shareSyn2 := tcpFrame(at(sharer1, 1000), a.vipTCP, tcpSYN, ""), tcpFrame(at(sharer2, 1000), a.vipTCP, tcpSYN, "")
 			synAckA := tcpFrame(a.beTCP, at(clientAP.Addr(), 1000), tcpSYN|tcpACK, "")
@@ -185,7 +187,13 @@ func TestConntrackSourceLimit(t *testing.T) {
 				{name: "first_flow_answered", hook: hookTC, in: synAckA, out: ptr(synAckA.withAddrs(a.vipTCP, "")), stats: stats{StatReverseNAT: 1}},
 				{name: "first_flow_established_gives_its_share_back", hook: hookTC, in: ackA, out: ptr(ackA.withAddrs("", a.beTCP)), fwd: f,
 					stats: stats{StatConntrackPromoted: 1}},
-				{name: "second_flow_now_served", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", a.beTCP)), fwd: f, newFlow: true, stats: newFlowStats(nil)},
+				// The completed handshake proved the source: its new flows
+				// take from a budget of its own (eight times the cell's),
+				// not from the cell its sharers spend.
+				{name: "second_flow_now_served_from_the_proven_budget", hook: hookTC, in: synB, out: ptr(synB.withAddrs("", a.beTCP)), fwd: f, newFlow: true,
+					stats: newFlowStats(stats{StatSourceProven: 1})},
+				{name: "a_proven_source_goes_on_past_the_cell", hook: hookTC, in: synC, out: ptr(synC.withAddrs("", a.beTCP)), fwd: f, newFlow: true,
+					stats: newFlowStats(stats{StatSourceProven: 1})},
 			})
 		})
 	}

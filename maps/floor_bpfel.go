@@ -15,11 +15,8 @@ import (
 
 type floorAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client floorTlbAddr
+	SvcId  uint32
 }
 
 type floorAffinityValue struct {
@@ -47,11 +44,8 @@ type floorBackendStats struct {
 }
 
 type floorBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  floorTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -61,14 +55,8 @@ type floorBackendValue struct {
 
 type floorCt6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr floorTlbAddr
+	Daddr floorTlbAddr
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -84,16 +72,10 @@ type floorCt6Pair struct {
 }
 
 type floorCt6Value struct {
-	_    structs.HostLayout
-	Ct   floorCtValue
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	NatAddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_       structs.HostLayout
+	Ct      floorCtValue
+	Addr    floorTlbAddr
+	NatAddr floorTlbAddr
 }
 
 type floorCtKey struct {
@@ -110,6 +92,12 @@ type floorCtPair struct {
 	_ structs.HostLayout
 	A floorCtValue
 	B floorCtValue
+}
+
+type floorCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
 }
 
 type floorCtSrc struct {
@@ -169,14 +157,8 @@ const (
 
 type floorFrag6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr floorTlbAddr
+	Daddr floorTlbAddr
 	Id    uint32
 	Proto uint8
 	Pad   [3]uint8
@@ -225,10 +207,7 @@ type floorMeta struct {
 type floorRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  floorTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -248,20 +227,14 @@ type floorRejectRoom struct {
 type floorSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   floorTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type floorSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr floorTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -270,18 +243,12 @@ type floorSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      floorTlbAddr
 }
 
 type floorSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   floorTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -296,6 +263,11 @@ type floorSvcValue struct {
 	Buffer          uint8
 	Flags           uint8
 	Pad             uint16
+}
+
+type floorTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
 }
 
 // Names of all BPF objects in the ELF.
@@ -314,6 +286,7 @@ const (
 	floorMapTlbCt6Scratch      = "tlb_ct6_scratch"
 	floorMapTlbCt6Src          = "tlb_ct6_src"
 	floorMapTlbCtNew           = "tlb_ct_new"
+	floorMapTlbCtProven        = "tlb_ct_proven"
 	floorMapTlbCtScratch       = "tlb_ct_scratch"
 	floorMapTlbCtSrc           = "tlb_ct_src"
 	floorMapTlbFib6Scratch     = "tlb_fib6_scratch"
@@ -419,6 +392,7 @@ type floorMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
@@ -492,6 +466,7 @@ type floorMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
@@ -523,6 +498,7 @@ func (m *floorMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,

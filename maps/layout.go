@@ -17,7 +17,7 @@ import (
 // fails until layoutVersion is bumped and the pair recorded in
 // testdata/layout_history. Load refuses maps of another version or
 // fingerprint.
-const layoutVersion = 8
+const layoutVersion = 9
 
 // fingerprintEnums are the enums whose values the maps store. stat_reason
 // (append-only, sized by STAT_SLOTS), map_size and ct_timeout are not part

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Upgrading from the previous layout (migrateFrom, layout7.go) without a
+// Upgrading from the previous layout (migrateFrom, layout8.go) without a
 // reset. Load finds maps of that layout pinned and, instead of failing:
 //
 //  1. opens the pinned maps whose shape changed (prevMaps) and creates their

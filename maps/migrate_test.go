@@ -19,11 +19,11 @@ import (
 	"github.com/topolb/topolb/internal/nettest"
 )
 
-// TestMigrationFollowsLayout keeps layout7.go the previous layout: a
+// TestMigrationFollowsLayout keeps layout8.go the previous layout: a
 // layout bump must freeze the one it leaves there.
 func TestMigrationFollowsLayout(t *testing.T) {
 	if layoutVersion != migrateFrom+1 {
-		t.Fatalf("layoutVersion %d: freeze layout %d in layout7.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
+		t.Fatalf("layoutVersion %d: freeze layout %d in layout8.go (migrateFrom %d)", layoutVersion, layoutVersion-1, migrateFrom)
 	}
 }
 
@@ -72,41 +72,17 @@ func readUpgradeState(t *testing.T, dir string) upgradeState {
 
 // downConvert turns the entries of this layout's map cur (a reshaped
 // one of prevMaps) into the previous layout's in old, where downgrade
-// keeps them: the conntrack tables, with the flows the test made.
-var downConvert = map[string]func(cur, old *ebpf.Map) (int, error){
-	tcMapTlbConntrack: downCt, tcMapTlbCtNew: downCt, tcMapTlbCt6: downCt6, tcMapTlbCt6New: downCt6,
-}
-
-// ctValueTo7 is the inverse of ctValueFrom7: what layout 7 wrote for a
-// flow (iif did not exist; tcp_next was its padding, and is kept so the
-// flow reads back the same).
-func ctValueTo7(v tcCtValue) ctValue7 {
-	return ctValue7{
-		Addr: v.Addr, Port: v.Port, Dir: v.Dir, State: v.State, BackendId: v.BackendId, BackendGen: v.BackendGen,
-		Expires: v.Expires, Flags: v.Flags, Redirect: v.Redirect, NatPort: v.NatPort, NatAddr: v.NatAddr,
-		SvcId: v.SvcId, Ifindex: v.Ifindex, Smac: v.Smac, Dmac: v.Dmac, Pad: v.TcpNext,
-		Packets: v.Packets, Bytes: v.Bytes,
-	}
-}
-
-func downCt(cur, old *ebpf.Map) (int, error) {
-	return convertEntries(cur, old, ebpf.UpdateAny, func(k ctKey7, v tcCtValue) (ctKey7, ctValue7) {
-		return k, ctValueTo7(v)
-	})
-}
-
-func downCt6(cur, old *ebpf.Map) (int, error) {
-	return convertEntries(cur, old, ebpf.UpdateAny, func(k ct6Key7, v tcCt6Value) (ct6Key7, ct6Value7) {
-		return k, ct6Value7{Ct: ctValueTo7(v.Ct), Addr: v.Addr.Bytes, NatAddr: v.NatAddr.Bytes}
-	})
-}
+// keeps them. Layout 9 reshaped none (layout 8's were the conntrack
+// tables, whose values grew).
+var downConvert = map[string]func(cur, old *ebpf.Map) (int, error){}
 
 // downgrade turns the maps pinned in dir into what an agent of the
 // previous layout pinned: the maps this layout added unpinned, the ones it
 // reshaped (prevMaps) pinned as the previous layout made them (its type,
 // key and value; their entries converted back where downConvert can,
 // one zero entry otherwise), tlb_meta stamped with its version and
-// fingerprint (and no hash seed). For building the test's input only.
+// fingerprint (its hash seed kept: layout 8 has one). For building the
+// test's input only.
 func downgrade(t *testing.T, dir string) {
 	t.Helper()
 	for _, lm := range prevMaps {
@@ -134,7 +110,9 @@ func downgrade(t *testing.T, dir string) {
 	meta, err := ebpf.LoadPinnedMap(filepath.Join(dir, tcMapTlbMeta), nil)
 	must(t, err)
 	defer meta.Close()
-	must(t, meta.Update(uint32(0), &tcMeta{LayoutVersion: migrateFrom, Fingerprint: prevLayoutFingerprint}, ebpf.UpdateAny))
+	var m tcMeta
+	must(t, meta.Lookup(uint32(0), &m))
+	must(t, meta.Update(uint32(0), &tcMeta{LayoutVersion: migrateFrom, HashSeed: m.HashSeed, Fingerprint: prevLayoutFingerprint}, ebpf.UpdateAny))
 }
 
 // linkProgram is the id of the program the link pinned at pin runs.

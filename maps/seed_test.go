@@ -30,7 +30,7 @@ func pinnedMeta(t *testing.T, dir string) tcMeta {
 // TestHashSeedPinned checks the flow hash's seed (cfg_hash_seed): drawn
 // at random for fresh maps and stamped in tlb_meta, the same after a
 // restart on the same pin path, another on a fresh one; maps upgraded
-// from layout 7 keep layout 7's constant, so no flow moves.
+// from layout 8 keep their seed, so no flow moves.
 func TestHashSeedPinned(t *testing.T) {
 	unseeded(t)
 	load := func(opts Options) uint32 {
@@ -59,11 +59,11 @@ func TestHashSeedPinned(t *testing.T) {
 	}
 
 	downgrade(t, opts.PinPath)
-	if got := load(opts); got != layout7HashSeed {
-		t.Errorf("seed after the upgrade from layout %d %#x, want its constant %#x", migrateFrom, got, layout7HashSeed)
+	if got := load(opts); got != first {
+		t.Errorf("seed after the upgrade from layout %d %#x, want the pinned %#x", migrateFrom, got, first)
 	}
-	if got := load(opts); got != layout7HashSeed {
-		t.Errorf("seed after a restart of the upgraded maps %#x, want %#x", got, layout7HashSeed)
+	if got := load(opts); got != first {
+		t.Errorf("seed after a restart of the upgraded maps %#x, want %#x", got, first)
 	}
 }
 

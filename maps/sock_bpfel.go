@@ -15,11 +15,8 @@ import (
 
 type sockAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client sockTlbAddr
+	SvcId  uint32
 }
 
 type sockAffinityValue struct {
@@ -47,11 +44,8 @@ type sockBackendStats struct {
 }
 
 type sockBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  sockTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -61,14 +55,8 @@ type sockBackendValue struct {
 
 type sockCt6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr sockTlbAddr
+	Daddr sockTlbAddr
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -84,16 +72,10 @@ type sockCt6Pair struct {
 }
 
 type sockCt6Value struct {
-	_    structs.HostLayout
-	Ct   sockCtValue
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	NatAddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_       structs.HostLayout
+	Ct      sockCtValue
+	Addr    sockTlbAddr
+	NatAddr sockTlbAddr
 }
 
 type sockCtKey struct {
@@ -110,6 +92,12 @@ type sockCtPair struct {
 	_ structs.HostLayout
 	A sockCtValue
 	B sockCtValue
+}
+
+type sockCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
 }
 
 type sockCtSrc struct {
@@ -148,14 +136,8 @@ type sockFibRoom struct {
 
 type sockFrag6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr sockTlbAddr
+	Daddr sockTlbAddr
 	Id    uint32
 	Proto uint8
 	Pad   [3]uint8
@@ -204,10 +186,7 @@ type sockMeta struct {
 type sockRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  sockTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -217,20 +196,14 @@ type sockRegistryValue struct {
 type sockSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   sockTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type sockSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr sockTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -239,18 +212,12 @@ type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      sockTlbAddr
 }
 
 type sockSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   sockTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -267,6 +234,11 @@ type sockSvcValue struct {
 	Pad             uint16
 }
 
+type sockTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -280,6 +252,7 @@ const (
 	sockMapTlbCt6Scratch      = "tlb_ct6_scratch"
 	sockMapTlbCt6Src          = "tlb_ct6_src"
 	sockMapTlbCtNew           = "tlb_ct_new"
+	sockMapTlbCtProven        = "tlb_ct_proven"
 	sockMapTlbCtScratch       = "tlb_ct_scratch"
 	sockMapTlbCtSrc           = "tlb_ct_src"
 	sockMapTlbFib6Scratch     = "tlb_fib6_scratch"
@@ -387,6 +360,7 @@ type sockMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
@@ -456,6 +430,7 @@ type sockMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
@@ -483,6 +458,7 @@ func (m *sockMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,

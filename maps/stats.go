@@ -168,6 +168,11 @@ const (
 	// another pod's, or an uplink where the backend is a local pod):
 	// forged, dropped rather than translated.
 	StatDropReplyIface = Stat(tcStatReasonSTAT_DROP_REPLY_IFACE)
+	// StatSourceProven: new flows taken from a proven source's own
+	// budget (a client that completed a TCP handshake in the last five
+	// minutes) instead of the cell it shares with unproven sources,
+	// which a flood spoofing its address may have spent.
+	StatSourceProven = Stat(tcStatReasonSTAT_CT_SRC_PROVEN)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -220,6 +225,7 @@ var statNames = map[Stat]string{
 	StatDropLoopback:          "drop_loopback",
 	StatDropUnparsed:          "drop_unparsed",
 	StatDropReplyIface:        "drop_reply_iface",
+	StatSourceProven:          "source_proven",
 }
 
 // String returns the counter's stable name.

@@ -126,6 +126,12 @@ type tcCtPair struct {
 	B tcCtValue
 }
 
+type tcCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
+}
+
 type tcCtRedirect uint32
 
 const (
@@ -144,6 +150,7 @@ type tcCtSrcLimit uint32
 
 const (
 	tcCtSrcLimitCT_SRC_RATE_DEFAULT tcCtSrcLimit = 10000
+	tcCtSrcLimitCT_PROVEN_SHARE     tcCtSrcLimit = 8
 )
 
 type tcCtState uint32
@@ -170,6 +177,7 @@ const (
 	tcCtTimeoutCT_TIMEOUT_UDP             tcCtTimeout = 60
 	tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED  tcCtTimeout = 10
 	tcCtTimeoutCT_REFRESH_INTERVAL        tcCtTimeout = 1
+	tcCtTimeoutCT_TIMEOUT_PROVEN          tcCtTimeout = 300
 	tcCtTimeoutFRAG_TIMEOUT               tcCtTimeout = 10
 )
 
@@ -282,6 +290,7 @@ const (
 	tcMapSizeDEFAULT_MAX_BACKENDS   tcMapSize = 1000000
 	tcMapSizeDEFAULT_MAX_CONNTRACK  tcMapSize = 262144
 	tcMapSizeCT_SRC_CELLS           tcMapSize = 65536
+	tcMapSizeCT_PROVEN_SOURCES      tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_AFFINITY   tcMapSize = 65536
 	tcMapSizeDEFAULT_MAX_IFACES     tcMapSize = 4096
 	tcMapSizeDEFAULT_MAX_SRC_RANGES tcMapSize = 65536
@@ -410,7 +419,8 @@ const (
 	tcStatReasonSTAT_DROP_LOOPBACK        tcStatReason = 43
 	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 44
 	tcStatReasonSTAT_DROP_REPLY_IFACE     tcStatReason = 45
-	tcStatReasonSTAT_MAX                  tcStatReason = 46
+	tcStatReasonSTAT_CT_SRC_PROVEN        tcStatReason = 46
+	tcStatReasonSTAT_MAX                  tcStatReason = 47
 )
 
 type tcSvcFlag uint32
@@ -460,6 +470,7 @@ const (
 	tcMapTlbCt6Scratch      = "tlb_ct6_scratch"
 	tcMapTlbCt6Src          = "tlb_ct6_src"
 	tcMapTlbCtNew           = "tlb_ct_new"
+	tcMapTlbCtProven        = "tlb_ct_proven"
 	tcMapTlbCtScratch       = "tlb_ct_scratch"
 	tcMapTlbCtSrc           = "tlb_ct_src"
 	tcMapTlbFib6Scratch     = "tlb_fib6_scratch"
@@ -556,6 +567,7 @@ type tcMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
@@ -626,6 +638,7 @@ type tcMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
@@ -655,6 +668,7 @@ func (m *tcMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,

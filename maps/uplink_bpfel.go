@@ -15,11 +15,8 @@ import (
 
 type uplinkAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client uplinkTlbAddr
+	SvcId  uint32
 }
 
 type uplinkAffinityValue struct {
@@ -47,11 +44,8 @@ type uplinkBackendStats struct {
 }
 
 type uplinkBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  uplinkTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -61,14 +55,8 @@ type uplinkBackendValue struct {
 
 type uplinkCt6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr uplinkTlbAddr
+	Daddr uplinkTlbAddr
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -84,16 +72,10 @@ type uplinkCt6Pair struct {
 }
 
 type uplinkCt6Value struct {
-	_    structs.HostLayout
-	Ct   uplinkCtValue
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	NatAddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_       structs.HostLayout
+	Ct      uplinkCtValue
+	Addr    uplinkTlbAddr
+	NatAddr uplinkTlbAddr
 }
 
 type uplinkCtKey struct {
@@ -110,6 +92,12 @@ type uplinkCtPair struct {
 	_ structs.HostLayout
 	A uplinkCtValue
 	B uplinkCtValue
+}
+
+type uplinkCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
 }
 
 type uplinkCtSrc struct {
@@ -148,14 +136,8 @@ type uplinkFibRoom struct {
 
 type uplinkFrag6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr uplinkTlbAddr
+	Daddr uplinkTlbAddr
 	Id    uint32
 	Proto uint8
 	Pad   [3]uint8
@@ -204,10 +186,7 @@ type uplinkMeta struct {
 type uplinkRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  uplinkTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -227,20 +206,14 @@ type uplinkRejectRoom struct {
 type uplinkSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   uplinkTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type uplinkSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr uplinkTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -249,18 +222,12 @@ type uplinkSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      uplinkTlbAddr
 }
 
 type uplinkSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   uplinkTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -277,6 +244,11 @@ type uplinkSvcValue struct {
 	Pad             uint16
 }
 
+type uplinkTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -291,6 +263,7 @@ const (
 	uplinkMapTlbCt6Scratch      = "tlb_ct6_scratch"
 	uplinkMapTlbCt6Src          = "tlb_ct6_src"
 	uplinkMapTlbCtNew           = "tlb_ct_new"
+	uplinkMapTlbCtProven        = "tlb_ct_proven"
 	uplinkMapTlbCtScratch       = "tlb_ct_scratch"
 	uplinkMapTlbCtSrc           = "tlb_ct_src"
 	uplinkMapTlbFib6Scratch     = "tlb_fib6_scratch"
@@ -387,6 +360,7 @@ type uplinkMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
@@ -457,6 +431,7 @@ type uplinkMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
@@ -486,6 +461,7 @@ func (m *uplinkMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,

@@ -15,11 +15,8 @@ import (
 
 type xdpAffinityKey struct {
 	_      structs.HostLayout
-	Client struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	SvcId uint32
+	Client xdpTlbAddr
+	SvcId  uint32
 }
 
 type xdpAffinityValue struct {
@@ -47,11 +44,8 @@ type xdpBackendStats struct {
 }
 
 type xdpBackendValue struct {
-	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Addr  xdpTlbAddr
 	Port  uint16
 	Flags uint8
 	Pad   uint8
@@ -61,14 +55,8 @@ type xdpBackendValue struct {
 
 type xdpCt6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr xdpTlbAddr
+	Daddr xdpTlbAddr
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -84,16 +72,10 @@ type xdpCt6Pair struct {
 }
 
 type xdpCt6Value struct {
-	_    structs.HostLayout
-	Ct   xdpCtValue
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	NatAddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_       structs.HostLayout
+	Ct      xdpCtValue
+	Addr    xdpTlbAddr
+	NatAddr xdpTlbAddr
 }
 
 type xdpCtKey struct {
@@ -110,6 +92,12 @@ type xdpCtPair struct {
 	_ structs.HostLayout
 	A xdpCtValue
 	B xdpCtValue
+}
+
+type xdpCtProven struct {
+	_       structs.HostLayout
+	Tat     uint64
+	Expires uint64
 }
 
 type xdpCtSrc struct {
@@ -148,14 +136,8 @@ type xdpFibRoom struct {
 
 type xdpFrag6Key struct {
 	_     structs.HostLayout
-	Saddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Daddr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Saddr xdpTlbAddr
+	Daddr xdpTlbAddr
 	Id    uint32
 	Proto uint8
 	Pad   [3]uint8
@@ -204,10 +186,7 @@ type xdpMeta struct {
 type xdpRegistryValue struct {
 	_     structs.HostLayout
 	SvcId uint32
-	Addr  struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr  xdpTlbAddr
 	Port  uint16
 	State uint8
 	Flags uint8
@@ -227,20 +206,14 @@ type xdpRejectRoom struct {
 type xdpSockRevnatKey struct {
 	_      structs.HostLayout
 	Cookie uint64
-	Addr   struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
-	Port uint16
-	Pad  [3]uint16
+	Addr   xdpTlbAddr
+	Port   uint16
+	Pad    [3]uint16
 }
 
 type xdpSockRevnatValue struct {
 	_    structs.HostLayout
-	Addr struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr xdpTlbAddr
 	Port uint16
 	Pad  uint16
 }
@@ -249,18 +222,12 @@ type xdpSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	SvcId     uint32
-	Addr      struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	Addr      xdpTlbAddr
 }
 
 type xdpSvcKey struct {
-	_   structs.HostLayout
-	Vip struct {
-		_     structs.HostLayout
-		Bytes [16]uint8
-	}
+	_     structs.HostLayout
+	Vip   xdpTlbAddr
 	Port  uint16
 	Proto uint8
 	Scope uint8
@@ -277,6 +244,11 @@ type xdpSvcValue struct {
 	Pad             uint16
 }
 
+type xdpTlbAddr struct {
+	_     structs.HostLayout
+	Bytes [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -291,6 +263,7 @@ const (
 	xdpMapTlbCt6Scratch      = "tlb_ct6_scratch"
 	xdpMapTlbCt6Src          = "tlb_ct6_src"
 	xdpMapTlbCtNew           = "tlb_ct_new"
+	xdpMapTlbCtProven        = "tlb_ct_proven"
 	xdpMapTlbCtScratch       = "tlb_ct_scratch"
 	xdpMapTlbCtSrc           = "tlb_ct_src"
 	xdpMapTlbFib6Scratch     = "tlb_fib6_scratch"
@@ -385,6 +358,7 @@ type xdpMapSpecs struct {
 	TlbCt6Scratch    *ebpf.MapSpec `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.MapSpec `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.MapSpec `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.MapSpec `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.MapSpec `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.MapSpec `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.MapSpec `ebpf:"tlb_fib6_scratch"`
@@ -455,6 +429,7 @@ type xdpMaps struct {
 	TlbCt6Scratch    *ebpf.Map `ebpf:"tlb_ct6_scratch"`
 	TlbCt6Src        *ebpf.Map `ebpf:"tlb_ct6_src"`
 	TlbCtNew         *ebpf.Map `ebpf:"tlb_ct_new"`
+	TlbCtProven      *ebpf.Map `ebpf:"tlb_ct_proven"`
 	TlbCtScratch     *ebpf.Map `ebpf:"tlb_ct_scratch"`
 	TlbCtSrc         *ebpf.Map `ebpf:"tlb_ct_src"`
 	TlbFib6Scratch   *ebpf.Map `ebpf:"tlb_fib6_scratch"`
@@ -484,6 +459,7 @@ func (m *xdpMaps) Close() error {
 		m.TlbCt6Scratch,
 		m.TlbCt6Src,
 		m.TlbCtNew,
+		m.TlbCtProven,
 		m.TlbCtScratch,
 		m.TlbCtSrc,
 		m.TlbFib6Scratch,

@@ -67,10 +67,10 @@ type flags struct {
 	// caps (topology.Caps).
 	maxRangesPerService    int
 	maxFrontendsPerService int
-	nodePortRange      string
-	healthCheckPorts   bool
-	sweepInterval      time.Duration
-	verifyInterval     time.Duration
+	nodePortRange          string
+	healthCheckPorts       bool
+	sweepInterval          time.Duration
+	verifyInterval         time.Duration
 	// datapath is "bpf" or "none" (datapathNone).
 	datapath string
 }
@@ -150,7 +150,7 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.Uint32Var(&f.maxBackends, "max-backends", maps.DefaultMaxBackends, "capacity of the backends map (sum of backends over frontends)")
 	fl.Uint32Var(&f.maxConntrack, "max-conntrack", 0, "entries of the established conntrack table, two per flow; established flows are never evicted, and when the table is full new flows stay in the unreplied table; 0: from the node's memory, one entry per 64 KiB rounded down to a power of two, 32768 to 1048576 (about 1/512 of the memory)")
 	fl.Uint32Var(&f.maxCtNew, "max-conntrack-unreplied", 0, "entries of the LRU conntrack table of flows not established yet and closing ones, the budget a flood of new flows churns; 0: as many as --max-conntrack")
-	fl.Uint32Var(&f.perSource, "new-flows-per-source", maps.DefaultNewFlowsPerSource, "new flows a second (bursts of as many) one source address may start that are not established yet (budgets are 65,536 cells per family, picked by a keyed hash of the source: sources that meet in a cell share its budget); each flow that gets established gives its share back; over it new flows are dropped; 0 disables the limit")
+	fl.Uint32Var(&f.perSource, "new-flows-per-source", maps.DefaultNewFlowsPerSource, "new flows a second (bursts of as many) one source address may start that are not established yet (budgets are 65,536 cells per family, picked by a keyed hash of the source: sources that meet in a cell share its budget); each flow that gets established gives its share back; a source whose TCP handshake completed in the last 5 minutes gets eight times as many of its own, keyed by its exact address; over it new flows are dropped; 0 disables the limit")
 	fl.StringVar(&f.snatPorts, "snat-ports", maps.DefaultSNATPorts.String(), "source ports (MIN-MAX) given to traffic from outside that is sent to a backend on another node and source-translated to this node's address, each port once per backend address and port; must overlap neither net.ipv4.ip_local_port_range nor the NodePort range (the default is the part of netfilter's masquerade range, 1024-65535, below both Linux defaults)")
 	fl.BoolVar(&f.events, "events", true, "emit Kubernetes Events on Services when this node's mode changes or programming fails (rate-limited)")
 	fl.DurationVar(&f.coalesce, "sync-coalesce", 2*time.Millisecond, "wait this long after a change so a burst of changes becomes one sync")

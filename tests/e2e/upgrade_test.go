@@ -16,9 +16,9 @@ import (
 	"github.com/topolb/topolb/tools/testbed"
 )
 
-// previousLayoutCommit is the last commit of map layout 7, whose agent an
-// agent of this tree upgrades from (maps/layout7.go).
-const previousLayoutCommit = "b133b56"
+// previousLayoutCommit is the last commit of map layout 8, whose agent an
+// agent of this tree upgrades from (maps/layout8.go).
+const previousLayoutCommit = "3f4faed"
 
 // buildPreviousAgent builds cmd/topolb-agent of previousLayoutCommit into
 // the test's temporary directory, from `git archive` (the repository is

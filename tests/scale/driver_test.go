@@ -329,4 +329,3 @@ func (d *driver) rollouts(ctx context.Context, perSecond int) {
 		}
 	}
 }
-

@@ -352,7 +352,7 @@ func rowsOf(b *testing.B, nodes int, procs []*proc, before, after snapshot, secs
 			share = 1 / k
 		}
 		r.bytesPS += share * float64(after.bytes[i]-before.bytes[i]) / secs
-		r.cpuMSPS += share * float64((after.procs[i].cpu-before.procs[i].cpu).Milliseconds()) / secs
+		r.cpuMSPS += share * float64((after.procs[i].cpu - before.procs[i].cpu).Milliseconds()) / secs
 		r.rssMB = math.Max(r.rssMB, float64(after.procs[i].rss)/(1<<20))
 		r.syncP99MS = math.Max(r.syncP99MS, 1000*after.sync[i].minus(before.sync[i]).quantile(0.99))
 	}
@@ -531,7 +531,6 @@ func waitSynced(ctx context.Context, procs []*proc) error {
 	}
 	return nil
 }
-
 
 // logTail is the end of a process's log, for errors: the cluster's
 // directory, which holds it, goes with the cluster.
