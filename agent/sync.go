@@ -250,6 +250,9 @@ type portSummary struct {
 	mode   topology.Mode
 	// reads is what the decision read of the Nodes (ServicePort.Reads).
 	reads topology.NodeReads
+	// lacking says the policy needs what the topology summary lacks
+	// (NodesFromSummary): the port was decided by hints.
+	lacking bool
 	// zones counts the internal backends per endpoint zone.
 	zones []zoneCount
 }
@@ -273,10 +276,18 @@ func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
 				zones = append(zones, zoneCount{ep.Zone, 1})
 			}
 		}
-		ps = append(ps, portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
+		p := portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones}
+		p.lacking = a.state.FromSummary && a.state.Summary.LacksFor(p.reads) != ""
+		ps = append(ps, p)
+	}
+	if slices.ContainsFunc(ps, func(p portSummary) bool { return p.lacking }) {
+		a.pending[nn] = true
+	} else {
+		delete(a.pending, nn)
 	}
 	if a.cfg.Metrics != nil {
 		a.cfg.Metrics.serviceDecided(nn, a.ports[nn], ps)
+		a.cfg.Metrics.SummaryPending.Set(float64(len(a.pending)))
 	}
 	if len(ps) == 0 {
 		delete(a.ports, nn)
