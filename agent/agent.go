@@ -383,7 +383,7 @@ func (a *Agent) foldSummary(sc kube.SummaryChange, affected map[types.Namespaced
 	for nn, ps := range a.ports {
 		for _, p := range ps {
 			if p.reads.Capacity || len(p.reads.OtherLabels) > 0 {
-				if sc.Note != prevNote || p.lacking != (sc.Summary.LacksFor(p.reads) != "") ||
+				if sc.Note != prevNote || prev.LacksFor(p.reads) != sc.Summary.LacksFor(p.reads) ||
 					slices.ContainsFunc(changed, func(c nodeChange) bool { return p.reads.Affected(false, c.prev, c.cur) }) {
 					affected[nn] = true
 					break

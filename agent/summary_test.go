@@ -228,8 +228,8 @@ func TestAgentWithoutSummary(t *testing.T) {
 		ds, _ := o.own.state.DecideService("a1", weighted, o.own.cfg.Options)
 		return ds[0].Decision.Reason
 	}
-	if p := o.own.ports[weighted][0]; p.policy != topology.PolicyHints || !p.lacking {
-		t.Errorf("without a summary: policy %s lacking %v, want Hints, lacking", p.policy, p.lacking)
+	if p := o.own.ports[weighted][0]; p.policy != topology.PolicyHints || !o.own.pending[weighted] {
+		t.Errorf("without a summary: policy %s pending %v, want Hints, pending", p.policy, o.own.pending[weighted])
 	}
 	if r := reason(); !strings.Contains(r, "no topology summary has been read") {
 		t.Errorf("reason %q does not say no summary has been read", r)

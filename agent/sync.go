@@ -250,9 +250,6 @@ type portSummary struct {
 	mode   topology.Mode
 	// reads is what the decision read of the Nodes (ServicePort.Reads).
 	reads topology.NodeReads
-	// lacking says the policy needs what the topology summary lacks
-	// (NodesFromSummary): the port was decided by hints.
-	lacking bool
 	// zones counts the internal backends per endpoint zone.
 	zones []zoneCount
 }
@@ -276,11 +273,9 @@ func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
 				zones = append(zones, zoneCount{ep.Zone, 1})
 			}
 		}
-		p := portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones}
-		p.lacking = a.state.FromSummary && a.state.Summary.LacksFor(p.reads) != ""
-		ps = append(ps, p)
+		ps = append(ps, portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
 	}
-	if slices.ContainsFunc(ps, func(p portSummary) bool { return p.lacking }) {
+	if a.state.FromSummary && slices.ContainsFunc(ps, func(p portSummary) bool { return a.state.Summary.LacksFor(p.reads) != "" }) {
 		a.pending[nn] = true
 	} else {
 		delete(a.pending, nn)
