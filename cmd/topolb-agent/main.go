@@ -101,7 +101,9 @@ func newCommand(f *flags) *cobra.Command {
 		Use:   "topolb-agent",
 		Short: "Program this node's topology-aware eBPF load balancer",
 		Long: `topolb-agent runs on every node. It watches Services, EndpointSlices and Nodes
-(from the cluster, or from a manifest file with --from-file), decides for
+(from the cluster, or from a manifest file with --from-file; in a cluster,
+with --node-watch=own, its own Node only and the others through the
+topology summary one elected agent writes), decides for
 this node which backends each service port may use (the same decision as
 'topolbctl explain'), and writes only those into pinned BPF maps. The tc
 programs on pod interfaces, the XDP or tc program on uplinks and the socket hooks
