@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,11 @@ type Config struct {
 	// HealthTimeout is how long a change may wait, or a sync run, before
 	// Health reports the agent unhealthy; 0 means DefaultHealthTimeout.
 	HealthTimeout time.Duration
+	// NodesFromSummary says that the batches carry this node's Node only
+	// and the topology summary for the others (kube.NodeWatchOwn): other
+	// nodes are what the summary stands for, and a port whose policy
+	// needs what it lacks is decided by hints (topology.State.FromSummary).
+	NodesFromSummary bool
 }
 
 // Agent holds the cluster state for one node and programs the datapath.
@@ -112,6 +118,9 @@ type Agent struct {
 	// shares holds, for the frontends programmed with unequal weights, the
 	// decided share of new flows per backend zone (metrics).
 	shares map[topology.Key]map[string]float64
+	// pending holds the services with a port whose policy needs what the
+	// topology summary lacks (NodesFromSummary), decided by hints meanwhile.
+	pending map[types.NamespacedName]bool
 	// failed holds services whose last write failed; they are retried on
 	// every sync until it succeeds.
 	failed map[types.NamespacedName]bool
@@ -146,9 +155,12 @@ func New(cfg Config, dp Datapath) *Agent {
 	if cfg.Metrics != nil {
 		cfg.Metrics.setFamilies(families)
 	}
+	state := topology.NewEmptyState()
+	state.FromSummary = cfg.NodesFromSummary
 	return &Agent{
 		cfg: cfg, dp: dp, log: log, now: time.Now, families: families,
-		state:    topology.NewEmptyState(),
+		state:    state,
+		pending:  map[types.NamespacedName]bool{},
 		owner:    map[topology.Key]topology.Claim{},
 		owned:    map[types.NamespacedName]map[topology.Key]bool{},
 		waiting:  map[topology.Key]map[types.NamespacedName]bool{},
@@ -333,7 +345,84 @@ func (a *Agent) fold(b kube.Batch) map[types.NamespacedName]bool {
 		}
 		a.nodeAffects(self, prev, cur, affected)
 	}
+	if b.Summary != nil {
+		a.foldSummary(*b.Summary, affected)
+	}
 	return affected
+}
+
+// foldSummary replaces the other nodes with those the topology summary
+// stands for (this node's own Node comes from its watch) and marks the
+// services it affects: those whose last decisions read what changed of
+// the other nodes, and, when what the summary lacks for them or the note
+// on its age changes, those whose policy reads other nodes at all.
+// Services that read nothing of other nodes (hints, zone threshold) are
+// never decided again for a summary. An agent that watches every Node
+// ignores it.
+func (a *Agent) foldSummary(sc kube.SummaryChange, affected map[types.NamespacedName]bool) {
+	if !a.state.FromSummary {
+		return
+	}
+	prev, prevNote := a.state.Summary, a.state.SummaryNote
+	a.state.Summary, a.state.SummaryNote = sc.Summary, sc.Note
+	if m := a.cfg.Metrics; m != nil && sc.Summary != nil {
+		m.summaryWritten(sc.Summary.Written)
+	}
+	switch {
+	case sc.Note != "" && sc.Note != prevNote:
+		a.log.Warn("topology summary out of date: Services whose policy reads other nodes keep their last known inputs", "reason", sc.Note)
+	case sc.Note == "" && prevNote != "":
+		a.log.Info("topology summary up to date again")
+	case prev == nil && sc.Summary != nil:
+		a.log.Info("topology summary read", "written", sc.Summary.Written, "labelKeys", sc.Summary.LabelKeys())
+	}
+	var changed []nodeChange
+	if sc.Summary != prev {
+		changed = a.replaceOtherNodes(sc.Summary.Nodes())
+	}
+	for nn, ps := range a.ports {
+		for _, p := range ps {
+			if p.reads.Capacity || len(p.reads.OtherLabels) > 0 {
+				if sc.Note != prevNote || prev.LacksFor(p.reads) != sc.Summary.LacksFor(p.reads) ||
+					slices.ContainsFunc(changed, func(c nodeChange) bool { return p.reads.Affected(false, c.prev, c.cur) }) {
+					affected[nn] = true
+					break
+				}
+			}
+		}
+	}
+}
+
+// nodeChange is one other node's model before and after a summary (nil:
+// absent).
+type nodeChange struct{ prev, cur *topology.Node }
+
+// replaceOtherNodes sets every node but this one to next's, and returns
+// the nodes that changed.
+func (a *Agent) replaceOtherNodes(next map[string]topology.Node) []nodeChange {
+	var changed []nodeChange
+	for name, n := range a.state.Nodes {
+		if _, ok := next[name]; !ok && name != a.cfg.NodeName {
+			delete(a.state.Nodes, name)
+			changed = append(changed, nodeChange{prev: &n})
+		}
+	}
+	for name, n := range next {
+		if name == a.cfg.NodeName {
+			continue
+		}
+		p, ok := a.state.Nodes[name]
+		if ok && reflect.DeepEqual(p, n) {
+			continue
+		}
+		a.state.Nodes[name] = n
+		c := nodeChange{cur: &n}
+		if ok {
+			c.prev = &p
+		}
+		changed = append(changed, c)
+	}
+	return changed
 }
 
 // nodeAffects marks the services whose last decisions read what changed
@@ -418,6 +507,15 @@ func newSet[T any](seen map[types.NamespacedName]string, nn types.NamespacedName
 
 func portKey(p topology.ServicePort) string {
 	return p.Name + "/" + string(p.Protocol) + "/" + string(p.Family)
+}
+
+// SummaryLabelKeys returns the label keys the topology-keys of the
+// Services it knows name: what the topology summary must cover
+// (kube.SummaryWriter.LabelKeys).
+func (a *Agent) SummaryLabelKeys() []string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.state.SummaryLabelKeys()
 }
 
 // Programs reports whether the agent programs frontends of family in

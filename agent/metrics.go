@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,12 @@ type Metrics struct {
 	// Refused counts the services refused over a per-Service cap, by
 	// cap (topology.Caps).
 	Refused *prometheus.GaugeVec
+	// SummaryPending counts the services with a port whose policy needs
+	// what the topology summary lacks, decided by hints meanwhile
+	// (Config.NodesFromSummary).
+	SummaryPending prometheus.Gauge
+	// summaryAge exports the age of the topology summary in force.
+	summaryAge *summaryAge
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -78,8 +85,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "topolb_services_refused", Help: "Services over a per-Service cap (--max-source-ranges-per-service, --max-frontends-per-service), by cap: none of their frontends is served on this node.",
 		}, []string{"cap"}),
+		SummaryPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "topolb_topology_summary_pending_services", Help: "Services with a port whose policy (zone-weighted, topology-keys) needs data of other nodes the topology summary lacks: decided by hints until it has it (--node-watch=own).",
+		}),
+		summaryAge: &summaryAge{desc: prometheus.NewDesc("topolb_topology_summary_age_seconds",
+			"Time since the topology summary in force was written; its writer rewrites it every 5 minutes, so a larger age means the writer is down and policies that read other nodes keep their last known inputs (--node-watch=own; absent until a summary is read).", nil, nil)},
 	}
-	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors, m.Programmed, m.Refused)
+	reg.MustRegister(m.Services, m.Backends, m.SyncDuration, m.EventToMap, m.MapWrites, m.ModeChanges, m.Rejected, m.ProgramErrors, m.Programmed, m.Refused,
+		m.SummaryPending, m.summaryAge)
 	// Every reason from the start, 0 until it happens: rates and alerts
 	// see a series before the first error.
 	for _, r := range programErrorReasons {
@@ -88,6 +101,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.setRefused(nil)
 	return m
 }
+
+// summaryAge is a collector of the topology summary's age at scrape
+// time, exported once a summary has been read.
+type summaryAge struct {
+	desc *prometheus.Desc
+	// written is when the summary in force was written, in Unix
+	// nanoseconds; 0 before one is read.
+	written atomic.Int64
+}
+
+func (c *summaryAge) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *summaryAge) Collect(ch chan<- prometheus.Metric) {
+	w := c.written.Load()
+	if w == 0 {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, time.Since(time.Unix(0, w)).Seconds())
+}
+
+// summaryWritten records when the summary in force was written.
+func (m *Metrics) summaryWritten(t time.Time) { m.summaryAge.written.Store(t.UnixNano()) }
 
 // Reasons of topolb_program_errors_total.
 const (

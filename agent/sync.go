@@ -275,8 +275,14 @@ func (a *Agent) remember(nn types.NamespacedName, ds []topology.PortDecision) {
 		}
 		ps = append(ps, portSummary{key: portKey(d.Port), family: d.Port.Family, policy: d.Decision.Policy, mode: d.Decision.Mode, reads: d.Port.Reads(), zones: zones})
 	}
+	if a.state.FromSummary && slices.ContainsFunc(ps, func(p portSummary) bool { return a.state.Summary.LacksFor(p.reads) != "" }) {
+		a.pending[nn] = true
+	} else {
+		delete(a.pending, nn)
+	}
 	if a.cfg.Metrics != nil {
 		a.cfg.Metrics.serviceDecided(nn, a.ports[nn], ps)
+		a.cfg.Metrics.SummaryPending.Set(float64(len(a.pending)))
 	}
 	if len(ps) == 0 {
 		delete(a.ports, nn)

@@ -306,7 +306,9 @@ func (s *State) decideService(node Node, nn types.NamespacedName, opts Options, 
 		eps, w := EndpointsForPort(p, s.Slices[nn], node.Name)
 		warnings = append(warnings, w...)
 		for _, ep := range eps {
-			if _, known := s.Nodes[ep.NodeName]; ep.NodeName != "" && !known {
+			// Before a summary is read, other nodes are not known yet: their
+			// endpoints are no news.
+			if _, known := s.Nodes[ep.NodeName]; ep.NodeName != "" && !known && (!s.FromSummary || s.Summary != nil) {
 				warnings = append(warnings, fmt.Sprintf("%s: endpoint %s is on node %s, which is not known", nn, ep.Addr, ep.NodeName))
 			}
 		}

@@ -249,8 +249,11 @@ func (s *Summary) Nodes() map[string]Node {
 // does not cover (not asked for yet, or Omitted for size). A Service whose
 // policy needs nothing of other nodes (Hints, ZoneThreshold, Disabled)
 // never lacks anything.
-func (s *Summary) Lacks(p ServicePort) string {
-	r := p.Reads()
+func (s *Summary) Lacks(p ServicePort) string { return s.LacksFor(p.Reads()) }
+
+// LacksFor is Lacks for a port that reads r: for a reader that keeps what
+// its decisions read, not the ports.
+func (s *Summary) LacksFor(r NodeReads) string {
 	if !r.Capacity && len(r.OtherLabels) == 0 {
 		return ""
 	}

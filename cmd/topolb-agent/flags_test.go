@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/topolb/topolb/kube"
 )
 
 func TestMetricsListenAddress(t *testing.T) {
@@ -38,13 +40,15 @@ func TestMetricsListenAddress(t *testing.T) {
 }
 
 // TestChoiceFlags: --uplink-path takes auto, xdp or tc, --tc-attach
-// auto, tcx or tc, --datapath bpf or none; anything else is refused
-// naming the flag.
+// auto, tcx or tc, --datapath bpf or none, --node-watch own or all;
+// anything else is refused naming the flag.
 func TestChoiceFlags(t *testing.T) {
-	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto", datapath: datapathBPF}
+	base := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto", datapath: datapathBPF,
+		nodeWatch: "own", summaryNamespace: "topolb-system"}
 	uplinkPath := func(f *flags) *string { return &f.uplinkPath }
 	tcAttach := func(f *flags) *string { return &f.tcAttach }
 	datapath := func(f *flags) *string { return &f.datapath }
+	nodeWatch := func(f *flags) *string { return &f.nodeWatch }
 	// --datapath is read from flags, not settings: accepted is all a row
 	// can check.
 	accepted := func(settings) string { return "accepted" }
@@ -68,6 +72,9 @@ func TestChoiceFlags(t *testing.T) {
 		{datapath, accepted, datapathBPF, "accepted", ""},
 		{datapath, accepted, datapathNone, "accepted", ""},
 		{datapath, nil, "off", "", `--datapath "off": want "bpf" or "none"`},
+		{nodeWatch, func(s settings) string { return string(s.watch.Nodes) }, "own", "own", ""},
+		{nodeWatch, func(s settings) string { return string(s.watch.Nodes) }, "all", "all", ""},
+		{nodeWatch, nil, "mine", "", `--node-watch "mine": want own or all`},
 	} {
 		f := base
 		*tt.flag(&f) = tt.value
@@ -80,6 +87,40 @@ func TestChoiceFlags(t *testing.T) {
 		}
 		if err != nil || tt.got(s) != tt.want {
 			t.Errorf("%q: got %q, %v; want %q", tt.value, tt.got(s), err, tt.want)
+		}
+	}
+}
+
+// TestNodeWatchNamespace: --node-watch=own with a cluster needs the
+// namespace of the topology summary; --from-file reads every Node from
+// the file and needs none, nor does --node-watch=all.
+func TestNodeWatchNamespace(t *testing.T) {
+	for _, tt := range []struct {
+		name                string
+		nodeWatch, fromFile string
+		namespace           string
+		// want is what the informers watch; wantErr a substring of the
+		// error, "" for none.
+		want    kube.WatchOptions
+		wantErr string
+	}{
+		{name: "own in a namespace", nodeWatch: "own", namespace: "topolb-system",
+			want: kube.WatchOptions{Nodes: kube.NodeWatchOwn, NodeName: "n1", SummaryNamespace: "topolb-system"}},
+		{name: "own without a namespace", nodeWatch: "own", wantErr: "set --summary-namespace or $POD_NAMESPACE"},
+		{name: "all needs no namespace", nodeWatch: "all", want: kube.WatchOptions{Nodes: kube.NodeWatchAll, NodeName: "n1"}},
+		{name: "from a file nothing is watched", nodeWatch: "own", fromFile: "/dev/null"},
+	} {
+		f := flags{nodeName: "n1", snatPorts: "61000-65535", nodePortRange: "30000-32767", uplinkPath: "auto", tcAttach: "auto", datapath: datapathBPF,
+			nodeWatch: tt.nodeWatch, fromFile: tt.fromFile, summaryNamespace: tt.namespace}
+		s, err := checkFlags(f)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || s.watch != tt.want {
+			t.Errorf("%s: watch %+v, %v; want %+v", tt.name, s.watch, err, tt.want)
 		}
 	}
 }

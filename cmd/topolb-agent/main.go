@@ -73,6 +73,10 @@ type flags struct {
 	verifyInterval         time.Duration
 	// datapath is "bpf" or "none" (datapathNone).
 	datapath string
+	// nodeWatch is "own" or "all" (kube.ParseNodeWatch); summaryNamespace
+	// holds the topology summary and its Lease.
+	nodeWatch        string
+	summaryNamespace string
 }
 
 // datapathBPF and datapathNone are the values of --datapath.
@@ -97,7 +101,9 @@ func newCommand(f *flags) *cobra.Command {
 		Use:   "topolb-agent",
 		Short: "Program this node's topology-aware eBPF load balancer",
 		Long: `topolb-agent runs on every node. It watches Services, EndpointSlices and Nodes
-(from the cluster, or from a manifest file with --from-file), decides for
+(from the cluster, or from a manifest file with --from-file; in a cluster,
+with --node-watch=own, its own Node only and the others through the
+topology summary one elected agent writes), decides for
 this node which backends each service port may use (the same decision as
 'topolbctl explain'), and writes only those into pinned BPF maps. The tc
 programs on pod interfaces, the XDP or tc program on uplinks and the socket hooks
@@ -166,6 +172,8 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.BoolVar(&f.healthCheckPorts, "health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local, as kube-proxy does")
 	fl.DurationVar(&f.sweepInterval, "conntrack-sweep-interval", agent.DefaultSweepInterval, "how often expired conntrack entries are deleted (expired entries are never honoured; the sweep frees room); 0 disables")
 	fl.StringVar(&f.datapath, "datapath", datapathBPF, `"bpf": load, attach and program the eBPF datapath; "none": the control plane alone, without privileges: watch, decide and keep the result in memory (/debug/state, /metrics), balancing nothing (benchmarks of the watch and sync cost, such as make bench-scale)`)
+	fl.StringVar(&f.nodeWatch, "node-watch", string(kube.NodeWatchOwn), `which Nodes to watch (with a cluster; --from-file reads every Node in the file): "own", this node's only (a field selector, as kube-proxy), and what zone-weighted and topology-keys Services need of the others from the topology summary ConfigMap in --summary-namespace, which one agent elected by a Lease writes (at most every 10 s, when it changes); or "all", every Node, as before the summary`)
+	fl.StringVar(&f.summaryNamespace, "summary-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the topology summary ConfigMap and its Lease, topolb's own, required with --node-watch=own (default $POD_NAMESPACE, which the DaemonSet sets from the pod's namespace)")
 	fl.DurationVar(&f.verifyInterval, "verify-interval", agent.DefaultVerifyInterval, "how often the kernel maps are compared with what the agent programmed and repaired on drift (also once at start); 0 disables")
 	return cmd
 }
@@ -206,14 +214,14 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	a, reg, closeAgent := newAgent(log, f, s.options, client, dp)
+	a, reg, closeAgent := newAgent(log, f, s, client, dp)
 	defer closeAgent()
 	reg.MustRegister(agent.NewDatapathCollector(dp, a))
 	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, f.proxyHealth, reg, a); err != nil {
 		return err
 	}
 	tracker := kube.NewTracker()
-	watchState(ctx, log, f, client, tracker)
+	watchState(ctx, log, f, s, client, tracker, a)
 	go a.RunUpkeep(ctx, dp, f.sweepInterval, f.verifyInterval)
 	log.Info("agent started", "node", f.nodeName, "bpffs", f.bpffs, "uplinks", uplinks, "podInterfaces", f.podInterfaces)
 	a.Run(ctx, tracker, f.coalesce, f.retry)
@@ -225,13 +233,13 @@ func run(ctx context.Context, f flags) error {
 // decides as always and keeps its results in an agent.MemoryDatapath;
 // nothing is loaded, attached or pinned, and there is no upkeep.
 func runControlPlane(ctx context.Context, log *slog.Logger, f flags, s settings, client kubernetes.Interface) error {
-	a, reg, closeAgent := newAgent(log, f, s.options, client, agent.NewMemoryDatapath())
+	a, reg, closeAgent := newAgent(log, f, s, client, agent.NewMemoryDatapath())
 	defer closeAgent()
 	if err := startServers(ctx, log, s.metricsAddress, f.healthAddress, f.proxyHealth, reg, a); err != nil {
 		return err
 	}
 	tracker := kube.NewTracker()
-	watchState(ctx, log, f, client, tracker)
+	watchState(ctx, log, f, s, client, tracker, a)
 	log.Info("agent started without a datapath (--datapath=none): nothing is balanced", "node", f.nodeName)
 	a.Run(ctx, tracker, f.coalesce, f.retry)
 	log.Info("agent stopping")
@@ -250,7 +258,13 @@ type settings struct {
 	uplinkPath maps.UplinkPath
 	// tcAttach is how tc programs are attached.
 	tcAttach maps.TCAttach
+	// watch is what the cluster's informers watch (kube.Watch): with
+	// --from-file, nothing.
+	watch kube.WatchOptions
 }
+
+// fromSummary reports whether other nodes come from the topology summary.
+func (s settings) fromSummary() bool { return s.watch.Nodes == kube.NodeWatchOwn }
 
 // checkFlags returns the settings the flags give, or an error naming the
 // first flag that is missing, conflicts with another or does not parse.
@@ -268,7 +282,16 @@ func checkFlags(f flags) (settings, error) {
 	if f.allowEmpty && f.fromFile == "" {
 		return s, errors.New("--allow-empty-cluster applies to --from-file only")
 	}
-	var err error
+	nodeWatch, err := kube.ParseNodeWatch(f.nodeWatch)
+	if err != nil {
+		return s, err
+	}
+	if f.fromFile == "" {
+		s.watch = kube.WatchOptions{Nodes: nodeWatch, NodeName: f.nodeName, SummaryNamespace: f.summaryNamespace}
+		if nodeWatch == kube.NodeWatchOwn && f.summaryNamespace == "" {
+			return s, errors.New("--node-watch=own reads the topology summary in topolb's namespace: set --summary-namespace or $POD_NAMESPACE (the DaemonSet sets it from metadata.namespace), or watch every Node with --node-watch=all")
+		}
+	}
 	if s.metricsAddress, err = metricsListenAddress(f); err != nil {
 		return s, err
 	}
@@ -390,12 +413,13 @@ func attachDatapath(ctx context.Context, log *slog.Logger, dp *maps.Datapath, f 
 // client), and returns it, the metrics registry (without the datapath's
 // collector: the caller adds it where there is a datapath), and a close
 // function that stops the events and the health check servers.
-func newAgent(log *slog.Logger, f flags, opts topology.Options, client kubernetes.Interface, dp agent.Datapath) (*agent.Agent, *prometheus.Registry, func()) {
+func newAgent(log *slog.Logger, f flags, s settings, client kubernetes.Interface, dp agent.Datapath) (*agent.Agent, *prometheus.Registry, func()) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := agent.Config{
-		NodeName: f.nodeName, Options: opts,
+		NodeName: f.nodeName, Options: s.options,
 		Logger: log.With("component", "agent"), Metrics: agent.NewMetrics(reg), HealthTimeout: f.healthTimeout,
+		NodesFromSummary: s.fromSummary(),
 	}
 	var hcs *agent.HealthChecks
 	if f.healthCheckPorts {
@@ -449,14 +473,27 @@ func startServers(ctx context.Context, log *slog.Logger, metricsAddress, healthA
 
 // watchState starts feeding tracker, until ctx is done, from --from-file
 // (a manifest that fails to load or is refused is logged and leaves the
-// last good state in force) or else from the cluster's informers.
-func watchState(ctx context.Context, log *slog.Logger, f flags, client kubernetes.Interface, tracker *kube.Tracker) {
+// last good state in force) or else from the cluster's informers; with
+// --node-watch=own it also stands for the topology summary's writer
+// (kube.SummaryWriter), for the label keys a's Services name.
+func watchState(ctx context.Context, log *slog.Logger, f flags, s settings, client kubernetes.Interface, tracker *kube.Tracker, a *agent.Agent) {
 	if f.fromFile == "" {
 		go func() {
-			if err := kube.Watch(ctx, client, tracker, kube.WatchOptions{Nodes: kube.NodeWatchAll}); err != nil {
+			if err := kube.Watch(ctx, client, tracker, s.watch); err != nil {
 				log.Error("watch cluster", "err", err)
 			}
 		}()
+		if s.fromSummary() {
+			w := &kube.SummaryWriter{
+				Client: client, Namespace: s.watch.SummaryNamespace, Identity: f.nodeName,
+				LabelKeys: a.SummaryLabelKeys, Log: log.With("component", "summary-writer"),
+			}
+			go func() {
+				if err := w.Run(ctx); err != nil {
+					log.Error("topology summary writer", "err", err)
+				}
+			}()
+		}
 		return
 	}
 	w := &kube.FileWatcher{

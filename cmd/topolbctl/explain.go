@@ -1,15 +1,19 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/topology"
 )
 
@@ -21,6 +25,7 @@ func newExplainCommand() *cobra.Command {
 		output    string
 		agentAddr string
 		nodePorts nodePortFlags
+		summaryNS string
 	)
 	cmd := &cobra.Command{
 		Use:   "explain --node NAME [--service NS/NAME] [--from-file F]",
@@ -39,7 +44,15 @@ inside the node and from outside, with the backends each uses.
 Cluster state comes from --from-file (YAML documents and/or kind: List, JSON
 too) or from the cluster in --kubeconfig, $KUBECONFIG or the in-cluster
 configuration. Objects that cannot be used are reported as warnings on
-stderr; the rest is still decided.`,
+stderr; the rest is still decided.
+
+From a cluster it decides from every Node, as an agent with
+--node-watch=all; it also reads the topology summary that agents with
+--node-watch=own read instead (in --summary-namespace), and warns about
+every port whose policy needs data of other nodes the summary lacks (such
+agents decide it by hints until it has it) and when the summary is out of
+date (they keep its last known inputs). With --agent, the agent's own
+reasons say so.`,
 		Example: `  topolbctl explain --from-file cluster.yaml --node node-a1
   topolbctl explain --node node-a1 --service default/web -o json
   topolbctl explain --agent 127.0.0.1:9966   # the live decisions and map contents of the agent on this node`,
@@ -51,7 +64,7 @@ stderr; the rest is still decided.`,
 			if agentAddr != "" {
 				// The agent decides for its own node from its own
 				// inputs: a flag that selects another would be ignored.
-				for _, name := range []string{"node", "from-file", "kubeconfig", "nodeport-addresses", "service-node-port-range", "cluster-ips-from-outside"} {
+				for _, name := range []string{"node", "from-file", "kubeconfig", "summary-namespace", "nodeport-addresses", "service-node-port-range", "cluster-ips-from-outside"} {
 					if cmd.Flags().Changed(name) {
 						return usageError(fmt.Errorf("--%s does not apply with --agent: the agent decides for its own node, from its own inputs and flags", name))
 					}
@@ -77,7 +90,11 @@ stderr; the rest is still decided.`,
 			if err != nil {
 				return err
 			}
-			report := explainReport(objs.State(nil), node, filter, opts)
+			var sum *summaryRead
+			if src.fromFile == "" {
+				sum = src.readSummary(cmd.Context(), summaryNS)
+			}
+			report := explainReport(objs.State(nil), node, filter, opts, sum)
 			warn(cmd.ErrOrStderr(), cells(report.Warnings, maxText))
 			return printReport(cmd.OutOrStdout(), report, output)
 		},
@@ -87,6 +104,7 @@ stderr; the rest is still decided.`,
 	cmd.Flags().StringVar(&agentAddr, "agent", "", "read the live decisions and programmed maps from the agent's health address (host:port) instead of deciding here")
 	cmd.Flags().StringVar(&service, "service", "", "only this service, as NAMESPACE/NAME")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	cmd.Flags().StringVar(&summaryNS, "summary-namespace", "topolb-system", "namespace of the topology summary that agents with --node-watch=own read (topolb's), read with a cluster to warn about the ports it lacks data for")
 	nodePorts.addFlags(cmd)
 	return cmd
 }
@@ -94,8 +112,9 @@ stderr; the rest is still decided.`,
 // explainReport decides every Service for node, assembles the node's
 // frontends (conflicts between Services need all of them), and keeps what
 // concerns filter when it is set. The report's warnings are the decisions'
-// followed by the frontends'.
-func explainReport(state *topology.State, node string, filter *types.NamespacedName, opts topology.Options) topology.Report {
+// followed by the frontends', and, when sum is not nil, what the topology
+// summary lacks (summaryWarnings).
+func explainReport(state *topology.State, node string, filter *types.NamespacedName, opts topology.Options, sum *summaryRead) topology.Report {
 	ds, warnings := state.DecideNode(node, opts)
 	n, _ := state.Node(node)
 	report := topology.NewReportOptions(n, ds, opts)
@@ -108,6 +127,9 @@ func explainReport(state *topology.State, node string, filter *types.NamespacedN
 		}
 		_, w := state.DecideService(node, *filter, opts)
 		warnings = append(warnings, w...)
+	}
+	if sum != nil {
+		warnings = append(warnings, sum.warnings(ds, filter)...)
 	}
 	// Never null, as the JSON contract says.
 	report.Warnings = append(append([]string{}, warnings...), report.Warnings...)
@@ -313,4 +335,66 @@ func zoneCounts(byZone map[string]int, shares map[string]float64, total int, whe
 		parts = append(parts, part)
 	}
 	return strings.Join(parts, " ")
+}
+
+// summaryRead is the topology summary as explain read it from the cluster.
+type summaryRead struct {
+	// summary is nil when none could be read; note then says why.
+	summary *topology.Summary
+	note    string
+	now     time.Time
+}
+
+// readSummary reads the topology summary in namespace; a summary that
+// cannot be read is a note, not an error: explain decides from every Node.
+func (s *source) readSummary(ctx context.Context, namespace string) *summaryRead {
+	r := &summaryRead{now: time.Now()}
+	cs, err := s.client()
+	if err != nil {
+		r.note = err.Error()
+		return r
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cm, err := cs.CoreV1().ConfigMaps(namespace).Get(ctx, kube.SummaryName, metav1.GetOptions{})
+	if err != nil {
+		r.note = fmt.Sprintf("read %s/%s: %v", namespace, kube.SummaryName, err)
+		return r
+	}
+	if r.summary, err = topology.DecodeSummary([]byte(cm.Data[topology.SummaryDataKey])); err != nil {
+		r.note = fmt.Sprintf("%s/%s: %v", namespace, kube.SummaryName, err)
+	}
+	return r
+}
+
+// warnings says, for each decided port (of filter, when set) whose policy
+// needs data of other nodes the summary lacks, that agents with
+// --node-watch=own decide it by hints; and, once, when the summary could
+// not be read or is out of date (kube.SummaryStaleAfter).
+func (r *summaryRead) warnings(ds []topology.PortDecision, filter *types.NamespacedName) []string {
+	var out []string
+	needed := false
+	for _, d := range ds {
+		if filter != nil && d.Port.Service != *filter {
+			continue
+		}
+		reads := d.Port.Reads()
+		if !reads.Capacity && len(reads.OtherLabels) == 0 {
+			continue
+		}
+		needed = true
+		if lacks := r.summary.LacksFor(reads); lacks != "" && r.summary != nil {
+			out = append(out, fmt.Sprintf("%s port %s (%s): %s: agents with --node-watch=own decide it by hints until it has it",
+				d.Port.Service, d.Port.Name, d.Port.Family, lacks))
+		}
+	}
+	switch {
+	case !needed:
+	case r.summary == nil:
+		out = append(out, fmt.Sprintf("no topology summary (%s): agents with --node-watch=own decide zone-weighted and topology-keys ports by hints until one is written, or from the last one they read", r.note))
+	case r.now.Sub(r.summary.Written) > kube.SummaryStaleAfter:
+		out = append(out, fmt.Sprintf("the topology summary was last written %s ago: its writer is down, and agents with --node-watch=own decide zone-weighted and topology-keys ports from its last inputs",
+			r.now.Sub(r.summary.Written).Round(time.Second)))
+	}
+	return out
 }

@@ -42,6 +42,17 @@ func (s *source) load(ctx context.Context, stderr io.Writer) (*kube.Objects, err
 		}
 		return objs, nil
 	}
+	cs, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return kube.ListObjects(ctx, cs)
+}
+
+// client returns a client of the cluster in --kubeconfig.
+func (s *source) client() (kubernetes.Interface, error) {
 	cfg, err := kube.RESTConfig(s.kubeconfig)
 	if err != nil {
 		return nil, err
@@ -50,9 +61,7 @@ func (s *source) load(ctx context.Context, stderr io.Writer) (*kube.Objects, err
 	if err != nil {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return kube.ListObjects(ctx, cs)
+	return cs, nil
 }
 
 // warn prints each warning on its own line.

@@ -284,8 +284,8 @@ func TestChartMatchesKustomize(t *testing.T) {
 			t.Errorf("%s: rendered by the chart, not by kustomize", key)
 		}
 	}
-	if len(kustomized) < 6 {
-		t.Errorf("kustomize rendered %d objects, want at least the 6 of deploy/kustomization.yaml", len(kustomized))
+	if len(kustomized) < 8 {
+		t.Errorf("kustomize rendered %d objects, want at least the 8 of deploy/kustomization.yaml", len(kustomized))
 	}
 }
 
@@ -310,6 +310,7 @@ var chartFixedFlags = map[string]string{
 	"cgroup-root":         "the pod's mount point of hostPaths.cgroup",
 	"node-name":           "$NODE_NAME, from the pod's spec.nodeName",
 	"node-ip":             "$NODE_IP, from the pod's status.hostIP",
+	"summary-namespace":   "$POD_NAMESPACE, from the pod's metadata.namespace",
 	"kubeconfig":          "in a pod: the in-cluster configuration",
 	"from-file":           "standalone mode, not for a cluster",
 	"allow-empty-cluster": "standalone mode, not for a cluster",
@@ -641,7 +642,7 @@ func TestHelmInstall(t *testing.T) {
 
 	h("install", "topolb", chartDir(t), "--create-namespace", "--set", "rollOnConfigChange=true")
 	for _, what := range []string{"namespace/" + chartNamespace, "serviceaccount/topolb-agent", "clusterrole/topolb-agent",
-		"clusterrolebinding/topolb-agent", "configmap/topolb-agent", "daemonset/topolb-agent"} {
+		"clusterrolebinding/topolb-agent", "role/topolb-agent", "rolebinding/topolb-agent", "configmap/topolb-agent", "daemonset/topolb-agent"} {
 		var o map[string]any
 		if err := getJSON(what, &o); err != nil {
 			t.Errorf("after helm install: %v", err)

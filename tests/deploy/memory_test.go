@@ -69,6 +69,14 @@ func TestAgentMemory(t *testing.T) {
 	if v, ok := envValue(ctr, "GOMEMLIMIT"); ok {
 		env = append(env, "GOMEMLIMIT="+v)
 	}
+	// The DaemonSet gives the agent its namespace (POD_NAMESPACE, for the
+	// topology summary and its Lease); here it is one the apiserver has.
+	if !slices.ContainsFunc(ctr.Env, func(e v1.EnvVar) bool {
+		return e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace"
+	}) {
+		t.Fatal("deploy/daemonset.yaml: no POD_NAMESPACE from metadata.namespace")
+	}
+	env = append(env, "POD_NAMESPACE=default")
 	agent := agentBinary(t)
 
 	n := *memoryServices

@@ -33,7 +33,7 @@ var (
 	scaleServices  = flag.Int("bench-scale-services", 10_000, "Services, each with one EndpointSlice")
 	scaleEndpoints = flag.Int("bench-scale-endpoints", 10, "endpoints per Service (at most 100, one slice)")
 	scaleAgents    = flag.Int("bench-scale-agents", 3, "topolb agents (--datapath=none) run side by side with the kube-proxy")
-	scaleAgentArgs = flag.String("bench-scale-agent-args", "", "extra topolb-agent flags, space-separated (for example --node-watch=own)")
+	scaleAgentArgs = flag.String("bench-scale-agent-args", "", "extra topolb-agent flags, space-separated (for example --node-watch=all, the Node watch before the topology summary)")
 	scalePhase     = flag.Duration("bench-scale-phase", time.Minute, "measured phase per configuration, after every process has synced")
 	scaleStatus    = flag.Duration("bench-scale-status-period", 10*time.Second, "each Node's status is patched once per period (the kubelet's 10 s status check when every check changes something; 5m is a quiet cluster's nodeStatusReportFrequency)")
 	scaleChurn     = flag.Int("bench-scale-churn", 20, "EndpointSlice updates a second of the rolling update")
@@ -455,7 +455,7 @@ func startAgent(b *testing.B, c *kubetest.Cluster, apiHost, bin, node string) (*
 	}
 	args := []string{bin, "--datapath=none", "--node-name=" + node, "--kubeconfig=" + kc,
 		"--metrics-address=" + metricsAddr, "--health-address=", "--healthz-bind-address=",
-		"--health-check-node-ports=false"}
+		"--health-check-node-ports=false", "--summary-namespace=default"}
 	args = append(args, strings.Fields(*scaleAgentArgs)...)
 	if p.child, err = startChild(p.name, p.logPath, args...); err != nil {
 		p.stop()

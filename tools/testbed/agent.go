@@ -151,7 +151,10 @@ func (a *Agent) Args() []string {
 		"-v", strconv.Itoa(a.opts.Verbosity),
 	}
 	if kc := a.tb.kubeconfigFor(a.Node.Name); kc != "" {
-		args = append(args, "--kubeconfig", kc)
+		// Every Node, as explain reads them, which the e2e tests compare
+		// the agents with from the first sync on; the topology summary's
+		// path (--node-watch=own) has its apiserver test in agent/.
+		args = append(args, "--kubeconfig", kc, "--node-watch", "all")
 	} else {
 		args = append(args, "--from-file", a.tb.ManifestPath())
 	}
