@@ -168,6 +168,11 @@ const (
 	// another pod's, or an uplink where the backend is a local pod):
 	// forged, dropped rather than translated.
 	StatDropReplyIface = Stat(tcStatReasonSTAT_DROP_REPLY_IFACE)
+	// StatSNATEvicted: source-NATed flows the backend answered but their
+	// client did not (a spoofed source's, most likely) that lost their
+	// port to a new flow finding no free one in its walk. Their reply
+	// entry is replaced; their forward entry goes as an orphan.
+	StatSNATEvicted = Stat(tcStatReasonSTAT_SNAT_EVICTED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -220,6 +225,7 @@ var statNames = map[Stat]string{
 	StatDropLoopback:          "drop_loopback",
 	StatDropUnparsed:          "drop_unparsed",
 	StatDropReplyIface:        "drop_reply_iface",
+	StatSNATEvicted:           "snat_evicted",
 }
 
 // String returns the counter's stable name.
