@@ -63,7 +63,8 @@ static __always_inline int is_syn(const struct packet *pkt)
 
 /* ct_lifetime is how long an entry in state with flags lives without
  * packets, in ns. Only an assured TCP flow gets the long lifetime; a
- * source-NATed flow the backend has not answered yet gets the short one
+ * source-NATed flow the backend has not answered yet, or whose client
+ * has not answered the backend yet (snat_unassured), gets a short one
  * (enum ct_timeout says why). */
 static __always_inline __u64 ct_lifetime(__u8 state, __u8 flags)
 {
@@ -71,6 +72,8 @@ static __always_inline __u64 ct_lifetime(__u8 state, __u8 flags)
 		return CT_TIMEOUT_TCP_CLOSING * NSEC_PER_SEC;
 	if ((flags & (CT_F_SNAT | CT_F_REPLIED)) == CT_F_SNAT)
 		return CT_TIMEOUT_SNAT_UNREPLIED * NSEC_PER_SEC;
+	if (snat_unassured(state, flags))
+		return CT_TIMEOUT_SNAT_UNASSURED * NSEC_PER_SEC;
 	if (state == CT_UDP)
 		return CT_TIMEOUT_UDP * NSEC_PER_SEC;
 	if (state == CT_TCP_ESTABLISHED && (flags & CT_F_ASSURED))
@@ -533,7 +536,12 @@ static __always_inline void ct_fold(const struct ct_value *ct)
  *     flood that a backend answers never gets there. UDP has no
  *     handshake: the first reply promotes (waiting for the client's next
  *     datagram would leave a request-and-answer flow that then idles,
- *     a long-lived connected socket, to the LRU's churn). Refused when
+ *     a long-lived connected socket, to the LRU's churn), except a
+ *     source-NATed flow's, which, as TCP, waits for its client to send
+ *     after the reply: until then it holds its port only
+ *     CT_TIMEOUT_SNAT_UNASSURED and may lose it to a new flow
+ *     (snat_claim), so spoofed datagrams a backend answers cannot hold
+ *     the ports of a small range. Refused when
  *     the table is full: counted, and the flow goes on from tlb_ct_new,
  *     tried again at each refresh (CT_F_FULL);
  *   - demotion back to tlb_ct_new when an assured flow closes, where
@@ -551,7 +559,8 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
 	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
-	int answered = pkt->proto == IP_PROTO_TCP ? ct->dir == CT_FORWARD : ct->dir == CT_REVERSE;
+	int answered = pkt->proto == IP_PROTO_TCP || (ct->flags & CT_F_SNAT) ? ct->dir == CT_FORWARD
+									       : ct->dir == CT_REVERSE;
 	int promote = answered && state != CT_TCP_CLOSING &&
 		      (flags & (CT_F_REPLIED | CT_F_ASSURED)) == CT_F_REPLIED;
 	int demote = (flags & CT_F_ASSURED) && state == CT_TCP_CLOSING;

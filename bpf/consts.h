@@ -55,13 +55,21 @@ enum map_size {
  * answers: it holds a port of a small range, so a client that never gets
  * (or never wanted) an answer gives it back within seconds. 10 s covers
  * the gaps between a SYN's first four retransmissions (1, 2, 4, 8 s); a
- * later one finds the port free and usually claims it again. */
+ * later one finds the port free and usually claims it again.
+ * SNAT_UNASSURED is the lifetime of a source-NATed flow the backend
+ * answered but whose client has not answered back yet (TCP: the
+ * handshake's last ACK; UDP: a datagram after the reply): a spoofed
+ * source never does, and its flow must give the port back soon, not after
+ * TCP_SYN or UDP. A real client answers within a round trip; 5 s also
+ * covers a lost ACK's retransmission. Such a flow may also be evicted
+ * when a new flow finds no free port (nat.h, snat_claim). */
 enum ct_timeout {
 	CT_TIMEOUT_TCP_SYN = 60,
 	CT_TIMEOUT_TCP_ESTABLISHED = 86400,
 	CT_TIMEOUT_TCP_CLOSING = 10,
 	CT_TIMEOUT_UDP = 60,
 	CT_TIMEOUT_SNAT_UNREPLIED = 10,
+	CT_TIMEOUT_SNAT_UNASSURED = 5,
 	CT_REFRESH_INTERVAL = 1,
 	/* How long a source stays proven (tlb_ct_proven) after its last
 	 * completed handshake: a client that opens connections now and then
@@ -141,7 +149,8 @@ enum stat_reason {
 	STAT_DROP_UNPARSED = 44,      /* packets to a frontend whose L4 header lies beyond what the parser walks (an IPv6 extension chain longer than IP6_MAX_EXT headers or IP6_MAX_EXT_LEN bytes): dropped, never passed on untranslated (lb.h) */
 	STAT_DROP_REPLY_IFACE = 45,   /* replies, and ICMP errors about a flow, that arrived on another interface than the flow's packets of that direction come in on (a pod's veth where the backend is elsewhere, or another pod's): forged, dropped (conntrack.h, ct_iif_plausible) */
 	STAT_CT_SRC_PROVEN = 46,      /* new flows taken from a proven source's own budget (tlb_ct_proven), not its shared cell's (conntrack.h) */
-	STAT_MAX = 47,
+	STAT_SNAT_EVICTED = 47,       /* source-NATed flows the backend answered but their client did not (spoofed, most likely), evicted from their port for a new flow that found no free one (nat.h, snat_claim) */
+	STAT_MAX = 48,
 };
 
 /* How many rejects (TCP resets, ICMP port unreachables) each hook may send
@@ -257,7 +266,8 @@ enum iface_kind {
  * taken for a packet to a NodePort. 1024 to 29999 is the larger of the
  * two pieces left: 28,976 ports per (address, backend), 6.4 times the
  * 61000 to 65535 used before. Ports of expired flows are taken over on
- * collision (snat_claim). */
+ * collision, and when all ports tried are taken, one of an unassured flow
+ * is evicted (snat_claim). */
 enum snat_config {
 	SNAT_PORT_MIN_DEFAULT = 1024,
 	SNAT_PORT_MAX_DEFAULT = 29999,

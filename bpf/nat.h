@@ -158,26 +158,78 @@ static __always_inline int snat_taken(struct ct_value *old, __u64 now)
 	return 0;
 }
 
+/* snat_key_set_port sets the destination port of key, a reverse key of
+ * family fam, to port (host byte order). */
+static __always_inline void snat_key_set_port(int fam, void *key, __u16 port)
+{
+	if (fam == PKT_IPV6)
+		((struct ct6_key *)key)->dport = bpf_htons(port);
+	else
+		((struct ct_key *)key)->dport = bpf_htons(port);
+}
+
+/* snat_unassured reports whether a flow with state and flags (both its
+ * entries carry them) is source-NATed, answered by its backend and not
+ * yet by its client: a TCP handshake whose last ACK has not come, a UDP
+ * flow whose client has not sent since the reply. A spoofed source's flow
+ * stays so for good. Such a flow lives CT_TIMEOUT_SNAT_UNASSURED, and
+ * snat_claim may evict it. Not a closing one (its peers may still need
+ * their last segments translated), nor one whose promotion found the
+ * established table full (CT_F_FULL: its client did answer). */
+static __always_inline int snat_unassured(__u8 state, __u8 flags)
+{
+	return state != CT_TCP_CLOSING &&
+	       (flags & (CT_F_SNAT | CT_F_REPLIED | CT_F_ASSURED | CT_F_FULL)) == (CT_F_SNAT | CT_F_REPLIED);
+}
+
+/* snat_evict hands the port of key, whose holder in fam's new-flow table
+ * (where unassured flows live) snat_claim_in found unassured
+ * (snat_unassured), to rev: it deletes the holder's reverse entry and
+ * inserts rev in its place. Returns 0 when rev holds the port; -1,
+ * counted as exhausted, when another new flow took the port first (the
+ * delete lets one of two flows evicting the same holder win) or the map
+ * refused. The holder's forward entry is left to go as an orphan: its
+ * next packet finds its reply entry gone (STAT_CT_ORPHAN) and is
+ * balanced as new, and the sweep or the LRU deletes it otherwise; its
+ * key would need a second key's room on a stack that has none left
+ * (snat_claim). */
+static __always_inline int snat_evict(int fam, void *key, const struct ct_value *rev)
+{
+	void *table = ct_table(fam, 0);
+
+	if (bpf_map_delete_elem(table, key) || bpf_map_update_elem(table, key, rev, BPF_NOEXIST)) {
+		stat_inc(STAT_DROP_SNAT_EXHAUSTED);
+		return -1;
+	}
+	stat_inc(STAT_SNAT_EVICTED);
+	stat_inc(STAT_CT_REPLACED);
+	return 0;
+}
+
 /* snat_claim_in (through snat_claim) inserts the reverse entry rev of a
  * source-NATed flow of family fam (a constant: a struct ct6_key and
  * ct6_value for IPv6) into its family's new-flow table under the first port of the
  * flow's walk that no live entry of either of the family's tables holds
  * (so a port in use by any flow with the same backend and address is
  * never taken; an expired holder is taken over), sets the key's
- * destination port to it and returns 0. Returns -1, counted, when
- * SNAT_RETRIES ports were taken, or when the map refused. One allocator
- * for both families: the walk, the range and the take-over are the same,
- * only the tables differ (ct.h). */
+ * destination port to it and returns 0. When all SNAT_RETRIES ports tried
+ * were taken, the holder of the last one, when unassured (snat_unassured:
+ * answered by the backend, not by its client, most likely a spoofed
+ * source), loses its port to rev (snat_evict): a
+ * flood from spoofed sources that the backend answers cannot hold the
+ * ports against real clients, and an assured flow never loses its port.
+ * Returns -1, counted, when none could be evicted, or when the map
+ * refused. One allocator for both families: the walk, the range and the
+ * take-over are the same, only the tables differ (ct.h). */
 static __always_inline int snat_claim_in(int fam, __u32 h, void *key, const struct ct_value *rev, __u64 now)
 {
-	for (__u32 try = 0; try < SNAT_RETRIES; try++) {
-		struct ct_value *old;
+	struct ct_value *old;
+	__u32 try;
+
+	for (try = 0; try < SNAT_RETRIES; try++) {
 		long err;
 
-		if (fam == PKT_IPV6)
-			((struct ct6_key *)key)->dport = bpf_htons(snat_port(h, try));
-		else
-			((struct ct_key *)key)->dport = bpf_htons(snat_port(h, try));
+		snat_key_set_port(fam, key, snat_port(h, try));
 		old = bpf_map_lookup_elem(ct_table(fam, CT_F_ASSURED), key);
 		if (old) {
 			if (snat_taken(old, now))
@@ -202,6 +254,16 @@ static __always_inline int snat_claim_in(int fam, __u32 h, void *key, const stru
 		}
 		stat_inc(STAT_SNAT_COLLISION);
 	}
+	/* The last port tried, still in key: its holder is evicted when
+	 * unassured. One candidate, not the oldest of all the walk saw: a
+	 * record of the walk's candidates, or a second pass over them, cost
+	 * the frame room it does not have (snat_claim) or the verifier more
+	 * states than its limit allows (tc_uplink_lb). Under a flood of
+	 * spoofed sources nearly every holder is unassured; an assured one
+	 * is never evicted. */
+	old = bpf_map_lookup_elem(ct_table(fam, 0), key);
+	if (old && snat_unassured(old->state, old->flags))
+		return snat_evict(fam, key, rev);
 	stat_inc(STAT_DROP_SNAT_EXHAUSTED);
 	return -1;
 }

@@ -217,7 +217,8 @@ func sourceNear(t *testing.T, d *Datapath, start netip.Addr, want func(cell uint
 // TestSNATPortReclaim gives SNAT one port: a flow holds it only while it
 // lives. Unanswered, it lives TimeoutSNATUnreplied; once expired, the
 // next flow takes the port over without a sweep, from either table; a
-// reply gives the flow the normal timeout, the client's answer assures it.
+// reply gives the flow TimeoutSNATUnassured, the client's answer assures
+// it.
 func TestSNATPortReclaim(t *testing.T) {
 	one := PortRange{Min: 61000, Max: 61000}
 	e := newFwdEnv(t, Options{SNATPorts: one})
@@ -243,15 +244,97 @@ func TestSNATPortReclaim(t *testing.T) {
 		{name: "expired_unreplied_holder_reclaimed", hook: hookXDP, env: e, iif: "up0", in: syn(c2), out: toBackend(syn(c2)), ret: xdpTX,
 			before: setExpires(flowOfClient(c1), -time.Millisecond),
 			fwd:    f, newFlow: true, stats: reclaimed, after: expectExpires(flowOfClient(c2), TimeoutSNATUnreplied)},
-		{name: "reply_gives_the_normal_timeout", hook: hookXDP, env: e, iif: "up0", in: synAck,
+		{name: "reply_gives_the_unassured_timeout", hook: hookXDP, env: e, iif: "up0", in: synAck,
 			out: ptr(synAck.withAddrs(f.Addr.String(), c2).forwarded(e.mac["up0"], macRouter)), ret: xdpTX, stats: stats{StatReverseNAT: 1},
-			after: both(expectExpires(flowOfClient(c2), TimeoutTCPSyn), expectTable(flowOfClient(c2), false))},
+			after: both(expectExpires(flowOfClient(c2), TimeoutSNATUnassured), expectTable(flowOfClient(c2), false))},
 		{name: "client_answer_assures", hook: hookXDP, env: e, iif: "up0", in: ack, out: toBackend(ack), ret: xdpTX, fwd: f,
 			stats: stats{StatConntrackPromoted: 1},
 			after: both(expectExpires(flowOfClient(c2), TimeoutTCPEstablished), expectTable(flowOfClient(c2), true))},
 		{name: "expired_established_holder_reclaimed", hook: hookXDP, env: e, iif: "up0", in: syn(c3), out: toBackend(syn(c3)), ret: xdpTX,
 			before: setExpires(flowOfClient(c2), -time.Millisecond),
 			fwd:    f, newFlow: true, stats: reclaimed, after: expectTable(flowOfClient(c3), false)},
+	})
+}
+
+// TestSNATPortEviction gives SNAT one port and fills it with a flow the
+// backend answered but its client did not, as a spoofed source's: a new
+// flow that finds no free port takes it (StatSNATEvicted), in TCP (no
+// handshake-completing ACK) and UDP (no datagram after the reply). A flow
+// not answered yet, or assured (its client answered), is never evicted.
+// The evicted flow's forward entry finds its reply entry gone at its next
+// packet and is balanced as new. Before eviction, such a flow held the
+// port for TimeoutTCPSyn (UDP: promoted by the reply, TimeoutUDP) against
+// every new flow.
+func TestSNATPortEviction(t *testing.T) {
+	one := PortRange{Min: 61000, Max: 61000}
+	e := newFwdEnv(t, Options{SNATPorts: one})
+	natSrc := ap(nodeAddr, 61000)
+	backend := ap(beNode2, 8080)
+	c1, c2, c3 := ap(outside, 40000), ap(outside, 40001), ap(outside, 40002)
+	newSNAT := stats{StatConntrackCreated: 1, StatSNATFlows: 1, StatFwdL2: 2}
+	exhausted := stats{StatSNATCollision: uint64(SNATRetries), StatDropSNATExhausted: 1}
+	evicted := newSNAT.plus(stats{StatSNATCollision: uint64(SNATRetries), StatSNATEvicted: 1, StatConntrackReplaced: 1})
+	toBackend := func(fr frame) *frame { return ptr(fr.withAddrs(natSrc, backend).forwarded(e.mac["up0"], macNode2)) }
+
+	t.Run("tcp", func(t *testing.T) {
+		f := extFrontend(nodeAddr+":30082", TCP)
+		mustSet(t, e.d, f, be(backend))
+		flowOfClient := func(c string) flowKeys {
+			return flowKeys{fwd: ctKey(c, f.Addr.String(), protoTCP), rev: ctKey(backend, natSrc, protoTCP)}
+		}
+		syn := func(c string) frame { return tcpFrame(c, f.Addr.String(), tcpSYN, "") }
+		synAck := tcpFrame(backend, natSrc, tcpSYN|tcpACK, "")
+		toClient := func(c string) *frame {
+			return ptr(synAck.withAddrs(f.Addr.String(), c).forwarded(e.mac["up0"], macRouter))
+		}
+		ack := func(c string) frame { return tcpFrame(c, f.Addr.String(), tcpACK, "") }
+		runTable(t, e.d, []pktCase{
+			{name: "first_flow", hook: hookXDP, env: e, iif: "up0", in: syn(c1), out: toBackend(syn(c1)), ret: xdpTX,
+				fwd: f, newFlow: true, stats: newSNAT},
+			{name: "unanswered_holder_kept", hook: hookXDP, env: e, iif: "up0", in: syn(c2), want: drop, stats: exhausted},
+			{name: "backend_answers", hook: hookXDP, env: e, iif: "up0", in: synAck, out: toClient(c1), ret: xdpTX,
+				stats: stats{StatReverseNAT: 1},
+				after: both(expectExpires(flowOfClient(c1), TimeoutSNATUnassured), expectTable(flowOfClient(c1), false))},
+			{name: "unassured_holder_evicted", hook: hookXDP, env: e, iif: "up0", in: syn(c2), out: toBackend(syn(c2)), ret: xdpTX,
+				fwd: f, newFlow: true, stats: evicted, after: expectExpires(flowOfClient(c2), TimeoutSNATUnreplied)},
+			{name: "backend_answers_the_new_flow", hook: hookXDP, env: e, iif: "up0", in: synAck, out: toClient(c2), ret: xdpTX,
+				stats: stats{StatReverseNAT: 1}},
+			{name: "new_flow_assured", hook: hookXDP, env: e, iif: "up0", in: ack(c2), out: toBackend(ack(c2)), ret: xdpTX, fwd: f,
+				stats: stats{StatConntrackPromoted: 1},
+				after: both(expectExpires(flowOfClient(c2), TimeoutTCPEstablished), expectTable(flowOfClient(c2), true))},
+			{name: "assured_holder_kept", hook: hookXDP, env: e, iif: "up0", in: syn(c3), want: drop, stats: exhausted},
+			{name: "evicted_flow_orphaned", hook: hookXDP, env: e, iif: "up0", in: ack(c1), want: drop,
+				stats: exhausted.plus(stats{StatConntrackOrphan: 1})},
+		})
+	})
+
+	t.Run("udp", func(t *testing.T) {
+		f := extFrontend(nodeAddr+":30083", UDP)
+		mustSet(t, e.d, f, be(backend))
+		flowOfClient := func(c string) flowKeys {
+			return flowKeys{fwd: ctKey(c, f.Addr.String(), protoUDP), rev: ctKey(backend, natSrc, protoUDP)}
+		}
+		q := func(c string) frame { return udpFrame(c, f.Addr.String(), "q") }
+		answer := udpFrame(backend, natSrc, "a")
+		toClient := func(c string) *frame {
+			return ptr(answer.withAddrs(f.Addr.String(), c).forwarded(e.mac["up0"], macRouter))
+		}
+		runTable(t, e.d, []pktCase{
+			{name: "first_flow", hook: hookXDP, env: e, iif: "up0", in: q(c1), out: toBackend(q(c1)), ret: xdpTX,
+				fwd: f, newFlow: true, stats: newSNAT},
+			{name: "unanswered_holder_kept", hook: hookXDP, env: e, iif: "up0", in: q(c2), want: drop, stats: exhausted},
+			{name: "reply_does_not_assure", hook: hookXDP, env: e, iif: "up0", in: answer, out: toClient(c1), ret: xdpTX,
+				stats: stats{StatReverseNAT: 1},
+				after: both(expectState(flowOfClient(c1), tcCtStateCT_UDP, TimeoutSNATUnassured), expectTable(flowOfClient(c1), false))},
+			{name: "unassured_holder_evicted", hook: hookXDP, env: e, iif: "up0", in: q(c2), out: toBackend(q(c2)), ret: xdpTX,
+				fwd: f, newFlow: true, stats: evicted},
+			{name: "backend_answers_the_new_flow", hook: hookXDP, env: e, iif: "up0", in: answer, out: toClient(c2), ret: xdpTX,
+				stats: stats{StatReverseNAT: 1}},
+			{name: "client_sends_again_assured", hook: hookXDP, env: e, iif: "up0", in: q(c2), out: toBackend(q(c2)), ret: xdpTX, fwd: f,
+				stats: stats{StatConntrackPromoted: 1},
+				after: both(expectState(flowOfClient(c2), tcCtStateCT_UDP, TimeoutUDP), expectTable(flowOfClient(c2), true))},
+			{name: "assured_holder_kept", hook: hookXDP, env: e, iif: "up0", in: q(c3), want: drop, stats: exhausted},
+		})
 	})
 }
 

@@ -423,7 +423,7 @@ func (f snatFlows) rows(e *fwdEnv, h hook, same, other uint32) []pktCase {
 			fwd: f.feRemoteUDP, newFlow: true, stats: newSNAT},
 		{name: "udp_snat_reply", hook: h, env: e, iif: "up0", in: udpA,
 			out: ptr(udpA.withAddrs(f.feRemoteUDP.Addr.String(), f.cUDP).forwarded(upMAC0, macRouter)), ret: same,
-			stats: stats{StatReverseNAT: 1, StatConntrackPromoted: 1}},
+			stats: stats{StatReverseNAT: 1}},
 		{name: "snat_to_another_uplink", hook: h, env: e, iif: "up1", in: up1Syn,
 			out: ptr(up1Syn.withAddrs(ap(nodeAddr, int(f.up1Port)), ap(beNode2, 8080)).forwarded(upMAC0, macNode2)), ret: other,
 			fwd: f.feRemote, newFlow: true, stats: newSNAT, after: e.up1ReplyEntry(f.feRemote, f.cUp1, ap(nodeAddr, int(f.up1Port)))},

@@ -173,6 +173,11 @@ const (
 	// minutes) instead of the cell it shares with unproven sources,
 	// which a flood spoofing its address may have spent.
 	StatSourceProven = Stat(tcStatReasonSTAT_CT_SRC_PROVEN)
+	// StatSNATEvicted: source-NATed flows the backend answered but their
+	// client did not (a spoofed source's, most likely) that lost their
+	// port to a new flow finding no free one in its walk. Their reply
+	// entry is replaced; their forward entry goes as an orphan.
+	StatSNATEvicted = Stat(tcStatReasonSTAT_SNAT_EVICTED)
 
 	numStats = int(tcStatReasonSTAT_MAX)
 )
@@ -226,6 +231,7 @@ var statNames = map[Stat]string{
 	StatDropUnparsed:          "drop_unparsed",
 	StatDropReplyIface:        "drop_reply_iface",
 	StatSourceProven:          "source_proven",
+	StatSNATEvicted:           "snat_evicted",
 }
 
 // String returns the counter's stable name.

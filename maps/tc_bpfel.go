@@ -176,6 +176,7 @@ const (
 	tcCtTimeoutCT_TIMEOUT_TCP_CLOSING     tcCtTimeout = 10
 	tcCtTimeoutCT_TIMEOUT_UDP             tcCtTimeout = 60
 	tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED  tcCtTimeout = 10
+	tcCtTimeoutCT_TIMEOUT_SNAT_UNASSURED  tcCtTimeout = 5
 	tcCtTimeoutCT_REFRESH_INTERVAL        tcCtTimeout = 1
 	tcCtTimeoutCT_TIMEOUT_PROVEN          tcCtTimeout = 300
 	tcCtTimeoutFRAG_TIMEOUT               tcCtTimeout = 10
@@ -420,7 +421,8 @@ const (
 	tcStatReasonSTAT_DROP_UNPARSED        tcStatReason = 44
 	tcStatReasonSTAT_DROP_REPLY_IFACE     tcStatReason = 45
 	tcStatReasonSTAT_CT_SRC_PROVEN        tcStatReason = 46
-	tcStatReasonSTAT_MAX                  tcStatReason = 47
+	tcStatReasonSTAT_SNAT_EVICTED         tcStatReason = 47
+	tcStatReasonSTAT_MAX                  tcStatReason = 48
 )
 
 type tcSvcFlag uint32

@@ -152,6 +152,7 @@ const (
 	TimeoutTCPClosing        = time.Duration(tcCtTimeoutCT_TIMEOUT_TCP_CLOSING) * time.Second
 	TimeoutUDP               = time.Duration(tcCtTimeoutCT_TIMEOUT_UDP) * time.Second
 	TimeoutSNATUnreplied     = time.Duration(tcCtTimeoutCT_TIMEOUT_SNAT_UNREPLIED) * time.Second
+	TimeoutSNATUnassured     = time.Duration(tcCtTimeoutCT_TIMEOUT_SNAT_UNASSURED) * time.Second
 	ConntrackRefreshInterval = time.Duration(tcCtTimeoutCT_REFRESH_INTERVAL) * time.Second
 )
 
