@@ -86,7 +86,10 @@ enum ct_tcp_limit {
 };
 
 /* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned
- * tlb_stats keeps its meaning across agent versions. */
+ * tlb_stats keeps its meaning across agent versions. Each member's metric
+ * name is derived from its name here (maps/stats.go: without STAT_, lower
+ * case, CT/FRAG/SRC/... spelled out); a new one needs a Go constant there
+ * and a row in docs/datapath.md's Counters table (TestStatNames). */
 enum stat_reason {
 	STAT_DROP_NO_BACKEND = 0,   /* frontend with no active backend */
 	STAT_DROP_MAP_FULL = 1,     /* conntrack insert failed */
