@@ -136,7 +136,6 @@ enum stat_reason {
 	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
 	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
 	STAT_DROP_SRC_RANGE = 39,     /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
-	/* 40..44: other branches of issue 21 (renumbered on merge). */
 	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
 	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */
