@@ -32,12 +32,11 @@ func init() {
 	testSeeded = true
 }
 
-// requirePrivileges skips tests that need root and BPF.
+// requirePrivileges skips tests that need root and BPF (to load programs
+// and mount bpffs), as nettest.RequireRoot does.
 func requirePrivileges(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs and mount bpffs")
-	}
+	nettest.RequireRoot(t)
 }
 
 // bpffs mounts a private bpf filesystem for one test, so pins never land
