@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // plus adds the counts of extra to s, in a copy.
@@ -219,7 +221,7 @@ func sourceNear(t *testing.T, d *Datapath, start netip.Addr, want func(cell uint
 // next flow takes the port over without a sweep, from either table; a
 // reply gives the flow the normal timeout, the client's answer assures it.
 func TestSNATPortReclaim(t *testing.T) {
-	one := PortRange{Min: 61000, Max: 61000}
+	one := portrange.Range{Min: 61000, Max: 61000}
 	e := newFwdEnv(t, Options{SNATPorts: one})
 	f := extFrontend(nodeAddr+":30082", TCP)
 	backend := ap(beNode2, 8080)

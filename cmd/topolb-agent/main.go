@@ -25,6 +25,7 @@ import (
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/logging"
+	"github.com/topolb/topolb/internal/portrange"
 	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -245,7 +246,7 @@ type settings struct {
 	// metricsAddress is where /metrics is served; empty: nowhere.
 	metricsAddress string
 	// snatPorts are the source ports of source-NATed flows.
-	snatPorts maps.PortRange
+	snatPorts portrange.Range
 	// uplinkPath is how uplinks balance traffic from outside.
 	uplinkPath maps.UplinkPath
 	// tcAttach is how tc programs are attached.
@@ -276,15 +277,15 @@ func checkFlags(f flags) (settings, error) {
 	if s.options.NodePortAddresses, err = topology.ParseNodePortAddresses(f.nodePortAddresses); err != nil {
 		return s, err
 	}
-	if s.options.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
-		return s, err
+	if s.options.NodePortRange, err = portrange.Parse(f.nodePortRange); err != nil {
+		return s, fmt.Errorf("--service-node-port-range: %w", err)
 	}
 	s.options.ClusterIPsFromOutside = f.clusterFromOutside
 	if f.maxRangesPerService < 0 || f.maxFrontendsPerService < 0 {
 		return s, errors.New("--max-source-ranges-per-service and --max-frontends-per-service must not be negative")
 	}
 	s.options.Caps = topology.Caps{SourceRanges: f.maxRangesPerService, Frontends: f.maxFrontendsPerService}
-	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
+	if s.snatPorts, err = portrange.Parse(f.snatPorts); err != nil {
 		return s, fmt.Errorf("--snat-ports: %w", err)
 	}
 	if s.uplinkPath, err = maps.ParseUplinkPath(f.uplinkPath); err != nil {
@@ -522,8 +523,8 @@ const localPortRange = "/proc/sys/net/ipv4/ip_local_port_range"
 // connection the node opens itself, whose replies XDP would then
 // translate) or the NodePort range (a reply could be taken for traffic to
 // a NodePort).
-func checkSNATPorts(log *slog.Logger, snat maps.PortRange, nodePorts topology.PortRange) {
-	if snat.Overlaps(maps.PortRange{Min: nodePorts.Min, Max: nodePorts.Max}) {
+func checkSNATPorts(log *slog.Logger, snat, nodePorts portrange.Range) {
+	if snat.Overlaps(nodePorts) {
 		log.Warn("--snat-ports overlaps the NodePort range", "snatPorts", snat, "nodePorts", fmt.Sprintf("%d-%d", nodePorts.Min, nodePorts.Max))
 	}
 	b, err := os.ReadFile(localPortRange)
@@ -536,7 +537,7 @@ func checkSNATPorts(log *slog.Logger, snat maps.PortRange, nodePorts topology.Po
 		log.Warn("cannot parse the node's ephemeral port range", "file", localPortRange, "err", err)
 		return
 	}
-	if eph := (maps.PortRange{Min: lo, Max: hi}); snat.Overlaps(eph) {
+	if eph := (portrange.Range{Min: lo, Max: hi}); snat.Overlaps(eph) {
 		log.Warn("--snat-ports overlaps the node's ephemeral ports (net.ipv4.ip_local_port_range): a translated flow may collide with a connection of the node itself",
 			"snatPorts", snat, "ephemeral", eph)
 	}
