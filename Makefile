@@ -25,7 +25,7 @@ export TOPOLB_KUBE_BINS := $(KUBE_BINS)
 export TOPOLB_CONTAINERD_BINS := $(CONTAINERD_BINS)
 export TOPOLB_HELM_BINS := $(HELM_BINS)
 
-.PHONY: all deps build generate check-generate test demo bench bench-datapath bench-agent bench-e2e bench-scale kube-bins vet clean image test-northsouth-plain \
+.PHONY: all deps build generate check-generate test unit demo bench bench-datapath bench-agent bench-e2e bench-scale kube-bins vet clean image test-northsouth-plain \
 	cluster-deps containerd-bins cluster cluster-down test-cluster readme-flags helm-bin test-kernels
 
 all: build
@@ -91,6 +91,14 @@ test: cluster-deps helm-bin check-generate vet build
 	$(MAKE) test-northsouth-plain
 	bash tools/cluster/test.sh
 	if bash tools/kernels/run.sh --kvm; then $(MAKE) test-kernels; else echo "make test: kernel matrix skipped (no KVM that boots it); make test-kernels runs it under TCG"; fi
+
+# The tests a user without root and without the kube/helm builds runs, in
+# under a minute once built: nettest.RequireRoot skips under TOPOLB_UNIT
+# even as root, and kube/helm binaries are looked up where none are (the
+# tests that need them skip as they do on a machine without them).
+unit:
+	TOPOLB_UNIT=1 TOPOLB_KUBE_BINS=/nonexistent/kube-bins TOPOLB_HELM_BINS=/nonexistent/helm \
+		$(GO) test $(GOTEST_FLAGS) ./...
 
 # The maps/ tests and an e2e traffic subset inside Debian's 5.10, 6.1 and
 # 6.12 kernels (and the machine's own, where /boot has it) booted in qemu;

@@ -190,6 +190,16 @@ func (a *Agent) BackendZones() map[string]string {
 	return out
 }
 
+// The addresses the agent serves on by default (topolb-agent's
+// --health-address and --metrics-address, deploy/ and the chart's values):
+// localhost only, since /debug/state and the metrics name every Service.
+const (
+	// DefaultHealthAddress serves HealthHandler.
+	DefaultHealthAddress = "127.0.0.1:9966"
+	// DefaultMetricsAddress serves the Prometheus metrics.
+	DefaultMetricsAddress = "127.0.0.1:9965"
+)
+
 // HealthHandler serves /healthz (the sync loop keeps up, see Health: 200,
 // else 503, with the Health as JSON), /readyz (the first full sync has been
 // written) and /debug/state.

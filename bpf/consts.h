@@ -94,7 +94,10 @@ enum ct_tcp_limit {
 };
 
 /* Counters of tlb_stats, one per-CPU slot each. Append only: a pinned
- * tlb_stats keeps its meaning across agent versions. */
+ * tlb_stats keeps its meaning across agent versions. Each member's metric
+ * name is derived from its name here (maps/stats.go: without STAT_, lower
+ * case, CT/FRAG/SRC/... spelled out); a new one needs a Go constant there
+ * and a row in docs/datapath.md's Counters table (TestStatNames). */
 enum stat_reason {
 	STAT_DROP_NO_BACKEND = 0,   /* frontend with no active backend */
 	STAT_DROP_MAP_FULL = 1,     /* conntrack insert failed */
@@ -141,7 +144,6 @@ enum stat_reason {
 	STAT_SNAT_RECLAIMED = 37,       /* SNAT ports taken over from an expired flow */
 	STAT_SOCK_REVNAT_CLOBBER = 38, /* a socket's record of the frontend behind a backend rewritten to another frontend: one UDP socket sending to two Services that share a backend (sock_lb.c) */
 	STAT_DROP_SRC_RANGE = 39,     /* new flows to a load-balancer IP from outside its loadBalancerSourceRanges: dropped (srcrange.h) */
-	/* 40..44: other branches of issue 21 (renumbered on merge). */
 	STAT_FRAG_FIRST = 40,         /* first fragments of a datagram translated, their L4 tuple remembered (frag.h) */
 	STAT_FRAG_FOLLOWED = 41,      /* later fragments translated as their first was */
 	STAT_CT_TCP_IGNORED = 42,     /* TCP RSTs and FINs out of their flow's window, SYNs to an open flow: translated, the flow's state left as it was (conntrack.h) */

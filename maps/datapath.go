@@ -17,6 +17,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // levelTrace is the verbosity of per-map-write logs (developers only):
@@ -147,10 +149,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.SNATPorts == (PortRange{}) {
+	if o.SNATPorts == (portrange.Range{}) {
 		o.SNATPorts = DefaultSNATPorts
 	}
-	if err := o.SNATPorts.validate(); err != nil {
+	if err := o.SNATPorts.Validate(); err != nil {
 		return o, fmt.Errorf("options: SNATPorts: %w", err)
 	}
 	// The backends map holds two buffers; ids must fit the registry.

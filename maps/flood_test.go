@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // plus adds the counts of extra to s, in a copy.
@@ -220,7 +222,7 @@ func sourceNear(t *testing.T, d *Datapath, start netip.Addr, want func(cell uint
 // reply gives the flow TimeoutSNATUnassured, the client's answer assures
 // it.
 func TestSNATPortReclaim(t *testing.T) {
-	one := PortRange{Min: 61000, Max: 61000}
+	one := portrange.Range{Min: 61000, Max: 61000}
 	e := newFwdEnv(t, Options{SNATPorts: one})
 	f := extFrontend(nodeAddr+":30082", TCP)
 	backend := ap(beNode2, 8080)
@@ -266,7 +268,7 @@ func TestSNATPortReclaim(t *testing.T) {
 // port for TimeoutTCPSyn (UDP: promoted by the reply, TimeoutUDP) against
 // every new flow.
 func TestSNATPortEviction(t *testing.T) {
-	one := PortRange{Min: 61000, Max: 61000}
+	one := portrange.Range{Min: 61000, Max: 61000}
 	e := newFwdEnv(t, Options{SNATPorts: one})
 	natSrc := ap(nodeAddr, 61000)
 	backend := ap(beNode2, 8080)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // The forwarding tables run the programs with BPF_PROG_TEST_RUN inside a
@@ -645,7 +646,7 @@ func udpZeroSumReply(t *testing.T, reply frame, src, dst string) frame {
 // TestSNATPortsExhausted gives SNAT one port, taken: a new flow tries it
 // SNATRetries times and is dropped, counted.
 func TestSNATPortsExhausted(t *testing.T) {
-	one := PortRange{Min: 61000, Max: 61000}
+	one := portrange.Range{Min: 61000, Max: 61000}
 	e := newFwdEnv(t, Options{SNATPorts: one})
 	f := extFrontend(nodeAddr+":30082", TCP)
 	mustSet(t, e.d, f, be(ap(beNode2, 8080)))

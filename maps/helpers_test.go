@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // Verdicts as the hooks return them.
@@ -32,12 +33,11 @@ func init() {
 	testSeeded = true
 }
 
-// requirePrivileges skips tests that need root and BPF.
+// requirePrivileges skips tests that need root and BPF (to load programs
+// and mount bpffs), as nettest.RequireRoot does.
 func requirePrivileges(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs and mount bpffs")
-	}
+	nettest.RequireRoot(t)
 }
 
 // bpffs mounts a private bpf filesystem for one test, so pins never land
@@ -125,7 +125,7 @@ func slotOf(src, dst netip.AddrPort, proto uint8, count int) int {
 
 // snatPortOf predicts the try-th SNAT port (nat.h snat_port) offered to a
 // flow: MurmurHash3's finaliser of the flow hash plus try, over r.
-func snatPortOf(src, dst netip.AddrPort, proto uint8, try int, r PortRange) uint16 {
+func snatPortOf(src, dst netip.AddrPort, proto uint8, try int, r portrange.Range) uint16 {
 	h := flowHash(src, dst, proto) + uint32(try)
 	h ^= h >> 16
 	h *= 0x85ebca6b

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -121,10 +123,22 @@ func TestMetaHoldsFingerprint(t *testing.T) {
 	}
 }
 
-// TestStatNames checks every reason of enum stat_reason (read from the
-// object's BTF: numbers may be left unused between branches) has one name
-// of its own, and no name stands for a number the enum lacks.
+// statTable documents the counters: its Counters table has a row
+// "| N | `STAT_X` | `name` | what it counts |" per member of enum
+// stat_reason, and says "`STAT_MAX` (N) is the count".
+const statTable = "../docs/datapath.md"
+
+// TestStatNames checks the stable counter names (derived from enum
+// stat_reason's BTF) against the rows of statTable, which record them as
+// the external interface they are: every member has a row with its number
+// and its name, every row a member, no name is used twice. A new counter
+// fails here until its row is added; a change of the naming rule that
+// would rename an exported counter fails here too.
 func TestStatNames(t *testing.T) {
+	names, err := statNames()
+	if err != nil {
+		t.Fatal(err)
+	}
 	spec, err := loadTc()
 	if err != nil {
 		t.Fatal(err)
@@ -133,28 +147,67 @@ func TestStatNames(t *testing.T) {
 	if err := spec.Types.TypeByName("stat_reason", &reasons); err != nil {
 		t.Fatal(err)
 	}
-	names := map[string]bool{}
-	members := 0
+	doc, err := os.ReadFile(statTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		num  uint64
+		name string
+	}
+	rows := map[string]row{}
+	rowRE := regexp.MustCompile("(?m)^\\| ([0-9]+) \\| `(STAT_[A-Z0-9_]+)` \\| `([a-z0-9_]+)` \\|")
+	for _, m := range rowRE.FindAllStringSubmatch(string(doc), -1) {
+		n, err := strconv.ParseUint(m[1], 10, 32)
+		if err != nil {
+			t.Fatalf("%s: row %q: %v", statTable, m[0], err)
+		}
+		if _, dup := rows[m[2]]; dup {
+			t.Errorf("%s: two rows for %s", statTable, m[2])
+		}
+		rows[m[2]] = row{n, m[3]}
+	}
+	used := map[string]string{}
 	for _, v := range reasons.Values {
 		if v.Name == "STAT_MAX" {
+			if want := fmt.Sprintf("`STAT_MAX` (%d) is the count", v.Value); !strings.Contains(string(doc), want) {
+				t.Errorf("%s does not say %q", statTable, want)
+			}
 			continue
 		}
-		members++
 		s := Stat(v.Value)
 		if int(s) >= numStats {
 			t.Errorf("%s = %d is not below STAT_MAX %d", v.Name, s, numStats)
 		}
-		n, ok := statNames[s]
-		if !ok {
-			t.Errorf("%s (%d) has no name", v.Name, s)
+		name := names[s]
+		if other, ok := used[name]; ok {
+			t.Errorf("%s and %s are both named %q", other, v.Name, name)
 		}
-		if names[n] {
-			t.Errorf("stat name %q used twice", n)
+		used[name] = v.Name
+		r, ok := rows[v.Name]
+		switch {
+		case !ok:
+			t.Errorf("%s has no row in %s's Counters table: add \"| %d | `%s` | `%s` | what it counts |\"", v.Name, statTable, v.Value, v.Name, name)
+		case r.num != v.Value:
+			t.Errorf("%s: %s is %d, the enum says %d", statTable, v.Name, r.num, v.Value)
+		case r.name != name:
+			t.Errorf("%s is named %q, %s says %q: exported names must not change (statNameExceptions)", v.Name, name, statTable, r.name)
 		}
-		names[n] = true
+		delete(rows, v.Name)
 	}
-	if len(statNames) != members {
-		t.Errorf("%d names for %d stats", len(statNames), members)
+	for cname := range rows {
+		t.Errorf("%s has a row for %s, which enum stat_reason lacks", statTable, cname)
+	}
+	for cname, name := range statNameExceptions {
+		if _, ok := used[name]; !ok || used[name] != cname {
+			t.Errorf("statNameExceptions: %s is not a member of enum stat_reason", cname)
+		}
+		if statRuleName(cname) == name {
+			t.Errorf("statNameExceptions: %s is named %q by the rule already", cname, name)
+		}
+	}
+	if len(names) != len(used) {
+		t.Errorf("%d names for %d stats", len(names), len(used))
 	}
 	if numStats > int(tcMapSizeSTAT_SLOTS) {
 		t.Errorf("%d stats do not fit tlb_stats' %d slots", numStats, tcMapSizeSTAT_SLOTS)

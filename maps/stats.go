@@ -1,6 +1,13 @@
 package maps
 
-import "fmt"
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf/btf"
+)
 
 // Stat is one named datapath counter of tlb_stats (enum stat_reason in
 // bpf/consts.h; the values come from BTF).
@@ -182,62 +189,82 @@ const (
 	numStats = int(tcStatReasonSTAT_MAX)
 )
 
-// statNames are the stable names of the counters (metric label values).
-var statNames = map[Stat]string{
-	StatDropNoBackend:         "drop_no_backend",
-	StatDropMapFull:           "drop_map_full",
-	StatDropParseError:        "drop_parse_error",
-	StatDropRewrite:           "drop_rewrite_error",
-	StatReverseNAT:            "reverse_nat",
-	StatFragment:              "fragment",
-	StatConntrackCreated:      "conntrack_created",
-	StatConntrackReplaced:     "conntrack_replaced",
-	StatConntrackExpired:      "conntrack_expired_hit",
-	StatConntrackStaleBackend: "conntrack_stale_backend",
-	StatConntrackSYNReopen:    "conntrack_syn_reopen",
-	StatTCPMidflowMiss:        "tcp_midflow_miss",
-	StatAffinityHit:           "affinity_hit",
-	StatAffinityNew:           "affinity_new",
-	StatReject:                "reject",
-	StatConntrackSwept:        "conntrack_swept",
-	StatRejectLimited:         "reject_rate_limited",
-	StatICMPTranslated:        "icmp_translated",
-	StatSockTranslated:        "sock_translated",
-	StatSockReverseNAT:        "sock_reverse_nat",
-	StatFwdPeer:               "fwd_peer",
-	StatFwdNeigh:              "fwd_neigh",
-	StatFwdL2:                 "fwd_l2",
-	StatFwdStack:              "fwd_stack",
-	StatFwdFallbackMTU:        "fwd_fallback_mtu",
-	StatFwdFallbackTTL:        "fwd_fallback_ttl",
-	StatFwdFallbackMeta:       "fwd_fallback_meta",
-	StatSNATFlows:             "snat_flows",
-	StatSNATCollision:         "snat_collision",
-	StatDropSNATExhausted:     "drop_snat_exhausted",
-	StatDropSNATNoRoute:       "drop_snat_no_route",
-	StatDropSNATFallback:      "drop_snat_fallback",
-	StatConntrackPromoted:     "conntrack_promoted",
-	StatConntrackPromoteFull:  "conntrack_promote_full",
-	StatDropSourceLimit:       "drop_source_limit",
-	StatConntrackDemoted:      "conntrack_demoted",
-	StatConntrackOrphan:       "conntrack_orphan",
-	StatSNATReclaimed:         "snat_reclaimed",
-	StatSockRevNATClobbered:   "sock_revnat_clobbered",
-	StatDropSourceRange:       "drop_source_range",
-	StatFragFirst:             "fragment_first",
-	StatFragFollowed:          "fragment_followed",
-	StatConntrackTCPIgnored:   "conntrack_tcp_ignored",
-	StatDropLoopback:          "drop_loopback",
-	StatDropUnparsed:          "drop_unparsed",
-	StatDropReplyIface:        "drop_reply_iface",
-	StatSourceProven:          "source_proven",
-	StatSNATEvicted:           "snat_evicted",
+// Stable names. Each counter's name (the agent's metric label value, the
+// `event` column of docs/datapath.md's Counters table) comes from its
+// member of enum stat_reason in the object's BTF, as the layout
+// fingerprint's enums do: the C name without STAT_, lower case, with the
+// abbreviations of statNameWords spelled out. A new counter is written in
+// bpf/consts.h and given a Go constant above; its name needs nothing more.
+
+// statNameWords spell the C names' abbreviations out, one word each.
+var statNameWords = map[string]string{
+	"CT":     "conntrack",
+	"FRAG":   "fragment",
+	"REVNAT": "reverse_nat",
+	"SRC":    "source",
+	"XLATE":  "translated",
 }
 
-// String returns the counter's stable name.
+// statNameExceptions are the counters whose stable name the rule does not
+// give: names exported before the rule existed, kept because dashboards
+// and alerts select on them. Add nothing here for a new counter; rename
+// its enum member instead.
+var statNameExceptions = map[string]string{
+	"STAT_DROP_REWRITE":         "drop_rewrite_error",
+	"STAT_CT_EXPIRED":           "conntrack_expired_hit",
+	"STAT_REJECT_LIMITED":       "reject_rate_limited",
+	"STAT_DROP_CT_SOURCE_LIMIT": "drop_source_limit",
+	"STAT_SOCK_REVNAT_CLOBBER":  "sock_revnat_clobbered",
+	"STAT_CT_SRC_PROVEN":        "source_proven",
+}
+
+// statRuleName is the stable name the rule gives the enum member cname
+// (STAT_CT_SWEPT: conntrack_swept).
+func statRuleName(cname string) string {
+	words := strings.Split(strings.TrimPrefix(cname, "STAT_"), "_")
+	for i, w := range words {
+		if long, ok := statNameWords[w]; ok {
+			words[i] = long
+		} else {
+			words[i] = strings.ToLower(w)
+		}
+	}
+	return strings.Join(words, "_")
+}
+
+// statNames maps every counter of enum stat_reason (STAT_MAX aside) to its
+// stable name, read once from the embedded tc object's BTF. An error means
+// the object is broken (TestStatNames fails on it).
+var statNames = sync.OnceValues(func() (map[Stat]string, error) {
+	spec, err := btf.LoadSpecFromReader(bytes.NewReader(_TcBytes))
+	if err != nil {
+		return nil, fmt.Errorf("read tc object's BTF: %w", err)
+	}
+	var reasons *btf.Enum
+	if err := spec.TypeByName("stat_reason", &reasons); err != nil {
+		return nil, fmt.Errorf("enum stat_reason: %w", err)
+	}
+	names := make(map[Stat]string, len(reasons.Values))
+	for _, v := range reasons.Values {
+		if v.Name == "STAT_MAX" {
+			continue
+		}
+		n, ok := statNameExceptions[v.Name]
+		if !ok {
+			n = statRuleName(v.Name)
+		}
+		names[Stat(v.Value)] = n
+	}
+	return names, nil
+})
+
+// String returns the counter's stable name, or stat(N) for a number that
+// is no member of enum stat_reason.
 func (s Stat) String() string {
-	if n, ok := statNames[s]; ok {
-		return n
+	if names, err := statNames(); err == nil {
+		if n, ok := names[s]; ok {
+			return n
+		}
 	}
 	return fmt.Sprintf("stat(%d)", uint32(s))
 }

@@ -12,9 +12,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // Protocol is an IP protocol number of a service frontend.
@@ -201,55 +201,13 @@ func DefaultMaxConntrackNew(maxConntrack uint32) uint32 {
 	return max(maxConntrack, 1024)
 }
 
-// PortRange is an inclusive range of ports.
-type PortRange struct {
-	Min, Max uint16
-}
-
-// String formats the range as "min-max".
-func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
-
-// Size is the number of ports in the range.
-func (r PortRange) Size() int { return int(r.Max) - int(r.Min) + 1 }
-
-// Overlaps reports whether r and o share a port.
-func (r PortRange) Overlaps(o PortRange) bool { return r.Min <= o.Max && o.Min <= r.Max }
-
-// ParsePortRange parses "min-max" (inclusive, 1 <= min <= max <= 65535).
-func ParsePortRange(s string) (PortRange, error) {
-	lo, hi, ok := strings.Cut(s, "-")
-	if !ok {
-		return PortRange{}, fmt.Errorf("port range %q: want MIN-MAX", s)
-	}
-	min, err := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-	if err != nil {
-		return PortRange{}, fmt.Errorf("port range %q: %w", s, err)
-	}
-	max, err := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-	if err != nil {
-		return PortRange{}, fmt.Errorf("port range %q: %w", s, err)
-	}
-	r := PortRange{Min: uint16(min), Max: uint16(max)}
-	if err := r.validate(); err != nil {
-		return PortRange{}, fmt.Errorf("port range %q: %w", s, err)
-	}
-	return r, nil
-}
-
-func (r PortRange) validate() error {
-	if r.Min == 0 || r.Min > r.Max {
-		return fmt.Errorf("want 1 <= min <= max, got %s", r)
-	}
-	return nil
-}
-
 // DefaultSNATPorts is the default Options.SNATPorts, 1024-29999: netfilter's
 // masquerade range (1024-65535) without Linux's default ephemeral range
 // (32768-60999) and the NodePort range (30000-32767), so a translated flow
 // never takes the 5-tuple of a connection the node opens itself, and a
 // reply to one is never taken for traffic to a NodePort (enum snat_config
 // in bpf/consts.h says why netfilter may and this datapath may not).
-var DefaultSNATPorts = PortRange{Min: uint16(tcSnatConfigSNAT_PORT_MIN_DEFAULT), Max: uint16(tcSnatConfigSNAT_PORT_MAX_DEFAULT)}
+var DefaultSNATPorts = portrange.Range{Min: uint16(tcSnatConfigSNAT_PORT_MIN_DEFAULT), Max: uint16(tcSnatConfigSNAT_PORT_MAX_DEFAULT)}
 
 // SNATRetries is how many ports of its walk over Options.SNATPorts a new
 // source-translated flow tries before it is dropped (StatDropSNATExhausted).
@@ -299,7 +257,7 @@ type Options struct {
 	// overlap the ports the node's own connections use
 	// (net.ipv4.ip_local_port_range) nor the NodePort range: a reply to
 	// a translated flow is recognised by its destination port alone.
-	SNATPorts PortRange
+	SNATPorts portrange.Range
 	// UplinkPath says how AttachUplink balances an uplink: UplinkAuto
 	// (the zero value) probes each uplink, UplinkXDP and UplinkTC force
 	// one path (see UplinkPath).

@@ -9,6 +9,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // addrNode is node a1 with an InternalIP, an ExternalIP and an address of
@@ -72,7 +74,7 @@ func TestExternalFrontends(t *testing.T) {
 			warnings: []string{"outside the node port range 30000-32767"}},
 		{name: "a custom range admits it",
 			port: func() ServicePort { p := clusterPort(nil); p.NodePort = 8080; return p }(),
-			opts: Options{NodePortRange: PortRange{Min: 8000, Max: 9000}},
+			opts: Options{NodePortRange: portrange.Range{Min: 8000, Max: 9000}},
 			want: []string{fa(KindNodePort, "192.168.0.1:8080"), fa(KindNodePort, "203.0.113.1:8080")}},
 		{name: "externalIP and LB IP that are node addresses: left out with warnings",
 			port: func() ServicePort {

@@ -13,12 +13,13 @@ package topology
 import (
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/topolb/topolb/internal/portrange"
 )
 
 // Well-known labels and the annotations topolb reads from a Service.
@@ -347,28 +348,19 @@ type Options struct {
 	// NodePortRange is the range of valid nodePorts (the apiserver's
 	// --service-node-port-range); a nodePort outside it is not served. The
 	// zero value means DefaultNodePortRange.
-	NodePortRange PortRange
+	NodePortRange portrange.Range
 	// Caps bound what one Service may take of the node's datapath
 	// tables; a Service over one is refused whole (Caps). The zero value
 	// caps nothing.
 	Caps Caps
 }
 
-// PortRange is an inclusive range of port numbers.
-type PortRange struct{ Min, Max uint16 }
-
 // DefaultNodePortRange is the apiserver's default --service-node-port-range.
-var DefaultNodePortRange = PortRange{Min: 30000, Max: 32767}
-
-// Contains reports whether port is in the range.
-func (r PortRange) Contains(port uint16) bool { return r.Min <= port && port <= r.Max }
-
-// String renders the range as "30000-32767".
-func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+var DefaultNodePortRange = portrange.Range{Min: 30000, Max: 32767}
 
 // nodePortRange returns the range in force.
-func (o Options) nodePortRange() PortRange {
-	if o.NodePortRange == (PortRange{}) {
+func (o Options) nodePortRange() portrange.Range {
+	if o.NodePortRange == (portrange.Range{}) {
 		return DefaultNodePortRange
 	}
 	return o.NodePortRange
@@ -391,16 +383,4 @@ func ParseNodePortAddresses(cidrs []string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
-}
-
-// ParsePortRange parses "MIN-MAX" (--service-node-port-range, as the
-// apiserver's flag), 1 <= MIN <= MAX <= 65535.
-func ParsePortRange(s string) (PortRange, error) {
-	lo, hi, ok := strings.Cut(s, "-")
-	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-	if !ok || err1 != nil || err2 != nil || min < 1 || min > max {
-		return PortRange{}, fmt.Errorf("--service-node-port-range %q: want MIN-MAX, 1 <= MIN <= MAX <= 65535", s)
-	}
-	return PortRange{Min: uint16(min), Max: uint16(max)}, nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/logging"
+	"github.com/topolb/topolb/internal/portrange"
 	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -146,10 +147,10 @@ kube-proxy, which listens there, pass it empty or another port.`,
 	fl.BoolVar(&f.hostServices, "host-services", true, "balance the node's own processes (host network) to cluster IPs, NodePorts, external and load-balancer IPs with cgroup socket hooks; false detaches hooks an earlier agent attached")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "auto", `the node's cgroup v2 root for the socket hooks (or a directory holding it as "unified", as on hybrid hosts), or "auto": the cgroup2 mount of this process, which in a pod with its own cgroup namespace is not the root and is refused`)
 	fl.StringVar(&f.bpffs, "bpffs", maps.DefaultPinPath, "directory on a bpf filesystem where maps and links are pinned")
-	fl.StringVar(&f.metricsAddress, "metrics-address", "127.0.0.1:9965", "address serving Prometheus metrics at /metrics (empty disables); localhost by default, since the metrics name every service and count its traffic")
+	fl.StringVar(&f.metricsAddress, "metrics-address", agent.DefaultMetricsAddress, "address serving Prometheus metrics at /metrics (empty disables); localhost by default, since the metrics name every service and count its traffic")
 	fl.BoolVar(&f.metricsNodeIP, "metrics-on-node-ip", false, "serve /metrics on --node-ip at the port of --metrics-address instead, so Prometheus can scrape it over the network: opt in only where every client that reaches the node may read service names and traffic counters")
 	fl.StringVar(&f.nodeIP, "node-ip", os.Getenv("NODE_IP"), "this node's IP address, for --metrics-on-node-ip (default $NODE_IP)")
-	fl.StringVar(&f.healthAddress, "health-address", "127.0.0.1:9966", "address serving /healthz, /readyz and /debug/state (empty disables)")
+	fl.StringVar(&f.healthAddress, "health-address", agent.DefaultHealthAddress, "address serving /healthz, /readyz and /debug/state (empty disables)")
 	fl.StringVar(&f.proxyHealth, "healthz-bind-address", agent.DefaultProxyHealthAddress, "address of the proxy health server, kube-proxy's flag of that name: /healthz (503 when the sync loop is behind or this node is being deleted or tainted ToBeDeletedByClusterAutoscaler; cloud load balancers probe it) and /livez; empty disables, and beside kube-proxy, which serves this port, it must be empty or another port")
 	fl.DurationVar(&f.healthTimeout, "health-timeout", agent.DefaultHealthTimeout, "/healthz fails when a change has waited longer than this for the maps, or one sync has run longer (kube-proxy: 2 × its 30 s sync period)")
 	fl.Uint32Var(&f.maxFrontends, "max-frontends", maps.DefaultMaxFrontends, "capacity of the services map (frontends)")
@@ -253,7 +254,7 @@ type settings struct {
 	// metricsAddress is where /metrics is served; empty: nowhere.
 	metricsAddress string
 	// snatPorts are the source ports of source-NATed flows.
-	snatPorts maps.PortRange
+	snatPorts portrange.Range
 	// uplinkPath is how uplinks balance traffic from outside.
 	uplinkPath maps.UplinkPath
 	// tcAttach is how tc programs are attached.
@@ -299,15 +300,15 @@ func checkFlags(f flags) (settings, error) {
 	if s.options.NodePortAddresses, err = topology.ParseNodePortAddresses(f.nodePortAddresses); err != nil {
 		return s, err
 	}
-	if s.options.NodePortRange, err = topology.ParsePortRange(f.nodePortRange); err != nil {
-		return s, err
+	if s.options.NodePortRange, err = portrange.Parse(f.nodePortRange); err != nil {
+		return s, fmt.Errorf("--service-node-port-range: %w", err)
 	}
 	s.options.ClusterIPsFromOutside = f.clusterFromOutside
 	if f.maxRangesPerService < 0 || f.maxFrontendsPerService < 0 {
 		return s, errors.New("--max-source-ranges-per-service and --max-frontends-per-service must not be negative")
 	}
 	s.options.Caps = topology.Caps{SourceRanges: f.maxRangesPerService, Frontends: f.maxFrontendsPerService}
-	if s.snatPorts, err = maps.ParsePortRange(f.snatPorts); err != nil {
+	if s.snatPorts, err = portrange.Parse(f.snatPorts); err != nil {
 		return s, fmt.Errorf("--snat-ports: %w", err)
 	}
 	if s.uplinkPath, err = maps.ParseUplinkPath(f.uplinkPath); err != nil {
@@ -559,8 +560,8 @@ const localPortRange = "/proc/sys/net/ipv4/ip_local_port_range"
 // connection the node opens itself, whose replies XDP would then
 // translate) or the NodePort range (a reply could be taken for traffic to
 // a NodePort).
-func checkSNATPorts(log *slog.Logger, snat maps.PortRange, nodePorts topology.PortRange) {
-	if snat.Overlaps(maps.PortRange{Min: nodePorts.Min, Max: nodePorts.Max}) {
+func checkSNATPorts(log *slog.Logger, snat, nodePorts portrange.Range) {
+	if snat.Overlaps(nodePorts) {
 		log.Warn("--snat-ports overlaps the NodePort range", "snatPorts", snat, "nodePorts", fmt.Sprintf("%d-%d", nodePorts.Min, nodePorts.Max))
 	}
 	b, err := os.ReadFile(localPortRange)
@@ -573,7 +574,7 @@ func checkSNATPorts(log *slog.Logger, snat maps.PortRange, nodePorts topology.Po
 		log.Warn("cannot parse the node's ephemeral port range", "file", localPortRange, "err", err)
 		return
 	}
-	if eph := (maps.PortRange{Min: lo, Max: hi}); snat.Overlaps(eph) {
+	if eph := (portrange.Range{Min: lo, Max: hi}); snat.Overlaps(eph) {
 		log.Warn("--snat-ports overlaps the node's ephemeral ports (net.ipv4.ip_local_port_range): a translated flow may collide with a connection of the node itself",
 			"snatPorts", snat, "ephemeral", eph)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/nettest"
 )
 
@@ -159,7 +160,7 @@ func (b *bed) agentArgs(extra ...string) []string {
 	return append([]string{"--net=" + b.node.Path, b.bin,
 		"--node-name", "n1", "--from-file", b.manifest, "--bpffs", b.pin,
 		"--uplinks", "", "--pod-interfaces", "auto",
-		"--metrics-address", "127.0.0.1:9965", "--health-address", "127.0.0.1:9966",
+		"--metrics-address", agent.DefaultMetricsAddress, "--health-address", agent.DefaultHealthAddress,
 		"--max-frontends", "1024", "--max-backends", "4096", "--max-conntrack", "4096"}, extra...)
 }
 
@@ -206,8 +207,11 @@ func (b *bed) waitLog(parts ...string) string {
 	return found
 }
 
-func (b *bed) get(path string) (string, error) {
-	resp, err := b.node.HTTPClient(2 * time.Second).Get("http://127.0.0.1:" + path)
+// get fetches http://addrPath (host:port/path, agent.DefaultHealthAddress +
+// "/readyz") from inside the node's namespace; a status other than 200 is
+// an error carrying the body.
+func (b *bed) get(addrPath string) (string, error) {
+	resp, err := b.node.HTTPClient(2 * time.Second).Get("http://" + addrPath)
 	if err != nil {
 		return "", err
 	}
@@ -243,7 +247,7 @@ func (b *bed) waitStarted() {
 func (b *bed) waitReady() {
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if _, err := b.get("9966/readyz"); err == nil {
+		if _, err := b.get(agent.DefaultHealthAddress + "/readyz"); err == nil {
 			return
 		} else if time.Now().After(deadline) {
 			b.t.Fatalf("agent not ready: %v", err)
@@ -254,7 +258,7 @@ func (b *bed) waitReady() {
 
 // programmed returns the agent's view of the maps.
 func (b *bed) programmed() map[string][]string {
-	body, err := b.get("9966/debug/state")
+	body, err := b.get(agent.DefaultHealthAddress + "/debug/state")
 	must(b.t, err)
 	var st struct {
 		Programmed map[string][]string `json:"programmed"`
@@ -265,7 +269,7 @@ func (b *bed) programmed() map[string][]string {
 
 // metric returns the value of an unlabelled metric.
 func (b *bed) metric(name string) float64 {
-	body, err := b.get("9965/metrics")
+	body, err := b.get(agent.DefaultMetricsAddress + "/metrics")
 	must(b.t, err)
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
@@ -451,10 +455,10 @@ func TestBadManifestKeepsDatapath(t *testing.T) {
 	b.startUnready()
 	b.waitStarted()
 	b.waitLog("manifest not applied", "it holds no Node, Service or EndpointSlice")
-	if _, err := b.get("9966/healthz"); err != nil {
+	if _, err := b.get(agent.DefaultHealthAddress + "/healthz"); err != nil {
 		t.Errorf("healthz of an agent waiting for a good manifest: %v", err)
 	}
-	if _, err := b.get("9966/readyz"); err == nil {
+	if _, err := b.get(agent.DefaultHealthAddress + "/readyz"); err == nil {
 		t.Error("ready without a manifest applied")
 	}
 	check("restarted on an empty file")

@@ -88,7 +88,7 @@ func TestProxyHealthPortTaken(t *testing.T) {
 		t.Errorf("the agent's error does not name the flag and the cause:\n%s", log)
 	}
 	b.start("--healthz-bind-address=")
-	if got, err := b.get("10256/healthz"); err != nil || got != "kube-proxy" {
+	if got, err := b.get("127.0.0.1:10256/healthz"); err != nil || got != "kube-proxy" {
 		t.Errorf("with --healthz-bind-address empty, 10256 answers %q, %v; want kube-proxy's server untouched", got, err)
 	}
 }

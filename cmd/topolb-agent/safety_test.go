@@ -16,6 +16,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/childproc"
 )
 
@@ -117,7 +118,7 @@ func TestDriftRepaired(t *testing.T) {
 
 // labelledMetricSum sums every series of a labelled metric.
 func (b *bed) labelledMetricSum(name string) float64 {
-	body, err := b.get("9965/metrics")
+	body, err := b.get(agent.DefaultMetricsAddress + "/metrics")
 	must(b.t, err)
 	sum := 0.0
 	for _, line := range strings.Split(body, "\n") {

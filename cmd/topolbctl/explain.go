@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/topolb/topolb/internal/portrange"
 	"github.com/topolb/topolb/kube"
 	"github.com/topolb/topolb/topology"
 )
@@ -159,10 +160,12 @@ func (f *nodePortFlags) options() (topology.Options, error) {
 	if opts.NodePortAddresses, err = topology.ParseNodePortAddresses(f.addresses); err != nil {
 		return opts, err
 	}
-	opts.NodePortRange, err = topology.ParsePortRange(f.portRange)
+	if opts.NodePortRange, err = portrange.Parse(f.portRange); err != nil {
+		return opts, fmt.Errorf("--service-node-port-range: %w", err)
+	}
 	opts.ClusterIPsFromOutside = f.clusterFromOutside
 	opts.Caps = f.caps
-	return opts, err
+	return opts, nil
 }
 
 func printReport(w io.Writer, r topology.Report, output string) error {

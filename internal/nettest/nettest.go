@@ -31,9 +31,18 @@ import (
 // Prefix starts the name of every namespace this package creates.
 const Prefix = "tlbt-"
 
-// RequireRoot skips t unless the process can create namespaces.
+// EnvUnit names the environment variable under which RequireRoot skips
+// even as root: `make unit` sets it to run, quickly, exactly the tests a
+// user without privileges runs.
+const EnvUnit = "TOPOLB_UNIT"
+
+// RequireRoot skips t unless the process can create namespaces, and under
+// EnvUnit.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if os.Getenv(EnvUnit) != "" {
+		t.Skip("needs root; skipped under " + EnvUnit + " (make unit)")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF)")
 	}

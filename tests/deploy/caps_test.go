@@ -18,6 +18,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/nettest"
 	"github.com/topolb/topolb/maps"
 )
@@ -279,7 +280,7 @@ func newCapsNode(t *testing.T) *capsNode {
 // /debug/state (and so for topolb_uplink_path).
 func checkUplinkReadBack(t *testing.T, p *agentProc) {
 	t.Helper()
-	resp, err := p.ns.HTTPClient(5 * time.Second).Get("http://127.0.0.1:9966/debug/state")
+	resp, err := p.ns.HTTPClient(5 * time.Second).Get("http://" + agent.DefaultHealthAddress + "/debug/state")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +304,7 @@ func capsAgentArgs(pinPath, cgroupPath, manifest string) []string {
 	// XDP forced: uplink0's peer has no XDP program, so auto would take
 	// the tc path, and the capabilities must be enough for XDP too.
 	return []string{"--node-name=node-a", "--from-file=" + manifest, "--bpffs=" + pinPath, "--cgroup-root=" + cgroupPath, "--uplink-path=xdp",
-		"--health-address=127.0.0.1:9966", "--metrics-address=",
+		"--health-address=" + agent.DefaultHealthAddress, "--metrics-address=",
 		"--max-frontends=" + strconv.Itoa(capsMaxFrontends), "--max-backends=" + strconv.Itoa(capsMaxBackends),
 		"--max-conntrack=" + strconv.Itoa(capsMaxConntrack)}
 }
@@ -410,7 +411,7 @@ func (p *agentProc) waitReady(t *testing.T, timeout time.Duration) error {
 			return fmt.Errorf("exited before ready: %v", p.err)
 		default:
 		}
-		if resp, err := client.Get("http://127.0.0.1:9966/readyz"); err == nil {
+		if resp, err := client.Get("http://" + agent.DefaultHealthAddress + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
@@ -441,7 +442,7 @@ func (p *agentProc) waitExit(t *testing.T, timeout time.Duration) (int, error) {
 			return -1, fmt.Errorf("still running after %s", timeout)
 		case <-time.After(200 * time.Millisecond):
 		}
-		if resp, err := client.Get("http://127.0.0.1:9966/readyz"); err == nil {
+		if resp, err := client.Get("http://" + agent.DefaultHealthAddress + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return -1, errors.New("became ready")

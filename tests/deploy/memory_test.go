@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/internal/nettest"
 )
@@ -77,7 +78,7 @@ func TestAgentMemory(t *testing.T) {
 		t.Fatal("deploy/daemonset.yaml: no POD_NAMESPACE from metadata.namespace")
 	}
 	env = append(env, "POD_NAMESPACE=default")
-	agent := agentBinary(t)
+	agentBin := agentBinary(t)
 
 	n := *memoryServices
 	start := time.Now()
@@ -86,9 +87,9 @@ func TestAgentMemory(t *testing.T) {
 
 	node := newCapsNode(t)
 	kubeconfig := relayAPIServer(t, c, node.ns)
-	p := startRestricted(t, node.ns, agent, listed, env, []string{
+	p := startRestricted(t, node.ns, agentBin, listed, env, []string{
 		"--node-name=node-a", "--kubeconfig=" + kubeconfig, "--bpffs=" + node.pinPath,
-		"--health-address=127.0.0.1:9966", "--metrics-address=127.0.0.1:9965",
+		"--health-address=" + agent.DefaultHealthAddress, "--metrics-address=" + agent.DefaultMetricsAddress,
 		"--max-frontends=" + strconv.FormatUint(configUint(t, cfg, "TOPOLB_MAX_FRONTENDS"), 10),
 		"--max-backends=" + strconv.FormatUint(configUint(t, cfg, "TOPOLB_MAX_BACKENDS"), 10),
 		"--max-conntrack=" + strconv.FormatUint(configUint(t, cfg, "TOPOLB_MAX_CONNTRACK"), 10),
@@ -123,7 +124,7 @@ func TestAgentMemory(t *testing.T) {
 	if len(programmed) != wantFrontends {
 		t.Errorf("/debug/state lists %d programmed frontends, want %d", len(programmed), wantFrontends)
 	}
-	resp, err := client.Get("http://127.0.0.1:9965/metrics")
+	resp, err := client.Get("http://" + agent.DefaultMetricsAddress + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestAgentMemory(t *testing.T) {
 // from the agent's /debug/state.
 func programmedFrontends(t *testing.T, client *http.Client) map[string][]string {
 	t.Helper()
-	resp, err := client.Get("http://127.0.0.1:9966/debug/state")
+	resp, err := client.Get("http://" + agent.DefaultHealthAddress + "/debug/state")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +343,7 @@ func relayAPIServer(t *testing.T, c *kubetest.Cluster, ns *nettest.NS) string {
 
 // frontendsMetric reads topolb_map_entries{map="frontends"}.
 func frontendsMetric(client *http.Client) (int, error) {
-	resp, err := client.Get("http://127.0.0.1:9965/metrics")
+	resp, err := client.Get("http://" + agent.DefaultMetricsAddress + "/metrics")
 	if err != nil {
 		return 0, err
 	}

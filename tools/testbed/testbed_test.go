@@ -18,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/topolb/topolb/internal/nettest"
 )
 
 // twoZones are tinySpec's zones: n1 (client c, backend b1) in z1, n2
@@ -41,11 +43,11 @@ name: tiny` + twoZones + `services:
   endpoints: [{pod: b1}, {pod: b2}]
 `
 
+// requireRoot skips tests that create network namespaces and load BPF
+// programs, as nettest.RequireRoot does.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and loads BPF programs")
-	}
+	nettest.RequireRoot(t)
 }
 
 func tiny(t *testing.T) *Spec {
