@@ -519,7 +519,7 @@ static __always_inline void ct_fold(const struct ct_value *ct)
 	}
 }
 
-/* ct_touch applies pkt (seen in ct's direction, matching key) to the flow
+/* ct_touch_change applies pkt (seen in ct's direction, matching key) to the flow
  * when something changes: the state (FIN or RST either way closes, when
  * in the flow's window, ct_tcp_close_plausible; the first reply
  * establishes), the reply flag, or an expiry more than
@@ -554,8 +554,8 @@ static __always_inline void ct_fold(const struct ct_value *ct)
  * peer is looked up at most once a second per flow not yet assured (or
  * source-NATed), plus changes; an assured flow's refresh writes its own
  * entry only. */
-static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packet *pkt, const void *key,
-						     struct ct_value *ct, __u64 now)
+static __always_inline struct ct_value *ct_touch_change(int fam, const struct packet *pkt, const void *key,
+							struct ct_value *ct, __u64 now)
 {
 	__u8 state = ct_next_state(ct->state, ct->dir, pkt);
 	__u8 flags = ct->flags | (ct->dir == CT_REVERSE ? CT_F_REPLIED : 0);
@@ -656,6 +656,25 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 	fwd_mark_stale(ct);
 	fwd_mark_stale(peer);
 	return ct;
+}
+
+/* ct_touch_fam is ct_touch_change with the hit path's common case taken
+ * first, before the peer's key is built: a packet of an assured flow
+ * (replied, established or UDP) that carries no FIN or RST and finds its
+ * expiry fresh changes nothing (state, flags and expiry all stay), so it
+ * returns ct after a few compares. */
+static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packet *pkt, const void *key,
+						     struct ct_value *ct, __u64 now)
+{
+	/* ct_lifetime of an assured flow in its two states. */
+	__u64 lifetime = ct->state == CT_UDP ? CT_TIMEOUT_UDP * NSEC_PER_SEC : CT_TIMEOUT_TCP_ESTABLISHED * NSEC_PER_SEC;
+
+	if ((ct->flags & (CT_F_ASSURED | CT_F_REPLIED)) == (CT_F_ASSURED | CT_F_REPLIED) &&
+	    !(pkt->tcp_flags & (TCP_F_FIN | TCP_F_RST)) &&
+	    (ct->state == CT_TCP_ESTABLISHED || ct->state == CT_UDP) &&
+	    now + lifetime <= ct->expires + CT_REFRESH_INTERVAL * NSEC_PER_SEC)
+		return ct;
+	return ct_touch_change(fam, pkt, key, ct, now);
 }
 
 /* ct_touch is ct_touch_fam for IPv4. */
