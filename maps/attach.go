@@ -40,9 +40,9 @@ const (
 
 var hooks = []hook{hookTC, hookTCEgress, hookXDP, hookUplink, hookUplinkEgress}
 
-func (d *Datapath) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
+func (d *attacher) linksDir() string { return filepath.Join(d.opts.PinPath, "links") }
 
-func (d *Datapath) linkPin(h hook, ifname string) string {
+func (d *attacher) linkPin(h hook, ifname string) string {
 	return filepath.Join(d.linksDir(), string(h)+"_"+ifname)
 }
 
@@ -55,7 +55,7 @@ func (d *Datapath) linkPin(h hook, ifname string) string {
 // interface is updated to this program instead of failing; as clsact
 // filters, an earlier process's filter is replaced in place
 // (attachFilter).
-func (d *Datapath) AttachPod(ifname string) error {
+func (d *attacher) AttachPod(ifname string) error {
 	if err := d.attach(ifname, tcIfaceKindIFACE_POD, hookTC, hookTCEgress); err != nil {
 		return fmt.Errorf("attach to pod interface %s: %w", ifname, err)
 	}
@@ -63,7 +63,7 @@ func (d *Datapath) AttachPod(ifname string) error {
 }
 
 // program returns the program attached at h.
-func (d *Datapath) program(h hook) *ebpf.Program {
+func (d *attacher) program(h hook) *ebpf.Program {
 	switch h {
 	case hookTC:
 		return d.tcProg
@@ -79,7 +79,7 @@ func (d *Datapath) program(h hook) *ebpf.Program {
 // attach attaches the programs of hs to ifname and records it as kind. A
 // hook attached before a later one fails stays attached: it works alone,
 // and attaching again completes the set.
-func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
+func (d *attacher) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.linksReady(); err != nil {
@@ -101,7 +101,7 @@ func (d *Datapath) attach(ifname string, kind tcIfaceKind, hs ...hook) error {
 
 // linksReady checks, with mu held, that the Datapath is open, and creates
 // the links directory.
-func (d *Datapath) linksReady() error {
+func (d *attacher) linksReady() error {
 	if d.closed() {
 		return ErrClosed
 	}
@@ -123,7 +123,7 @@ const (
 // attach mode says (a tcx link, or a clsact filter), removing what the
 // other mode left there once prog runs; XDP as a pinned link. An earlier
 // process's link or filter is updated in place. modes applies to hookXDP.
-func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
+func (d *attacher) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	if tcHook(h) && d.tcAttach == TCAttachTC {
 		if err := d.attachFilter(iface, h, prog); err != nil {
 			return err
@@ -147,7 +147,7 @@ func (d *Datapath) attachHook(iface *net.Interface, h hook, prog *ebpf.Program, 
 
 // attachLink attaches prog at h to iface as a link and pins it, or
 // updates the link an earlier process pinned.
-func (d *Datapath) attachLink(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
+func (d *attacher) attachLink(iface *net.Interface, h hook, prog *ebpf.Program, modes xdpModes) error {
 	pin := d.linkPin(h, iface.Name)
 	if done, err := d.readopt(pin, iface.Index, prog); done || err != nil {
 		return err
@@ -180,7 +180,7 @@ func (d *Datapath) attachLink(iface *net.Interface, h hook, prog *ebpf.Program, 
 }
 
 // putIface records what an interface is in tlb_ifaces, for redirects.
-func (d *Datapath) putIface(iface *net.Interface, kind tcIfaceKind) error {
+func (d *attacher) putIface(iface *net.Interface, kind tcIfaceKind) error {
 	v := tcIfaceValue{Kind: uint8(kind)}
 	copy(v.Mac[:], iface.HardwareAddr)
 	if err := d.ifaces.Update(uint32(iface.Index), &v, ebpf.UpdateAny); err != nil {
@@ -193,7 +193,7 @@ func (d *Datapath) putIface(iface *net.Interface, kind tcIfaceKind) error {
 // readopt updates a link pinned at pin to prog when it is still attached to
 // ifindex. It reports done=false, after removing the pin, when the link is
 // stale (the interface was re-created), and when there is no pin.
-func (d *Datapath) readopt(pin string, ifindex int, prog *ebpf.Program) (done bool, err error) {
+func (d *attacher) readopt(pin string, ifindex int, prog *ebpf.Program) (done bool, err error) {
 	l, err := link.LoadPinnedLink(pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -231,13 +231,13 @@ func linkIfindex(l link.Link) int {
 // Detach removes topolb's links from ifname (every hook AttachPod or
 // AttachUplink pinned), which detaches the programs, and forgets it in
 // tlb_ifaces. Detaching an interface without links is not an error.
-func (d *Datapath) Detach(ifname string) error {
+func (d *attacher) Detach(ifname string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.detach(ifname)
 }
 
-func (d *Datapath) detach(ifname string) error {
+func (d *attacher) detach(ifname string) error {
 	var errs []error
 	for _, h := range hooks {
 		if err := d.unpinLink(h, ifname, true); err != nil {
@@ -257,7 +257,7 @@ func (d *Datapath) detach(ifname string) error {
 // added to it at any moment. An interface that is gone took its filters
 // with it; its entry in tlb_ifaces is forgotten when this process
 // recorded it.
-func (d *Datapath) detachFilters(ifname string) error {
+func (d *attacher) detachFilters(ifname string) error {
 	l, err := linkByName(ifname)
 	if err != nil {
 		return err
@@ -294,7 +294,7 @@ func (d *Datapath) detachFilters(ifname string) error {
 }
 
 // forgetIface deletes ifindex, once ifname, from tlb_ifaces.
-func (d *Datapath) forgetIface(ifname string, ifindex int) error {
+func (d *attacher) forgetIface(ifname string, ifindex int) error {
 	if err := d.ifaces.Delete(uint32(ifindex)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("forget %s in tlb_ifaces: %w", ifname, err)
 	}
@@ -304,7 +304,7 @@ func (d *Datapath) forgetIface(ifname string, ifindex int) error {
 // unpinLink removes the link h pinned for ifname, which detaches its
 // program; with forget, it also forgets the interface in tlb_ifaces. A
 // missing pin is not an error.
-func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
+func (d *attacher) unpinLink(h hook, ifname string, forget bool) error {
 	pin := d.linkPin(h, ifname)
 	l, err := link.LoadPinnedLink(pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
@@ -331,13 +331,13 @@ func (d *Datapath) unpinLink(h hook, ifname string, forget bool) error {
 // Attached lists the interfaces with a pinned topolb link (of any hook)
 // or, when this process attaches in tc mode, a topolb tc filter, sorted. The socket hooks (AttachHost) are not interfaces: see
 // HostAttached.
-func (d *Datapath) Attached() ([]string, error) {
+func (d *attacher) Attached() ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.attached()
 }
 
-func (d *Datapath) attached() ([]string, error) {
+func (d *attacher) attached() ([]string, error) {
 	entries, err := os.ReadDir(d.linksDir())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("list links: %w", err)
@@ -367,7 +367,7 @@ func (d *Datapath) attached() ([]string, error) {
 // inNetNS runs fn with the calling goroutine's OS thread in Options.NetNS,
 // so interface names and indexes resolve there. Pins are unaffected: they
 // live in the mount namespace, which setns(CLONE_NEWNET) does not change.
-func (d *Datapath) inNetNS(fn func() error) error {
+func (d *attacher) inNetNS(fn func() error) error {
 	if d.opts.NetNS == "" {
 		return fn()
 	}

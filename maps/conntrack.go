@@ -151,11 +151,11 @@ func ct6PeerKey(k tcCt6Key, v tcCt6Value) tcCt6Key {
 type ctTables [2]*ebpf.Map
 
 // ctTables returns the Datapath's conntrack tables.
-func (d *Datapath) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
+func (d *upkeep) ctTables() ctTables { return ctTables{d.conntrack, d.ctNew} }
 
 // ct6Tables returns the Datapath's IPv6 conntrack tables (keys tcCt6Key,
 // values tcCt6Value).
-func (d *Datapath) ct6Tables() ctTables { return ctTables{d.ct6, d.ct6New} }
+func (d *upkeep) ct6Tables() ctTables { return ctTables{d.ct6, d.ct6New} }
 
 // ctFamily is what the sweep needs to know of one address family's
 // conntrack entries, keys K and values V (tcCtKey and tcCtValue, or
@@ -229,7 +229,7 @@ func snatReply(v tcCtValue) bool {
 // back when it turns out alive, or read, checked and deleted on kernels
 // before 5.14: deleteCandidates). ctx cancels between
 // batches.
-func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
+func (d *upkeep) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	start := time.Now()
 	st := SweepStats{Live: make(map[ConntrackKind]int), SNATPorts: make(map[netip.AddrPort]int),
 		EstablishedCap: int(d.opts.MaxConntrack), UnrepliedCap: int(d.opts.MaxConntrackNew)}
@@ -276,12 +276,12 @@ func (d *Datapath) SweepConntrack(ctx context.Context) (SweepStats, error) {
 	if err != nil {
 		return st, err
 	}
-	live4, kept4, err := sweepFamily(ctx, d, ct4Entries, tables, now, &st)
+	live4, kept4, err := sweepFamily(ctx, d.Datapath, ct4Entries, tables, now, &st)
 	st.Established, st.Unreplied = live4[0], live4[1]
 	if err == nil {
 		var live6 [2]int
 		var kept6 int
-		live6, kept6, err = sweepFamily(ctx, d, ct6Entries, tables6, now, &st)
+		live6, kept6, err = sweepFamily(ctx, d.Datapath, ct6Entries, tables6, now, &st)
 		st.Established6, st.Unreplied6 = live6[0], live6[1]
 		kept4 += kept6
 	}

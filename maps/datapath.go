@@ -36,7 +36,29 @@ var sharedMaps = []string{
 // Datapath is a loaded topolb datapath: programs, pinned maps and the
 // userspace mirror of what is programmed. Methods are safe for concurrent
 // use.
+//
+// Its methods are split by job over four parts, each a type of its own
+// whose methods the Datapath carries (embedded):
+//   - attacher: the programs on hooks (pod veths, uplinks, cgroups), their
+//     links and tlb_ifaces (attach.go, uplink.go, host.go, tcfilter.go);
+//   - writer: Services into the maps, planned, written as one transaction
+//     and mirrored; source ranges (update.go, srcrange.go, txn.go);
+//   - upkeep: conntrack sweeps, stale marks of released backends' flows,
+//     verify and repair, cached counters (stale.go, stalekernel.go,
+//     verify.go, conntrack.go, trafficcache.go, synthetic.go);
+//   - readout: what operators and metrics read back from the kernel
+//     (read.go, snapshot.go).
+//
+// The Datapath itself loads, adopts and migrates the maps and programs
+// and closes them (datapath.go, adopt.go, names.go, migrate.go,
+// kernel.go). The parts share the fields below through their pointer back
+// to the Datapath (set once, by Load): the state is one, the jobs apart.
 type Datapath struct {
+	attacher
+	writer
+	upkeep
+	readout
+
 	mu   sync.Mutex
 	opts Options
 	log  *slog.Logger
@@ -190,6 +212,7 @@ func Load(opts Options) (_ *Datapath, err error) {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
 	d := &Datapath{opts: opts, log: opts.Logger, ncpu: ncpu, uplinkReasons: map[string]string{}, ifindexOf: map[string]int{}}
+	d.attacher.Datapath, d.writer.Datapath, d.upkeep.Datapath, d.readout.Datapath = d, d, d, d
 	var seed [4]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("seed of the source budgets' hash: %w", err)
@@ -647,3 +670,12 @@ func (d *Datapath) IPv6(scope Scope) bool { return ServesIPv6(scope) }
 func ServesIPv6(scope Scope) bool {
 	return scope == ScopeInternal || (scope == ScopeExternal && UplinksServeIPv6)
 }
+
+// The Datapath's parts (see Datapath): each holds the Datapath it belongs
+// to, whose fields and other parts its methods use.
+type (
+	attacher struct{ *Datapath }
+	writer   struct{ *Datapath }
+	upkeep   struct{ *Datapath }
+	readout  struct{ *Datapath }
+)

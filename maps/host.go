@@ -46,13 +46,13 @@ var sockHooks = []sockHook{
 // sockNetnsCookieVar is the programs' network namespace constant.
 const sockNetnsCookieVar = "cfg_netns_cookie"
 
-func (d *Datapath) sockPin(h sockHook) string {
+func (d *attacher) sockPin(h sockHook) string {
 	return filepath.Join(d.linksDir(), "sock_"+h.name)
 }
 
 // loadSockObject loads the socket hooks with the shared maps and this
 // Datapath's network namespace cookie.
-func (d *Datapath) loadSockObject() (*ebpf.Collection, error) {
+func (d *attacher) loadSockObject() (*ebpf.Collection, error) {
 	spec, err := loadSock()
 	if err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func netnsCookie() (uint64, error) {
 // the same cgroup, and replaced otherwise. cgroupRoot must be the root of
 // a cgroup v2 hierarchy: hooks on a sub-cgroup would miss the processes
 // outside it.
-func (d *Datapath) AttachHost(cgroupRoot string) error {
+func (d *attacher) AttachHost(cgroupRoot string) error {
 	if err := checkCgroupRoot(cgroupRoot); err != nil {
 		return fmt.Errorf("attach socket hooks: %w", err)
 	}
@@ -135,7 +135,7 @@ func (d *Datapath) AttachHost(cgroupRoot string) error {
 // attachSock attaches one socket hook, or updates the link an earlier
 // process pinned when it is attached to the cgroup with id cgroupID (the
 // inode number of the cgroup's directory).
-func (d *Datapath) attachSock(h sockHook, cgroupRoot string, cgroupID uint64) error {
+func (d *attacher) attachSock(h sockHook, cgroupRoot string, cgroupID uint64) error {
 	prog := d.sockColl.Programs[h.prog]
 	pin := d.sockPin(h)
 	l, err := link.LoadPinnedLink(pin, nil)
@@ -170,13 +170,13 @@ func (d *Datapath) attachSock(h sockHook, cgroupRoot string, cgroupID uint64) er
 // DetachHost detaches the socket hooks and removes their links' pins: the
 // node's processes reach frontend addresses untranslated again. Detaching
 // hooks that are not attached is not an error.
-func (d *Datapath) DetachHost() error {
+func (d *attacher) DetachHost() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.detachHost()
 }
 
-func (d *Datapath) detachHost() error {
+func (d *attacher) detachHost() error {
 	var errs []error
 	for _, h := range sockHooks {
 		if err := detachPinned(d.sockPin(h)); err != nil {
@@ -206,7 +206,7 @@ func detachPinned(pin string) error {
 
 // HostAttached reports how many of the socket hooks have a pinned link:
 // 0 (detached) or all of them, unless an attach failed half way.
-func (d *Datapath) HostAttached() (attached, of int, err error) {
+func (d *attacher) HostAttached() (attached, of int, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, h := range sockHooks {

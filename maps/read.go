@@ -14,7 +14,7 @@ import (
 // userspace mirror, without touching the kernel: active backends in order
 // of their first slot (Weight = slots held), then draining ones by
 // address (Weight 0).
-func (d *Datapath) Frontends() map[Frontend][]Backend {
+func (d *readout) Frontends() map[Frontend][]Backend {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[Frontend][]Backend, len(d.fes))
@@ -26,7 +26,7 @@ func (d *Datapath) Frontends() map[Frontend][]Backend {
 
 // Services returns what each frontend serves according to the mirror;
 // Backends as in Frontends.
-func (d *Datapath) Services() map[Frontend]Service {
+func (d *readout) Services() map[Frontend]Service {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[Frontend]Service, len(d.fes))
@@ -39,7 +39,7 @@ func (d *Datapath) Services() map[Frontend]Service {
 // Capacity reports how many frontends and backend slots are programmed,
 // and the limits Load was given. Slots are what bounds the backends of
 // equal-weight frontends; see Usage for ids.
-func (d *Datapath) Capacity() (frontends, frontendsMax, backends, backendsMax int) {
+func (d *readout) Capacity() (frontends, frontendsMax, backends, backendsMax int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.fes), int(d.opts.MaxFrontends), d.slots, int(d.opts.MaxBackends)
@@ -64,7 +64,7 @@ type Usage struct {
 }
 
 // Usage reports the datapath's occupancy.
-func (d *Datapath) Usage() Usage {
+func (d *readout) Usage() Usage {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return Usage{
@@ -79,7 +79,7 @@ func (d *Datapath) Usage() Usage {
 
 // Dump reads the frontends and their backends back from the kernel maps,
 // in the order Frontends uses: what the datapath actually does.
-func (d *Datapath) Dump() (map[Frontend][]Backend, error) {
+func (d *readout) Dump() (map[Frontend][]Backend, error) {
 	prog, err := d.Programmed()
 	if err != nil {
 		return nil, err
@@ -100,7 +100,7 @@ type svcEntry struct {
 	value tcSvcValue
 }
 
-func (d *Datapath) readServices() ([]svcEntry, error) {
+func (d *readout) readServices() ([]svcEntry, error) {
 	return d.kernelMaps().readServices()
 }
 
@@ -141,7 +141,7 @@ func sumRecord(per []tcBackendStats) record {
 
 // readRecord reads one id's generation and counters (its record only;
 // member.traffic adds its flows').
-func (d *Datapath) readRecord(id uint32) (record, error) {
+func (d *readout) readRecord(id uint32) (record, error) {
 	var per []tcBackendStats
 	if err := d.backendStats.Lookup(id, &per); err != nil {
 		return record{}, fmt.Errorf("read backend record %d: %w", id, err)
@@ -153,7 +153,7 @@ func (d *Datapath) readRecord(id uint32) (record, error) {
 const recordBatch = 1024
 
 // readRecords reads the records of ids [0, upto] with batch lookups.
-func (d *Datapath) readRecords(upto uint32) ([]record, error) {
+func (d *readout) readRecords(upto uint32) ([]record, error) {
 	return d.kernelMaps().readRecords(upto)
 }
 
@@ -199,7 +199,7 @@ func (km kernelMaps) lookupRecords(upto uint32) ([]record, error) {
 }
 
 // maxMemberID is the largest id a member holds, and whether any does.
-func (d *Datapath) maxMemberID() (uint32, bool) {
+func (d *readout) maxMemberID() (uint32, bool) {
 	var (
 		maxID uint32
 		any   bool
@@ -232,7 +232,7 @@ func (d *Datapath) maxMemberID() (uint32, bool) {
 // than it did, so the undercount does not show). A frontend deleted
 // between 1 and 3 is left out; one created since is reported by the next
 // call.
-func (d *Datapath) Counters() (Counters, error) {
+func (d *readout) Counters() (Counters, error) {
 	c, in, err := d.countersBeforeWalk()
 	if err != nil {
 		return Counters{}, err
@@ -340,7 +340,7 @@ func (in countersInput) close() {
 // the sweep's counts, the frontends, and copies of the records' and
 // conntrack tables' handles (which the caller closes) when any frontend
 // has a member.
-func (d *Datapath) countersBeforeWalk() (Counters, countersInput, error) {
+func (d *readout) countersBeforeWalk() (Counters, countersInput, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var in countersInput
@@ -378,7 +378,7 @@ func (d *Datapath) countersBeforeWalk() (Counters, countersInput, error) {
 
 // namedCountersLocked is namedCounters, under d.mu: the Counters
 // without traffic figures.
-func (d *Datapath) namedCountersLocked() (Counters, error) {
+func (d *readout) namedCountersLocked() (Counters, error) {
 	stats, err := d.readStats()
 	if err != nil {
 		return Counters{}, err
@@ -401,7 +401,7 @@ func (d *Datapath) namedCountersLocked() (Counters, error) {
 }
 
 // readStats reads every named counter of tlb_stats.
-func (d *Datapath) readStats() (map[Stat]uint64, error) {
+func (d *readout) readStats() (map[Stat]uint64, error) {
 	return readAllStats(d.stats)
 }
 

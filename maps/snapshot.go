@@ -30,14 +30,14 @@ type kernelMaps struct {
 }
 
 // kernelMaps returns the Datapath's maps that describe frontends.
-func (d *Datapath) kernelMaps() kernelMaps {
+func (d *readout) kernelMaps() kernelMaps {
 	return kernelMaps{services: d.services, backends: d.backends, registry: d.registry, backendStats: d.backendStats,
 		srcRanges: d.srcRanges, maxBackends: d.opts.MaxBackends, ncpu: d.ncpu}
 }
 
 // snapshot reads services, every slot, the registry and the records of
 // every id a slot, a registry entry or the mirror refers to.
-func (d *Datapath) snapshot() (*kernelState, error) {
+func (d *readout) snapshot() (*kernelState, error) {
 	mID, ok := d.maxMemberID()
 	return d.kernelMaps().snapshot(mID, ok)
 }
@@ -189,7 +189,7 @@ type ProgrammedBackend struct {
 // Programmed reads every frontend back from the kernel: settings,
 // backends with their ids and slot counts, draining backends from the
 // registry, and the problems that make a frontend inconsistent.
-func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
+func (d *readout) Programmed() (map[Frontend]ProgrammedService, error) {
 	// The kernel's state is read under the lock; the live flows' counts,
 	// a walk of conntrack (most of a second for a quarter million flows),
 	// from copies of the tables' handles after it, as Counters does, so
@@ -199,7 +199,7 @@ func (d *Datapath) Programmed() (map[Frontend]ProgrammedService, error) {
 		tables ctFamilies
 		err    error
 	}
-	r, err := readKernel(d, func(k *kernelState) read {
+	r, err := readKernel(d.Datapath, func(k *kernelState) read {
 		tables, err := d.cloneCtTables()
 		return read{k, tables, err}
 	})

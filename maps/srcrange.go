@@ -85,7 +85,7 @@ func normalizeRanges(rs []netip.Prefix) ([]netip.Prefix, error) {
 }
 
 // putRanges writes the prefixes of id that the kernel does not hold yet.
-func (d *Datapath) putRanges(t *txn, id uint32, want []netip.Prefix) error {
+func (d *writer) putRanges(t *txn, id uint32, want []netip.Prefix) error {
 	for _, p := range want {
 		if d.ranges[id][p] {
 			continue
@@ -103,7 +103,7 @@ func (d *Datapath) putRanges(t *txn, id uint32, want []netip.Prefix) error {
 
 // pruneRanges deletes the prefixes of id not in keep. A delete that fails
 // leaves the prefix allowed and is tried again by the next change of id.
-func (d *Datapath) pruneRanges(t *txn, id uint32, keep []netip.Prefix) error {
+func (d *writer) pruneRanges(t *txn, id uint32, keep []netip.Prefix) error {
 	var errs []error
 	for p := range d.ranges[id] {
 		if slices.Contains(keep, p) {
@@ -122,13 +122,13 @@ func (d *Datapath) pruneRanges(t *txn, id uint32, keep []netip.Prefix) error {
 }
 
 // resetRangeDrops zeroes the refusal counter of a newly assigned id.
-func (d *Datapath) resetRangeDrops(t *txn, id uint32) error {
+func (d *writer) resetRangeDrops(t *txn, id uint32) error {
 	return t.put(d.srcRangeDrops, "src_range_drops", id, uint64(0))
 }
 
 // adoptRanges takes the prefixes of the kernel's tlb_src_ranges (k) into
 // the mirror and deletes those of ids no adopted frontend holds.
-func (d *Datapath) adoptRanges(t *txn, k *kernelState) error {
+func (d *writer) adoptRanges(t *txn, k *kernelState) error {
 	held := map[uint32]bool{}
 	for _, s := range d.fes {
 		held[s.id] = true
@@ -153,7 +153,7 @@ func (d *Datapath) adoptRanges(t *txn, k *kernelState) error {
 // SourceRangeDrops returns, for every frontend with source ranges, the
 // new flows it refused for coming from outside them since its id was
 // assigned.
-func (d *Datapath) SourceRangeDrops() (map[Frontend]uint64, error) {
+func (d *writer) SourceRangeDrops() (map[Frontend]uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
@@ -163,7 +163,7 @@ func (d *Datapath) SourceRangeDrops() (map[Frontend]uint64, error) {
 }
 
 // sourceRangeDrops is SourceRangeDrops under d's lock.
-func (d *Datapath) sourceRangeDrops() (map[Frontend]uint64, error) {
+func (d *writer) sourceRangeDrops() (map[Frontend]uint64, error) {
 	out := map[Frontend]uint64{}
 	for fe, s := range d.fes {
 		if !s.set.srcRanges {
@@ -179,7 +179,7 @@ func (d *Datapath) sourceRangeDrops() (map[Frontend]uint64, error) {
 }
 
 // wantedRanges are the tlb_src_ranges keys the mirror holds.
-func (d *Datapath) wantedRanges() map[tcSrcRangeKey]bool {
+func (d *writer) wantedRanges() map[tcSrcRangeKey]bool {
 	out := map[tcSrcRangeKey]bool{}
 	for id, ps := range d.ranges {
 		for p := range ps {
@@ -191,7 +191,7 @@ func (d *Datapath) wantedRanges() map[tcSrcRangeKey]bool {
 
 // verifyRanges reports the prefixes the kernel lacks or holds beyond the
 // mirror, sorted.
-func (d *Datapath) verifyRanges(k *kernelState) []Drift {
+func (d *writer) verifyRanges(k *kernelState) []Drift {
 	byID := make(map[uint32]Frontend, len(d.fes))
 	for _, s := range d.fes {
 		byID[s.id] = s.fe
@@ -218,7 +218,7 @@ func (d *Datapath) verifyRanges(k *kernelState) []Drift {
 
 // fixRanges writes the prefixes the kernel lacks and deletes those it
 // holds beyond the mirror.
-func (d *Datapath) fixRanges(t *txn, k *kernelState) error {
+func (d *writer) fixRanges(t *txn, k *kernelState) error {
 	var errs []error
 	want := d.wantedRanges()
 	for key := range want {

@@ -94,12 +94,12 @@ func walkValues(ts, ts6 ctTables, f func(v tcCtValue)) error {
 type ctFamilies struct{ v4, v6 ctTables }
 
 // ctFamilies returns the Datapath's conntrack tables of both families.
-func (d *Datapath) ctFamilies() ctFamilies { return ctFamilies{d.ctTables(), d.ct6Tables()} }
+func (d *upkeep) ctFamilies() ctFamilies { return ctFamilies{d.ctTables(), d.ct6Tables()} }
 
 // cloneCtTables returns copies of the conntrack tables' handles, of both
 // families, for a walk that runs without d.mu (the caller holds it here):
 // map writes go on while it reads. The caller closes them.
-func (d *Datapath) cloneCtTables() (ctFamilies, error) {
+func (d *upkeep) cloneCtTables() (ctFamilies, error) {
 	var out ctFamilies
 	from := d.ctFamilies()
 	for _, f := range []struct{ from, to *ctTables }{{&from.v4, &out.v4}, {&from.v6, &out.v6}} {
@@ -178,7 +178,7 @@ type staleQueue struct {
 // queueStale schedules the walk that marks the flows of released (id ->
 // new generation) stale and counts the live flows of d.finals, within
 // staleDelay. Under d.mu.
-func (d *Datapath) queueStale(released map[uint32]uint32) {
+func (d *upkeep) queueStale(released map[uint32]uint32) {
 	if len(released) == 0 && len(d.finals) == 0 {
 		return
 	}
@@ -216,7 +216,7 @@ func (d *Datapath) queueStale(released map[uint32]uint32) {
 // CPU priority: a thread of nice 19 that runs Go code holds one of the
 // runtime's Ps, and a garbage collection's stop-the-world then waits for
 // it; measured, a change's worst case went from 37 ms to 441 ms.)
-func (d *Datapath) flushStale() error {
+func (d *upkeep) flushStale() error {
 	q := &d.staleQ
 	q.walking.Lock()
 	defer q.walking.Unlock()
@@ -354,7 +354,7 @@ func markOutdated(tables ctFamilies, records *ebpf.Map) (int, error) {
 // sweptCounts keeps the counts of forward entries the sweep deleted, by
 // id and generation, until Counters folds them into the member that
 // owns them (or drops them when none does).
-func (d *Datapath) addSwept(v tcCtValue) {
+func (d *upkeep) addSwept(v tcCtValue) {
 	ig, tr, ok := entryTraffic(v)
 	if !ok {
 		return
@@ -368,7 +368,7 @@ func (d *Datapath) addSwept(v tcCtValue) {
 }
 
 // takeSwept returns the swept counts and forgets them.
-func (d *Datapath) takeSwept() map[idGen]Traffic {
+func (d *upkeep) takeSwept() map[idGen]Traffic {
 	d.sweptMu.Lock()
 	defer d.sweptMu.Unlock()
 	out := d.swept
@@ -390,7 +390,7 @@ type finalCount struct {
 // beginFinal reads what member m carried as its id is released, but its
 // live flows' counts: its record (before the release bumps its
 // generation) and what sweeps deleted. Under d.mu.
-func (d *Datapath) beginFinal(s *service, m *member) finalCount {
+func (d *upkeep) beginFinal(s *service, m *member) finalCount {
 	rec, err := d.readRecord(m.id)
 	fc := finalCount{s: s, ig: idGen{m.id, m.gen}, rec: rec, ok: err == nil}
 	if sw := d.takeSweptOf(fc.ig); sw != (Traffic{}) {
@@ -405,7 +405,7 @@ func (d *Datapath) beginFinal(s *service, m *member) finalCount {
 // never goes down, and the rest when flushStale's walk has counted its
 // live flows. Under d.mu; the release that made it queued its id for
 // that walk (txn.finish).
-func (d *Datapath) queueFinal(fc finalCount) {
+func (d *upkeep) queueFinal(fc finalCount) {
 	fc.s.released = fc.s.released.plus(fc.m.seen)
 	if fc.ok {
 		d.finals = append(d.finals, fc)
@@ -415,7 +415,7 @@ func (d *Datapath) queueFinal(fc finalCount) {
 // settleFinal adds the live flows of finals, counted by flushStale's
 // walk (flows, by id and generation), to their frontends' released
 // totals, under d.mu.
-func (d *Datapath) settleFinal(finals []finalCount, flows map[idGen]Traffic) {
+func (d *upkeep) settleFinal(finals []finalCount, flows map[idGen]Traffic) {
 	if len(finals) == 0 {
 		return
 	}
@@ -429,7 +429,7 @@ func (d *Datapath) settleFinal(finals []finalCount, flows map[idGen]Traffic) {
 
 // takeSweptOf returns the swept counts of one id and generation and
 // forgets them.
-func (d *Datapath) takeSweptOf(ig idGen) Traffic {
+func (d *upkeep) takeSweptOf(ig idGen) Traffic {
 	d.sweptMu.Lock()
 	defer d.sweptMu.Unlock()
 	tr := d.swept[ig]

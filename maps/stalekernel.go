@@ -29,7 +29,7 @@ const staleRunMax = 1024
 // In the kernel where the Datapath found bpf_for_each_map_elem, else in
 // user space; a kernel walk that fails is done again in user space (a
 // mark is idempotent, and the counts are the second walk's).
-func (d *Datapath) markReleased(fs ctFamilies, released map[uint32]uint32, want map[idGen]bool) (int, map[idGen]Traffic, error) {
+func (d *upkeep) markReleased(fs ctFamilies, released map[uint32]uint32, want map[idGen]bool) (int, map[idGen]Traffic, error) {
 	if d.compat.forEachMapElem {
 		w, err := d.staleQ.loadWalker(fs)
 		if err == nil {

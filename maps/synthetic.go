@@ -23,7 +23,7 @@ var syntheticClients = netip.MustParsePrefix("100.64.0.0/10")
 // (make bench-agent): no packet matches the flows, and the sweep deletes
 // them once they expire. It returns how many flows it wrote; ErrMapFull
 // when the table filled first.
-func (d *Datapath) FillConntrack(flows int, lifetime time.Duration) (int, error) {
+func (d *upkeep) FillConntrack(flows int, lifetime time.Duration) (int, error) {
 	type target struct {
 		fe      netip.AddrPort
 		be      netip.AddrPort

@@ -96,7 +96,7 @@ func ours(f *netlink.BpfFilter, h hook) bool { return f.Name == filterName(h) }
 // and handle: the kernel swaps the program atomically, no packet sees
 // neither). A filter of another tool at topolb's priority and handle is
 // an error: it is never replaced.
-func (d *Datapath) attachFilter(iface *net.Interface, h hook, prog *ebpf.Program) error {
+func (d *attacher) attachFilter(iface *net.Interface, h hook, prog *ebpf.Program) error {
 	l, err := netlink.LinkByIndex(iface.Index)
 	if err != nil {
 		return fmt.Errorf("link %s: %w", iface.Name, err)

@@ -29,7 +29,7 @@ type trafficCache struct {
 // maxAge late; callers that explain state read Counters or Programmed.
 // Concurrent callers share one walk. The returned maps are shared with
 // later calls: read them, never write them.
-func (d *Datapath) CachedCounters(maxAge time.Duration) (Counters, time.Time, error) {
+func (d *upkeep) CachedCounters(maxAge time.Duration) (Counters, time.Time, error) {
 	tc := &d.traffic
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
@@ -52,7 +52,7 @@ func (d *Datapath) CachedCounters(maxAge time.Duration) (Counters, time.Time, er
 
 // namedCounters reads the counters that need no walk: every named
 // counter of tlb_stats and the source-range drops, under d.mu.
-func (d *Datapath) namedCounters() (Counters, error) {
+func (d *upkeep) namedCounters() (Counters, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {

@@ -123,7 +123,7 @@ type change struct {
 // committed=false when the change did not take effect: the pre steps were
 // undone (what could not be undone is queued and logged, and its error
 // joined to the returned one) and the previous state serves.
-func (d *Datapath) run(c *change, onCommit func()) (committed bool, err error) {
+func (d *writer) run(c *change, onCommit func()) (committed bool, err error) {
 	for i, s := range c.pre {
 		if err := s.do(); err != nil {
 			return false, errors.Join(err, d.undo(c.pre[:i]))
@@ -153,7 +153,7 @@ func (d *Datapath) run(c *change, onCommit func()) (committed bool, err error) {
 
 // undo reverts steps in reverse order and returns the joined errors of
 // the reverts that failed, whose cleanup it queued.
-func (d *Datapath) undo(steps []step) error {
+func (d *writer) undo(steps []step) error {
 	var errs []error
 	for i := len(steps) - 1; i >= 0; i-- {
 		s := steps[i]
@@ -175,6 +175,6 @@ func (d *Datapath) undo(steps []step) error {
 }
 
 // pending counts queued cleanups.
-func (d *Datapath) pending() int {
+func (d *writer) pending() int {
 	return len(d.retire) + len(d.fixRegistry) + len(d.dirty)
 }

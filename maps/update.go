@@ -41,7 +41,7 @@ import (
 
 // SetBackends is SetService(fe, Service{Backends: backends}): no session
 // affinity, drop when no backend is active.
-func (d *Datapath) SetBackends(fe Frontend, backends []Backend) (writes int, err error) {
+func (d *writer) SetBackends(fe Frontend, backends []Backend) (writes int, err error) {
 	return d.SetService(fe, Service{Backends: backends})
 }
 
@@ -58,7 +58,7 @@ func (d *Datapath) SetBackends(fe Frontend, backends []Backend) (writes int, err
 // An error with writes > 0 either left the previous set serving (nothing
 // committed) or, when the change took effect but a finishing write
 // failed, queued that write for retry; the error says which step failed.
-func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
+func (d *writer) SetService(fe Frontend, s Service) (writes int, err error) {
 	key, err := svcKey(fe)
 	if err != nil {
 		return 0, err
@@ -99,13 +99,13 @@ func (d *Datapath) SetService(fe Frontend, s Service) (writes int, err error) {
 // pending from earlier changes were retried in it, and returns the
 // transaction's writes (the retries' included) and f's error; ErrClosed
 // and no write after Close.
-func (d *Datapath) write(f func(t *txn) error) (int, error) {
+func (d *writer) write(f func(t *txn) error) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed() {
 		return 0, ErrClosed
 	}
-	t := &txn{d: d}
+	t := &txn{d: d.Datapath}
 	d.retryPending(t)
 	err := f(t)
 	return t.writes, errors.Join(err, t.finish())
@@ -268,7 +268,7 @@ func (p *plan) tableLen() int {
 	return n
 }
 
-func (d *Datapath) checkCapacity(s *service, p *plan) error {
+func (d *writer) checkCapacity(s *service, p *plan) error {
 	if len(p.added) > d.beIDs.available() {
 		return fmt.Errorf("%d more backend ids needed, %d free of %d: %w", len(p.added), d.beIDs.available(), d.opts.MaxBackends, ErrMapFull)
 	}
@@ -280,7 +280,7 @@ func (d *Datapath) checkCapacity(s *service, p *plan) error {
 
 // allocate gives every added backend an id; the members carry the id's
 // current generation and counters. On error nothing is allocated.
-func (d *Datapath) allocate(p *plan) error {
+func (d *writer) allocate(p *plan) error {
 	for _, b := range p.added {
 		id, ok := d.beIDs.alloc()
 		if !ok {
@@ -302,7 +302,7 @@ func (d *Datapath) allocate(p *plan) error {
 
 // releaseFresh returns the ids of an uncommitted change, except those
 // queued to retire (their registry entry could not be undone).
-func (d *Datapath) releaseFresh(p *plan) {
+func (d *writer) releaseFresh(p *plan) {
 	for _, m := range p.fresh {
 		if m.fresh {
 			d.beIDs.release(m.id)
@@ -311,7 +311,7 @@ func (d *Datapath) releaseFresh(p *plan) {
 	p.fresh = nil
 }
 
-func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
+func (d *writer) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
 	if len(d.fes) >= int(d.opts.MaxFrontends) {
 		return fmt.Errorf("%d frontends: %w", d.opts.MaxFrontends, ErrMapFull)
 	}
@@ -354,7 +354,7 @@ func (d *Datapath) create(t *txn, fe Frontend, key tcSvcKey, tg target) error {
 
 // updateWithRanges is update with the source ranges around it: prefixes
 // in before the service entry names them, out after (srcrange.go).
-func (d *Datapath) updateWithRanges(t *txn, s *service, tg target) error {
+func (d *writer) updateWithRanges(t *txn, s *service, tg target) error {
 	if err := d.putRanges(t, s.id, tg.ranges); err != nil {
 		return err
 	}
@@ -369,7 +369,7 @@ func (d *Datapath) updateWithRanges(t *txn, s *service, tg target) error {
 	return d.pruneRanges(t, s.id, tg.ranges)
 }
 
-func (d *Datapath) update(t *txn, s *service, tg target) error {
+func (d *writer) update(t *txn, s *service, tg target) error {
 	p := planChange(s, tg)
 	if p.empty(s) {
 		return nil
@@ -397,7 +397,7 @@ func (p *plan) nextValue(m *member) *member {
 
 // registryStep writes m's registry entry as the plan leaves it; when
 // taken before the commit its undo restores the current entry.
-func (d *Datapath) registryStep(t *txn, s *service, p *plan, m *member, before bool) step {
+func (d *writer) registryStep(t *txn, s *service, p *plan, m *member, before bool) step {
 	st := step{
 		do:    func() error { return t.putRegistry(s, p.nextValue(m)) },
 		queue: func() { d.fixRegistry[m.id] = true },
@@ -410,7 +410,7 @@ func (d *Datapath) registryStep(t *txn, s *service, p *plan, m *member, before b
 
 // freshStep writes a new member's registry entry before the commit; its
 // undo clears it, and when that fails the id is retired instead.
-func (d *Datapath) freshStep(t *txn, s *service, m *member) step {
+func (d *writer) freshStep(t *txn, s *service, m *member) step {
 	return step{
 		do:   func() error { return t.putRegistry(s, m) },
 		undo: func() error { return t.clearRegistry(m.id) },
@@ -423,7 +423,7 @@ func (d *Datapath) freshStep(t *txn, s *service, m *member) step {
 
 // releaseStep bumps m's generation after the commit, which releases its
 // id: flows pinned to it are re-balanced on their next packet.
-func (d *Datapath) releaseStep(t *txn, m *member) step {
+func (d *writer) releaseStep(t *txn, m *member) step {
 	return step{
 		do: func() error {
 			if err := t.putGeneration(m.id, m.gen+1); err != nil {
@@ -439,7 +439,7 @@ func (d *Datapath) releaseStep(t *txn, m *member) step {
 // slotStep rewrites slot i of the active buffer from old to next, both
 // visible: its undo writes old back; when that fails the frontend is
 // reprogrammed on the next change.
-func (d *Datapath) slotStep(t *txn, s *service, i uint32, old, next *member) step {
+func (d *writer) slotStep(t *txn, s *service, i uint32, old, next *member) step {
 	return step{
 		do:    func() error { return t.putSlot(s, i, s.buffer, next) },
 		undo:  func() error { return t.putSlot(s, i, s.buffer, old) },
@@ -450,7 +450,7 @@ func (d *Datapath) slotStep(t *txn, s *service, i uint32, old, next *member) ste
 // finishSteps are the writes after the commit every path shares:
 // registry entries of backends turning active or changing flags, and
 // releasing the ids of gone backends.
-func (d *Datapath) finishSteps(t *txn, s *service, p *plan) []step {
+func (d *writer) finishSteps(t *txn, s *service, p *plan) []step {
 	var post []step
 	for _, m := range append(slices.Clone(p.undrain), p.reflagged...) {
 		post = append(post, d.registryStep(t, s, p, m, false))
@@ -463,7 +463,7 @@ func (d *Datapath) finishSteps(t *txn, s *service, p *plan) []step {
 
 // commitMirror records a committed change: table is the new active
 // buffer buf, flipped says the service entry was written.
-func (d *Datapath) commitMirror(s *service, p *plan, table []*member, buf uint8, flipped bool) {
+func (d *writer) commitMirror(s *service, p *plan, table []*member, buf uint8, flipped bool) {
 	for m, b := range p.next {
 		m.be = b
 	}
@@ -488,7 +488,7 @@ func (d *Datapath) commitMirror(s *service, p *plan, table []*member, buf uint8,
 // updateOne applies at most one backend joining and one leaving an
 // equal-weight table (the three-write paths), with the finishing writes
 // of draining backends.
-func (d *Datapath) updateOne(t *txn, s *service, p *plan) error {
+func (d *writer) updateOne(t *txn, s *service, p *plan) error {
 	if err := d.checkCapacity(s, p); err != nil {
 		return err
 	}
@@ -551,7 +551,7 @@ func (p *plan) leaving() *member {
 
 // stageAppend stages in at slot count (invisible until the flip to
 // count+1) and returns the new table.
-func (d *Datapath) stageAppend(t *txn, s *service, p *plan, in *member, c *change) ([]*member, error) {
+func (d *writer) stageAppend(t *txn, s *service, p *plan, in *member, c *change) ([]*member, error) {
 	buf, n := s.buffer, uint32(len(s.table))
 	if n >= s.high[buf] {
 		if err := d.ensureKernelRoom(t, 1, s); err != nil {
@@ -571,7 +571,7 @@ func (d *Datapath) stageAppend(t *txn, s *service, p *plan, in *member, c *chang
 
 // stageRemove moves the last slot into out's hole and flips to count-1;
 // it returns the new table.
-func (d *Datapath) stageRemove(t *txn, s *service, p *plan, out *member, c *change) []*member {
+func (d *writer) stageRemove(t *txn, s *service, p *plan, out *member, c *change) []*member {
 	i, last := slices.Index(s.table, out), len(s.table)-1
 	table := slices.Clone(s.table)
 	if i != last {
@@ -585,7 +585,7 @@ func (d *Datapath) stageRemove(t *txn, s *service, p *plan, out *member, c *chan
 // stageReplace overwrites out's slot with in (the commit), writing the
 // service entry first when the settings change; it returns the new table
 // and whether the service entry is written.
-func (d *Datapath) stageReplace(t *txn, s *service, p *plan, in, out *member, c *change) ([]*member, bool) {
+func (d *writer) stageReplace(t *txn, s *service, p *plan, in, out *member, c *change) ([]*member, bool) {
 	i, n := slices.Index(s.table, out), uint32(len(s.table))
 	flipped := p.tg.set != s.set
 	if flipped {
@@ -603,7 +603,7 @@ func (d *Datapath) stageReplace(t *txn, s *service, p *plan, in, out *member, c 
 
 // updateInPlace applies changes that keep the table's members and
 // counts: flags, settings, draining backends leaving.
-func (d *Datapath) updateInPlace(t *txn, s *service, p *plan) error {
+func (d *writer) updateInPlace(t *txn, s *service, p *plan) error {
 	var c change
 	for _, m := range p.reflagged {
 		for i, x := range s.table {
@@ -645,7 +645,7 @@ func expandTable(s *service, p *plan) []*member {
 // rewrite writes the target table into the inactive buffer and flips the
 // service entry to it. For a new frontend s has no members and the flip
 // creates the service entry.
-func (d *Datapath) rewrite(t *txn, s *service, p *plan) (committed bool, err error) {
+func (d *writer) rewrite(t *txn, s *service, p *plan) (committed bool, err error) {
 	if err := d.checkCapacity(s, p); err != nil {
 		return false, err
 	}
@@ -694,7 +694,7 @@ func (d *Datapath) rewrite(t *txn, s *service, p *plan) (committed bool, err err
 // reprogram writes s as the mirror holds it into the inactive buffer,
 // rewrites its members' registry entries and flips to it: the repair of a
 // frontend whose kernel entries drifted.
-func (d *Datapath) reprogram(t *txn, s *service) error {
+func (d *writer) reprogram(t *txn, s *service) error {
 	p := &plan{tg: target{set: s.set}}
 	nb, ob := 1-s.buffer, s.buffer
 	m := uint32(len(s.table))
@@ -733,7 +733,7 @@ func sortedMembers(s *service) []*member {
 }
 
 // trim deletes the kernel entries of buffer buf at slots [from, high).
-func (d *Datapath) trim(t *txn, s *service, buf uint8, from uint32) {
+func (d *writer) trim(t *txn, s *service, buf uint8, from uint32) {
 	for i := s.high[buf]; i > from; i-- {
 		if err := t.del(d.backends, "backends", backendKey(s.id, i-1, buf)); err != nil {
 			d.log.Warn("stale backend slot not deleted", "frontend", s.fe, "slot", i-1, "buffer", buf, "err", err)
@@ -747,7 +747,7 @@ func (d *Datapath) trim(t *txn, s *service, buf uint8, from uint32) {
 // deleting stale slots of other services, in no particular order. The map
 // holds 2*MaxBackends, and active slots never exceed MaxBackends, so this
 // always succeeds when the deletes do.
-func (d *Datapath) ensureKernelRoom(t *txn, need int, except *service) error {
+func (d *writer) ensureKernelRoom(t *txn, need int, except *service) error {
 	limit := 2 * int(d.opts.MaxBackends)
 	if d.kernelSlots+need <= limit {
 		return nil
@@ -773,7 +773,7 @@ func (d *Datapath) ensureKernelRoom(t *txn, need int, except *service) error {
 
 // retryPending retries the queued cleanups of earlier changes. Failures
 // stay queued and are logged; they do not fail the change at hand.
-func (d *Datapath) retryPending(t *txn) {
+func (d *writer) retryPending(t *txn) {
 	if d.pending() == 0 {
 		return
 	}
@@ -816,7 +816,7 @@ func (d *Datapath) retryPending(t *txn) {
 // and the ids of its backends are released, so flows pinned to them are
 // no longer translated. Deleting an unknown frontend is not an error (0
 // writes).
-func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
+func (d *writer) DeleteFrontend(fe Frontend) (writes int, err error) {
 	key, err := svcKey(fe)
 	if err != nil {
 		return 0, err
@@ -826,7 +826,7 @@ func (d *Datapath) DeleteFrontend(fe Frontend) (writes int, err error) {
 }
 
 // deleteFrontend deletes fe, when it is programmed, in t.
-func (d *Datapath) deleteFrontend(t *txn, fe Frontend) error {
+func (d *writer) deleteFrontend(t *txn, fe Frontend) error {
 	s := d.fes[fe]
 	if s == nil {
 		return nil

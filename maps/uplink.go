@@ -89,7 +89,7 @@ type UplinkStatus struct {
 // new path's first: both use the same conntrack, and no established flow
 // is lost. A failure leaves what was attached in place; Detach removes
 // them all.
-func (d *Datapath) AttachUplink(ifname string) error {
+func (d *attacher) AttachUplink(ifname string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.linksReady(); err != nil {
@@ -126,7 +126,7 @@ func (d *Datapath) AttachUplink(ifname string) error {
 //     earlier agent keeps balancing), then tc_uplink;
 //   - tc: tc_uplink_lb first (it also finishes XDP handovers in flight),
 //     then xdp_lb is detached.
-func (d *Datapath) attachUplinkPath(iface *net.Interface) (UplinkPath, string, error) {
+func (d *attacher) attachUplinkPath(iface *net.Interface) (UplinkPath, string, error) {
 	path, reason := d.opts.UplinkPath, "forced (uplink path option)"
 	modes := xdpDriverOrGeneric
 	if path == UplinkAuto {
@@ -265,7 +265,7 @@ func netnsByID(nsid int) (string, error) {
 
 // Uplinks reads back from the kernel the path of every uplink with a
 // pinned topolb link, sorted by interface.
-func (d *Datapath) Uplinks() ([]UplinkStatus, error) {
+func (d *attacher) Uplinks() ([]UplinkStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ifaces, err := d.attached()
@@ -290,7 +290,7 @@ func (d *Datapath) Uplinks() ([]UplinkStatus, error) {
 
 // uplinkStatus reads ifname's programs: ok is false for an interface
 // without uplink links (a pod's).
-func (d *Datapath) uplinkStatus(ifname string) (st UplinkStatus, ok bool, err error) {
+func (d *attacher) uplinkStatus(ifname string) (st UplinkStatus, ok bool, err error) {
 	st = UplinkStatus{Interface: ifname, Reason: d.uplinkReasons[ifname]}
 	var tcName string
 	for _, h := range []hook{hookXDP, hookUplink, hookUplinkEgress} {
@@ -331,7 +331,7 @@ func (d *Datapath) uplinkStatus(ifname string) (st UplinkStatus, ok bool, err er
 // (by the link h pinned for it or, for a tc hook, by topolb's tc filter)
 // and, for XDP, the attach mode as the interface reports it ("driver",
 // "generic", or the number). found is false without either.
-func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, found bool, err error) {
+func (d *attacher) pinnedProgram(h hook, ifname string) (name, mode string, found bool, err error) {
 	id, found, err := d.hookProgram(h, ifname)
 	if !found || err != nil {
 		return "", "", found, err
@@ -359,7 +359,7 @@ func (d *Datapath) pinnedProgram(h hook, ifname string) (name, mode string, foun
 
 // hookProgram returns the id of the program attached at h on ifname: by
 // the link pinned for it, else (tc hooks) by topolb's tc filter.
-func (d *Datapath) hookProgram(h hook, ifname string) (id ebpf.ProgramID, found bool, err error) {
+func (d *attacher) hookProgram(h hook, ifname string) (id ebpf.ProgramID, found bool, err error) {
 	l, err := link.LoadPinnedLink(d.linkPin(h, ifname), nil)
 	if errors.Is(err, os.ErrNotExist) {
 		if !tcHook(h) {
@@ -381,7 +381,7 @@ func (d *Datapath) hookProgram(h hook, ifname string) (id ebpf.ProgramID, found 
 // programName names the program with kernel id: one of this process's
 // uplink programs, or "program <id>" (another process's; opening it by id
 // would take CAP_SYS_ADMIN, which the agent does not have).
-func (d *Datapath) programName(id ebpf.ProgramID) string {
+func (d *attacher) programName(id ebpf.ProgramID) string {
 	for name, p := range map[string]*ebpf.Program{
 		xdpProgXdpLb: d.xdpProg, uplinkProgTcUplink: d.uplinkProg,
 		uplinkProgTcUplinkLb: d.uplinkLBProg, tcProgTcLbEgress: d.tcEgressProg,

@@ -70,11 +70,11 @@ func (d Drift) String() string {
 // Verify compares the kernel maps with the mirror and returns every
 // disagreement, ordered by frontend; none means the datapath does exactly
 // what was programmed. It writes nothing.
-func (d *Datapath) Verify() ([]Drift, error) {
-	return readKernel(d, d.verify)
+func (d *upkeep) Verify() ([]Drift, error) {
+	return readKernel(d.Datapath, d.verify)
 }
 
-func (d *Datapath) verify(k *kernelState) []Drift {
+func (d *upkeep) verify(k *kernelState) []Drift {
 	var out []Drift
 	owners := d.owners()
 	for _, s := range d.sortedFrontends() {
@@ -108,7 +108,7 @@ func (d *Datapath) verify(k *kernelState) []Drift {
 
 // verifyFrontend compares one frontend: its service entry, every slot of
 // its table, and its members' registry entries and generations.
-func (d *Datapath) verifyFrontend(k *kernelState, s *service, owners map[uint32]*service) []Drift {
+func (d *upkeep) verifyFrontend(k *kernelState, s *service, owners map[uint32]*service) []Drift {
 	var out []Drift
 	add := func(kind DriftKind, id uint32, format string, args ...any) {
 		out = append(out, Drift{Kind: kind, Frontend: s.fe, ID: id, Detail: fmt.Sprintf(format, args...)})
@@ -184,14 +184,14 @@ type RepairReport struct {
 // are reprogrammed whole, frontends only the kernel has are deleted,
 // stray registry entries are retired. It returns what it found and did;
 // the error joins the writes that failed.
-func (d *Datapath) Repair() (RepairReport, error) {
+func (d *upkeep) Repair() (RepairReport, error) {
 	var rep RepairReport
 	_, err := d.write(func(t *txn) error { return d.repair(t, &rep) })
 	return rep, err
 }
 
 // repair is Repair in t, filling rep.
-func (d *Datapath) repair(t *txn, rep *RepairReport) error {
+func (d *upkeep) repair(t *txn, rep *RepairReport) error {
 	k, err := d.snapshot()
 	if err != nil {
 		return err
@@ -225,7 +225,7 @@ func (d *Datapath) repair(t *txn, rep *RepairReport) error {
 // fixDrift repairs what it can entry by entry (stranger frontends,
 // orphan registry entries, generations, registry entries) and returns the
 // frontends to reprogram whole, with the errors of writes that failed.
-func (d *Datapath) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Frontend]bool, []error) {
+func (d *upkeep) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Frontend]bool, []error) {
 	var errs []error
 	reprogram := map[Frontend]bool{}
 	owners := d.owners()
@@ -280,7 +280,7 @@ func (d *Datapath) fixDrift(t *txn, k *kernelState, rep *RepairReport) (map[Fron
 
 // deleteUnexpected removes a frontend only the kernel has, and its slots
 // unless a programmed frontend uses the same service id.
-func (d *Datapath) deleteUnexpected(t *txn, k *kernelState, fe Frontend) error {
+func (d *upkeep) deleteUnexpected(t *txn, k *kernelState, fe Frontend) error {
 	key, err := svcKey(fe)
 	if err != nil {
 		return err
@@ -307,7 +307,7 @@ func (d *Datapath) deleteUnexpected(t *txn, k *kernelState, fe Frontend) error {
 // regenerate gives member m of s a generation no flow carries and sets
 // it on every CPU; the frontend must then be reprogrammed so its slots
 // and registry entry carry it too.
-func (d *Datapath) regenerate(t *txn, k *kernelState, s *service, m *member) error {
+func (d *upkeep) regenerate(t *txn, k *kernelState, s *service, m *member) error {
 	rec, _ := k.recordOf(m.id)
 	gen := max(m.gen, rec.gen) + 1
 	final := d.beginFinal(s, m)

@@ -15,13 +15,13 @@ const streamTries = 64
 // OpenStream opens TCP keep-alive connections from client to the TCP port
 // of service (its cluster IP, as the client's node decides) until one
 // lands on pod, closes the others, and returns it with the frontend.
-func (tb *Testbed) OpenStream(ctx context.Context, client *Pod, service, pod string) (*Conn, error) {
+func (tb *traffic) OpenStream(ctx context.Context, client *Pod, service, pod string) (*Conn, error) {
 	return tb.OpenStreamOf(ctx, client, service, pod, "")
 }
 
 // OpenStreamOf is OpenStream to the cluster IP of family ("": the
 // Service's first).
-func (tb *Testbed) OpenStreamOf(ctx context.Context, client *Pod, service, pod string, family v1.IPFamily) (*Conn, error) {
+func (tb *traffic) OpenStreamOf(ctx context.Context, client *Pod, service, pod string, family v1.IPFamily) (*Conn, error) {
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, client.Node.Name)
 	d := FindDecisionOf(ds, service, v1.ProtocolTCP, family)
@@ -68,7 +68,7 @@ func StreamStays(ctx context.Context, c *Conn, pod string, n int) error {
 // before the change. wait, if not nil, runs after the apply (for example
 // WaitAgents). It returns the scenario and the stream, nil without a drain;
 // the caller checks the stream (StreamStays) and closes it.
-func (tb *Testbed) EnterScenario(ctx context.Context, name string, wait func() error) (*Scenario, *Conn, error) {
+func (tb *traffic) EnterScenario(ctx context.Context, name string, wait func() error) (*Scenario, *Conn, error) {
 	sc, err := tb.Spec.Scenario(name)
 	if err != nil {
 		return nil, nil, err

@@ -25,7 +25,7 @@ var _ Client = (*HostClient)(nil)
 
 // Host returns the host-network client of the named node, nil when there
 // is no such node.
-func (tb *Testbed) Host(node string) *HostClient {
+func (tb *traffic) Host(node string) *HostClient {
 	n := tb.Node(node)
 	if n == nil {
 		return nil
@@ -117,7 +117,7 @@ type HostLanding struct {
 // traffic to an external address takes it, in kube-proxy and topolb
 // alike). Sources are not checked: local and remote backends see
 // different node addresses.
-func (tb *Testbed) MeasureHost(ctx context.Context, node, service string, o MeasureOptions) ([]HostLanding, error) {
+func (tb *traffic) MeasureHost(ctx context.Context, node, service string, o MeasureOptions) ([]HostLanding, error) {
 	h := tb.Host(node)
 	if h == nil {
 		return nil, fmt.Errorf("no node %q", node)

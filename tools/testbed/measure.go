@@ -51,7 +51,7 @@ func (o MeasureOptions) measures(d Decision, service string) bool {
 // service (a "name" or "namespace/name"), and returns one Landing per port
 // with the decision DecideNode makes for the client's node on the objects
 // last applied.
-func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o MeasureOptions) ([]Landing, error) {
+func (tb *traffic) Measure(ctx context.Context, client *Pod, service string, o MeasureOptions) ([]Landing, error) {
 	o = o.withDefaults()
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, client.Node.Name)
@@ -83,7 +83,7 @@ func (tb *Testbed) Measure(ctx context.Context, client *Pod, service string, o M
 // the cluster set for a pod (in-cluster traffic to an external address
 // takes the cluster set, in kube-proxy and topolb alike). Backends must
 // see an outside client's address only under externalTrafficPolicy Local.
-func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, service string, o MeasureOptions) ([]Landing, error) {
+func (tb *traffic) MeasureNodePort(ctx context.Context, client Client, node, service string, o MeasureOptions) ([]Landing, error) {
 	o = o.withDefaults()
 	objs, _ := tb.Current()
 	ds, _ := tb.Decide(objs, node)
@@ -121,7 +121,7 @@ func (tb *Testbed) MeasureNodePort(ctx context.Context, client Client, node, ser
 // NodePorts of the node it names (MeasureNodePort), in the expectation's
 // family when it names one (else in o.Families). It returns the landings
 // and the node whose decision they are held to (HeldTo).
-func (tb *Testbed) MeasureExpectation(ctx context.Context, e Expectation, o MeasureOptions) ([]Landing, string, error) {
+func (tb *traffic) MeasureExpectation(ctx context.Context, e Expectation, o MeasureOptions) ([]Landing, string, error) {
 	if e.Family != "" {
 		o.Families = []v1.IPFamily{e.Family}
 	}

@@ -16,7 +16,7 @@ type ChecksumErrors = netns.ChecksumErrors
 
 // ChecksumErrors returns the non-zero checksum error counters of every
 // namespace of the testbed, by namespace name.
-func (tb *Testbed) ChecksumErrors() (map[string]ChecksumErrors, error) {
+func (tb *traffic) ChecksumErrors() (map[string]ChecksumErrors, error) {
 	out := map[string]ChecksumErrors{}
 	for _, ns := range tb.namespaces() {
 		c, err := ns.ChecksumErrors()

@@ -78,6 +78,10 @@ type Options struct {
 // Testbed is a running testbed. Close tears it down completely.
 type Testbed struct {
 	*Layout
+	// traffic is the part that sends and measures traffic through the
+	// testbed (measure.go, host.go, drain.go, wiresink.go, netns.go); its
+	// methods are the Testbed's.
+	traffic
 	// ID is "<pid>-<n>", unique among running testbeds.
 	ID string
 	// Dir is the state directory: manifest.yaml, bpf/ (a private bpffs
@@ -129,6 +133,7 @@ func New(ctx context.Context, spec *Spec, opts Options) (_ *Testbed, err error) 
 	}
 	id := fmt.Sprintf("%d-%d", os.Getpid(), seq.Add(1))
 	tb := &Testbed{Layout: layout, ID: id, Dir: filepath.Join(opts.StateRoot, id), log: log, plainPorts: opts.PlainSwitchPorts}
+	tb.traffic.Testbed = tb
 	defer func() {
 		if err != nil {
 			if cerr := tb.Close(); cerr != nil {
@@ -539,3 +544,7 @@ func RemoveStale(stateRoot string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// traffic is the Testbed's part that sends and measures traffic: it holds
+// the Testbed it belongs to.
+type traffic struct{ *Testbed }

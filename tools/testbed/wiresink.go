@@ -49,7 +49,7 @@ const (
 // AttachWireSink attaches a WireSink to n's switch port for UDP datagrams
 // to want and stray (IPv4 both), in place of the port's pass program.
 // Close puts the port back as it was.
-func (tb *Testbed) AttachWireSink(n *Node, want, stray netip.AddrPort) (_ *WireSink, err error) {
+func (tb *traffic) AttachWireSink(n *Node, want, stray netip.AddrPort) (_ *WireSink, err error) {
 	if !want.Addr().Is4() || !stray.Addr().Is4() {
 		return nil, fmt.Errorf("wire sink for %s and %s: IPv4 addresses only", want, stray)
 	}
@@ -69,7 +69,7 @@ func (tb *Testbed) AttachWireSink(n *Node, want, stray netip.AddrPort) (_ *WireS
 	// The attachment is netlink's, as napiForXDP's: it outlives prog's
 	// file descriptor.
 	defer prog.Close()
-	s := &WireSink{tb: tb, node: n, port: n.SwitchPort(), counts: counts}
+	s := &WireSink{tb: tb.Testbed, node: n, port: n.SwitchPort(), counts: counts}
 	if err := tb.setXDP(s.port, prog.FD()); err != nil {
 		return nil, fmt.Errorf("attach the wire sink to %s: %w", s.port, err)
 	}
@@ -77,7 +77,7 @@ func (tb *Testbed) AttachWireSink(n *Node, want, stray netip.AddrPort) (_ *WireS
 }
 
 // setXDP attaches the XDP program fd to the switch port (fd -1 detaches).
-func (tb *Testbed) setXDP(port string, fd int) error {
+func (tb *traffic) setXDP(port string, fd int) error {
 	l, err := tb.Fabric.Netlink().LinkByName(port)
 	if err != nil {
 		return fmt.Errorf("%s: link %s: %w", tb.Fabric.Name, port, err)
@@ -215,7 +215,7 @@ func sinkProgram(want, stray netip.AddrPort, counts *ebpf.Map) (*ebpf.Program, e
 // its own (kube-proxy's node, an agent on the tc path) gets napiForXDP's
 // pass program for the flood's duration. The frames carry the router's
 // MAC address as source.
-func (tb *Testbed) FloodWire(e *External, n *Node, target netip.AddrPort, count int) (FloodResult, error) {
+func (tb *traffic) FloodWire(e *External, n *Node, target netip.AddrPort, count int) (FloodResult, error) {
 	var res FloodResult
 	err := withUplinkNAPI(n, func() error {
 		var err error
