@@ -12,15 +12,15 @@
 #include "ipv6.h"
 #include "parse.h"
 
-/* fold keeps the compiler from discarding the parsed fields. */
-static __always_inline int fold(const struct packet *pkt)
+/* fold4 keeps the compiler from discarding the parsed fields. */
+static __always_inline int fold4(const struct packet *pkt)
 {
 	volatile __u32 sink = pkt->saddr ^ pkt->daddr ^ pkt->sport ^ pkt->dport ^ pkt->proto;
 
 	return sink == 1;
 }
 
-/* fold6 is fold for an IPv6 packet: its addresses folded as well. */
+/* fold6 is fold4 for an IPv6 packet: its addresses folded as well. */
 static __always_inline int fold6(const struct packet6 *pkt)
 {
 	volatile __u32 sink = addr_fold(&pkt->saddr) ^ addr_fold(&pkt->daddr) ^ pkt->p.sport ^ pkt->p.dport ^
@@ -36,7 +36,7 @@ int tc_baseline(struct __sk_buff *skb)
 	void *data_end = (void *)(long)skb->data_end;
 	struct packet pkt = {};
 
-	if (parse_packet(data, data_end, skb->len, &pkt) == PARSE_OK && fold(&pkt))
+	if (parse_packet(data, data_end, skb->len, &pkt) == PARSE_OK && fold4(&pkt))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC; /* as tc_lb passes: TCX_NEXT */
 }
@@ -61,7 +61,7 @@ int xdp_baseline(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct packet pkt = {};
 
-	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_OK && fold(&pkt))
+	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_OK && fold4(&pkt))
 		return XDP_DROP;
 	return XDP_PASS;
 }

@@ -88,10 +88,10 @@ static __always_inline __u32 compat_fib_flags(int want_src)
 	return want_src && !cfg_no_fib_src ? BPF_FIB_LOOKUP_SRC : 0;
 }
 
-/* compat_fib_src is the source address for traffic leaving by the
+/* compat_fib_src4 is the source address for traffic leaving by the
  * lookup p: the FIB's answer, or the address the agent gave for the egress
  * interface; 0 when there is none. */
-static __always_inline __be32 compat_fib_src(const struct bpf_fib_lookup *p)
+static __always_inline __be32 compat_fib_src4(const struct bpf_fib_lookup *p)
 {
 	int i;
 
@@ -101,7 +101,7 @@ static __always_inline __be32 compat_fib_src(const struct bpf_fib_lookup *p)
 	return i < 0 ? 0 : cfg_src_addr[i & (COMPAT_SRC_MAX - 1)];
 }
 
-/* compat_fib_src6 is compat_fib_src for an IPv6 lookup p: it writes the
+/* compat_fib_src6 is compat_fib_src4 for an IPv6 lookup p: it writes the
  * source address to out, :: when there is none. */
 static __always_inline void compat_fib_src6(const struct bpf_fib_lookup *p, __be32 out[4])
 {

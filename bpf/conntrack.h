@@ -190,10 +190,10 @@ static __always_inline int ct_iif_plausible(const struct ct_value *ct, __u32 iif
 	return !(a && a->kind == IFACE_POD) && !(b && b->kind == IFACE_POD);
 }
 
-/* ct_peer_key fills the key of the other direction's entry of the flow
+/* ct4_peer_key fills the key of the other direction's entry of the flow
  * that pkt matched as ct. The agent's sweep mirrors it (ctPeerKey in
  * maps/conntrack.go): change both together. */
-static __always_inline void ct_peer_key(const struct packet *pkt, const struct ct_value *ct,
+static __always_inline void ct4_peer_key(const struct packet *pkt, const struct ct_value *ct,
 					struct ct_key *peer)
 {
 	int snat = ct->flags & CT_F_SNAT;
@@ -212,14 +212,14 @@ static __always_inline void ct_peer_key(const struct packet *pkt, const struct c
 	}
 }
 
-/* ct_peer_key_fam is ct_peer_key for a flow of family fam: peer is a
+/* ct_peer_key_fam is ct4_peer_key for a flow of family fam: peer is a
  * struct ct_key or, for IPv6, a struct ct6_key. */
 static __always_inline void ct_peer_key_fam(int fam, const struct packet *pkt, const struct ct_value *ct, void *peer)
 {
 	if (fam == PKT_IPV6)
 		ct6_peer_key(pkt, ct, peer);
 	else
-		ct_peer_key(pkt, ct, peer);
+		ct4_peer_key(pkt, ct, peer);
 }
 
 /* ct_scratch is this CPU's scratch space for the two entries of a flow
@@ -256,7 +256,7 @@ static __always_inline void ct_scratch_copy(int fam, void *pair, const struct ct
 	}
 }
 
-/* ct_is_peer reports whether peer, found under the key ct_peer_key gave
+/* ct_is_peer reports whether peer, found under the key ct4_peer_key gave
  * for ct (matched by pkt), is the other direction of ct's flow, and not
  * the entry of a flow that took the key over (an expired SNAT port
  * reclaimed, the same client port to another frontend). */
@@ -317,10 +317,10 @@ static __always_inline int ct_peer_live(int fam, const struct packet *pkt, const
 	return peer && ct_is_peer(fam, pkt, ct, peer) && (now <= peer->expires || (peer->flags & CT_F_STALE));
 }
 
-/* ct_client is the client address of the flow whose entry ct pkt
+/* ct4_client is the client address of the flow whose entry ct pkt
  * matched: the forward packet's source, the reply's destination (before
  * the reverse source NAT). */
-static __always_inline __be32 ct_client(const struct packet *pkt, const struct ct_value *ct)
+static __always_inline __be32 ct4_client(const struct packet *pkt, const struct ct_value *ct)
 {
 	if (ct->dir == CT_FORWARD)
 		return pkt->saddr;
@@ -395,7 +395,7 @@ static __always_inline void ct_proven_mark(int fam, const struct packet *pkt, co
 	if (fam == PKT_IPV6) {
 		src = ct6_client(pkt, ct);
 	} else {
-		src4 = ct_client(pkt, ct);
+		src4 = ct4_client(pkt, ct);
 		src = &src4;
 	}
 	p = ct_proven_find(fam, src, now);
@@ -470,7 +470,7 @@ static __always_inline void ct_src_promoted(int fam, const struct packet *pkt, c
 	if (fam == PKT_IPV6) {
 		src = ct6_client(pkt, ct);
 	} else {
-		src4 = ct_client(pkt, ct);
+		src4 = ct4_client(pkt, ct);
 		src = &src4;
 	}
 	ct_src_give(fam, src);
@@ -677,8 +677,8 @@ static __always_inline struct ct_value *ct_touch_fam(int fam, const struct packe
 	return ct_touch_change(fam, pkt, key, ct, now);
 }
 
-/* ct_touch is ct_touch_fam for IPv4. */
-static __always_inline struct ct_value *ct_touch(const struct packet *pkt, const struct ct_key *key,
+/* ct_touch4 is ct_touch_fam for IPv4. */
+static __always_inline struct ct_value *ct_touch4(const struct packet *pkt, const struct ct_key *key,
 						 struct ct_value *ct, __u64 now)
 {
 	return ct_touch_fam(PKT_IPV4, pkt, key, ct, now);
@@ -794,8 +794,8 @@ static __always_inline int ct_reverse_hit(int fam, const struct packet *pkt, con
 	return LB_REWRITE;
 }
 
-/* ct_key_of fills pkt's conntrack key (its own direction's). */
-static __always_inline void ct_key_of(const struct packet *pkt, struct ct_key *key)
+/* ct4_key_of fills pkt's conntrack key (its own direction's). */
+static __always_inline void ct4_key_of(const struct packet *pkt, struct ct_key *key)
 {
 	key->saddr = pkt->saddr;
 	key->daddr = pkt->daddr;

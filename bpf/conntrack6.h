@@ -47,7 +47,7 @@ static __always_inline void ct6_key_of(const struct packet6 *pkt, struct ct6_key
 	key->proto = pkt->p.proto;
 }
 
-/* ct6_peer_key is ct_peer_key (conntrack.h) for IPv6. */
+/* ct6_peer_key is ct4_peer_key (conntrack.h) for IPv6. */
 static __always_inline void ct6_peer_key(const struct packet *pkt, const struct ct_value *ct, struct ct6_key *peer)
 {
 	const struct packet6 *p6 = packet6_of(pkt);
@@ -84,7 +84,7 @@ static __always_inline int ct6_is_peer_addr(const struct packet *pkt, const stru
 	       (!snat || (addr_eq(&v->nat_addr, &p6->daddr) && peer->nat_port == pkt->dport));
 }
 
-/* ct6_client is ct_client (conntrack.h) for IPv6. */
+/* ct6_client is ct4_client (conntrack.h) for IPv6. */
 static __always_inline const union tlb_addr *ct6_client(const struct packet *pkt, const struct ct_value *ct)
 {
 	if (ct->dir == CT_FORWARD)

@@ -38,8 +38,8 @@ static __always_inline struct ct_value *ct_find_fam(int fam, const void *key)
 	return bpf_map_lookup_elem(ct_table(fam, 0), key);
 }
 
-/* ct_find is ct_find_fam for IPv4. */
-static __always_inline struct ct_value *ct_find(const struct ct_key *key)
+/* ct_find4 is ct_find_fam for IPv4. */
+static __always_inline struct ct_value *ct_find4(const struct ct_key *key)
 {
 	return ct_find_fam(PKT_IPV4, key);
 }

@@ -16,8 +16,8 @@
  *   tc_floor6, xdp_floor6: tc_floor and xdp_floor for IPv6
  *     (floor_flows6: ct6_key, ct6_value; the rewrites of nat6.h and
  *     nat.h), without steps;
- *   tc_floor_new: the first packet of a flow (lb_new_flow, flow_create),
- *     whose steps replay flow_create's parts in its order; it passes
+ *   tc_floor_new: the first packet of a flow (lb_new_flow, flow4_create),
+ *     whose steps replay flow4_create's parts in its order; it passes
  *     what it does not balance, and drops what the real path drops.
  * The steps replay the real path's order; a step's cost is the variant's
  * ns minus the one before it, measured in the same interleaved round. */
@@ -34,19 +34,19 @@
 enum floor_step {
 	/* The established packet. */
 	FLOOR_NO_REWRITE = 1 << 0, /* skip the rewrite: what the floor's rewrite costs */
-	FLOOR_PROLOGUE = 1 << 1,   /* tc: the VLAN test and the pull; both: frag_remember */
-	FLOOR_CT = 1 << 2,         /* the real tables (ct_find) instead of floor_flows */
+	FLOOR_PROLOGUE = 1 << 1,   /* tc: the VLAN test and the pull; both: frag4_remember */
+	FLOOR_CT = 1 << 2,         /* the real tables (ct_find_fam) instead of floor_flows */
 	FLOOR_EXPIRY = 1 << 3,     /* the clock (ct_now) and the expiry test */
 	FLOOR_SYN = 1 << 4,        /* the SYN test (and the registry on a SYN) */
-	FLOOR_TOUCH = 1 << 5,      /* ct_touch: state, reply flag and refresh checks; ct_tcp_learn */
+	FLOOR_TOUCH = 1 << 5,      /* ct_touch_fam: state, reply flag and refresh checks; ct_tcp_learn */
 	FLOOR_COUNT = 1 << 6,      /* the per-flow counters in the entry */
-	FLOOR_FWD = 1 << 7,        /* fwd_refresh and the forwarding step (fwd_skb, fwd_xdp) */
+	FLOOR_FWD = 1 << 7,        /* fwd_refresh4 and the forwarding step (fwd_skb4, fwd_xdp4) */
 	/* The first packet of a flow (tc_floor_new). */
-	FLOOR_NEW_CT_MISS = 1 << 8,   /* both conntrack tables miss (ct_find) */
+	FLOOR_NEW_CT_MISS = 1 << 8,   /* both conntrack tables miss (ct_find_fam) */
 	FLOOR_NEW_SERVICE = 1 << 9,   /* tlb_services, the frame and source-range checks */
 	FLOOR_NEW_SRC = 1 << 10,      /* the per-source budget (tlb_ct_src) */
 	FLOOR_NEW_SLOT = 1 << 11,     /* choose_backend: the slot (and affinity) lookups */
-	FLOOR_NEW_FIB = 1 << 12,      /* fwd_resolve both ways: FIB and tlb_ifaces */
+	FLOOR_NEW_FIB = 1 << 12,      /* fwd_resolve4 both ways: FIB and tlb_ifaces */
 	FLOOR_NEW_REPLY_DEL = 1 << 13, /* the delete of a reply key in tlb_conntrack */
 	FLOOR_NEW_INSERT = 1 << 14,   /* the two tlb_ct_new inserts (LRU, evicting when full) */
 	FLOOR_NEW_REWRITE = 1 << 15,  /* the rewrite to the backend and the flow's counters */
@@ -80,10 +80,10 @@ struct {
 	__type(value, struct ct6_value);
 } floor_flows6 SEC(".maps");
 
-/* floor_lookup parses the frame and fills n from its flow's entry, as the
+/* floor4_lookup parses the frame and fills n from its flow's entry, as the
  * hit path's nat_forward or nat_reverse, with the steps cfg_floor_steps
  * adds. Returns 0 when there is one. */
-static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_len, struct packet *pkt,
+static __always_inline int floor4_lookup(void *data, void *data_end, __u32 frame_len, struct packet *pkt,
 					struct nat *n)
 {
 	struct ct_key key = {};
@@ -93,9 +93,9 @@ static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_
 	if (parse_packet(data, data_end, frame_len, pkt) != PARSE_OK)
 		return -1;
 	if (floor_has(FLOOR_PROLOGUE))
-		frag_remember(data, data_end, pkt);
-	ct_key_of(pkt, &key);
-	v = floor_has(FLOOR_CT) ? ct_find(&key) : bpf_map_lookup_elem(&floor_flows, &key);
+		frag4_remember(data, data_end, pkt);
+	ct4_key_of(pkt, &key);
+	v = floor_has(FLOOR_CT) ? ct_find4(&key) : bpf_map_lookup_elem(&floor_flows, &key);
 	if (!v)
 		return -1;
 	if (v->dir != CT_FORWARD) {
@@ -110,7 +110,7 @@ static __always_inline int floor_lookup(void *data, void *data_end, __u32 frame_
 	if (floor_has(FLOOR_SYN) && is_syn(pkt) && syn_reopens(v))
 		return -1;
 	if (floor_has(FLOOR_TOUCH)) {
-		v = ct_touch(pkt, &key, v, now);
+		v = ct_touch4(pkt, &key, v, now);
 		if (!v)
 			return -1;
 		ct_tcp_learn(v, pkt);
@@ -134,19 +134,19 @@ int tc_floor(struct __sk_buff *skb)
 			return TC_PASS;
 		tc_pull(skb, MAX_PARSE_LEN);
 	}
-	if (floor_lookup((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt, &n))
+	if (floor4_lookup((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &pkt, &n))
 		return FLOOR_MISS_TC;
-	if (!floor_has(FLOOR_NO_REWRITE) && nat_rewrite_skb(skb, &pkt, &n))
+	if (!floor_has(FLOOR_NO_REWRITE) && nat4_rewrite_skb(skb, &pkt, &n))
 		return TC_ACT_SHOT;
 	if (floor_has(FLOOR_FWD)) {
-		fwd_refresh(skb, skb->ingress_ifindex, nat_new_src(&pkt, &n), nat_new_dst(&pkt, &n), pkt.proto,
+		fwd_refresh4(skb, skb->ingress_ifindex, nat4_new_src(&pkt, &n), nat4_new_dst(&pkt, &n), pkt.proto,
 			    n.no_stack, n.ct, &n.fwd);
-		return fwd_skb(skb, &n.fwd, n.no_stack);
+		return fwd_skb4(skb, &n.fwd, n.no_stack);
 	}
 	return TC_ACT_UNSPEC;
 }
 
-/* floor6_lookup is floor_lookup for IPv6, without steps: parse, one
+/* floor6_lookup is floor4_lookup for IPv6, without steps: parse, one
  * lookup in floor_flows6, and n (a struct nat6) filled from the entry.
  * Returns 0 when there is one. */
 static __always_inline int floor6_lookup(void *data, void *data_end, __u32 frame_len, struct packet6 *pkt,
@@ -207,20 +207,20 @@ int xdp_floor(struct xdp_md *ctx)
 	struct packet pkt = {};
 	struct nat n = {};
 
-	if (floor_lookup(data, data_end, data_end - data, &pkt, &n))
+	if (floor4_lookup(data, data_end, data_end - data, &pkt, &n))
 		return FLOOR_MISS_XDP;
-	if (!floor_has(FLOOR_NO_REWRITE) && nat_rewrite_xdp(ctx, &pkt, &n))
+	if (!floor_has(FLOOR_NO_REWRITE) && nat_rewrite_xdp4(ctx, &pkt, &n))
 		return XDP_DROP;
 	if (floor_has(FLOOR_FWD)) {
-		fwd_refresh(ctx, ctx->ingress_ifindex, nat_new_src(&pkt, &n), nat_new_dst(&pkt, &n), pkt.proto,
+		fwd_refresh4(ctx, ctx->ingress_ifindex, nat4_new_src(&pkt, &n), nat4_new_dst(&pkt, &n), pkt.proto,
 			    n.no_stack, n.ct, &n.fwd);
-		return fwd_xdp(ctx, &n.fwd, n.no_stack);
+		return fwd_xdp4(ctx, &n.fwd, n.no_stack);
 	}
 	return XDP_PASS;
 }
 
 /* floor_new_flow replays the first packet of a flow to an internal
- * frontend (lb_new_flow, then flow_create without source NAT, the tc
+ * frontend (lb_new_flow, then flow4_create without source NAT, the tc
  * path's), step by step. Returns a tc verdict. */
 static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *pkt)
 {
@@ -240,8 +240,8 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	__u32 zero = 0;
 	__u64 now;
 
-	ct_key_of(pkt, &key);
-	if (floor_has(FLOOR_NEW_CT_MISS) ? ct_find(&key) != NULL
+	ct4_key_of(pkt, &key);
+	if (floor_has(FLOOR_NEW_CT_MISS) ? ct_find4(&key) != NULL
 					 : bpf_map_lookup_elem(&floor_flows, &key) != NULL)
 		return TC_ACT_UNSPEC;
 	if (!floor_has(FLOOR_NEW_SERVICE))
@@ -250,12 +250,12 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	if (!sv)
 		return TC_ACT_UNSPEC;
 	svc = *sv;
-	if (!lb_frame_creates_state(skb, pkt) || !src_range_allows(&svc, pkt->saddr) || svc.count == 0)
+	if (!lb_frame_creates_state4(skb, pkt) || !src_range_allows(&svc, pkt->saddr) || svc.count == 0)
 		return TC_ACT_SHOT;
 	now = compat_now();
 	if (floor_has(FLOOR_NEW_SRC) && !ct_src_take(PKT_IPV4, &pkt->saddr, now))
 		return TC_ACT_SHOT;
-	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(&client, flow_hash(pkt), &skey, &svc, now, &be))
+	if (floor_has(FLOOR_NEW_SLOT) && choose_backend(&client, flow_hash4(pkt), &skey, &svc, now, &be))
 		return TC_ACT_SHOT;
 	rev_key.saddr = addr_v4(&be.addr);
 	rev_key.daddr = pkt->saddr;
@@ -263,8 +263,8 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	rev_key.dport = pkt->sport;
 	rev_key.proto = pkt->proto;
 	if (floor_has(FLOOR_NEW_FIB)) {
-		fwd_resolve(skb, skb->ingress_ifindex, pkt->saddr, addr_v4(&be.addr), pkt->proto, 0, 0, &to_backend);
-		fwd_resolve(skb, to_backend.ifindex ? to_backend.ifindex : skb->ingress_ifindex, pkt->daddr,
+		fwd_resolve4(skb, skb->ingress_ifindex, pkt->saddr, addr_v4(&be.addr), pkt->proto, 0, 0, &to_backend);
+		fwd_resolve4(skb, to_backend.ifindex ? to_backend.ifindex : skb->ingress_ifindex, pkt->daddr,
 			    pkt->saddr, pkt->proto, 0, 0, &to_client);
 	}
 	if (floor_has(FLOOR_NEW_REPLY_DEL))
@@ -291,9 +291,9 @@ static __always_inline int floor_new_flow(struct __sk_buff *skb, struct packet *
 	stat_inc(fwd_stat(to_client.kind));
 	nat_forward(&n, &pair->a);
 	n.ct = NULL;
-	if (nat_rewrite_skb(skb, pkt, &n))
+	if (nat4_rewrite_skb(skb, pkt, &n))
 		return TC_ACT_SHOT;
-	return fwd_skb(skb, &n.fwd, n.no_stack);
+	return fwd_skb4(skb, &n.fwd, n.no_stack);
 }
 
 SEC("tcx/ingress")

@@ -65,8 +65,8 @@ static __always_inline void flow_entries(struct ct_value *fwd, struct ct_value *
 		fwd->tcp_next = pkt->tcp_end;
 }
 
-/* flow_create records both directions of a new flow of pkt to backend be
- * of service svc_id in tlb_ct_new (ct_touch promotes them), each with
+/* flow4_create records both directions of a new flow of pkt to backend be
+ * of service svc_id in tlb_ct_new (ct_touch_fam promotes them), each with
  * where its translated packets go, and fills
  * nat for pkt. A flow from outside (scope external) to a backend on
  * another node is also source-NATed: to the address the FIB prefers on
@@ -74,7 +74,7 @@ static __always_inline void flow_entries(struct ct_value *fwd, struct ct_value *
  * backend's replies come back here. iif is the interface pkt arrived on.
  * Returns the number of existing entries it overwrote, or -1 (counted)
  * when the flow cannot be created. */
-static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet *pkt, __u32 svc_id,
+static __always_inline int flow4_create(void *ctx, __u32 iif, const struct packet *pkt, __u32 svc_id,
 				       const struct backend_value *be, __u64 now, struct nat *nat)
 {
 	int snat = cfg_scope == SCOPE_EXTERNAL && !(be->flags & BACKEND_F_NODE_LOCAL);
@@ -103,7 +103,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 
 	/* The two entries are built in per-CPU scratch space, not on the
 	 * stack (tc_uplink_lb's is at its limit); nothing else of this
-	 * packet uses it any more (ct_touch's move is over). */
+	 * packet uses it any more (ct_touch_fam's move is over). */
 	pair = bpf_map_lookup_elem(&tlb_ct_scratch, &zero);
 	if (!pair)
 		return -1; /* cannot happen (one slot per CPU) */
@@ -114,13 +114,13 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 	rev->addr = pkt->daddr;
 	flow_entries(fwd, rev, pkt, svc_id, be, state, expires);
 
-	src = fwd_resolve(ctx, iif, pkt->saddr, addr_v4(&be->addr), pkt->proto, snat, snat, &to_backend);
+	src = fwd_resolve4(ctx, iif, pkt->saddr, addr_v4(&be->addr), pkt->proto, snat, snat, &to_backend);
 	if (snat && !src) {
 		stat_inc(STAT_DROP_SNAT_NO_ROUTE);
 		return -1;
 	}
 	/* Replies arrive where the forward packets leave. */
-	fwd_resolve(ctx, to_backend.ifindex ? to_backend.ifindex : iif, pkt->daddr, pkt->saddr, pkt->proto,
+	fwd_resolve4(ctx, to_backend.ifindex ? to_backend.ifindex : iif, pkt->daddr, pkt->saddr, pkt->proto,
 		    0, 0, &to_client);
 	fwd_to_ct(fwd, &to_backend);
 	fwd_to_ct(rev, &to_client);
@@ -137,7 +137,7 @@ static __always_inline int flow_create(void *ctx, __u32 iif, const struct packet
 		rev->nat_addr = pkt->saddr;
 		rev->nat_port = pkt->sport;
 		rev_key.daddr = src;
-		if (snat_claim(PKT_IPV4, flow_hash(pkt), &rev_key, rev, now))
+		if (snat_claim(PKT_IPV4, flow_hash4(pkt), &rev_key, rev, now))
 			return -1;
 		fwd->nat_addr = src;
 		fwd->nat_port = rev_key.dport;

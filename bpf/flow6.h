@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Creating an IPv6 flow: flow.h's flow_create for a packet6, on every
+/* Creating an IPv6 flow: flow.h's flow4_create for a packet6, on every
  * hook that translates IPv6: tc on pod veths (scope internal) and XDP
  * or tc on uplinks (scope external, xdp_lb and tc_uplink_lb), with the same
  * forwarding targets (fwd_resolve6) and, for a flow from outside to
@@ -26,9 +26,9 @@
 #include "stats.h"
 #include "structs.h"
 
-/* flow6_create is flow_create (flow.h) for pkt, a struct packet6, whose
+/* flow6_create is flow4_create (flow.h) for pkt, a struct packet6, whose
  * nat is a struct nat6: both directions' entries in tlb_ct6_new, each
- * with where its translated packets go, source-NATed where flow_create
+ * with where its translated packets go, source-NATed where flow4_create
  * would. */
 static __always_inline int flow6_create(void *ctx, __u32 iif, const struct packet *pkt, __u32 svc_id,
 					const struct backend_value *be, __u64 now, struct nat *nat)
@@ -71,7 +71,7 @@ static __always_inline int flow6_create(void *ctx, __u32 iif, const struct packe
 		return -1;
 	}
 	fwd_to_ct(&fwd->ct, &nat->fwd);
-	/* Where each direction's packets come from (flow_create). */
+	/* Where each direction's packets come from (flow4_create). */
 	fwd->ct.iif = iif;
 	rev->ct.iif = fwd->ct.ifindex;
 	/* Replies arrive where the forward packets leave. */
@@ -79,7 +79,7 @@ static __always_inline int flow6_create(void *ctx, __u32 iif, const struct packe
 		     NULL);
 	fwd_to_ct(&rev->ct, &nat->fwd);
 
-	/* Reverse first (flow_create says why). */
+	/* Reverse first (flow4_create says why). */
 	if (snat) {
 		fwd->ct.flags = rev->ct.flags = CT_F_SNAT;
 		rev->nat_addr = p6->saddr;
@@ -91,7 +91,7 @@ static __always_inline int flow6_create(void *ctx, __u32 iif, const struct packe
 		stat_inc(STAT_SNAT_FLOWS);
 	} else {
 		/* An older flow's reply entry under the same key in tlb_ct6
-		 * is deleted (flow_create says why). */
+		 * is deleted (flow4_create says why). */
 		int hidden = !bpf_map_delete_elem(&tlb_ct6, rev_key);
 
 		rev_replaced = ct_put_in(&tlb_ct6_new, rev_key, &rev->ct);

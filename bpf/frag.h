@@ -28,8 +28,8 @@
  * (evicting others' datagrams) nor have later fragments translated.
  *
  * The hooks into the packet path: parse.h returns later fragments as
- * PARSE_FRAGMENT, lb_classify calls frag_remember before balancing a
- * packet and frag_follow for later fragments, nat.h rewrites NAT_F_L3.
+ * PARSE_FRAGMENT, lb4_classify calls frag4_remember before balancing a
+ * packet and frag4_follow for later fragments, nat.h rewrites NAT_F_L3.
  * The later fragments' path is separate from lb_process on purpose:
  * nothing fragment-specific is on its path, whose verification is at the
  * limit.
@@ -67,9 +67,9 @@
 #include "stats.h"
 #include "structs.h"
 
-/* frag_key_of fills the reassembly key of the fragment pkt, whose IPv4
+/* frag4_key_of fills the reassembly key of the fragment pkt, whose IPv4
  * header is ip. */
-static __always_inline void frag_key_of(const struct iphdr *ip, const struct packet *pkt, struct frag_key *key)
+static __always_inline void frag4_key_of(const struct iphdr *ip, const struct packet *pkt, struct frag_key *key)
 {
 	key->saddr = pkt->saddr;
 	key->daddr = pkt->daddr;
@@ -104,7 +104,7 @@ static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *s
 {
 	const struct svc_value *v;
 
-	if (ct_find(key))
+	if (ct_find4(key))
 		return 1;
 	svc->vip = addr_from4(key->daddr);
 	svc->port = key->dport;
@@ -114,7 +114,7 @@ static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *s
 	return v && frag_accepts_new(v, key->saddr, range);
 }
 
-/* frag_remember_first records the ports of a datagram's first fragment
+/* frag4_remember_first records the ports of a datagram's first fragment
  * (its frag_off has MF; the caller passes nothing else) for the later
  * ones, when the datagram is ours (frag_ours). Called before the core
  * balances the fragment, which then creates the flow the later ones
@@ -132,7 +132,7 @@ static __always_inline int frag_ours(const struct ct_key *key, struct svc_key *s
  * arguments: addresses and ports in network byte order as in struct
  * packet, the ports as sport | dport << 16, the header's id and frag_off
  * (network byte order) as id | frag_off << 16. Returns 0. */
-__noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 proto, __u32 id_frag_off)
+__noinline int frag4_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 proto, __u32 id_frag_off)
 {
 	union {
 		struct {
@@ -173,17 +173,17 @@ __noinline int frag_remember_first(__u32 saddr, __u32 daddr, __u32 ports, __u32 
 }
 _Static_assert(__builtin_offsetof(struct frag_key, saddr) == __builtin_offsetof(struct ct_key, saddr) &&
 		       __builtin_offsetof(struct frag_key, daddr) == __builtin_offsetof(struct ct_key, daddr),
-	       "frag_remember_first leaves the addresses where ct_key has them");
+	       "frag4_remember_first leaves the addresses where ct_key has them");
 
-/* frag_remember calls frag_remember_first for pkt (PARSE_OK) in the
+/* frag4_remember calls frag4_remember_first for pkt (PARSE_OK) in the
  * frame [data, data_end). */
-static __always_inline void frag_remember(const void *data, const void *data_end, const struct packet *pkt)
+static __always_inline void frag4_remember(const void *data, const void *data_end, const struct packet *pkt)
 {
 	const struct iphdr *ip = data + ETH_HLEN;
 
 	if ((void *)(ip + 1) > data_end || !(ip->frag_off & bpf_htons(IP_MF)))
 		return;
-	frag_remember_first(pkt->saddr, pkt->daddr, pkt->sport | (__u32)pkt->dport << 16, pkt->proto,
+	frag4_remember_first(pkt->saddr, pkt->daddr, pkt->sport | (__u32)pkt->dport << 16, pkt->proto,
 			    ip->id | (__u32)ip->frag_off << 16);
 }
 
@@ -218,13 +218,13 @@ static __always_inline int frag_follow_ct(int fam, const struct packet *pkt, con
 	return LB_REWRITE;
 }
 
-/* frag_follow translates pkt, a PARSE_FRAGMENT, as its datagram's first
+/* frag4_follow translates pkt, a PARSE_FRAGMENT, as its datagram's first
  * fragment was: it fills pkt's ports and nat, and returns LB_REWRITE.
  * With replies_only, only a reply is (tc egress: lb_stack_reply).
  * Returns LB_PASS, counted, for an ICMP fragment and for a later
  * fragment whose first was not translated within FRAG_TIMEOUT or whose
  * flow has expired. */
-static __always_inline int frag_follow(const void *data, const void *data_end, struct packet *pkt,
+static __always_inline int frag4_follow(const void *data, const void *data_end, struct packet *pkt,
 				       int replies_only, struct nat *nat)
 {
 	const struct iphdr *ip = data + ETH_HLEN;
@@ -236,7 +236,7 @@ static __always_inline int frag_follow(const void *data, const void *data_end, s
 	if ((void *)(ip + 1) > data_end || !(ip->frag_off & bpf_htons(IP_OFFSET)) ||
 	    (pkt->proto != IP_PROTO_TCP && pkt->proto != IP_PROTO_UDP))
 		goto pass;
-	frag_key_of(ip, pkt, &fkey);
+	frag4_key_of(ip, pkt, &fkey);
 	f = bpf_map_lookup_elem(&tlb_frags, &fkey);
 	now = compat_now();
 	if (!f || now > f->expires)
@@ -290,7 +290,7 @@ static __always_inline void frag6_key_of(const struct ip6_frag *fh, const struct
 }
 
 #if defined(LB_FRAME)
-/* frag6_remember_first is frag_remember_first for IPv6: the ports of the
+/* frag6_remember_first is frag4_remember_first for IPv6: the ports of the
  * first fragment in ctx's frame, whose L4 header is at l4_off (after its
  * fragment header: parse_ipv6 found both, and the TCP or UDP header
  * complete), remembered in tlb_frags6 when its datagram is ours. A
@@ -352,7 +352,7 @@ static __always_inline void frag6_remember(void *ctx, const struct packet6 *pkt)
 }
 #endif
 
-/* frag6_follow is frag_follow for pkt, an IPv6 PARSE_FRAGMENT (its nat a
+/* frag6_follow is frag4_follow for pkt, an IPv6 PARSE_FRAGMENT (its nat a
  * struct nat6): the ports from tlb_frags6, the translation of its
  * first's flow, of the IPv6 header's addresses only. */
 static __always_inline int frag6_follow(const void *data, const void *data_end, struct packet6 *pkt,

@@ -17,7 +17,7 @@
  *          resolving the next hop: tc bpf_redirect_neigh, XDP through
  *          tc_uplink;
  *   STACK  up the host stack.
- * ct_touch (conntrack.h) marks both entries of an active flow NEIGH at most once
+ * ct_touch_fam (conntrack.h) marks both entries of an active flow NEIGH at most once
  * a second, so a changed route, next hop or pod interface is picked up
  * (entries on the STACK path stay there).
  *
@@ -158,13 +158,13 @@ static __always_inline void fwd_classify(long rc, const struct bpf_fib_lookup *p
 	}
 }
 
-/* fwd_resolve asks the FIB where IPv4 packets from src to dst, arriving
+/* fwd_resolve4 asks the FIB where IPv4 packets from src to dst, arriving
  * on iif, go, and fills t (fwd_classify). want_src asks the FIB for the
  * route's preferred source address (BPF_FIB_LOOKUP_SRC, Linux 6.7+).
  * Returns that address, 0 when not asked for or there is none. The
  * lookup is an ingress lookup, as the stack's ip_forward does it: policy
  * routing by iif, and STACK where forwarding is off. */
-static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
+static __always_inline __be32 fwd_resolve4(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
 					  int want_src, int no_stack, struct fwd_target *t)
 {
 	struct bpf_fib_lookup p = {
@@ -185,7 +185,7 @@ static __always_inline __be32 fwd_resolve(void *ctx, __u32 iif, __be32 src, __be
 	fwd_classify(rc, &p, no_stack, t);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return 0;
-	return want_src ? compat_fib_src(&p) : 0;
+	return want_src ? compat_fib_src4(&p) : 0;
 }
 
 /* tlb_fib6_scratch holds the parameters of an IPv6 FIB lookup
@@ -205,7 +205,7 @@ struct {
 	__type(value, struct fib_room);
 } tlb_fib6_scratch SEC(".maps");
 
-/* fwd_resolve6 is fwd_resolve for IPv6 packets from src to dst. With
+/* fwd_resolve6 is fwd_resolve4 for IPv6 packets from src to dst. With
  * src_out, it asks for the route's preferred source address and writes
  * it there (compat_fib_src6: the FIB's answer, or on a kernel without
  * BPF_FIB_LOOKUP_SRC the egress interface's address the agent gave; ::
@@ -231,7 +231,7 @@ static __always_inline void fwd_resolve6(void *ctx, __u32 iif, const union tlb_a
 	__builtin_memset(p, 0, sizeof(*p));
 	p->family = AF_INET6;
 	p->l4_protocol = proto;
-	/* fwd_resolve's length that fits any MTU. */
+	/* fwd_resolve4's length that fits any MTU. */
 	p->tot_len = sizeof(struct ipv6hdr);
 	p->ifindex = iif;
 	__builtin_memcpy(p->ipv6_src, src, sizeof(p->ipv6_src));
@@ -243,7 +243,7 @@ static __always_inline void fwd_resolve6(void *ctx, __u32 iif, const union tlb_a
 }
 
 /* fwd_mark_stale makes the next packet of an entry resolve its target
- * again (ct_touch, at most once a second per active flow): a route, a
+ * again (ct_touch_fam, at most once a second per active flow): a route, a
  * next hop's MAC or a pod's interface may have changed since. A flow the
  * stack forwards stays with the stack: its route leads through an
  * interface topolb does not own, and asking again every second would
@@ -272,20 +272,20 @@ static __always_inline void fwd_to_ct(struct ct_value *ct, const struct fwd_targ
 	ct->redirect = t->kind;
 }
 
-/* fwd_refresh resolves a NEIGH target again for a packet of its flow
+/* fwd_refresh4 resolves a NEIGH target again for a packet of its flow
  * (dst is the packet's destination after translation) and, when the FIB
  * now knows more, stores the result in the flow's entry ct (NULL for a
  * flow created by this packet: it was resolved a moment ago). */
-static __always_inline void fwd_refresh(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
+static __always_inline void fwd_refresh4(void *ctx, __u32 iif, __be32 src, __be32 dst, __u8 proto,
 					int no_stack, struct ct_value *ct, struct fwd_target *t)
 {
 	if (t->kind != CT_REDIRECT_NEIGH || !ct)
 		return;
-	fwd_resolve(ctx, iif, src, dst, proto, 0, no_stack, t);
+	fwd_resolve4(ctx, iif, src, dst, proto, 0, no_stack, t);
 	fwd_to_ct(ct, t);
 }
 
-/* fwd_refresh6 is fwd_refresh for an IPv6 packet. */
+/* fwd_refresh6 is fwd_refresh4 for an IPv6 packet. */
 static __always_inline void fwd_refresh6(void *ctx, __u32 iif, const union tlb_addr *src, const union tlb_addr *dst,
 					 __u8 proto, int no_stack, struct ct_value *ct, struct fwd_target *t)
 {
@@ -416,8 +416,8 @@ static __always_inline int fwd_xdp_fam(int fam, struct xdp_md *ctx, const struct
 	}
 }
 
-/* fwd_xdp is fwd_xdp_fam for IPv4. */
-static __always_inline int fwd_xdp(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
+/* fwd_xdp4 is fwd_xdp_fam for IPv4. */
+static __always_inline int fwd_xdp4(struct xdp_md *ctx, const struct fwd_target *t, int no_stack)
 {
 	return fwd_xdp_fam(PKT_IPV4, ctx, t, no_stack);
 }
@@ -491,8 +491,8 @@ static __always_inline int fwd_skb_fam(int fam, struct __sk_buff *skb, const str
 	}
 }
 
-/* fwd_skb is fwd_skb_fam for IPv4. */
-static __always_inline int fwd_skb(struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
+/* fwd_skb4 is fwd_skb_fam for IPv4. */
+static __always_inline int fwd_skb4(struct __sk_buff *skb, const struct fwd_target *t, int no_stack)
 {
 	return fwd_skb_fam(PKT_IPV4, skb, t, no_stack);
 }

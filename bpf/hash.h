@@ -38,7 +38,7 @@ static __always_inline __u32 flow_hash_of(__u32 src, __u32 dst, const struct pac
 	return jhash_3words(src, dst, ((__u32)pkt->sport << 16 | pkt->dport) ^ pkt->proto, cfg_hash_seed);
 }
 
-static __always_inline __u32 flow_hash(const struct packet *pkt)
+static __always_inline __u32 flow_hash4(const struct packet *pkt)
 {
 	return flow_hash_of(pkt->saddr, pkt->daddr, pkt);
 }
@@ -50,7 +50,7 @@ static __always_inline __u32 flow_hash_fam(int fam, const struct packet *pkt)
 {
 	if (fam == PKT_IPV6)
 		return flow_hash_of(addr_fold(&packet6_of(pkt)->saddr), addr_fold(&packet6_of(pkt)->daddr), pkt);
-	return flow_hash(pkt);
+	return flow_hash4(pkt);
 }
 
 #endif

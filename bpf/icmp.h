@@ -75,7 +75,7 @@ _Static_assert(ETH_HLEN + 2 * IP_MAX_HLEN + ICMP_HLEN <= ICMP_OFF_MASK, "ICMP_OF
 _Static_assert(ETH_HLEN + 2 * (IP6_HLEN + IP6_MAX_EXT_LEN) + ICMP_HLEN <= ICMP_OFF_MASK,
 	       "ICMP_OFF_MASK must cover the quoted IPv6 L4 offset");
 
-static __always_inline int icmp_is_error(__u8 type)
+static __always_inline int icmp4_is_error(__u8 type)
 {
 	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED;
 }
@@ -146,7 +146,7 @@ static __always_inline void icmp_flow_rewrite(const struct ct_value *ct, struct 
 	dst->new_port = icmp_end_port(dst_from, ct, dst->port);
 }
 
-/* icmp_xlate translates, in place, an ICMP error about a translated flow.
+/* icmp4_xlate translates, in place, an ICMP error about a translated flow.
  * pkt is the error as parse_packet read it (PARSE_ICMP), arrived on iif
  * (0: sent by the node's own stack); [data, data_end) must hold its
  * headers up to ICMP_PARSE_LEN where the frame has them.
@@ -156,7 +156,7 @@ static __always_inline void icmp_flow_rewrite(const struct ct_value *ct, struct 
  * from outside, quoting a flow whose replies come from elsewhere, would
  * lower the client's path MTU), LB_PASS otherwise (not an error, not
  * about a translated flow, or not quoting enough). */
-static __always_inline int icmp_xlate(void *data, void *data_end, const struct packet *pkt, __u32 iif)
+static __always_inline int icmp4_xlate(void *data, void *data_end, const struct packet *pkt, __u32 iif)
 {
 	__u32 icmp_off = pkt->l4_off & L4_OFF_MASK;
 	struct iphdr *ip = data + ETH_HLEN;
@@ -173,7 +173,7 @@ static __always_inline int icmp_xlate(void *data, void *data_end, const struct p
 
 	if ((void *)(ip + 1) > data_end || (void *)(icmp + 1) > data_end)
 		return LB_PASS;
-	if (!icmp_is_error(icmp->type))
+	if (!icmp4_is_error(icmp->type))
 		return LB_PASS;
 	in = data + in_off;
 	if ((void *)(in + 1) > data_end)
@@ -201,7 +201,7 @@ static __always_inline int icmp_xlate(void *data, void *data_end, const struct p
 	key.sport = dst.port;
 	key.dport = src.port;
 	key.proto = in->protocol;
-	ct = ct_find(&key);
+	ct = ct_find4(&key);
 	if (!ct || compat_now() > ct->expires)
 		return LB_PASS;
 	if (!ct_iif_plausible(ct, iif)) {
@@ -273,7 +273,7 @@ static __always_inline const __u32 *icmp6_end_addr(__u8 from, const struct ct6_v
 	return addr;
 }
 
-/* icmp6_xlate is icmp_xlate for an ICMPv6 message (pkt a struct packet6,
+/* icmp6_xlate is icmp4_xlate for an ICMPv6 message (pkt a struct packet6,
  * PARSE_ICMP), arrived on iif; [data, data_end) must hold its headers up to
  * ICMP6_PARSE_LEN where the frame has them. The new addresses are read
  * from the flow's entry and the old ones from the packet, every checksum

@@ -44,7 +44,7 @@
 /* LB_FRAME is the hook's context type when it has a frame (struct xdp_md,
  * struct __sk_buff: both name it data and data_end); a hook without one
  * (the socket hooks, which never balance a packet) defines LB_NO_FRAME.
- * lb_frame_creates_state reads the frame again from the context, on the
+ * lb_frame_creates_state4 reads the frame again from the context, on the
  * new-flow path only: passing the frame pointers down would cost tc's
  * stack, which is at its limit. */
 #if defined(LB_FRAME)
@@ -56,7 +56,7 @@
 #else
 #error "entry file must define LB_FRAME (its context type) or LB_NO_FRAME before including lb.h"
 #endif
-#define lb_frame_creates_state(ctx, pkt) lb_frame_creates_state_fam(PKT_IPV4, ctx, pkt)
+#define lb_frame_creates_state4(ctx, pkt) lb_frame_creates_state_fam(PKT_IPV4, ctx, pkt)
 
 /* LB_REJECT6_PASSES: the entry file sets it to 1 when its hook does not
  * answer IPv6 rejects itself but passes them to a hook that runs the
@@ -84,7 +84,7 @@ static __always_inline void *lb_ct_key(int fam, const struct packet *pkt, struct
 		ct6_key_of(packet6_of(pkt), key6);
 		return key6;
 	}
-	ct_key_of(pkt, key4);
+	ct4_key_of(pkt, key4);
 	return key4;
 }
 
@@ -170,7 +170,7 @@ static __always_inline int lb_new_flow(int fam, void *ctx, __u32 iif, const stru
 	if (fam == PKT_IPV6)
 		replaced = flow6_create(ctx, iif, pkt, svc.id, &be, now, nat);
 	else
-		replaced = flow_create(ctx, iif, pkt, svc.id, &be, now, nat);
+		replaced = flow4_create(ctx, iif, pkt, svc.id, &be, now, nat);
 	if (replaced < 0)
 		return LB_DROP;
 	stat_inc(STAT_CT_CREATED);
@@ -211,16 +211,16 @@ static __always_inline int lb_process(int fam, void *ctx, __u32 iif, const struc
 	return lb_new_flow(fam, ctx, iif, pkt, 1, nat);
 }
 
-/* lb_classify runs the parser and the core; shared prologue of every hook. */
-static __always_inline int lb_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
+/* lb4_classify runs the parser and the core; shared prologue of every hook. */
+static __always_inline int lb4_classify(void *ctx, __u32 iif, void *data, void *data_end, __u32 frame_len,
 				       struct packet *pkt, struct nat *nat)
 {
 	switch (parse_packet(data, data_end, frame_len, pkt)) {
 	case PARSE_OK:
-		frag_remember(data, data_end, pkt);
+		frag4_remember(data, data_end, pkt);
 		return lb_process(PKT_IPV4, ctx, iif, pkt, nat);
 	case PARSE_FRAGMENT:
-		return frag_follow(data, data_end, pkt, 0, nat);
+		return frag4_follow(data, data_end, pkt, 0, nat);
 	case PARSE_ERROR:
 		stat_inc(STAT_DROP_PARSE_ERROR);
 		return LB_DROP;
@@ -296,7 +296,7 @@ static __always_inline int lb6_chain_frontend(void *ctx)
 }
 #endif
 
-/* lb6_classify is lb_classify for an IPv6 frame (ipv6.h): TCP and UDP go
+/* lb6_classify is lb4_classify for an IPv6 frame (ipv6.h): TCP and UDP go
  * to the core (a first fragment's ports remembered first, frag.h), later
  * fragments follow their first, ICMPv6 goes to icmp.h (LB_ICMP), a
  * packet to a frontend behind an extension chain longer than the walk is

@@ -97,7 +97,7 @@ struct {
 } tlb_ct_src SEC(".maps");
 
 /* tlb_ct_proven: sources that proved their address (a TCP client that
- * answered our reply: ct_touch's promotion), by exact address, both
+ * answered our reply: ct_touch_fam's promotion), by exact address, both
  * families (IPv4-mapped), each with its own budget of new flows
  * (conntrack.h, ct_src_take). A proven source is charged there instead of
  * in its tlb_ct_src cell, which a flood spoofing its address (or, for
@@ -113,8 +113,8 @@ struct {
 } tlb_ct_proven SEC(".maps");
 
 /* Room for the two entries of a flow: written from when it moves between
- * the conntrack tables (ct_touch), built in when it is created
- * (flow_create): 144 bytes the hooks' 512-byte stacks do not have. One
+ * the conntrack tables (ct_touch_fam), built in when it is created
+ * (flow4_create): 144 bytes the hooks' 512-byte stacks do not have. One
  * slot per CPU, used within one packet only, by one of the two. Not
  * shared and not pinned: each program object has its own. */
 struct ct_pair {

@@ -71,7 +71,7 @@ struct nat {
 	__u8 no_stack; /* a forward packet of a source-NATed flow: its source is this node's */
 	__u16 pad;
 	struct fwd_target fwd;
-	/* The entry the packet matched, where fwd_refresh stores what it
+	/* The entry the packet matched, where fwd_refresh4 stores what it
 	 * learns; NULL for a packet that created its flow. */
 	struct ct_value *ct;
 };
@@ -109,13 +109,13 @@ static __always_inline void nat_reverse(struct nat *n, struct ct_value *ct)
 	n->ct = ct;
 }
 
-/* nat_new_src and nat_new_dst are the packet's addresses after n. */
-static __always_inline __be32 nat_new_src(const struct packet *pkt, const struct nat *n)
+/* nat4_new_src and nat4_new_dst are the packet's addresses after n. */
+static __always_inline __be32 nat4_new_src(const struct packet *pkt, const struct nat *n)
 {
 	return n->flags & NAT_F_SRC ? n->saddr : pkt->saddr;
 }
 
-static __always_inline __be32 nat_new_dst(const struct packet *pkt, const struct nat *n)
+static __always_inline __be32 nat4_new_dst(const struct packet *pkt, const struct nat *n)
 {
 	return n->flags & NAT_F_DST ? n->daddr : pkt->daddr;
 }
@@ -284,10 +284,10 @@ static __noinline __attribute__((unused)) int snat_claim(int fam, __u32 h, void 
 	return snat_claim_in(PKT_IPV4, h, key, rev, now);
 }
 
-/* nat_rewrite_ip applies n's addresses to the IPv4 header ip, with the
+/* nat4_rewrite_ip applies n's addresses to the IPv4 header ip, with the
  * header checksum updated in place (always a full one; the update keeps
  * the header's sum, and so an skb's csum, unchanged). */
-static __always_inline void nat_rewrite_ip(struct iphdr *ip, const struct packet *pkt, const struct nat *n)
+static __always_inline void nat4_rewrite_ip(struct iphdr *ip, const struct packet *pkt, const struct nat *n)
 {
 	if (n->flags & NAT_F_DST) {
 		ip->check = csum_replace4(ip->check, pkt->daddr, n->daddr);
@@ -365,7 +365,7 @@ static __always_inline int nat_rewrite_xdp_fam(int fam, struct xdp_md *ctx, cons
 		if (fam == PKT_IPV6)
 			nat6_rewrite_ip(l3, n);
 		else
-			nat_rewrite_ip(l3, pkt, n);
+			nat4_rewrite_ip(l3, pkt, n);
 		return 0;
 	}
 	if (pkt->proto == IP_PROTO_TCP) {
@@ -400,7 +400,7 @@ static __always_inline int nat_rewrite_xdp_fam(int fam, struct xdp_md *ctx, cons
 	if (fam == PKT_IPV6)
 		nat6_rewrite_ip(l3, n);
 	else
-		nat_rewrite_ip(l3, pkt, n);
+		nat4_rewrite_ip(l3, pkt, n);
 	/* UDP checksum 0 means "none" and stays 0; a computed 0 is sent as
 	 * its one's-complement twin, all ones (RFC 768). */
 	if (pkt->proto == IP_PROTO_UDP) {
@@ -413,8 +413,8 @@ static __always_inline int nat_rewrite_xdp_fam(int fam, struct xdp_md *ctx, cons
 	return 0;
 }
 
-/* nat_rewrite_xdp is nat_rewrite_xdp_fam for IPv4. */
-static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct packet *pkt, const struct nat *n)
+/* nat_rewrite_xdp4 is nat_rewrite_xdp_fam for IPv4. */
+static __always_inline int nat_rewrite_xdp4(struct xdp_md *ctx, const struct packet *pkt, const struct nat *n)
 {
 	return nat_rewrite_xdp_fam(PKT_IPV4, ctx, pkt, n);
 }
@@ -422,7 +422,7 @@ static __always_inline int nat_rewrite_xdp(struct xdp_md *ctx, const struct pack
 /* ---- rewriting skbs (tc) ---- */
 
 /* nat_skb_port_csum updates the L4 checksum at csum_off for one port
- * (nat_skb_l4_csum). */
+ * (nat4_skb_l4_csum). */
 static __always_inline int nat_skb_port_csum(struct __sk_buff *skb, __u32 csum_off, __u64 mangled0,
 					     __be16 old_port, __be16 new_port)
 {
@@ -432,11 +432,11 @@ static __always_inline int nat_skb_port_csum(struct __sk_buff *skb, __u32 csum_o
 	return 0;
 }
 
-/* nat_skb_l4_csum updates the L4 checksum at csum_off for one address and
+/* nat4_skb_l4_csum updates the L4 checksum at csum_off for one address and
  * one port. The csum helper knows CHECKSUM_PARTIAL (pod traffic, whose
  * field holds only the pseudo-header sum) from a full checksum and keeps
  * skb->csum right. */
-static __always_inline int nat_skb_l4_csum(struct __sk_buff *skb, __u32 csum_off, __u64 mangled0,
+static __always_inline int nat4_skb_l4_csum(struct __sk_buff *skb, __u32 csum_off, __u64 mangled0,
 					   __be32 old_addr, __be32 new_addr, __be16 old_port, __be16 new_port)
 {
 	if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled0 | sizeof(new_addr)))
@@ -478,10 +478,10 @@ static __always_inline void *nat_skb_ports(struct __sk_buff *skb, __u32 l4_off, 
 	return l3;
 }
 
-/* nat_rewrite_skb applies n to the skb: L4 checksum through the helper,
- * then the ports and the IPv4 header (nat_rewrite_ip) written directly,
+/* nat4_rewrite_skb applies n to the skb: L4 checksum through the helper,
+ * then the ports and the IPv4 header (nat4_rewrite_ip) written directly,
  * which is cheaper than bpf_skb_store_bytes. Returns 0 on success. */
-static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct packet *pkt, const struct nat *n)
+static __always_inline int nat4_rewrite_skb(struct __sk_buff *skb, const struct packet *pkt, const struct nat *n)
 {
 	__u32 l4_off = pkt->l4_off & L4_OFF_MASK;
 	__u32 csum_off;
@@ -495,21 +495,21 @@ static __always_inline int nat_rewrite_skb(struct __sk_buff *skb, const struct p
 		ip = data + ETH_HLEN;
 		if ((void *)(ip + 1) > data_end)
 			return -1;
-		nat_rewrite_ip(ip, pkt, n);
+		nat4_rewrite_ip(ip, pkt, n);
 		return 0;
 	}
 	csum_off = nat_skb_csum_off(pkt, &mangled0);
 	if ((n->flags & NAT_F_DST) &&
-	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->daddr, n->daddr, pkt->dport, n->dport))
+	    nat4_skb_l4_csum(skb, csum_off, mangled0, pkt->daddr, n->daddr, pkt->dport, n->dport))
 		return -1;
 	if ((n->flags & NAT_F_SRC) &&
-	    nat_skb_l4_csum(skb, csum_off, mangled0, pkt->saddr, n->saddr, pkt->sport, n->sport))
+	    nat4_skb_l4_csum(skb, csum_off, mangled0, pkt->saddr, n->saddr, pkt->sport, n->sport))
 		return -1;
 
 	ip = nat_skb_ports(skb, l4_off, sizeof(*ip), n);
 	if (!ip)
 		return -1;
-	nat_rewrite_ip(ip, pkt, n);
+	nat4_rewrite_ip(ip, pkt, n);
 	return 0;
 }
 

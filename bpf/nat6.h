@@ -18,7 +18,7 @@
 #include "nat.h"
 #include "structs.h"
 
-/* nat6_new_src and nat6_new_dst are nat_new_src and nat_new_dst (nat.h)
+/* nat6_new_src and nat6_new_dst are nat4_new_src and nat4_new_dst (nat.h)
  * of an IPv6 packet. */
 static __always_inline const union tlb_addr *nat6_new_src(const struct packet *pkt, const struct nat *n)
 {

@@ -120,8 +120,8 @@ static __always_inline void *reject_room_get(void)
 	return r ? r->room : NULL;
 }
 
-/* reject_frame_get returns this CPU's IPv4 reply frame, zeroed, or NULL. */
-static __always_inline struct reject_frame *reject_frame_get(void)
+/* reject4_frame_get returns this CPU's IPv4 reply frame, zeroed, or NULL. */
+static __always_inline struct reject_frame *reject4_frame_get(void)
 {
 	struct reject_frame *f = reject_room_get();
 
@@ -215,9 +215,9 @@ static __always_inline int reject_eth(void *data, void *data_end, struct ethhdr 
 	return 0;
 }
 
-/* reject_headers fills the Ethernet and IPv4 headers of a reply to the
+/* reject4_headers fills the Ethernet and IPv4 headers of a reply to the
  * packet at data: back to its sender, from its destination. */
-static __always_inline int reject_headers(void *data, void *data_end, struct reject_frame *f,
+static __always_inline int reject4_headers(void *data, void *data_end, struct reject_frame *f,
 					  __u8 proto, __u16 l3_len)
 {
 	struct iphdr *ip = data + ETH_HLEN;
@@ -290,18 +290,18 @@ static __always_inline int reject_segment(void *data, void *data_end, const stru
 	return 0;
 }
 
-/* reject_tcp builds the reset for the TCP segment pkt. Returns the frame
+/* reject4_tcp builds the reset for the TCP segment pkt. Returns the frame
  * length, or -1 (reject_segment). */
-static __always_inline int reject_tcp(void *data, void *data_end, const struct packet *pkt,
+static __always_inline int reject4_tcp(void *data, void *data_end, const struct packet *pkt,
 				      struct reject_frame *f)
 {
-	if (reject_headers(data, data_end, f, IP_PROTO_TCP, sizeof(f->ip) + sizeof(f->tcp)) ||
+	if (reject4_headers(data, data_end, f, IP_PROTO_TCP, sizeof(f->ip) + sizeof(f->tcp)) ||
 	    reject_segment(data, data_end, pkt, &f->ip.saddr, 2 * sizeof(f->ip.saddr), &f->tcp))
 		return -1;
 	return ETH_HLEN + sizeof(f->ip) + sizeof(f->tcp);
 }
 
-/* reject6_tcp is reject_tcp for IPv6. */
+/* reject6_tcp is reject4_tcp for IPv6. */
 static __always_inline int reject6_tcp(void *data, void *data_end, const struct packet *pkt,
 				       struct reject6_frame *f)
 {
@@ -311,9 +311,9 @@ static __always_inline int reject6_tcp(void *data, void *data_end, const struct 
 	return ETH_HLEN + sizeof(f->ip6) + sizeof(f->tcp);
 }
 
-/* reject_udp builds the ICMP port unreachable for the UDP datagram pkt.
+/* reject4_udp builds the ICMP port unreachable for the UDP datagram pkt.
  * Returns the frame length, or -1. */
-static __always_inline int reject_udp(void *data, void *data_end, const struct packet *pkt,
+static __always_inline int reject4_udp(void *data, void *data_end, const struct packet *pkt,
 				      struct reject_frame *f)
 {
 	__u32 quote_len = (pkt->l4_off - ETH_HLEN + ICMP_QUOTED_L4) & REJECT_LEN_MASK;
@@ -323,7 +323,7 @@ static __always_inline int reject_udp(void *data, void *data_end, const struct p
 
 	if (quote_len > sizeof(f->quote) || (void *)from + quote_len > data_end)
 		return -1;
-	if (reject_headers(data, data_end, f, IP_PROTO_ICMP, sizeof(f->ip) + icmp_len))
+	if (reject4_headers(data, data_end, f, IP_PROTO_ICMP, sizeof(f->ip) + icmp_len))
 		return -1;
 	/* The quote is the datagram's IPv4 header and first 8 bytes, as the
 	 * client sent them. */
@@ -397,17 +397,17 @@ static __always_inline int reject_take(int len)
 	return len;
 }
 
-/* reject_prepare builds the answer to pkt, a new IPv4 flow to an empty
+/* reject4_prepare builds the answer to pkt, a new IPv4 flow to an empty
  * reject frontend, into f and takes it from the budget (reject_take). */
-static __always_inline int reject_prepare(void *data, void *data_end, const struct packet *pkt,
+static __always_inline int reject4_prepare(void *data, void *data_end, const struct packet *pkt,
 					  struct reject_frame *f)
 {
 	if (pkt->proto == IP_PROTO_TCP)
-		return reject_take(reject_tcp(data, data_end, pkt, f));
-	return reject_take(reject_udp(data, data_end, pkt, f));
+		return reject_take(reject4_tcp(data, data_end, pkt, f));
+	return reject_take(reject4_udp(data, data_end, pkt, f));
 }
 
-/* reject6_prepare is reject_prepare for an IPv6 packet of skb. */
+/* reject6_prepare is reject4_prepare for an IPv6 packet of skb. */
 static __always_inline int reject6_prepare(struct __sk_buff *skb, void *data, void *data_end,
 					   const struct packet *pkt, struct reject6_frame *f)
 {

@@ -60,7 +60,7 @@ static __always_inline int tc_icmp(int fam, struct __sk_buff *skb, const struct 
 		ret = icmp6_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, skb->ingress_ifindex);
 	} else {
 		tc_pull(skb, ICMP_PARSE_LEN);
-		ret = icmp_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, skb->ingress_ifindex);
+		ret = icmp4_xlate((void *)(long)skb->data, (void *)(long)skb->data_end, pkt, skb->ingress_ifindex);
 	}
 	return ret == LB_DROP ? TC_ACT_SHOT : TC_PASS;
 }
@@ -92,10 +92,10 @@ static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struc
 			return TC_ACT_SHOT;
 		len = reject6_prepare(skb, data, data_end, pkt, f);
 	} else {
-		f = reject_frame_get();
+		f = reject4_frame_get();
 		if (!f)
 			return TC_ACT_SHOT;
-		len = reject_prepare(data, data_end, pkt, f);
+		len = reject4_prepare(data, data_end, pkt, f);
 	}
 	if (len < ETH_HLEN || len > REJECT6_MAX_LEN)
 		return TC_ACT_SHOT;
@@ -117,7 +117,7 @@ static __always_inline int tc_reject(int fam, struct __sk_buff *skb, const struc
 	return bpf_redirect_peer(skb->ifindex, 0);
 }
 
-/* tc_balance6 is tc_balance for an IPv6 frame (skb->protocol): parse,
+/* tc_balance6 is tc_balance4 for an IPv6 frame (skb->protocol): parse,
  * decide (lb.h, with the IPv6 conntrack), rewrite (nat6.h) and forward
  * (fwd.h), as IPv4 is. A new flow to an empty reject frontend is answered
  * as in IPv4 (reject.h: a TCP reset, ICMPv6 port unreachable), and an
@@ -156,9 +156,9 @@ static __always_inline int tc_balance6(struct __sk_buff *skb)
 	}
 }
 
-/* tc_balance is the whole balancing path of a tcx ingress: parse, decide
+/* tc_balance4 is the whole balancing path of a tcx ingress: parse, decide
  * (lb.h), rewrite and forward, answer ICMP errors and rejects. */
-static __always_inline int tc_balance(struct __sk_buff *skb)
+static __always_inline int tc_balance4(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	struct nat nat = {};
@@ -171,15 +171,15 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	switch (lb_classify(skb, skb->ingress_ifindex, data, data_end, skb->len, &pkt, &nat)) {
+	switch (lb4_classify(skb, skb->ingress_ifindex, data, data_end, skb->len, &pkt, &nat)) {
 	case LB_REWRITE:
-		if (nat_rewrite_skb(skb, &pkt, &nat)) {
+		if (nat4_rewrite_skb(skb, &pkt, &nat)) {
 			stat_inc(STAT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		fwd_refresh(skb, skb->ingress_ifindex, nat_new_src(&pkt, &nat), nat_new_dst(&pkt, &nat), pkt.proto,
+		fwd_refresh4(skb, skb->ingress_ifindex, nat4_new_src(&pkt, &nat), nat4_new_dst(&pkt, &nat), pkt.proto,
 			    nat.no_stack, nat.ct, &nat.fwd);
-		return fwd_skb(skb, &nat.fwd, nat.no_stack);
+		return fwd_skb4(skb, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
 		return tc_icmp(PKT_IPV4, skb, &pkt);
 	case LB_REJECT:
@@ -196,7 +196,7 @@ static __always_inline int tc_balance(struct __sk_buff *skb)
  * chain, so the two inlined into one frame would not fit. */
 static __attribute__((noinline, unused)) int tc_lb4(struct __sk_buff *skb)
 {
-	return tc_balance(skb);
+	return tc_balance4(skb);
 }
 
 static __attribute__((noinline, unused)) int tc_lb6(struct __sk_buff *skb)

@@ -110,18 +110,18 @@ static __attribute__((noinline)) int tc_egress4(struct __sk_buff *skb)
 	case PARSE_OK:
 		if (skb->ingress_ifindex != 0 || lb_stack_reply(PKT_IPV4, &pkt, &nat) != LB_REWRITE)
 			return TC_PASS;
-		frag_remember(data, data_end, &pkt);
+		frag4_remember(data, data_end, &pkt);
 		break;
 	case PARSE_FRAGMENT:
 		/* A host-network backend's reply, too big for the path
 		 * (frag.h). */
-		if (skb->ingress_ifindex != 0 || frag_follow(data, data_end, &pkt, 1, &nat) != LB_REWRITE)
+		if (skb->ingress_ifindex != 0 || frag4_follow(data, data_end, &pkt, 1, &nat) != LB_REWRITE)
 			return TC_PASS;
 		break;
 	default:
 		return TC_PASS;
 	}
-	if (nat_rewrite_skb(skb, &pkt, &nat)) {
+	if (nat4_rewrite_skb(skb, &pkt, &nat)) {
 		stat_inc(STAT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}

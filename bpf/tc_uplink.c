@@ -65,7 +65,7 @@ static __attribute__((noinline)) int uplink_handover(struct __sk_buff *skb, int 
 	m->magic = 0;
 	*verdict = TC_PASS;
 	if (t.kind == CT_REDIRECT_PEER || t.kind == CT_REDIRECT_NEIGH)
-		*verdict = tc_is6(skb) ? fwd_skb_fam(PKT_IPV6, skb, &t, no_stack) : fwd_skb(skb, &t, no_stack);
+		*verdict = tc_is6(skb) ? fwd_skb_fam(PKT_IPV6, skb, &t, no_stack) : fwd_skb4(skb, &t, no_stack);
 	return 1;
 }
 

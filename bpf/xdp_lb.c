@@ -65,12 +65,12 @@ static __always_inline int xdp_reject(struct xdp_md *ctx, const struct packet *p
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct reject_frame *f = reject_frame_get();
+	struct reject_frame *f = reject4_frame_get();
 	int len;
 
 	if (!f)
 		return XDP_DROP;
-	len = reject_prepare(data, data_end, pkt, f);
+	len = reject4_prepare(data, data_end, pkt, f);
 	if (len < 0)
 		return XDP_DROP;
 	len &= REJECT_LEN_MASK;
@@ -98,7 +98,7 @@ __noinline int xdp_icmp(struct xdp_md *ctx)
 	struct packet pkt = {};
 
 	if (parse_packet(data, data_end, data_end - data, &pkt) == PARSE_ICMP &&
-	    icmp_xlate(data, data_end, &pkt, ctx->ingress_ifindex) == LB_DROP)
+	    icmp4_xlate(data, data_end, &pkt, ctx->ingress_ifindex) == LB_DROP)
 		return XDP_DROP;
 	return XDP_PASS;
 }
@@ -111,15 +111,15 @@ static __attribute__((noinline)) int xdp_lb4(struct xdp_md *ctx)
 	struct packet pkt = {};
 	struct nat nat = {};
 
-	switch (lb_classify(ctx, ctx->ingress_ifindex, data, data_end, data_end - data, &pkt, &nat)) {
+	switch (lb4_classify(ctx, ctx->ingress_ifindex, data, data_end, data_end - data, &pkt, &nat)) {
 	case LB_REWRITE:
-		if (nat_rewrite_xdp(ctx, &pkt, &nat)) {
+		if (nat_rewrite_xdp4(ctx, &pkt, &nat)) {
 			stat_inc(STAT_DROP_REWRITE);
 			return XDP_DROP;
 		}
-		fwd_refresh(ctx, ctx->ingress_ifindex, nat_new_src(&pkt, &nat), nat_new_dst(&pkt, &nat), pkt.proto,
+		fwd_refresh4(ctx, ctx->ingress_ifindex, nat4_new_src(&pkt, &nat), nat4_new_dst(&pkt, &nat), pkt.proto,
 			    nat.no_stack, nat.ct, &nat.fwd);
-		return fwd_xdp(ctx, &nat.fwd, nat.no_stack);
+		return fwd_xdp4(ctx, &nat.fwd, nat.no_stack);
 	case LB_ICMP:
 		return xdp_icmp(ctx);
 	case LB_REJECT:

@@ -159,13 +159,13 @@ func measureChain(b *testing.B, progs []*ebpf.Program, against []int, frame func
 // the real program) and prints and returns its rows. Each step's delta
 // is against the program before it. With refresh, the real program also
 // runs twice right after the baseline, as steps "refresh" and "again":
-// a packet whose flow has seen none for a second takes ct_touch's
+// a packet whose flow has seen none for a second takes ct_touch_fam's
 // refresh (the peer entry's lookup, a second cache miss when cold, and
 // both entries' expiry written), which a program timed after it within
 // the second skips. The refresh's delta is against "again" (the same
 // program on the same flows a pass later): what the refresh costs. A
 // keys=cold round outlasts a second on this machine, so the refresh
-// recurs in whichever later variant with ct_touch comes first past the
+// recurs in whichever later variant with ct_touch_fam comes first past the
 // second (its delta carries it, the next one's gives it back). bad gets
 // the step's name.
 func chainRows(b *testing.B, chain string, keys string, services int, base, real *ebpf.Program, variants []floorVariant,
@@ -275,7 +275,7 @@ func stepVerdicts(rows []stepRow) []string {
 		for _, r := range rs {
 			switch r.step {
 			case "refresh":
-				refresh = fmt.Sprintf("; a flow's first packet after a second (ct_touch's refresh) %+.0f more", r.delta)
+				refresh = fmt.Sprintf("; a flow's first packet after a second (ct_touch_fam's refresh) %+.0f more", r.delta)
 			case "baseline", "again", "lookup", "lookup_miss":
 			case "rewrite":
 				if k.chain != "tc_new_flow" {

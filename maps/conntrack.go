@@ -108,7 +108,7 @@ func monotonicNow() (uint64, error) {
 }
 
 // ctPeerKey is the key of the other direction's entry of the flow whose
-// entry v is stored under k. The mirror of ct_peer_key in bpf/conntrack.h: change
+// entry v is stored under k. The mirror of ct4_peer_key in bpf/conntrack.h: change
 // both together.
 func ctPeerKey(k tcCtKey, v tcCtValue) tcCtKey {
 	snat := v.Flags&uint8(tcCtFlagCT_F_SNAT) != 0

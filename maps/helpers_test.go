@@ -135,7 +135,7 @@ func snatPortOf(src, dst netip.AddrPort, proto uint8, try int, r portrange.Range
 	return r.Min + uint16(h%uint32(r.Size()))
 }
 
-// flowHash is an independent Go copy of flow_hash (kernel jhash_3words),
+// flowHash is an independent Go copy of flow_hash4 (kernel jhash_3words),
 // of either family: an IPv6 address is folded into 32 bits first
 // (addr_fold, the XOR of its four words).
 func flowHash(src, dst netip.AddrPort, proto uint8) uint32 {

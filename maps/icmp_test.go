@@ -28,7 +28,7 @@ const (
 func addrOf(ap string) string { return netip.MustParseAddrPort(ap).Addr().String() }
 
 // plantSNATFlow writes the two conntrack entries the datapath's source NAT
-// (flow_create, bpf/flow.h) creates for a flow client -> vip sent to backend
+// (flow4_create, bpf/flow.h) creates for a flow client -> vip sent to backend
 // from nat, once established, as docs/datapath.md documents them: forward {backend,
 // CT_F_SNAT, nat}, reverse keyed backend -> nat {vip, CT_F_SNAT, client}.
 // IPv6 addresses go to the IPv6 tables, in ct6_value's addresses.

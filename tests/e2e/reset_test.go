@@ -165,7 +165,7 @@ func TestWrkNoReset(t *testing.T) {
 		// finds its other half gone was broken by the datapath itself: a
 		// packet of one direction took the flow for an orphan while a
 		// packet of the other moved it between the tables (about 100 a
-		// round of 15 s before ct_touch looked in both).
+		// round of 15 s before ct_touch_fam looked in both).
 		if n := after[maps.StatConntrackOrphan] - before[maps.StatConntrackOrphan]; n != 0 {
 			t.Errorf("round %d: %d conntrack entries found their flow's other entry gone", r+1, n)
 		}
