@@ -20,6 +20,7 @@ import (
 
 	"github.com/topolb/topolb/internal/kubetest"
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/testutil"
 	"github.com/topolb/topolb/kube"
 	dpmaps "github.com/topolb/topolb/maps"
 	"github.com/topolb/topolb/topology"
@@ -362,12 +363,7 @@ func TestIntegrationAPIServerOutage(t *testing.T) {
 	}
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+var must = testutil.Must
 
 // programmedBackends reads every frontend's active backends back from the
 // kernel maps, keyed as DebugState.Programmed.

@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/testutil"
 )
 
 // node1 and node2 of the real-traffic topology:
@@ -29,18 +27,9 @@ type testbed struct {
 	node1, node2, client, b1, b2, b3 *nettest.NS
 }
 
-// must fails the test on err, or skips it, with err as the reason, when
-// err says the kernel lacks a feature (ebpf.ErrNotSupported: tcx links
-// before Linux 6.6, needed to attach).
-func must(t *testing.T, err error) {
-	t.Helper()
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		t.Skipf("kernel lacks a feature: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+// must fails the test on err, or skips it where the kernel lacks a
+// feature (testutil.MustOrSkip).
+var must = testutil.MustOrSkip
 
 // pod wires a pod namespace to its node: eth0 in the pod, host in the
 // node, the node's address subnet.1 and the pod's subnet.2 in a /24, or,

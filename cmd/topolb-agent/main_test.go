@@ -21,6 +21,7 @@ import (
 
 	"github.com/topolb/topolb/agent"
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/testutil"
 )
 
 // The tests here run the real topolb-agent binary in a network namespace:
@@ -64,36 +65,14 @@ type bed struct {
 	log      string // the current agent's log file
 }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// agentBuild builds this package's binary once per test binary.
+var agentBuild = testutil.GoBuild{Pkg: "."}
 
-func agentBinary(t *testing.T) string {
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "topolb-agent-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "topolb-agent")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
+func agentBinary(t *testing.T) string { return agentBuild.Path(t) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	agentBuild.Clean()
 	os.Exit(code)
 }
 
@@ -401,12 +380,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+var must = testutil.Must
 
 // TestBadManifestKeepsDatapath rewrites the running agent's manifest with
 // what a hostile-but-fair user produces (emptied in place, as `cmd > file`

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/topolb/topolb/internal/nettest"
+	"github.com/topolb/topolb/internal/testutil"
 	dpmaps "github.com/topolb/topolb/maps"
 )
 
@@ -32,12 +33,7 @@ const (
 	mapsService  = "default/web:http"
 )
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+var must = testutil.Must
 
 func newMapsTestbed(t *testing.T) *mapsTestbed {
 	t.Helper()

@@ -8,22 +8,21 @@ package deploy
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/topolb/topolb/internal/testutil"
 )
 
 // repoRoot is the repository root, two levels above this package.
@@ -95,47 +94,20 @@ func envValue(c *v1.Container, name string) (string, bool) {
 	return "", false
 }
 
-var agentBuild struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
-}
+// agentBuild builds cmd/topolb-agent once per test binary. It uses the
+// caller's build settings; the image's static (CGO_ENABLED=0) build differs
+// only in how the Go runtime links, not in what the agent asks of the kernel.
+var agentBuild = testutil.GoBuild{Pkg: "./cmd/topolb-agent", Dir: "../.."}
 
 // TestMain removes the agent binary built by agentBinary.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if agentBuild.dir != "" {
-		os.RemoveAll(agentBuild.dir)
-	}
+	agentBuild.Clean()
 	os.Exit(code)
 }
 
-// agentBinary builds cmd/topolb-agent once per test binary. It uses the
-// caller's build settings, so `make test` reuses the cache `make build`
-// filled; the image's static (CGO_ENABLED=0) build differs only in how the
-// Go runtime links, not in what the agent asks of the kernel.
-func agentBinary(t testing.TB) string {
-	t.Helper()
-	agentBuild.once.Do(func() {
-		agentBuild.dir, agentBuild.err = os.MkdirTemp("", "topolb-deploy-test-")
-		if agentBuild.err != nil {
-			return
-		}
-		agentBuild.path = filepath.Join(agentBuild.dir, "topolb-agent")
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", agentBuild.path, "./cmd/topolb-agent")
-		cmd.Dir = repoRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			agentBuild.err = fmt.Errorf("go build ./cmd/topolb-agent: %w\n%s", err, out)
-		}
-	})
-	if agentBuild.err != nil {
-		t.Fatal(agentBuild.err)
-	}
-	return agentBuild.path
-}
+// agentBinary is the path of the agent agentBuild built.
+func agentBinary(t testing.TB) string { return agentBuild.Path(t) }
 
 // requireDatapathKernel skips t on kernels older than 6.6, which lack the
 // tcx attach point the agent uses.

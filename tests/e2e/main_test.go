@@ -112,12 +112,8 @@ func leftovers() string {
 	return strings.Join(left, ", ")
 }
 
-// requireRoot skips tests that cannot create namespaces or load BPF, as
-// nettest.RequireRoot does.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	nettest.RequireRoot(t)
-}
+// requireRoot skips tests that cannot create namespaces or load BPF.
+var requireRoot = nettest.RequireRoot
 
 // requireAgent skips when the agent is not written yet and fails when it
 // does not build.

@@ -43,12 +43,8 @@ name: tiny` + twoZones + `services:
   endpoints: [{pod: b1}, {pod: b2}]
 `
 
-// requireRoot skips tests that create network namespaces and load BPF
-// programs, as nettest.RequireRoot does.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	nettest.RequireRoot(t)
-}
+// requireRoot skips tests that cannot create namespaces or load BPF.
+var requireRoot = nettest.RequireRoot
 
 func tiny(t *testing.T) *Spec {
 	t.Helper()
