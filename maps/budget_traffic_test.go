@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,32 +92,11 @@ func TestRealTrafficSpoofedBudget(t *testing.T) {
 			// Five times the cell's budget, and less than a proven
 			// source's own.
 			const floodRate = 5 * perSource
-			ctx, stop := context.WithCancel(t.Context())
-			var wg sync.WaitGroup
-			defer wg.Wait()
-			defer stop()
 			fd := rawSocket(t, tb.node2, lb.Addr().Is6())
-			sent := 0
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				tick := time.NewTicker(time.Second / floodRate)
-				defer tick.Stop()
-				for i := 0; ; i++ {
-					select {
-					case <-ctx.Done():
-						return
-					case <-tick.C:
-					}
-					src := netip.AddrPortFrom(c.spoof(i), uint16(1024+rand.IntN(60000)))
-					f := tcpFrame(src.String(), lb.String(), tcpSYN, "").withSeq(rand.Uint32(), 0)
-					if err := sendRawFD(fd, f); err != nil {
-						t.Errorf("spoofed SYN %d: %v", i, err)
-						return
-					}
-					sent++
-				}
-			}()
+			fl := floodAt(t, floodRate, func(i int) error {
+				src := netip.AddrPortFrom(c.spoof(i), uint16(1024+rand.IntN(60000)))
+				return sendRawFD(fd, tcpFrame(src.String(), lb.String(), tcpSYN, "").withSeq(rand.Uint32(), 0))
+			})
 			// A second of flood spends the cell's burst many times over.
 			time.Sleep(time.Second)
 			answered := 0
@@ -130,8 +110,7 @@ func TestRealTrafficSpoofedBudget(t *testing.T) {
 				// The requests spread over the flood.
 				time.Sleep(100 * time.Millisecond)
 			}
-			stop()
-			wg.Wait()
+			sent := fl.Stop()
 			t.Logf("%d spoofed SYNs at %d/s; client answered %d/20; %s %d, %s %d", sent, floodRate, answered,
 				StatDropSourceLimit, counterOf(t, d, StatDropSourceLimit), StatSourceProven, counterOf(t, d, StatSourceProven))
 			// Over the cell's burst and rate for 2 s: spent several times.
@@ -165,6 +144,54 @@ func rawSocket(t *testing.T, ns *nettest.NS, v6 bool) int {
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	return fd
+}
+
+// flood sends packets at a rate from a goroutine of its own (floodAt).
+type flood struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sent   atomic.Int64
+	once   sync.Once
+}
+
+// floodAt calls send(i) for i = 0, 1, ... rate times a second until the
+// flood is stopped (Stop, or the test's end). A failed send fails t and
+// ends the flood.
+func floodAt(t *testing.T, rate int, send func(i int) error) *flood {
+	ctx, cancel := context.WithCancel(t.Context())
+	f := &flood{cancel: cancel}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if err := send(i); err != nil {
+				t.Errorf("flood packet %d: %v", i, err)
+				return
+			}
+			f.sent.Add(1)
+		}
+	}()
+	t.Cleanup(func() { f.Stop() })
+	return f
+}
+
+// Sent is the number of packets sent so far.
+func (f *flood) Sent() int { return int(f.sent.Load()) }
+
+// Stop ends the flood, waits for its goroutine and returns Sent.
+func (f *flood) Stop() int {
+	f.once.Do(func() {
+		f.cancel()
+		f.wg.Wait()
+	})
+	return f.Sent()
 }
 
 // sendRawFD sends f's IP packet (its Ethernet header left off) on fd, a

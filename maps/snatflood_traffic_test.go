@@ -2,7 +2,6 @@ package maps
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/netip"
@@ -11,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/topolb/topolb/internal/nettest"
 	"github.com/topolb/topolb/internal/portrange"
@@ -105,46 +102,16 @@ func TestRealTrafficSNATSpoofedFlood(t *testing.T) {
 		t.Fatalf("no answer through %s or %s before the flood", nodePortTCP, nodePortUDP)
 	}
 
-	// The flood: raw sockets opened in node2, used from here.
-	var fd int
-	must(t, tb.node2.Do(func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		return err
-	}))
-	t.Cleanup(func() { unix.Close(fd) })
+	// The flood, from a raw socket opened in node2.
+	fd := rawSocket(t, tb.node2, false)
 	const floodRate = 400 // packets a second, half TCP SYNs, half datagrams
-	stop := make(chan struct{})
-	var flooded atomic.Uint64
-	var floodErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(time.Second / floodRate)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(rand.IntN(256)), byte(1 + rand.IntN(254))}),
-				uint16(1024+rand.IntN(60000))).String()
-			f := tcpFrame(src, nodePortTCP, tcpSYN, "")
-			if i%2 == 1 {
-				f = udpFrame(src, nodePortUDP, "q")
-			}
-			if err := unix.Sendto(fd, f.bytes()[14:], 0, &unix.SockaddrInet4{Addr: [4]byte{10, 9, 0, 1}}); err != nil {
-				floodErr = fmt.Errorf("raw send of %s -> %s: %w", f.src, f.dst, err)
-				return
-			}
-			flooded.Add(1)
+	fl := floodAt(t, floodRate, func(i int) error {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(rand.IntN(256)), byte(1 + rand.IntN(254))}),
+			uint16(1024+rand.IntN(60000))).String()
+		if i%2 == 1 {
+			return sendRawFD(fd, udpFrame(src, nodePortUDP, "q"))
 		}
-	}()
-	t.Cleanup(func() {
-		close(stop)
-		wg.Wait()
+		return sendRawFD(fd, tcpFrame(src, nodePortTCP, tcpSYN, ""))
 	})
 
 	time.Sleep(4 * time.Second) // the flood fills the range
@@ -175,11 +142,8 @@ func TestRealTrafficSNATSpoofedFlood(t *testing.T) {
 		must(t, err)
 		delta := func(st Stat) uint64 { return after.Stats[st] - before.Stats[st] }
 		t.Logf("sample %d: TCP %d/%d, UDP %d/%d answered; %d flood packets sent so far; SNAT flows %d, evicted %d, exhausted %d",
-			s+1, tcpOK.Load(), perSample, udpOK.Load(), perSample, flooded.Load(),
+			s+1, tcpOK.Load(), perSample, udpOK.Load(), perSample, fl.Sent(),
 			delta(StatSNATFlows), delta(StatSNATEvicted), delta(StatDropSNATExhausted))
-		if floodErr != nil {
-			t.Fatal(floodErr)
-		}
 		if delta(StatDropSNATExhausted)+delta(StatSNATEvicted) == 0 {
 			t.Errorf("sample %d: the flood never filled the %d ports (no exhaustion, no eviction): the test proves nothing", s+1, ports.Size())
 		}
